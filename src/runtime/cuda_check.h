@@ -1,0 +1,41 @@
+// cuda_check.h: check macros for CUDA runtime and cuBLAS calls.
+//
+// Every CUDA / cuBLAS call is wrapped at its call site; a failure throws qshard::Error with the
+// rank, file:line, the call's text and the library's own message. Include only from sources
+// compiled with the CUDA backend (QSHARD_WITH_CUDA).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "runtime/error.h"
+
+#define QS_CUDA_CHECK(expr)                                                                    \
+  do {                                                                                         \
+    cudaError_t qs_err_ = (expr);                                                              \
+    if (qs_err_ != cudaSuccess)                                                                \
+      ::qshard::throw_library_error("CUDA", #expr,                                             \
+                                    std::string(cudaGetErrorName(qs_err_)) + ": " +            \
+                                        cudaGetErrorString(qs_err_),                           \
+                                    __FILE__, __LINE__);                                       \
+  } while (0)
+
+// After a kernel launch: reports launch-configuration errors at the launch site.
+#define QS_CUDA_CHECK_LAUNCH() QS_CUDA_CHECK(cudaGetLastError())
+
+#define QS_CUBLAS_CHECK(expr)                                                                  \
+  do {                                                                                         \
+    int qs_st_ = static_cast<int>(expr);                                                       \
+    if (qs_st_ != 0)                                                                           \
+      ::qshard::throw_library_error("cuBLAS", #expr, "status " + std::to_string(qs_st_),      \
+                                    __FILE__, __LINE__);                                       \
+  } while (0)
+
+#define QS_NCCL_CHECK(expr)                                                                    \
+  do {                                                                                         \
+    ncclResult_t qs_res_ = (expr);                                                             \
+    if (qs_res_ != ncclSuccess && qs_res_ != ncclInProgress)                                   \
+      ::qshard::throw_library_error("NCCL", #expr, ncclGetErrorString(qs_res_), __FILE__,     \
+                                    __LINE__);                                                 \
+  } while (0)

@@ -1,0 +1,34 @@
+// CUDA implementations of the device-memory primitives declared in tensor.h.
+#include <cstring>
+
+#include "runtime/cuda_check.h"
+#include "runtime/tensor.h"
+
+namespace qshard {
+
+bool cuda_available() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return false;
+  }
+  return n > 0;
+}
+
+void* device_malloc(size_t nbytes) {
+  void* p = nullptr;
+  QS_CUDA_CHECK(cudaMalloc(&p, nbytes));
+  return p;
+}
+
+void device_free(void* p) { cudaFree(p); }
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
+  if (dst_device == Device::kCpu && src_device == Device::kCpu) {
+    std::memmove(dst, src, nbytes);
+    return;
+  }
+  QS_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
+}
+
+}  // namespace qshard
