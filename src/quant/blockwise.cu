@@ -1,0 +1,256 @@
+// CUDA kernels for blockwise.h. Each mirrors its *_cpu reference operation for operation
+// (same float32 multiplies and adds, no FMA contraction: this file is compiled with
+// -fmad=false and uses __fmul_rn / __fadd_rn where the order matters).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "quant/blockwise.h"
+#include "runtime/cuda_check.h"
+
+namespace qshard {
+namespace {
+
+constexpr int kQuantThreads = 128;
+
+template <class T>
+__device__ __forceinline__ float load_f32(const T* p, int64_t i);
+template <>
+__device__ __forceinline__ float load_f32<float>(const float* p, int64_t i) { return p[i]; }
+template <>
+__device__ __forceinline__ float load_f32<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+template <>
+__device__ __forceinline__ float load_f32<__half>(const __half* p, int64_t i) { return __half2float(p[i]); }
+
+// Block-wide max of non-negative floats (NaN-ignoring, like fmaxf). blockDim.x == kQuantThreads.
+__device__ float block_max(float v) {
+  __shared__ float warp_max[kQuantThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float m = warp_max[0];
+  for (int w = 1; w < kQuantThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+  __syncthreads();
+  return m;
+}
+
+// One CUDA block per quantization block. Thread t encodes pairs t, t + 128, ...
+template <class T>
+__global__ void quantize_4bit_kernel(const T* __restrict__ x, int64_t n, int64_t blocksize, QuantType type,
+                                     uint8_t* __restrict__ packed, float* __restrict__ absmax) {
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * blocksize;
+  const int64_t end = min(n, begin + blocksize);
+  float m = 0.0f;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) m = fmaxf(m, fabsf(load_f32(x, i)));
+  m = block_max(m);
+  if (threadIdx.x == 0) absmax[blockIdx.x] = m;
+  const float scale = __frcp_rn(m);  // 1.0f / m, correctly rounded (inf for m == 0)
+  const uint8_t pad = zero_code(type);
+  for (int64_t i = begin + 2 * threadIdx.x; i < end; i += 2 * blockDim.x) {
+    const uint8_t hi = encode_4bit(type, __fmul_rn(load_f32(x, i), scale));
+    const uint8_t lo = i + 1 < end ? encode_4bit(type, __fmul_rn(load_f32(x, i + 1), scale)) : pad;
+    packed[i / 2] = static_cast<uint8_t>((hi << 4) | lo);
+  }
+}
+
+__global__ void quantize_8bit_kernel(const float* __restrict__ x, int64_t n, int64_t blocksize,
+                                     const float* __restrict__ code256, uint8_t* __restrict__ q,
+                                     float* __restrict__ absmax) {
+  __shared__ float code[256];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) code[i] = code256[i];
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * blocksize;
+  const int64_t end = min(n, begin + blocksize);
+  float m = 0.0f;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) m = fmaxf(m, fabsf(x[i]));
+  m = block_max(m);  // its __syncthreads also publishes `code`
+  if (threadIdx.x == 0) absmax[blockIdx.x] = m;
+  const float scale = __frcp_rn(m);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) q[i] = encode_8bit(code, __fmul_rn(x[i], scale));
+}
+
+__global__ void subtract_offset_kernel(float* x, int64_t n, float offset) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = __fsub_rn(x[i], offset);
+}
+
+// ---- dequantization -----------------------------------------------------------------------
+
+struct DequantParams {
+  const uint8_t* packed;
+  int64_t n;
+  int64_t blocksize;
+  float code[16];
+  const float* absmax;
+  const uint8_t* absmax_q8;
+  const float* nested_absmax;
+  const float* nested_code;
+  int64_t nested_blocksize;
+  float offset;
+};
+
+__device__ __forceinline__ float block_absmax(const DequantParams& p, int64_t b) {
+  if (p.absmax_q8 == nullptr) return __ldg(p.absmax + b);
+  const float c = __ldg(p.nested_code + __ldg(p.absmax_q8 + b));
+  return __fadd_rn(__fmul_rn(c, __ldg(p.nested_absmax + b / p.nested_blocksize)), p.offset);
+}
+
+template <class T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+
+// Eight outputs of type T, stored with 16-byte vector stores.
+template <class T>
+struct alignas(16) Out8 {
+  T v[8];
+};
+
+constexpr int kDequantThreads = 256;
+constexpr int kUnitsPerThread = 4;  // each unit: 4 packed bytes -> 8 outputs
+
+// Vector path: unit u covers elements [8u, 8u + 8), all inside one quantization block because
+// blocksize >= 32 is a multiple of 8. Consecutive threads take consecutive units, so a warp's
+// 4-byte loads and 16/32-byte stores are fully coalesced; each thread keeps kUnitsPerThread
+// loads in flight before it computes.
+template <class T>
+__global__ void __launch_bounds__(kDequantThreads) dequantize_4bit_vec_kernel(DequantParams p, int64_t units,
+                                                                               T* __restrict__ out) {
+  __shared__ float code[16];
+  if (threadIdx.x < 16) code[threadIdx.x] = p.code[threadIdx.x];
+  __syncthreads();
+  const uint32_t* packed4 = reinterpret_cast<const uint32_t*>(p.packed);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kDequantThreads * kUnitsPerThread;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kDequantThreads * kUnitsPerThread + threadIdx.x; base < units;
+       base += stride) {
+    uint32_t word[kUnitsPerThread];
+    float scale[kUnitsPerThread];
+#pragma unroll
+    for (int k = 0; k < kUnitsPerThread; ++k) {
+      const int64_t u = base + static_cast<int64_t>(k) * kDequantThreads;
+      if (u < units) {
+        word[k] = __ldg(packed4 + u);
+        scale[k] = block_absmax(p, (u * 8) / p.blocksize);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kUnitsPerThread; ++k) {
+      const int64_t u = base + static_cast<int64_t>(k) * kDequantThreads;
+      if (u >= units) break;
+      Out8<T> o;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t byte = (word[k] >> (8 * j)) & 0xffu;  // little-endian: byte j of the unit
+        o.v[2 * j] = from_f32<T>(__fmul_rn(code[byte >> 4], scale[k]));
+        o.v[2 * j + 1] = from_f32<T>(__fmul_rn(code[byte & 0x0f], scale[k]));
+      }
+      reinterpret_cast<Out8<T>*>(out)[u] = o;
+    }
+  }
+}
+
+// Scalar path: elements [first, n), one per thread (tails and unaligned buffers).
+template <class T>
+__global__ void dequantize_4bit_scalar_kernel(DequantParams p, int64_t first, T* __restrict__ out) {
+  for (int64_t i = first + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < p.n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint8_t byte = p.packed[i / 2];
+    const uint8_t nib = (i & 1) ? (byte & 0x0f) : (byte >> 4);
+    out[i] = from_f32<T>(__fmul_rn(p.code[nib], block_absmax(p, i / p.blocksize)));
+  }
+}
+
+int grid_for(int64_t work, int threads) {
+  int64_t blocks = (work + threads - 1) / threads;
+  return static_cast<int>(blocks < 1 ? 1 : (blocks > (1LL << 30) ? (1LL << 30) : blocks));
+}
+
+template <class T>
+void launch_dequant(const DequantParams& p, T* out, cudaStream_t s) {
+  const bool aligned = (reinterpret_cast<uintptr_t>(p.packed) % 4 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0);
+  int64_t first = 0;
+  if (aligned) {
+    const int64_t units = p.n / 8;
+    if (units > 0) {
+      // Enough blocks to fill the GPU several times over; the kernel grid-strides beyond that.
+      const int grid = grid_for(units, kDequantThreads * kUnitsPerThread);
+      dequantize_4bit_vec_kernel<T><<<grid, kDequantThreads, 0, s>>>(p, units, out);
+      QS_CUDA_CHECK_LAUNCH();
+    }
+    first = units * 8;
+  }
+  if (first < p.n) {
+    dequantize_4bit_scalar_kernel<T><<<grid_for(p.n - first, 256), 256, 0, s>>>(p, first, out);
+    QS_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
+void quantize_4bit_cuda(const void* x, DType dtype, int64_t n, int64_t blocksize, QuantType type, uint8_t* packed,
+                        float* absmax, void* stream) {
+  const int64_t nblocks = (n + blocksize - 1) / blocksize;
+  if (nblocks == 0) return;
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case DType::kF32:
+      quantize_4bit_kernel<<<nblocks, kQuantThreads, 0, s>>>(static_cast<const float*>(x), n, blocksize, type, packed, absmax);
+      break;
+    case DType::kBF16:
+      quantize_4bit_kernel<<<nblocks, kQuantThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(x), n, blocksize, type,
+                                                             packed, absmax);
+      break;
+    case DType::kF16:
+      quantize_4bit_kernel<<<nblocks, kQuantThreads, 0, s>>>(static_cast<const __half*>(x), n, blocksize, type, packed,
+                                                             absmax);
+      break;
+    default:
+      throw Error(std::string("quantize_4bit_cuda: unsupported input dtype ") + dtype_torch_name(dtype));
+  }
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void quantize_8bit_cuda(const float* x, int64_t n, int64_t blocksize, const float* code256, uint8_t* q, float* absmax,
+                        void* stream) {
+  const int64_t nblocks = (n + blocksize - 1) / blocksize;
+  if (nblocks == 0) return;
+  quantize_8bit_kernel<<<nblocks, kQuantThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, n, blocksize, code256, q,
+                                                                                          absmax);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void subtract_offset_cuda(float* x, int64_t n, float offset, void* stream) {
+  if (n == 0) return;
+  subtract_offset_kernel<<<grid_for(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(x, n, offset);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void dequantize_4bit_cuda(const Dequant4bitArgs& a, void* out, DType out_dtype, void* stream) {
+  if (a.n == 0) return;
+  DequantParams p{};
+  p.packed = a.packed;
+  p.n = a.n;
+  p.blocksize = a.blocksize;
+  for (int i = 0; i < 16; ++i) p.code[i] = a.code[i];
+  p.absmax = a.absmax;
+  p.absmax_q8 = a.absmax_q8;
+  p.nested_absmax = a.nested_absmax;
+  p.nested_code = a.nested_code;
+  p.nested_blocksize = a.nested_blocksize;
+  p.offset = a.offset;
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (out_dtype) {
+    case DType::kF32: launch_dequant(p, static_cast<float*>(out), s); break;
+    case DType::kBF16: launch_dequant(p, static_cast<__nv_bfloat16*>(out), s); break;
+    case DType::kF16: launch_dequant(p, static_cast<__half*>(out), s); break;
+    default: throw Error(std::string("dequantize_4bit_cuda: unsupported output dtype ") + dtype_torch_name(out_dtype));
+  }
+}
+
+}  // namespace qshard

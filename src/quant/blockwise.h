@@ -1,0 +1,76 @@
+// blockwise.h: blockwise 4-bit and 8-bit quantization kernels, CPU reference and CUDA.
+//
+// Layout (bitsandbytes, shared/FORMATS.md "Blockwise 4-bit quantization"):
+//   x       [n]                 input, flattened row-major
+//   packed  [(n+1)/2] uint8     element 2j in the HIGH nibble, 2j+1 in the LOW nibble; an odd
+//                               count pads the last low nibble with the code of zero
+//   absmax  [ceil(n/bs)] f32    max |x| over each block's valid elements
+// Encoding: x * (1.0f / absmax[b]) through the scalar encoders of codebook.h, so an all-zero
+// block encodes NaN -> code 0 exactly as bitsandbytes' CUDA kernel does.
+// Double quantization stores absmax as uint8 codes of (absmax - offset) against the signed
+// dynamic map in blocks of 256 with an fp32 nested absmax per block.
+//
+// The *_cpu functions are the reference: plain loops, float32 math, no FMA contraction. The
+// *_cuda launchers have the same arguments plus a cudaStream_t passed as void* (so this header
+// stays free of CUDA); all pointers are device pointers; work is enqueued on `stream`, nothing
+// synchronises. REQUIRES: blocksize is a power of two in [32, 4096] (validate_blocksize).
+#pragma once
+
+#include <cstdint>
+
+#include "quant/codebook.h"
+#include "runtime/dtype.h"
+
+namespace qshard {
+
+// Tolerance note for CUDA vs CPU comparisons: none. Both paths perform the same float32
+// operations in the same order (one reciprocal, one multiply, threshold compares; dequant is
+// one multiply, the nested absmax one multiply then one add), so results are bitwise equal.
+
+void quantize_4bit_cpu(const float* x, int64_t n, int64_t blocksize, QuantType type, uint8_t* packed,
+                       float* absmax);
+
+// out[i] = code[nibble(i)] * absmax[i / blocksize], float32.
+void dequantize_4bit_cpu(const uint8_t* packed, const float* absmax, const float* code, int64_t n,
+                         int64_t blocksize, float* out);
+
+// 8-bit blockwise quantization against a sorted 256-entry map (bitsandbytes' General8bit).
+void quantize_8bit_cpu(const float* x, int64_t n, int64_t blocksize, const float* code256, uint8_t* q,
+                       float* absmax);
+
+// absmax[b] = code256[q[b]] * nested_absmax[b / nested_blocksize] + offset (two roundings).
+void decode_nested_absmax_cpu(const uint8_t* q, const float* nested_absmax, const float* code256,
+                              int64_t nblocks, int64_t nested_blocksize, float offset, float* absmax);
+
+// mean(absmax) as bitsandbytes' offset: summed in double, rounded once to float32.
+float absmax_mean_cpu(const float* absmax, int64_t nblocks);
+
+// ---- CUDA launchers (defined only in CUDA builds) ---------------------------------------------
+
+// x is f32, bf16 or f16 (`dtype`).
+void quantize_4bit_cuda(const void* x, DType dtype, int64_t n, int64_t blocksize, QuantType type,
+                        uint8_t* packed, float* absmax, void* stream);
+void quantize_8bit_cuda(const float* x, int64_t n, int64_t blocksize, const float* code256, uint8_t* q,
+                        float* absmax, void* stream);
+// Subtracts `offset` from x in place (x: [n] f32), used before quantize_8bit_cuda.
+void subtract_offset_cuda(float* x, int64_t n, float offset, void* stream);
+
+// Everything the 4-bit dequant kernel needs; absmax is either plain f32 or nested (q8 != null).
+struct Dequant4bitArgs {
+  const uint8_t* packed = nullptr;
+  int64_t n = 0;
+  int64_t blocksize = 64;
+  float code[16] = {};             // 4-bit code table (values, by value into the kernel)
+  const float* absmax = nullptr;   // plain absmax [nblocks] f32, or
+  const uint8_t* absmax_q8 = nullptr;      // nested: uint8 codes [nblocks]
+  const float* nested_absmax = nullptr;    // [ceil(nblocks / nested_blocksize)]
+  const float* nested_code = nullptr;      // [256]
+  int64_t nested_blocksize = 256;
+  float offset = 0.0f;
+};
+// out: [n] of out_dtype (f32, bf16, f16), converted with round-to-nearest-even.
+void dequantize_4bit_cuda(const Dequant4bitArgs& args, void* out, DType out_dtype, void* stream);
+// CPU twin of dequantize_4bit_cuda (the oracle in tests): decodes the nested absmax if present.
+void dequantize_4bit_args_cpu(const Dequant4bitArgs& args, float* out);
+
+}  // namespace qshard

@@ -1,0 +1,78 @@
+// CPU reference for blockwise.h: plain loops, float32 arithmetic as bitsandbytes' kernels do it.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "quant/blockwise.h"
+
+namespace qshard {
+
+void quantize_4bit_cpu(const float* x, int64_t n, int64_t blocksize, QuantType type, uint8_t* packed,
+                       float* absmax) {
+  const int64_t nblocks = (n + blocksize - 1) / blocksize;
+  const uint8_t pad = zero_code(type);
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t begin = b * blocksize;
+    const int64_t end = std::min(n, begin + blocksize);
+    float m = 0.0f;
+    for (int64_t i = begin; i < end; ++i) m = std::fmax(m, std::fabs(x[i]));
+    absmax[b] = m;
+    const float scale = 1.0f / m;  // inf for an all-zero block: 0 * inf = NaN -> code 0 (as CUDA)
+    for (int64_t i = begin; i < end; i += 2) {
+      const uint8_t hi = encode_4bit(type, x[i] * scale);
+      const uint8_t lo = i + 1 < end ? encode_4bit(type, x[i + 1] * scale) : pad;
+      packed[i / 2] = static_cast<uint8_t>((hi << 4) | lo);
+    }
+  }
+}
+
+void dequantize_4bit_cpu(const uint8_t* packed, const float* absmax, const float* code, int64_t n,
+                         int64_t blocksize, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t byte = packed[i / 2];
+    const uint8_t nib = (i % 2 == 0) ? (byte >> 4) : (byte & 0x0f);
+    out[i] = code[nib] * absmax[i / blocksize];
+  }
+}
+
+void quantize_8bit_cpu(const float* x, int64_t n, int64_t blocksize, const float* code256, uint8_t* q,
+                       float* absmax) {
+  const int64_t nblocks = (n + blocksize - 1) / blocksize;
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t begin = b * blocksize;
+    const int64_t end = std::min(n, begin + blocksize);
+    float m = 0.0f;
+    for (int64_t i = begin; i < end; ++i) m = std::fmax(m, std::fabs(x[i]));
+    absmax[b] = m;
+    const float scale = 1.0f / m;
+    for (int64_t i = begin; i < end; ++i) q[i] = encode_8bit(code256, x[i] * scale);
+  }
+}
+
+void decode_nested_absmax_cpu(const uint8_t* q, const float* nested_absmax, const float* code256,
+                              int64_t nblocks, int64_t nested_blocksize, float offset, float* absmax) {
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const float v = code256[q[b]] * nested_absmax[b / nested_blocksize];
+    absmax[b] = v + offset;
+  }
+}
+
+float absmax_mean_cpu(const float* absmax, int64_t nblocks) {
+  double s = 0.0;
+  for (int64_t b = 0; b < nblocks; ++b) s += absmax[b];
+  return static_cast<float>(s / static_cast<double>(nblocks));
+}
+
+void dequantize_4bit_args_cpu(const Dequant4bitArgs& a, float* out) {
+  const int64_t nblocks = (a.n + a.blocksize - 1) / a.blocksize;
+  if (a.absmax_q8) {
+    std::vector<float> absmax(static_cast<size_t>(nblocks));
+    decode_nested_absmax_cpu(a.absmax_q8, a.nested_absmax, a.nested_code, nblocks, a.nested_blocksize,
+                             a.offset, absmax.data());
+    dequantize_4bit_cpu(a.packed, absmax.data(), a.code, a.n, a.blocksize, out);
+  } else {
+    dequantize_4bit_cpu(a.packed, a.absmax, a.code, a.n, a.blocksize, out);
+  }
+}
+
+}  // namespace qshard

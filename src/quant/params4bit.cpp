@@ -1,0 +1,228 @@
+#include "quant/params4bit.h"
+
+#include <cstring>
+
+#include "quant/blockwise.h"
+
+namespace qshard {
+namespace {
+
+Tensor to_cpu(const Tensor& t) { return t.device() == Device::kCpu ? t : t.to(Device::kCpu); }
+
+Tensor code_tensor(QuantType t) {
+  const auto& c = code_table(t);
+  return Tensor::from_bytes({16}, DType::kF32,
+                            std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(c.data()), sizeof(float) * 16));
+}
+
+Tensor dynamic_map_tensor() {
+  const auto& m = dynamic_map_signed();
+  return Tensor::from_bytes({256}, DType::kF32,
+                            std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(m.data()), sizeof(float) * 256));
+}
+
+Params4bit quantize_cpu(const Tensor& x, const QuantizeOptions& o) {
+  const int64_t n = x.numel();
+  const int64_t nb = (n + o.blocksize - 1) / o.blocksize;
+  const std::vector<float> xf = x.to_f32_vector();
+  Params4bit p;
+  p.data = Tensor::empty({(n + 1) / 2, 1}, DType::kU8);
+  Tensor absmax = Tensor::empty({nb}, DType::kF32);
+  quantize_4bit_cpu(xf.data(), n, o.blocksize, o.quant_type, p.data.data<uint8_t>(), absmax.data<float>());
+  QuantState& st = p.quant_state;
+  st.quant_type = o.quant_type;
+  st.blocksize = o.blocksize;
+  st.dtype = x.dtype();
+  st.shape = x.shape();
+  st.code = code_tensor(o.quant_type);
+  if (!o.compress_statistics) {
+    st.absmax = absmax;
+    return p;
+  }
+  NestedQuantState n2;
+  n2.offset = absmax_mean_cpu(absmax.data<float>(), nb);
+  std::vector<float> centered(static_cast<size_t>(nb));
+  for (int64_t b = 0; b < nb; ++b) centered[b] = absmax.data<float>()[b] - n2.offset;
+  const int64_t nb2 = (nb + n2.blocksize - 1) / n2.blocksize;
+  n2.code = dynamic_map_tensor();
+  n2.absmax = Tensor::empty({nb2}, DType::kF32);
+  st.absmax = Tensor::empty({nb}, DType::kU8);
+  quantize_8bit_cpu(centered.data(), nb, n2.blocksize, n2.code.data<float>(), st.absmax.data<uint8_t>(),
+                    n2.absmax.data<float>());
+  st.state2 = n2;
+  return p;
+}
+
+#ifdef QSHARD_WITH_CUDA
+Params4bit quantize_cuda(const Tensor& x, const QuantizeOptions& o) {
+  const int64_t n = x.numel();
+  const int64_t nb = (n + o.blocksize - 1) / o.blocksize;
+  Params4bit p;
+  p.data = Tensor::empty({(n + 1) / 2, 1}, DType::kU8, Device::kCuda);
+  Tensor absmax = Tensor::empty({nb}, DType::kF32, Device::kCuda);
+  quantize_4bit_cuda(x.raw(), x.dtype(), n, o.blocksize, o.quant_type, p.data.data<uint8_t>(),
+                     absmax.data<float>(), nullptr);
+  QuantState& st = p.quant_state;
+  st.quant_type = o.quant_type;
+  st.blocksize = o.blocksize;
+  st.dtype = x.dtype();
+  st.shape = x.shape();
+  st.code = code_tensor(o.quant_type).to(Device::kCuda);
+  if (!o.compress_statistics) {
+    st.absmax = absmax;
+    return p;
+  }
+  // The offset is a mean over nblocks floats: computed on the host with the reference's exact
+  // summation so CPU and CUDA quantization agree bit for bit.
+  Tensor absmax_host = absmax.to(Device::kCpu);
+  NestedQuantState n2;
+  n2.offset = absmax_mean_cpu(absmax_host.data<float>(), nb);
+  const int64_t nb2 = (nb + n2.blocksize - 1) / n2.blocksize;
+  n2.code = dynamic_map_tensor().to(Device::kCuda);
+  n2.absmax = Tensor::empty({nb2}, DType::kF32, Device::kCuda);
+  st.absmax = Tensor::empty({nb}, DType::kU8, Device::kCuda);
+  subtract_offset_cuda(absmax.data<float>(), nb, n2.offset, nullptr);
+  quantize_8bit_cuda(absmax.data<float>(), nb, n2.blocksize, n2.code.data<float>(), st.absmax.data<uint8_t>(),
+                     n2.absmax.data<float>(), nullptr);
+  st.state2 = n2;
+  return p;
+}
+#endif
+
+}  // namespace
+
+Params4bit quantize_4bit(const Tensor& x, const QuantizeOptions& o) {
+  validate_blocksize(o.blocksize);
+  if (!dtype_is_float(x.dtype()))
+    throw InputError(std::string("quantize_4bit: input dtype ") + dtype_torch_name(x.dtype()) +
+                     " is not float32, bfloat16 or float16");
+  if (x.numel() == 0) throw InputError("quantize_4bit: input " + shape_str(x.shape()) + " has no elements");
+  if (x.device() == Device::kCpu) return quantize_cpu(x, o);
+#ifdef QSHARD_WITH_CUDA
+  return quantize_cuda(x, o);
+#else
+  throw Error("quantize_4bit: CUDA tensor in a CPU-only build");
+#endif
+}
+
+Tensor dequantize_4bit(const Params4bit& p, std::optional<DType> out_dtype) {
+  const QuantState& st = p.quant_state;
+  const DType dt = out_dtype.value_or(st.dtype);
+  if (!dtype_is_float(dt)) throw InputError(std::string("dequantize_4bit: output dtype ") + dtype_torch_name(dt) + " is not a float type");
+  const int64_t n = st.numel();
+  if (p.data.nbytes() != static_cast<size_t>((n + 1) / 2))
+    throw InputError("dequantize_4bit: packed data has " + std::to_string(p.data.nbytes()) + " bytes, shape " +
+                     shape_str(st.shape) + " needs " + std::to_string((n + 1) / 2));
+  st.validate("dequantize_4bit");
+  Dequant4bitArgs a;
+  a.packed = static_cast<const uint8_t*>(p.data.raw());
+  a.n = n;
+  a.blocksize = st.blocksize;
+  Tensor code = to_cpu(st.code);
+  std::memcpy(a.code, code.data<float>(), sizeof(a.code));
+  if (st.state2) {
+    a.absmax_q8 = static_cast<const uint8_t*>(st.absmax.raw());
+    a.nested_absmax = static_cast<const float*>(st.state2->absmax.raw());
+    a.nested_code = static_cast<const float*>(st.state2->code.raw());
+    a.nested_blocksize = st.state2->blocksize;
+    a.offset = st.state2->offset;
+  } else {
+    a.absmax = static_cast<const float*>(st.absmax.raw());
+  }
+  if (p.data.device() == Device::kCpu) {
+    Tensor out = Tensor::empty(st.shape, DType::kF32);
+    dequantize_4bit_args_cpu(a, out.data<float>());
+    if (dt == DType::kF32) return out;
+    std::vector<float> v = out.to_f32_vector();
+    return Tensor::from_f32(st.shape, dt, v);
+  }
+#ifdef QSHARD_WITH_CUDA
+  Tensor out = Tensor::empty(st.shape, dt, Device::kCuda);
+  dequantize_4bit_cuda(a, out.raw(), dt, nullptr);
+  return out;
+#else
+  throw Error("dequantize_4bit: CUDA tensor in a CPU-only build");
+#endif
+}
+
+Tensor packed_quant_state_tensor(const QuantState& st) {
+  const std::string js = st.packed_json();
+  return Tensor::from_bytes({static_cast<int64_t>(js.size())}, DType::kU8,
+                            std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(js.data()), js.size()));
+}
+
+std::vector<std::string> quant_state_key_suffixes(const QuantState& st) {
+  std::vector<std::string> s = {".absmax", ".quant_map"};
+  if (st.nested()) {
+    s.push_back(".nested_absmax");
+    s.push_back(".nested_quant_map");
+  }
+  s.push_back(std::string(".quant_state.bitsandbytes__") + quant_type_name(st.quant_type));
+  return s;
+}
+
+NamedTensors params4bit_state_dict(const Params4bit& p, const std::string& w) {
+  const QuantState& st = p.quant_state;
+  NamedTensors out;
+  out.emplace_back(w, p.data);
+  out.emplace_back(w + ".absmax", st.absmax);
+  out.emplace_back(w + ".quant_map", st.code);
+  if (st.state2) {
+    out.emplace_back(w + ".nested_absmax", st.state2->absmax);
+    out.emplace_back(w + ".nested_quant_map", st.state2->code);
+  }
+  out.emplace_back(w + ".quant_state.bitsandbytes__" + quant_type_name(st.quant_type), packed_quant_state_tensor(st));
+  return out;
+}
+
+bool is_4bit_weight(const std::string& w, const TensorLookup& lookup) {
+  return lookup(w + ".quant_state.bitsandbytes__nf4").has_value() ||
+         lookup(w + ".quant_state.bitsandbytes__fp4").has_value();
+}
+
+Params4bit params4bit_from_state_dict(const std::string& w, const TensorLookup& lookup, const std::string& source) {
+  auto need = [&](const std::string& key) {
+    auto t = lookup(key);
+    if (!t) throw InputError(source + ": missing tensor '" + key + "'");
+    return *t;
+  };
+  auto nf4 = lookup(w + ".quant_state.bitsandbytes__nf4");
+  auto fp4 = lookup(w + ".quant_state.bitsandbytes__fp4");
+  if (nf4 && fp4) throw InputError(source + ": both '" + w + ".quant_state.bitsandbytes__nf4' and '__fp4' are present");
+  if (!nf4 && !fp4)
+    throw InputError(source + ": missing tensor '" + w + ".quant_state.bitsandbytes__nf4' (or __fp4) for 4-bit weight '" + w + "'");
+  const std::string js_key = w + ".quant_state.bitsandbytes__" + (nf4 ? "nf4" : "fp4");
+  Tensor js = to_cpu(nf4 ? *nf4 : *fp4);
+  if (js.dtype() != DType::kU8 || js.ndim() != 1)
+    throw InputError(source + ": '" + js_key + "' must be a 1-d uint8 tensor, got " + dtype_torch_name(js.dtype()) +
+                     shape_str(js.shape()));
+  const auto bytes = js.bytes();
+  const std::string label = source + ": '" + js_key + "'";
+  QuantState st = QuantState::from_packed_json(
+      std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), label);
+  if ((st.quant_type == QuantType::kNf4) != static_cast<bool>(nf4))
+    throw InputError(label + ": JSON quant_type '" + quant_type_name(st.quant_type) + "' disagrees with the key");
+  Params4bit p;
+  p.data = need(w);
+  const int64_t n = st.numel();
+  if (p.data.nbytes() != static_cast<size_t>((n + 1) / 2))
+    throw InputError(source + ": '" + w + "' holds " + std::to_string(p.data.nbytes()) + " packed bytes, but shape " +
+                     shape_str(st.shape) + " needs " + std::to_string((n + 1) / 2));
+  if (p.data.dtype() != DType::kU8) {
+    // quant_storage other than uint8: the same bytes, reinterpreted.
+    p.data = p.data.view_as(DType::kU8, {(n + 1) / 2, 1});
+  }
+  st.absmax = need(w + ".absmax");
+  st.code = need(w + ".quant_map");
+  if (st.state2) {
+    st.state2->absmax = need(w + ".nested_absmax");
+    st.state2->code = need(w + ".nested_quant_map");
+  } else if (lookup(w + ".nested_absmax")) {
+    throw InputError(label + ": has no nested fields, but '" + w + ".nested_absmax' is present");
+  }
+  st.validate(source + ": '" + w + "'");
+  p.quant_state = std::move(st);
+  return p;
+}
+
+}  // namespace qshard
