@@ -43,14 +43,16 @@ __global__ void quantize_4bit_kernel(const T* __restrict__ x, int64_t n, int64_t
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * blocksize;
   const int64_t end = min(n, begin + blocksize);
   float m = 0.0f;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) m = fmaxf(m, fabsf(load_f32(x, i)));
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+    m = fmaxf(m, fabsf(flush_subnormal(load_f32(x, i))));
   m = block_max(m);
   if (threadIdx.x == 0) absmax[blockIdx.x] = m;
   const float scale = __frcp_rn(m);  // 1.0f / m, correctly rounded (inf for m == 0)
   const uint8_t pad = zero_code(type);
+  auto scaled = [&](int64_t i) { return flush_subnormal(__fmul_rn(flush_subnormal(load_f32(x, i)), scale)); };
   for (int64_t i = begin + 2 * threadIdx.x; i < end; i += 2 * blockDim.x) {
-    const uint8_t hi = encode_4bit(type, __fmul_rn(load_f32(x, i), scale));
-    const uint8_t lo = i + 1 < end ? encode_4bit(type, __fmul_rn(load_f32(x, i + 1), scale)) : pad;
+    const uint8_t hi = encode_4bit(type, scaled(i));
+    const uint8_t lo = i + 1 < end ? encode_4bit(type, scaled(i + 1)) : pad;
     packed[i / 2] = static_cast<uint8_t>((hi << 4) | lo);
   }
 }
@@ -63,17 +65,18 @@ __global__ void quantize_8bit_kernel(const float* __restrict__ x, int64_t n, int
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * blocksize;
   const int64_t end = min(n, begin + blocksize);
   float m = 0.0f;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) m = fmaxf(m, fabsf(x[i]));
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) m = fmaxf(m, fabsf(flush_subnormal(x[i])));
   m = block_max(m);  // its __syncthreads also publishes `code`
   if (threadIdx.x == 0) absmax[blockIdx.x] = m;
   const float scale = __frcp_rn(m);
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) q[i] = encode_8bit(code, __fmul_rn(x[i], scale));
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+    q[i] = encode_8bit(code, flush_subnormal(__fmul_rn(flush_subnormal(x[i]), scale)));
 }
 
 __global__ void subtract_offset_kernel(float* x, int64_t n, float offset) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    x[i] = __fsub_rn(x[i], offset);
+    x[i] = flush_subnormal(__fsub_rn(x[i], offset));
 }
 
 // ---- dequantization -----------------------------------------------------------------------
@@ -94,7 +97,8 @@ struct DequantParams {
 __device__ __forceinline__ float block_absmax(const DequantParams& p, int64_t b) {
   if (p.absmax_q8 == nullptr) return __ldg(p.absmax + b);
   const float c = __ldg(p.nested_code + __ldg(p.absmax_q8 + b));
-  return __fadd_rn(__fmul_rn(c, __ldg(p.nested_absmax + b / p.nested_blocksize)), p.offset);
+  const float v = flush_subnormal(__fmul_rn(c, __ldg(p.nested_absmax + b / p.nested_blocksize)));
+  return __fadd_rn(v, p.offset);  // bitsandbytes adds the offset in torch (no flush-to-zero)
 }
 
 template <class T>
@@ -147,8 +151,8 @@ __global__ void __launch_bounds__(kDequantThreads) dequantize_4bit_vec_kernel(De
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const uint32_t byte = (word[k] >> (8 * j)) & 0xffu;  // little-endian: byte j of the unit
-        o.v[2 * j] = from_f32<T>(__fmul_rn(code[byte >> 4], scale[k]));
-        o.v[2 * j + 1] = from_f32<T>(__fmul_rn(code[byte & 0x0f], scale[k]));
+        o.v[2 * j] = from_f32<T>(flush_subnormal(__fmul_rn(code[byte >> 4], scale[k])));
+        o.v[2 * j + 1] = from_f32<T>(flush_subnormal(__fmul_rn(code[byte & 0x0f], scale[k])));
       }
       reinterpret_cast<Out8<T>*>(out)[u] = o;
     }
@@ -162,7 +166,7 @@ __global__ void dequantize_4bit_scalar_kernel(DequantParams p, int64_t first, T*
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint8_t byte = p.packed[i / 2];
     const uint8_t nib = (i & 1) ? (byte & 0x0f) : (byte >> 4);
-    out[i] = from_f32<T>(__fmul_rn(p.code[nib], block_absmax(p, i / p.blocksize)));
+    out[i] = from_f32<T>(flush_subnormal(__fmul_rn(p.code[nib], block_absmax(p, i / p.blocksize))));
   }
 }
 

@@ -15,12 +15,13 @@ void quantize_4bit_cpu(const float* x, int64_t n, int64_t blocksize, QuantType t
     const int64_t begin = b * blocksize;
     const int64_t end = std::min(n, begin + blocksize);
     float m = 0.0f;
-    for (int64_t i = begin; i < end; ++i) m = std::fmax(m, std::fabs(x[i]));
+    for (int64_t i = begin; i < end; ++i) m = std::fmax(m, std::fabs(flush_subnormal(x[i])));
     absmax[b] = m;
     const float scale = 1.0f / m;  // inf for an all-zero block: 0 * inf = NaN -> code 0 (as CUDA)
+    auto scaled = [&](int64_t i) { return flush_subnormal(flush_subnormal(x[i]) * scale); };
     for (int64_t i = begin; i < end; i += 2) {
-      const uint8_t hi = encode_4bit(type, x[i] * scale);
-      const uint8_t lo = i + 1 < end ? encode_4bit(type, x[i + 1] * scale) : pad;
+      const uint8_t hi = encode_4bit(type, scaled(i));
+      const uint8_t lo = i + 1 < end ? encode_4bit(type, scaled(i + 1)) : pad;
       packed[i / 2] = static_cast<uint8_t>((hi << 4) | lo);
     }
   }
@@ -31,7 +32,7 @@ void dequantize_4bit_cpu(const uint8_t* packed, const float* absmax, const float
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t byte = packed[i / 2];
     const uint8_t nib = (i % 2 == 0) ? (byte >> 4) : (byte & 0x0f);
-    out[i] = code[nib] * absmax[i / blocksize];
+    out[i] = flush_subnormal(code[nib] * absmax[i / blocksize]);
   }
 }
 
@@ -42,18 +43,18 @@ void quantize_8bit_cpu(const float* x, int64_t n, int64_t blocksize, const float
     const int64_t begin = b * blocksize;
     const int64_t end = std::min(n, begin + blocksize);
     float m = 0.0f;
-    for (int64_t i = begin; i < end; ++i) m = std::fmax(m, std::fabs(x[i]));
+    for (int64_t i = begin; i < end; ++i) m = std::fmax(m, std::fabs(flush_subnormal(x[i])));
     absmax[b] = m;
     const float scale = 1.0f / m;
-    for (int64_t i = begin; i < end; ++i) q[i] = encode_8bit(code256, x[i] * scale);
+    for (int64_t i = begin; i < end; ++i) q[i] = encode_8bit(code256, flush_subnormal(flush_subnormal(x[i]) * scale));
   }
 }
 
 void decode_nested_absmax_cpu(const uint8_t* q, const float* nested_absmax, const float* code256,
                               int64_t nblocks, int64_t nested_blocksize, float offset, float* absmax) {
   for (int64_t b = 0; b < nblocks; ++b) {
-    const float v = code256[q[b]] * nested_absmax[b / nested_blocksize];
-    absmax[b] = v + offset;
+    const float v = flush_subnormal(code256[q[b]] * nested_absmax[b / nested_blocksize]);
+    absmax[b] = v + offset;  // bitsandbytes adds the offset in torch (no flush-to-zero)
   }
 }
 

@@ -80,6 +80,22 @@ QS_HOST_DEVICE inline uint8_t fp4_encode(float x) {
   return static_cast<uint8_t>(m | sign);
 }
 
+// bitsandbytes' CUDA kernels run with flush-to-zero: a subnormal input or result reads as a zero
+// of the same sign (seen on real CUDA output: subnormal inputs give absmax 0). Both our paths
+// apply it explicitly at the same points, so they agree with each other and with bitsandbytes'
+// CUDA bytes. NaN passes through.
+QS_HOST_DEVICE inline float flush_subnormal(float v) {
+  constexpr float kMinNormal = 1.17549435082228750797e-38f;  // FLT_MIN
+  return (v > -kMinNormal && v < kMinNormal) ? v * 0.0f : v;
+}
+
+// Decode table used by dequantization: bitsandbytes' CUDA kernel computes FP4 as
+// sign * magnitude, so code 8 decodes to -0.0 (the stored quant_map has +0.0 there).
+inline constexpr float kFp4DecodeTable[16] = {
+    0.0f, 0.0625f / 12.0f, 8.0f / 12.0f, 12.0f / 12.0f, 4.0f / 12.0f, 6.0f / 12.0f, 2.0f / 12.0f, 3.0f / 12.0f,
+    -0.0f, -0.0625f / 12.0f, -8.0f / 12.0f, -12.0f / 12.0f, -4.0f / 12.0f, -6.0f / 12.0f, -2.0f / 12.0f, -3.0f / 12.0f};
+inline const float* decode_table(QuantType t) { return t == QuantType::kNf4 ? kNf4Table : kFp4DecodeTable; }
+
 QS_HOST_DEVICE inline uint8_t encode_4bit(QuantType t, float x) {
   return t == QuantType::kNf4 ? nf4_encode(x) : fp4_encode(x);
 }

@@ -42,7 +42,7 @@ Params4bit quantize_cpu(const Tensor& x, const QuantizeOptions& o) {
   NestedQuantState n2;
   n2.offset = absmax_mean_cpu(absmax.data<float>(), nb);
   std::vector<float> centered(static_cast<size_t>(nb));
-  for (int64_t b = 0; b < nb; ++b) centered[b] = absmax.data<float>()[b] - n2.offset;
+  for (int64_t b = 0; b < nb; ++b) centered[b] = flush_subnormal(absmax.data<float>()[b] - n2.offset);
   const int64_t nb2 = (nb + n2.blocksize - 1) / n2.blocksize;
   n2.code = dynamic_map_tensor();
   n2.absmax = Tensor::empty({nb2}, DType::kF32);
@@ -118,8 +118,9 @@ Tensor dequantize_4bit(const Params4bit& p, std::optional<DType> out_dtype) {
   a.packed = static_cast<const uint8_t*>(p.data.raw());
   a.n = n;
   a.blocksize = st.blocksize;
-  Tensor code = to_cpu(st.code);
-  std::memcpy(a.code, code.data<float>(), sizeof(a.code));
+  // The fixed decode table of the quant type, as bitsandbytes' CUDA kernel uses (it does not read
+  // the stored quant_map either).
+  std::memcpy(a.code, decode_table(st.quant_type), sizeof(a.code));
   if (st.state2) {
     a.absmax_q8 = static_cast<const uint8_t*>(st.absmax.raw());
     a.nested_absmax = static_cast<const float*>(st.state2->absmax.raw());

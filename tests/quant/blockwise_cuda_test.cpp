@@ -3,6 +3,7 @@
 // quant/blockwise.h), so packed bytes, statistics and dequantized values must be bitwise equal.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -86,7 +87,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{QuantType::kNf4, 4096, true, DType::kBF16, 4096 * 5 + 3},
                       Case{QuantType::kFp4, 64, true, DType::kBF16, 65},
                       Case{QuantType::kFp4, 256, false, DType::kF16, 4097},
-                      Case{QuantType::kFp4, 2048, true, DType::kF32, 2048 * 300}));
+                      Case{QuantType::kFp4, 2048, true, DType::kF32, 2048 * 300}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string s = name(info.param);
+      for (char& ch : s)
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return s;
+    });
 
 TEST(CudaDequant, UnalignedViewsUseTheScalarPath) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";

@@ -75,7 +75,12 @@ INSTANTIATE_TEST_SUITE_P(
                       RoundTripCase{QuantType::kNf4, 4096, true, DType::kF32, 64 * 300 + 17},
                       RoundTripCase{QuantType::kFp4, 64, false, DType::kBF16, 4097},
                       RoundTripCase{QuantType::kFp4, 128, true, DType::kF32, 64 * 600 + 1},
-                      RoundTripCase{QuantType::kNf4, 256, false, DType::kF16, 1}));
+                      RoundTripCase{QuantType::kNf4, 256, false, DType::kF16, 1}),
+    [](const ::testing::TestParamInfo<RoundTripCase>& info) {
+      const auto& c = info.param;
+      return std::string(quant_type_name(c.type)) + "_bs" + std::to_string(c.blocksize) + (c.dq ? "_dq_" : "_") +
+             dtype_torch_name(c.dtype) + "_n" + std::to_string(c.n);
+    });
 
 TEST(Quantize, PackingNibbleOrderAndOddPadding) {
   // Values chosen to land on table entries: absmax 1, codes are the table indices.

@@ -1,0 +1,135 @@
+// qshard: the command-line entry point. Subcommands:
+//   version                         build and backend information
+//   quantize IN_DIR OUT_DIR         HF Llama folder -> bitsandbytes 4-bit folder
+//   dequantize IN_DIR OUT_DIR       bitsandbytes 4-bit folder -> bf16 (or f16/f32) folder
+//   init-model --out DIR [sizes]    a random tiny Llama as a Hugging Face folder
+// Exit codes: 0 success, 2 bad input (the message names the file, key or value), 1 other errors.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "checkpoint/bnb_folder.h"
+#include "checkpoint/random_llama.h"
+#include "runtime/error.h"
+#include "runtime/log.h"
+#include "runtime/tensor.h"
+
+#ifndef QSHARD_VERSION
+#define QSHARD_VERSION "0.0.0"
+#endif
+
+namespace {
+
+using namespace qshard;
+
+void print_report(const char* verb, const FolderReport& r, const std::string& out) {
+  std::printf("%s %lld weights (%lld elements), copied %lld tensors -> %s (%d file%s)\n", verb,
+              (long long)r.converted_tensors, (long long)r.converted_elements, (long long)r.copied_tensors, out.c_str(),
+              r.files_written, r.files_written == 1 ? "" : "s");
+  std::printf("bytes in %.2f MB, bytes out %.2f MB\n", r.bytes_in / 1e6, r.bytes_out / 1e6);
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"qshard: distributed QLoRA training runtime (4-bit NF4, FSDP-style sharding)"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
+
+  auto* version = app.add_subcommand("version", "print version and backends");
+
+  auto* quantize = app.add_subcommand("quantize", "quantize a Hugging Face Llama folder to bitsandbytes 4-bit");
+  std::string q_in, q_out, q_type = "nf4";
+  int64_t q_blocksize = 64;
+  bool q_no_dq = false, q_cpu = false;
+  double q_shard_gb = 5.0;
+  quantize->add_option("IN_DIR", q_in, "input folder (config.json + safetensors)")->required();
+  quantize->add_option("OUT_DIR", q_out, "output folder (must not exist or be empty)")->required();
+  quantize->add_option("--quant-type", q_type, "nf4 | fp4");
+  quantize->add_option("--blocksize", q_blocksize, "elements per absmax block (power of two, 32..4096)");
+  quantize->add_flag("--no-double-quant", q_no_dq, "keep absmax in float32 (no double quantization)");
+  quantize->add_flag("--cpu", q_cpu, "quantize on the CPU even when a GPU is present");
+  quantize->add_option("--max-shard-size-gb", q_shard_gb, "split the output into files of at most this size");
+
+  auto* dequantize = app.add_subcommand("dequantize", "dequantize a bitsandbytes 4-bit folder");
+  std::string d_in, d_out, d_dtype = "bfloat16";
+  double d_shard_gb = 5.0;
+  dequantize->add_option("IN_DIR", d_in, "bitsandbytes 4-bit folder")->required();
+  dequantize->add_option("OUT_DIR", d_out, "output folder (must not exist or be empty)")->required();
+  dequantize->add_option("--dtype", d_dtype, "bfloat16 | float16 | float32");
+  dequantize->add_option("--max-shard-size-gb", d_shard_gb, "split the output into files of at most this size");
+
+  auto* init = app.add_subcommand("init-model", "write a randomly initialised Llama as a Hugging Face folder");
+  RandomLlamaOptions ro;
+  std::string i_out, i_dtype = "bfloat16";
+  init->add_option("--out", i_out, "output folder (must not exist or be empty)")->required();
+  init->add_option("--vocab-size", ro.vocab_size);
+  init->add_option("--hidden-size", ro.hidden_size);
+  init->add_option("--intermediate-size", ro.intermediate_size);
+  init->add_option("--layers", ro.num_hidden_layers);
+  init->add_option("--heads", ro.num_attention_heads);
+  init->add_option("--kv-heads", ro.num_key_value_heads);
+  init->add_option("--max-positions", ro.max_position_embeddings);
+  init->add_flag("--tie-embeddings", ro.tie_word_embeddings);
+  init->add_option("--dtype", i_dtype, "bfloat16 | float16 | float32");
+  init->add_option("--seed", ro.seed);
+
+  CLI11_PARSE(app, argc, argv);
+  set_log_level(log_level);
+
+  if (version->parsed()) {
+    std::printf("qshard %s\n", QSHARD_VERSION);
+#ifdef QSHARD_WITH_CUDA
+    std::printf("backends: cpu, cuda (%s)\n", cuda_available() ? "GPU present" : "no GPU visible");
+#else
+    std::printf("backends: cpu\n");
+#endif
+    return 0;
+  }
+  if (quantize->parsed()) {
+    QuantizeFolderOptions o;
+    o.quant.quant_type = parse_quant_type(q_type);
+    o.quant.blocksize = q_blocksize;
+    o.quant.compress_statistics = !q_no_dq;
+    o.use_cuda = !q_cpu;
+    o.max_shard_bytes = static_cast<uint64_t>(q_shard_gb * 1e9);
+    FolderReport r = quantize_model_folder(q_in, q_out, o);
+    print_report("quantized", r, q_out);
+    std::printf("%s blocksize %lld%s: quantization error max |x - q(x)| = %.6g, relative RMS = %.4f%%\n",
+                q_type.c_str(), (long long)q_blocksize, q_no_dq ? "" : " double-quant", r.max_abs_err,
+                100.0 * r.rel_rms_err());
+    return 0;
+  }
+  if (init->parsed()) {
+    auto dt = parse_dtype(i_dtype);
+    if (!dt || !dtype_is_float(*dt)) throw InputError("--dtype '" + i_dtype + "' is not bfloat16, float16 or float32");
+    ro.dtype = *dt;
+    const LlamaConfig c = write_random_llama_folder(i_out, ro);
+    int64_t params = 0;
+    for (const auto& [name, shape] : llama_expected_weights(c)) params += shape_numel(shape);
+    std::printf("wrote a random Llama (%lld layers, hidden %lld, %.2f M parameters, %s) to %s\n",
+                (long long)c.num_hidden_layers, (long long)c.hidden_size, params / 1e6, i_dtype.c_str(), i_out.c_str());
+    return 0;
+  }
+  if (dequantize->parsed()) {
+    auto dt = parse_dtype(d_dtype);
+    if (!dt || !dtype_is_float(*dt)) throw InputError("--dtype '" + d_dtype + "' is not bfloat16, float16 or float32");
+    FolderReport r = dequantize_model_folder(d_in, d_out, *dt, static_cast<uint64_t>(d_shard_gb * 1e9));
+    print_report("dequantized", r, d_out);
+    return 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const qshard::InputError& e) {
+    std::fprintf(stderr, "qshard: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qshard: internal error: %s\n", e.what());
+    return 1;
+  }
+}

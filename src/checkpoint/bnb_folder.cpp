@@ -1,0 +1,297 @@
+#include "checkpoint/bnb_folder.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include "checkpoint/hf_config.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_index.h"
+#include "quant/blockwise.h"
+#include "runtime/log.h"
+
+namespace qshard {
+namespace fs = std::filesystem;
+namespace {
+
+// One output tensor: its header entry and how to produce its bytes.
+struct OutEntry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t nbytes() const { return static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype); }
+};
+
+// Output entries are produced in groups (one input tensor -> one or six outputs); `emit` returns
+// the tensors of a group, in the declared order.
+struct OutGroup {
+  std::vector<OutEntry> entries;
+  std::function<NamedTensors()> emit;
+};
+
+fs::path prepare_out_dir(const std::string& out_dir) {
+  const fs::path out(out_dir);
+  if (fs::exists(out)) {
+    if (!fs::is_directory(out) || !fs::is_empty(out))
+      throw InputError("output folder " + out_dir + " already exists and is not empty; choose a new folder");
+  }
+  const fs::path partial = out.string() + ".partial-" + std::to_string(::getpid());
+  std::error_code ec;
+  fs::remove_all(partial, ec);
+  fs::create_directories(partial, ec);
+  if (ec) throw InputError("cannot create output folder " + partial.string() + ": " + ec.message());
+  return partial;
+}
+
+void finish_out_dir(const fs::path& partial, const std::string& out_dir) {
+  std::error_code ec;
+  if (fs::exists(out_dir)) fs::remove(out_dir, ec);  // an empty directory (checked before)
+  fs::rename(partial, out_dir, ec);
+  if (ec) throw InputError("cannot move " + partial.string() + " to " + out_dir + ": " + ec.message());
+}
+
+void copy_side_files(const std::string& in_dir, const fs::path& out) {
+  for (const auto& e : fs::directory_iterator(in_dir)) {
+    if (!e.is_regular_file()) continue;
+    const std::string name = e.path().filename().string();
+    if (name == "config.json" || name == kSafetensorsIndexName || e.path().extension() == ".safetensors") continue;
+    fs::copy_file(e.path(), out / name);
+  }
+}
+
+void write_json(const fs::path& path, const nlohmann::json& j) {
+  write_file_atomic(path.string(), j.dump(2) + "\n");
+}
+
+// Writes all groups into one or more safetensors files under `out`.
+int write_groups(const fs::path& out, std::vector<OutGroup>& groups, uint64_t max_shard_bytes, FolderReport& rep) {
+  // Shards split between groups only, so a 4-bit weight keeps its statistics in its own file.
+  std::vector<std::pair<std::string, uint64_t>> sizes;
+  for (const auto& g : groups) {
+    uint64_t b = 0;
+    for (const auto& e : g.entries) b += e.nbytes();
+    sizes.emplace_back(g.entries.front().name, b);
+  }
+  const ShardPlan plan = plan_shards(sizes, max_shard_bytes);
+  SafetensorsIndex index;
+  for (size_t f = 0; f < plan.files.size(); ++f) {
+    SafetensorsWriter w((out / plan.files[f]).string());
+    for (size_t gi = 0; gi < groups.size(); ++gi)
+      if (plan.file_of_tensor[gi] == f)
+        for (const auto& e : groups[gi].entries) w.declare(e.name, e.dtype, e.shape);
+    w.begin({{"format", "pt"}});
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      if (plan.file_of_tensor[gi] != f) continue;
+      NamedTensors ts = groups[gi].emit();
+      QS_CHECK(ts.size() == groups[gi].entries.size(), "emitted tensor count differs from the declaration");
+      for (size_t k = 0; k < ts.size(); ++k) {
+        const auto& [name, t] = ts[k];
+        const OutEntry& e = groups[gi].entries[k];
+        QS_CHECK(name == e.name && t.dtype() == e.dtype && t.numel() == shape_numel(e.shape),
+                 "tensor " + name + " differs from its declaration");
+        Tensor host = t.device() == Device::kCpu ? t : t.to(Device::kCpu);
+        w.write(name, host.bytes());
+        index.weight_map.emplace_back(name, plan.files[f]);
+        index.total_size += host.nbytes();
+        rep.bytes_out += host.nbytes();
+      }
+    }
+    w.finish();
+  }
+  if (plan.files.size() > 1) write_safetensors_index((out / kSafetensorsIndexName).string(), index);
+  return static_cast<int>(plan.files.size());
+}
+
+void accumulate_error(FolderReport& rep, const std::vector<float>& ref, const std::vector<float>& got) {
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - ref[i];
+    rep.max_abs_err = std::max(rep.max_abs_err, std::fabs(d));
+    rep.sum_sq_err += d * d;
+    rep.sum_sq_ref += static_cast<double>(ref[i]) * ref[i];
+  }
+}
+
+bool is_stat_suffix(const std::string& name, std::string* base) {
+  static const char* kSuffixes[] = {".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map",
+                                    ".quant_state.bitsandbytes__nf4", ".quant_state.bitsandbytes__fp4"};
+  for (const char* s : kSuffixes) {
+    const std::string suf(s);
+    if (name.size() > suf.size() && name.compare(name.size() - suf.size(), suf.size(), suf) == 0) {
+      *base = name.substr(0, name.size() - suf.size());
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+nlohmann::json bnb_quantization_config(const QuantizeOptions& o, DType compute_dtype) {
+  nlohmann::json q;  // std::map-backed: keys come out sorted
+  q["_load_in_4bit"] = true;
+  q["_load_in_8bit"] = false;
+  q["bnb_4bit_compute_dtype"] = dtype_torch_name(compute_dtype);
+  q["bnb_4bit_quant_storage"] = "uint8";
+  q["bnb_4bit_quant_type"] = quant_type_name(o.quant_type);
+  q["bnb_4bit_use_double_quant"] = o.compress_statistics;
+  q["llm_int8_enable_fp32_cpu_offload"] = false;
+  q["llm_int8_has_fp16_weight"] = false;
+  q["llm_int8_skip_modules"] = nullptr;
+  q["llm_int8_threshold"] = 6.0;
+  q["load_in_4bit"] = true;
+  q["load_in_8bit"] = false;
+  q["quant_method"] = "bitsandbytes";
+  return q;
+}
+
+FolderReport quantize_model_folder(const std::string& in_dir, const std::string& out_dir,
+                                   const QuantizeFolderOptions& opt) {
+  validate_blocksize(opt.quant.blocksize);
+  const LlamaConfig cfg = LlamaConfig::load(in_dir);
+  if (cfg.quantized)
+    throw InputError(in_dir + "/config.json: the model is already quantized (quantization_config present)");
+  const SafetensorsFolder in = SafetensorsFolder::open(in_dir);
+  for (const auto& [name, shape] : llama_expected_weights(cfg)) {
+    const SafetensorsEntry* e = in.find(name);
+    if (!e) throw InputError(in_dir + ": tensor '" + name + "' required by config.json is missing");
+    if (e->shape != shape)
+      throw InputError(in_dir + ": tensor '" + name + "' has shape " + shape_str(e->shape) + ", config.json implies " +
+                       shape_str(shape));
+    if (!e->dtype || !dtype_is_float(*e->dtype))
+      throw InputError(in_dir + ": tensor '" + name + "' has dtype " + e->dtype_name + " (expected F32, BF16 or F16)");
+  }
+  const bool cuda = opt.use_cuda && cuda_available();
+  FolderReport rep;
+  std::vector<OutGroup> groups;
+  for (const std::string& name : in.names()) {
+    const SafetensorsEntry& e = *in.find(name);
+    rep.bytes_in += e.nbytes();
+    if (!is_llama_projection_weight(name)) {
+      if (!e.dtype) throw InputError(in_dir + ": tensor '" + name + "' has dtype " + e.dtype_name + " that qshard cannot copy");
+      groups.push_back({{{name, *e.dtype, e.shape}}, [&in, name, &rep] {
+                          ++rep.copied_tensors;
+                          return NamedTensors{{name, in.get(name)}};
+                        }});
+      continue;
+    }
+    // Pass 1 (header): the packed JSON's length depends on the double-quant offset, a mean of
+    // the block absmax, which is cheap to compute without encoding.
+    QuantState st;
+    st.quant_type = opt.quant.quant_type;
+    st.blocksize = opt.quant.blocksize;
+    st.dtype = *e.dtype;
+    st.shape = e.shape;
+    const int64_t n = shape_numel(e.shape), nb = (n + st.blocksize - 1) / st.blocksize;
+    if (opt.quant.compress_statistics) {
+      const std::vector<float> x = in.get(name).to_f32_vector();
+      std::vector<float> amax(static_cast<size_t>(nb), 0.0f);
+      for (int64_t i = 0; i < n; ++i) amax[i / st.blocksize] = std::fmax(amax[i / st.blocksize], std::fabs(x[i]));
+      st.state2 = NestedQuantState{};
+      st.state2->offset = absmax_mean_cpu(amax.data(), nb);
+    }
+    std::vector<OutEntry> entries = {{name, DType::kU8, {(n + 1) / 2, 1}},
+                                     {name + ".absmax", st.nested() ? DType::kU8 : DType::kF32, {nb}},
+                                     {name + ".quant_map", DType::kF32, {16}}};
+    if (st.nested()) {
+      entries.push_back({name + ".nested_absmax", DType::kF32, {(nb + 255) / 256}});
+      entries.push_back({name + ".nested_quant_map", DType::kF32, {256}});
+    }
+    entries.push_back({name + ".quant_state.bitsandbytes__" + quant_type_name(st.quant_type), DType::kU8,
+                       {static_cast<int64_t>(st.packed_json().size())}});
+    const float planned_offset = st.nested() ? st.state2->offset : 0.0f;
+    groups.push_back({entries, [&in, name, &rep, &opt, cuda, planned_offset] {
+                        Tensor x = in.get(name);
+                        Params4bit p = quantize_4bit(cuda ? x.to(Device::kCuda) : x, opt.quant);
+                        if (p.quant_state.nested())
+                          QS_CHECK(p.quant_state.state2->offset == planned_offset, "offset differs from pass 1");
+                        accumulate_error(rep, x.to_f32_vector(), dequantize_4bit(p, DType::kF32).to(Device::kCpu).to_f32_vector());
+                        ++rep.converted_tensors;
+                        rep.converted_elements += x.numel();
+                        return params4bit_state_dict(p, name);
+                      }});
+  }
+  const fs::path partial = prepare_out_dir(out_dir);
+  try {
+    rep.files_written = write_groups(partial, groups, opt.max_shard_bytes, rep);
+    nlohmann::json config = cfg.raw;
+    const DType compute = cfg.dtype.value_or(DType::kBF16);
+    config["quantization_config"] = bnb_quantization_config(opt.quant, compute);
+    write_json(partial / "config.json", config);
+    copy_side_files(in_dir, partial);
+    finish_out_dir(partial, out_dir);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(partial, ec);
+    throw;
+  }
+  return rep;
+}
+
+FolderReport dequantize_model_folder(const std::string& in_dir, const std::string& out_dir, DType out_dtype,
+                                     uint64_t max_shard_bytes) {
+  if (!dtype_is_float(out_dtype)) throw InputError(std::string("dequantize: output dtype ") + dtype_torch_name(out_dtype) + " is not a float type");
+  const LlamaConfig cfg = LlamaConfig::load(in_dir);
+  if (!cfg.quantized) throw InputError(in_dir + "/config.json: no bitsandbytes quantization_config; nothing to dequantize");
+  const SafetensorsFolder in = SafetensorsFolder::open(in_dir);
+  const std::string label = in_dir;
+  TensorLookup lookup = [&in](const std::string& k) -> std::optional<Tensor> {
+    if (!in.contains(k)) return std::nullopt;
+    return in.get(k);
+  };
+  for (const auto& [name, shape] : llama_expected_weights(cfg)) {
+    if (!in.contains(name)) throw InputError(in_dir + ": tensor '" + name + "' required by config.json is missing");
+    if (is_4bit_weight(name, lookup)) {
+      Params4bit p = params4bit_from_state_dict(name, lookup, label);
+      if (p.quant_state.shape != shape)
+        throw InputError(in_dir + ": 4-bit tensor '" + name + "' has shape " + shape_str(p.quant_state.shape) +
+                         ", config.json implies " + shape_str(shape));
+    } else if (in.find(name)->shape != shape) {
+      throw InputError(in_dir + ": tensor '" + name + "' has shape " + shape_str(in.find(name)->shape) +
+                       ", config.json implies " + shape_str(shape));
+    }
+  }
+  FolderReport rep;
+  std::vector<OutGroup> groups;
+  for (const std::string& name : in.names()) {
+    rep.bytes_in += in.find(name)->nbytes();
+    std::string base;
+    if (is_stat_suffix(name, &base) && is_4bit_weight(base, lookup)) continue;  // consumed with its weight
+    if (is_4bit_weight(name, lookup)) {
+      const Shape shape = params4bit_from_state_dict(name, lookup, label).quant_state.shape;
+      groups.push_back({{{name, out_dtype, shape}}, [name, lookup, label, out_dtype, &rep] {
+                          Params4bit p = params4bit_from_state_dict(name, lookup, label);
+                          ++rep.converted_tensors;
+                          rep.converted_elements += p.quant_state.numel();
+                          return NamedTensors{{name, dequantize_4bit(p, out_dtype)}};
+                        }});
+      continue;
+    }
+    const SafetensorsEntry& e = *in.find(name);
+    if (!e.dtype) throw InputError(in_dir + ": tensor '" + name + "' has dtype " + e.dtype_name + " that qshard cannot copy");
+    groups.push_back({{{name, *e.dtype, e.shape}}, [&in, name, &rep] {
+                        ++rep.copied_tensors;
+                        return NamedTensors{{name, in.get(name)}};
+                      }});
+  }
+  const fs::path partial = prepare_out_dir(out_dir);
+  try {
+    rep.files_written = write_groups(partial, groups, max_shard_bytes, rep);
+    nlohmann::json config = cfg.raw;
+    config.erase("quantization_config");
+    for (const char* k : {"torch_dtype", "dtype"})
+      if (config.contains(k)) config[k] = dtype_torch_name(out_dtype);
+    write_json(partial / "config.json", config);
+    copy_side_files(in_dir, partial);
+    finish_out_dir(partial, out_dir);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(partial, ec);
+    throw;
+  }
+  return rep;
+}
+
+}  // namespace qshard

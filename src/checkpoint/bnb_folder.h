@@ -1,0 +1,53 @@
+// bnb_folder.h: conversion between a Hugging Face Llama folder (f32/bf16/f16 safetensors) and
+// the bitsandbytes 4-bit folder transformers writes (`qshard quantize` / `qshard dequantize`).
+//
+// quantize_model_folder(IN, OUT): the q/k/v/o and gate/up/down projection weights become 4-bit
+// (weight + absmax + quant_map [+ nested_absmax + nested_quant_map] + packed quant state, in
+// bitsandbytes' state-dict order); every other tensor is copied unchanged; config.json gains
+// transformers' quantization_config; other files (tokenizer, generation config) are copied.
+// dequantize_model_folder(IN, OUT): the reverse, 4-bit weights to `out_dtype` (bf16 default).
+// Streaming: one tensor at a time is converted; the output is written with the streaming
+// safetensors writer (split into shards with an index past max_shard_bytes).
+// Atomicity: everything is written into "OUT.partial-<pid>" and renamed to OUT at the end; OUT
+// must not exist or be an empty directory, so nothing already there is ever overwritten.
+// Errors: InputError naming the folder, file, tensor or key (no config.json, a tensor missing
+// for the config, a wrong shape or dtype, an already quantized input, a non-empty OUT).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "quant/params4bit.h"
+
+namespace qshard {
+
+struct QuantizeFolderOptions {
+  QuantizeOptions quant;
+  uint64_t max_shard_bytes = 5'000'000'000ULL;  // transformers' default max_shard_size "5GB"
+  bool use_cuda = true;  // quantize on the GPU when one is present (bitwise identical results)
+};
+
+struct FolderReport {
+  int64_t converted_tensors = 0;  // quantized (or dequantized) weights
+  int64_t copied_tensors = 0;
+  int64_t converted_elements = 0;
+  uint64_t bytes_in = 0, bytes_out = 0;
+  // Quantization error over all converted weights, measured against the input values:
+  double max_abs_err = 0, sum_sq_err = 0, sum_sq_ref = 0;
+  double rel_rms_err() const { return sum_sq_ref > 0 ? std::sqrt(sum_sq_err / sum_sq_ref) : 0.0; }
+  int files_written = 0;
+};
+
+FolderReport quantize_model_folder(const std::string& in_dir, const std::string& out_dir,
+                                   const QuantizeFolderOptions& options = {});
+FolderReport dequantize_model_folder(const std::string& in_dir, const std::string& out_dir,
+                                     DType out_dtype = DType::kBF16,
+                                     uint64_t max_shard_bytes = 5'000'000'000ULL);
+
+// transformers' quantization_config for these options (keys sorted, as in FORMATS.md).
+nlohmann::json bnb_quantization_config(const QuantizeOptions& o, DType compute_dtype);
+
+}  // namespace qshard

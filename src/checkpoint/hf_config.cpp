@@ -1,0 +1,197 @@
+#include "checkpoint/hf_config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "runtime/error.h"
+
+namespace qshard {
+namespace {
+
+using json = nlohmann::json;
+
+std::string where(const std::string& label, const std::string& key) { return label + ": key \"" + key + "\""; }
+
+int64_t get_int(const json& j, const std::string& key, const std::string& label, std::optional<int64_t> def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (def) return *def;
+    throw InputError(where(label, key) + " is missing (expected a positive integer)");
+  }
+  if (!it->is_number_integer()) throw InputError(where(label, key) + " must be an integer, got " + it->dump());
+  return it->get<int64_t>();
+}
+
+double get_num(const json& j, const std::string& key, const std::string& label, double def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  if (!it->is_number()) throw InputError(where(label, key) + " must be a number, got " + it->dump());
+  return it->get<double>();
+}
+
+bool get_bool(const json& j, const std::string& key, const std::string& label, bool def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  if (!it->is_boolean()) throw InputError(where(label, key) + " must be true or false, got " + it->dump());
+  return it->get<bool>();
+}
+
+void positive(int64_t v, const std::string& key, const std::string& label) {
+  if (v <= 0) throw InputError(where(label, key) + " must be positive, got " + std::to_string(v));
+}
+
+RopeScaling parse_rope(const json& r, const std::string& key, const std::string& label) {
+  RopeScaling s;
+  if (!r.is_object()) throw InputError(where(label, key) + " must be an object, got " + r.dump());
+  std::string type = "default";
+  if (r.contains("rope_type") && r["rope_type"].is_string()) type = r["rope_type"];
+  else if (r.contains("type") && r["type"].is_string()) type = r["type"];
+  if (type != "default" && type != "llama3")
+    throw InputError(where(label, key) + " has rope_type \"" + type + "\"; qshard supports \"default\" and \"llama3\"");
+  s.rope_type = type;
+  if (type == "llama3") {
+    const std::string k = key + ".";
+    s.factor = get_num(r, "factor", label + " (" + key + ")", 8.0);
+    s.low_freq_factor = get_num(r, "low_freq_factor", label + " (" + key + ")", 1.0);
+    s.high_freq_factor = get_num(r, "high_freq_factor", label + " (" + key + ")", 4.0);
+    s.original_max_position_embeddings = get_int(r, "original_max_position_embeddings", label + " (" + key + ")", 8192);
+    if (s.factor <= 0 || s.low_freq_factor <= 0 || s.high_freq_factor <= s.low_freq_factor)
+      throw InputError(where(label, key) + " has invalid llama3 factors " + r.dump());
+  }
+  return s;
+}
+
+}  // namespace
+
+LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
+  if (!j.is_object()) throw InputError(label + ": config is not a JSON object");
+  LlamaConfig c;
+  c.raw = j;
+  if (j.contains("model_type") && j["model_type"].is_string() && j["model_type"] != "llama")
+    throw InputError(where(label, "model_type") + " is \"" + j["model_type"].get<std::string>() +
+                     "\"; qshard supports Llama models (\"llama\")");
+  c.vocab_size = get_int(j, "vocab_size", label, std::nullopt);
+  c.hidden_size = get_int(j, "hidden_size", label, std::nullopt);
+  c.intermediate_size = get_int(j, "intermediate_size", label, std::nullopt);
+  c.num_hidden_layers = get_int(j, "num_hidden_layers", label, std::nullopt);
+  c.num_attention_heads = get_int(j, "num_attention_heads", label, std::nullopt);
+  for (auto [v, k] : {std::pair{c.vocab_size, "vocab_size"}, {c.hidden_size, "hidden_size"},
+                      {c.intermediate_size, "intermediate_size"}, {c.num_hidden_layers, "num_hidden_layers"},
+                      {c.num_attention_heads, "num_attention_heads"}})
+    positive(v, k, label);
+  c.num_key_value_heads = get_int(j, "num_key_value_heads", label, c.num_attention_heads);
+  positive(c.num_key_value_heads, "num_key_value_heads", label);
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    throw InputError(where(label, "num_key_value_heads") + " = " + std::to_string(c.num_key_value_heads) +
+                     " does not divide num_attention_heads = " + std::to_string(c.num_attention_heads));
+  if (!j.contains("head_dim") || j["head_dim"].is_null()) {
+    if (c.hidden_size % c.num_attention_heads != 0)
+      throw InputError(where(label, "hidden_size") + " = " + std::to_string(c.hidden_size) +
+                       " is not divisible by num_attention_heads and no head_dim is given");
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  } else {
+    c.head_dim = get_int(j, "head_dim", label, std::nullopt);
+    positive(c.head_dim, "head_dim", label);
+  }
+  if (c.head_dim % 2 != 0) throw InputError(where(label, "head_dim") + " must be even for RoPE");
+  c.max_position_embeddings = get_int(j, "max_position_embeddings", label, 2048);
+  positive(c.max_position_embeddings, "max_position_embeddings", label);
+  c.rms_norm_eps = get_num(j, "rms_norm_eps", label, 1e-6);
+  if (!(c.rms_norm_eps > 0)) throw InputError(where(label, "rms_norm_eps") + " must be positive");
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+    throw InputError(where(label, "hidden_act") + " is " + j["hidden_act"].dump() + "; Llama uses \"silu\"");
+  // RoPE: the newer single rope_parameters field, or rope_theta + rope_scaling.
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    const json& rp = j["rope_parameters"];
+    c.rope_scaling = parse_rope(rp, "rope_parameters", label);
+    c.rope_theta = get_num(rp, "rope_theta", label + " (rope_parameters)", get_num(j, "rope_theta", label, 10000.0));
+  } else {
+    c.rope_theta = get_num(j, "rope_theta", label, 10000.0);
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+      c.rope_scaling = parse_rope(j["rope_scaling"], "rope_scaling", label);
+  }
+  if (!(c.rope_theta > 0)) throw InputError(where(label, "rope_theta") + " must be positive");
+  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", label, false);
+  c.attention_bias = get_bool(j, "attention_bias", label, false);
+  c.mlp_bias = get_bool(j, "mlp_bias", label, false);
+  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int64_t>();
+  if (j.contains("eos_token_id")) {
+    const json& e = j["eos_token_id"];
+    if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int64_t>());
+    else if (e.is_array())
+      for (const auto& v : e)
+        if (v.is_number_integer()) c.eos_token_ids.push_back(v.get<int64_t>());
+  }
+  for (const char* k : {"torch_dtype", "dtype"}) {
+    if (j.contains(k) && j[k].is_string()) {
+      auto d = parse_dtype(j[k].get<std::string>());
+      if (!d || !dtype_is_float(*d))
+        throw InputError(where(label, k) + " is \"" + j[k].get<std::string>() + "\" (expected float32, bfloat16 or float16)");
+      c.dtype = d;
+    }
+  }
+  if (j.contains("quantization_config") && j["quantization_config"].is_object()) {
+    const json& q = j["quantization_config"];
+    if (q.value("quant_method", "") != "bitsandbytes" || !q.value("load_in_4bit", false))
+      throw InputError(where(label, "quantization_config") + " is not a bitsandbytes 4-bit config: " + q.dump());
+    c.quantized = true;
+  }
+  return c;
+}
+
+LlamaConfig LlamaConfig::load(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  if (!std::filesystem::is_directory(dir)) throw InputError("model folder " + dir + " does not exist or is not a directory");
+  std::ifstream in(path);
+  if (!in) throw InputError("model folder " + dir + " has no config.json (expected " + path + ")");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw InputError(path + ": not valid JSON (" + e.what() + ")");
+  }
+  return from_json(j, path);
+}
+
+const std::vector<std::string>& llama_projection_names() {
+  static const std::vector<std::string> names = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                 "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                                 "mlp.down_proj"};
+  return names;
+}
+
+std::vector<int64_t> llama_projection_shape(const LlamaConfig& c, const std::string& p) {
+  const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  if (p == "self_attn.q_proj") return {q, c.hidden_size};
+  if (p == "self_attn.k_proj" || p == "self_attn.v_proj") return {kv, c.hidden_size};
+  if (p == "self_attn.o_proj") return {c.hidden_size, q};
+  if (p == "mlp.gate_proj" || p == "mlp.up_proj") return {c.intermediate_size, c.hidden_size};
+  if (p == "mlp.down_proj") return {c.hidden_size, c.intermediate_size};
+  throw Error("unknown projection " + p);
+}
+
+bool is_llama_projection_weight(const std::string& name) {
+  static const std::regex re(R"(model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)\.weight)");
+  return std::regex_match(name, re);
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_weights(const LlamaConfig& c) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> w;
+  w.push_back({"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    w.push_back({p + "input_layernorm.weight", {c.hidden_size}});
+    for (const auto& proj : llama_projection_names()) {
+      w.push_back({p + proj + ".weight", llama_projection_shape(c, proj)});
+      const bool bias = proj.rfind("self_attn.", 0) == 0 ? c.attention_bias : c.mlp_bias;
+      if (bias) w.push_back({p + proj + ".bias", {llama_projection_shape(c, proj)[0]}});
+      if (proj == "self_attn.o_proj") w.push_back({p + "post_attention_layernorm.weight", {c.hidden_size}});
+    }
+  }
+  w.push_back({"model.norm.weight", {c.hidden_size}});
+  if (!c.tie_word_embeddings) w.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}});
+  return w;
+}
+
+}  // namespace qshard

@@ -1,0 +1,65 @@
+// hf_config.h: a Hugging Face Llama config.json, parsed and validated into LlamaConfig.
+//
+// What: the fields of transformers' LlamaConfig that qshard uses (shared/FORMATS.md, "HF Llama
+// folder"): sizes, heads (GQA), RoPE (rope_theta and rope_scaling of type "llama3", or the newer
+// single rope_parameters field), norms, tied embeddings, biases, token ids, dtype. The parsed
+// JSON is kept as well, so a folder rewritten by qshard keeps every field it does not know.
+// Errors: InputError naming the file, the key and what was expected (missing file, bad JSON, a
+// missing or mistyped field, a non-positive size, heads that do not divide, unsupported act).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/dtype.h"
+
+namespace qshard {
+
+struct RopeScaling {
+  std::string rope_type = "default";  // "default" | "llama3"
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 0;
+};
+
+struct LlamaConfig {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // defaults to num_attention_heads
+  int64_t head_dim = 0;             // defaults to hidden_size / num_attention_heads
+  int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  std::optional<int64_t> bos_token_id;
+  std::vector<int64_t> eos_token_ids;
+  std::optional<DType> dtype;  // "torch_dtype" or "dtype"
+  bool quantized = false;      // has a bitsandbytes quantization_config
+  nlohmann::json raw;          // the whole config.json as read
+
+  // Reads and validates DIR/config.json.
+  static LlamaConfig load(const std::string& dir);
+  // Validates an already parsed object; `label` names the file in errors.
+  static LlamaConfig from_json(const nlohmann::json& j, const std::string& label);
+};
+
+// The Linear projections of a Llama decoder layer, as named in HF checkpoints.
+const std::vector<std::string>& llama_projection_names();  // "self_attn.q_proj", ... "mlp.down_proj"
+// Shape [out, in] of a projection ("self_attn.q_proj", ...) for this config.
+std::vector<int64_t> llama_projection_shape(const LlamaConfig& c, const std::string& projection);
+// True for "model.layers.<N>.<projection>.weight" (the weights that qshard quantizes).
+bool is_llama_projection_weight(const std::string& name);
+// Every weight name the config implies with its shape, in HF order (embed, layers, norm, lm_head).
+std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_weights(const LlamaConfig& c);
+
+}  // namespace qshard

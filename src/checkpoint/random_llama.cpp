@@ -1,0 +1,74 @@
+#include "checkpoint/random_llama.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "checkpoint/safetensors.h"
+
+namespace qshard {
+namespace fs = std::filesystem;
+
+LlamaConfig write_random_llama_folder(const std::string& dir, const RandomLlamaOptions& o) {
+  nlohmann::json j;
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = "llama";
+  j["vocab_size"] = o.vocab_size;
+  j["hidden_size"] = o.hidden_size;
+  j["intermediate_size"] = o.intermediate_size;
+  j["num_hidden_layers"] = o.num_hidden_layers;
+  j["num_attention_heads"] = o.num_attention_heads;
+  j["num_key_value_heads"] = o.num_key_value_heads;
+  j["max_position_embeddings"] = o.max_position_embeddings;
+  j["hidden_act"] = "silu";
+  j["rms_norm_eps"] = 1e-5;
+  j["rope_theta"] = 10000.0;
+  j["rope_scaling"] = nullptr;
+  j["tie_word_embeddings"] = o.tie_word_embeddings;
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  j["initializer_range"] = o.init_std;
+  j["bos_token_id"] = 1;
+  j["eos_token_id"] = 2;
+  j["torch_dtype"] = dtype_torch_name(o.dtype);
+  const LlamaConfig cfg = LlamaConfig::from_json(j, "random llama config");
+
+  if (fs::exists(dir) && (!fs::is_directory(dir) || !fs::is_empty(dir)))
+    throw InputError("output folder " + dir + " already exists and is not empty; choose a new folder");
+  const fs::path partial = dir + ".partial-" + std::to_string(::getpid());
+  fs::remove_all(partial);
+  fs::create_directories(partial);
+  try {
+    const auto weights = llama_expected_weights(cfg);
+    SafetensorsWriter w((partial / "model.safetensors").string());
+    for (const auto& [name, shape] : weights) w.declare(name, o.dtype, shape);
+    w.begin({{"format", "pt"}});
+    std::mt19937_64 rng(o.seed);
+    auto uniform = [&rng] { return (static_cast<double>(rng() >> 11) + 0.5) * (1.0 / 9007199254740992.0); };
+    for (const auto& [name, shape] : weights) {
+      const int64_t n = shape_numel(shape);
+      std::vector<float> v(static_cast<size_t>(n));
+      const bool norm = name.find("norm.weight") != std::string::npos;
+      for (int64_t i = 0; i < n; i += 2) {
+        // Box-Muller: two normals from two uniforms.
+        const double r = std::sqrt(-2.0 * std::log(uniform())), t = 2.0 * M_PI * uniform();
+        v[i] = norm ? 1.0f : static_cast<float>(o.init_std * r * std::cos(t));
+        if (i + 1 < n) v[i + 1] = norm ? 1.0f : static_cast<float>(o.init_std * r * std::sin(t));
+      }
+      w.write(name, Tensor::from_f32(shape, o.dtype, v).bytes());
+    }
+    w.finish();
+    write_file_atomic((partial / "config.json").string(), j.dump(2) + "\n");
+    if (fs::exists(dir)) fs::remove(dir);
+    fs::rename(partial, dir);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(partial, ec);
+    throw;
+  }
+  return cfg;
+}
+
+}  // namespace qshard
