@@ -67,9 +67,15 @@ struct Dequant4bitArgs {
   const float* nested_code = nullptr;      // [256]
   int64_t nested_blocksize = 256;
   float offset = 0.0f;
+  int units_per_thread = 0;  // CUDA tuning knob (1, 2, 4, 8, 16; 0 = automatic), for bench/dequant
 };
 // out: [n] of out_dtype (f32, bf16, f16), converted with round-to-nearest-even.
 void dequantize_4bit_cuda(const Dequant4bitArgs& args, void* out, DType out_dtype, void* stream);
+// Dequantizes `count` tensors (outs[i] receives args[i]) with as few launches as possible: one per
+// 8 tensors, plus a small one for any tail or unaligned tensor. Used for a decoder layer's
+// projections, which are dequantized together.
+void dequantize_4bit_batch_cuda(const Dequant4bitArgs* args, void* const* outs, int count, DType out_dtype,
+                                void* stream);
 // CPU twin of dequantize_4bit_cuda (the oracle in tests): decodes the nested absmax if present.
 void dequantize_4bit_args_cpu(const Dequant4bitArgs& args, float* out);
 

@@ -95,6 +95,76 @@ INSTANTIATE_TEST_SUITE_P(
       return s;
     });
 
+TEST(CudaDequant, EveryUnitsPerThreadVariantAgrees) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (bool dq : {false, true}) {
+    const Case c{QuantType::kNf4, 64, dq, DType::kBF16, 64 * 4099 + 8};
+    Params4bit ref = quantize_4bit(random_input(c, 5), {c.type, c.blocksize, c.dq});
+    const Tensor expect = dequantize_4bit(ref, DType::kBF16);
+    Params4bit dev = quantize_4bit(random_input(c, 5).to(Device::kCuda), {c.type, c.blocksize, c.dq});
+    const QuantState& st = dev.quant_state;
+    Dequant4bitArgs a;
+    a.packed = dev.data.data<uint8_t>();
+    a.n = c.n;
+    a.blocksize = c.blocksize;
+    std::copy(decode_table(c.type), decode_table(c.type) + 16, a.code);
+    if (dq) {
+      a.absmax_q8 = st.absmax.data<uint8_t>();
+      a.nested_absmax = st.state2->absmax.data<float>();
+      a.nested_code = st.state2->code.data<float>();
+      a.offset = st.state2->offset;
+    } else {
+      a.absmax = st.absmax.data<float>();
+    }
+    for (int u : {0, 1, 2, 4, 8, 16}) {
+      a.units_per_thread = u;
+      Tensor out = Tensor::empty({c.n}, DType::kBF16, Device::kCuda);
+      dequantize_4bit_cuda(a, out.raw(), DType::kBF16, nullptr);
+      expect_same(expect, out.to(Device::kCpu), "units_per_thread " + std::to_string(u) + (dq ? " dq" : ""));
+    }
+  }
+}
+
+TEST(CudaDequant, BatchOfMixedTensorsMatchesCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  // Nine tensors (more than one launch's worth), mixed nested/plain, blocksizes and odd counts.
+  std::vector<Case> cases;
+  for (int i = 0; i < 9; ++i)
+    cases.push_back(Case{i % 3 == 2 ? QuantType::kFp4 : QuantType::kNf4, int64_t(32) << (i % 4), i % 2 == 0,
+                         DType::kBF16, 64 * (100 + 37 * i) + (i % 3) * 5});
+  std::vector<Params4bit> dev;
+  std::vector<Tensor> outs, expect;
+  std::vector<Dequant4bitArgs> args;
+  std::vector<void*> out_ptrs;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    Params4bit ref = quantize_4bit(random_input(c, 40 + i), {c.type, c.blocksize, c.dq});
+    expect.push_back(dequantize_4bit(ref, DType::kF16));
+    dev.push_back(quantize_4bit(random_input(c, 40 + i).to(Device::kCuda), {c.type, c.blocksize, c.dq}));
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const QuantState& st = dev[i].quant_state;
+    Dequant4bitArgs a;
+    a.packed = dev[i].data.data<uint8_t>();
+    a.n = cases[i].n;
+    a.blocksize = cases[i].blocksize;
+    std::copy(decode_table(cases[i].type), decode_table(cases[i].type) + 16, a.code);
+    if (st.nested()) {
+      a.absmax_q8 = st.absmax.data<uint8_t>();
+      a.nested_absmax = st.state2->absmax.data<float>();
+      a.nested_code = st.state2->code.data<float>();
+      a.offset = st.state2->offset;
+    } else {
+      a.absmax = st.absmax.data<float>();
+    }
+    args.push_back(a);
+    outs.push_back(Tensor::empty({cases[i].n}, DType::kF16, Device::kCuda));
+    out_ptrs.push_back(outs.back().raw());
+  }
+  dequantize_4bit_batch_cuda(args.data(), out_ptrs.data(), static_cast<int>(args.size()), DType::kF16, nullptr);
+  for (size_t i = 0; i < cases.size(); ++i) expect_same(expect[i], outs[i].to(Device::kCpu), "batch " + name(cases[i]));
+}
+
 TEST(CudaDequant, UnalignedViewsUseTheScalarPath) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const Case c{QuantType::kNf4, 64, true, DType::kBF16, 64 * 40};

@@ -185,7 +185,9 @@ TEST_P(Golden, QuantizeMatchesBitsandbytes) {
       if (amax[i / bs] == 0.0f) {
         ++zero_block_elems;
         EXPECT_EQ(ca, 0) << "all-zero block must encode like bitsandbytes' CUDA kernel (code 0)";
-        if (!cpu_golden) EXPECT_EQ(cb, 0);
+        if (!cpu_golden) {
+          EXPECT_EQ(cb, 0);
+        }
         continue;
       }
       if (ca != cb && rank[ca] == rank[cb]) {
@@ -211,7 +213,9 @@ TEST_P(Golden, QuantizeMatchesBitsandbytes) {
     }
     total += n;
     mismatched += case_mismatch;
-    if (!cpu_golden) EXPECT_EQ(case_mismatch, 0) << "CUDA golden codes must match exactly";
+    if (!cpu_golden) {
+      EXPECT_EQ(case_mismatch, 0) << "CUDA golden codes must match exactly";
+    }
     bool any_quirk = false;
     for (int64_t b = 0; b < nb; ++b) any_quirk = any_quirk || cpu_quirk(b);
     if (o.compress_statistics && any_quirk) {
