@@ -3,12 +3,14 @@
 //   quantize IN_DIR OUT_DIR         HF Llama folder -> bitsandbytes 4-bit folder
 //   dequantize IN_DIR OUT_DIR       bitsandbytes 4-bit folder -> bf16 (or f16/f32) folder
 //   init-model --out DIR [sizes]    a random tiny Llama as a Hugging Face folder
+//   inspect PATH [--check]          keys, dtypes, shapes, bytes and the node each key resolves to
 // Exit codes: 0 success, 2 bad input (the message names the file, key or value), 1 other errors.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
 
 #include "checkpoint/bnb_folder.h"
+#include "checkpoint/inspect.h"
 #include "checkpoint/random_llama.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -73,6 +75,13 @@ int run(int argc, char** argv) {
   init->add_option("--dtype", i_dtype, "bfloat16 | float16 | float32");
   init->add_option("--seed", ro.seed);
 
+  auto* inspect = app.add_subcommand("inspect", "list a safetensors file or model folder, resolving every key");
+  std::string ins_path;
+  bool ins_check = false, ins_quiet = false;
+  inspect->add_option("PATH", ins_path, "a .safetensors file, a Hugging Face folder or a folder of safetensors")->required();
+  inspect->add_flag("--check", ins_check, "exit non-zero if any key does not resolve or any tensor fails validation");
+  inspect->add_flag("--quiet", ins_quiet, "print only the summary and problems");
+
   CLI11_PARSE(app, argc, argv);
   set_log_level(log_level);
 
@@ -97,6 +106,23 @@ int run(int argc, char** argv) {
     std::printf("%s blocksize %lld%s: quantization error max |x - q(x)| = %.6g, relative RMS = %.4f%%\n",
                 q_type.c_str(), (long long)q_blocksize, q_no_dq ? "" : " double-quant", r.max_abs_err,
                 100.0 * r.rel_rms_err());
+    return 0;
+  }
+  if (inspect->parsed()) {
+    const InspectReport r = inspect_path(ins_path);
+    std::printf("%s: %s\n", r.path.c_str(), r.kind.empty() ? "unreadable" : r.kind.c_str());
+    uint64_t total = 0;
+    int resolved = 0;
+    for (const auto& row : r.rows) {
+      total += row.bytes;
+      resolved += row.resolved && row.bytes_match;
+      if (!ins_quiet)
+        std::printf("  %-64s %-5s %-16s %12llu  %s%s\n", row.key.c_str(), row.dtype.c_str(), shape_str(row.shape).c_str(),
+                    (unsigned long long)row.bytes, row.resolved ? "-> " : "UNRESOLVED: ", row.node.c_str());
+    }
+    std::printf("%zu keys, %.2f MB; %d resolve to the bytes stored under them\n", r.rows.size(), total / 1e6, resolved);
+    for (const auto& p : r.problems) std::printf("problem: %s\n", p.c_str());
+    if (ins_check && !r.ok()) return 3;
     return 0;
   }
   if (init->parsed()) {

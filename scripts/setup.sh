@@ -4,12 +4,16 @@
 # machine without network). Runs as root or through sudo.
 set -euo pipefail
 
+# Usage: scripts/setup.sh [--fuzz]   (--fuzz adds clang and its libFuzzer runtime, for CI's fuzz run)
 packages=(
   build-essential cmake ninja-build pkg-config
   libopenmpi-dev openmpi-bin
   libspdlog-dev libfmt-dev libgtest-dev
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev
 )
+if [ "${1:-}" = "--fuzz" ]; then
+  packages+=(clang libclang-rt-dev)
+fi
 
 # A package counts as present when dpkg has it, or (for the tools) when the tool is on PATH, as on
 # machines where cmake or ninja came from elsewhere.
@@ -20,6 +24,7 @@ have_tool() {
     ninja-build) command -v ninja >/dev/null ;;
     pkg-config) command -v pkg-config >/dev/null ;;
     openmpi-bin) command -v mpirun >/dev/null ;;
+    clang) command -v clang++ >/dev/null ;;
     *) return 1 ;;
   esac
 }

@@ -105,6 +105,27 @@ Params4bit quantize_4bit(const Tensor& x, const QuantizeOptions& o) {
 #endif
 }
 
+Params4bit empty_params4bit(const Shape& shape, DType dtype, const QuantizeOptions& o) {
+  validate_blocksize(o.blocksize);
+  const int64_t n = shape_numel(shape), nb = (n + o.blocksize - 1) / o.blocksize;
+  Params4bit p;
+  p.data = Tensor::zeros({(n + 1) / 2, 1}, DType::kU8);
+  QuantState& st = p.quant_state;
+  st.quant_type = o.quant_type;
+  st.blocksize = o.blocksize;
+  st.dtype = dtype;
+  st.shape = shape;
+  st.code = code_tensor(o.quant_type);
+  st.absmax = Tensor::zeros({nb}, o.compress_statistics ? DType::kU8 : DType::kF32);
+  if (o.compress_statistics) {
+    NestedQuantState n2;
+    n2.absmax = Tensor::zeros({(nb + n2.blocksize - 1) / n2.blocksize}, DType::kF32);
+    n2.code = dynamic_map_tensor();
+    st.state2 = n2;
+  }
+  return p;
+}
+
 Tensor dequantize_4bit(const Params4bit& p, std::optional<DType> out_dtype) {
   const QuantState& st = p.quant_state;
   const DType dt = out_dtype.value_or(st.dtype);

@@ -42,6 +42,9 @@ struct QuantizeOptions {
 
 // x: any shape, f32/bf16/f16, CPU or CUDA. Result tensors live on x's device.
 Params4bit quantize_4bit(const Tensor& x, const QuantizeOptions& options = {});
+// A zero-filled Params4bit with the layout quantize_4bit would give a tensor of `shape` and
+// `dtype` (CPU): the placeholder a model is built with before its weights are loaded.
+Params4bit empty_params4bit(const Shape& shape, DType dtype, const QuantizeOptions& options);
 // Result: quant_state.shape, dtype `out_dtype` (default: quant_state.dtype), on data's device.
 Tensor dequantize_4bit(const Params4bit& p, std::optional<DType> out_dtype = std::nullopt);
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# CI's checks beyond scripts/test.sh:
+#   1. every CPU test again under AddressSanitizer + UndefinedBehaviorSanitizer (preset `asan`);
+#   2. the safetensors header parser under libFuzzer for a bounded time (QSHARD_FUZZ_SECONDS,
+#      default 60), seeded with the checked-in safetensors files.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh --fuzz
+jobs=$(nproc 2>/dev/null || echo 2)
+
+cmake --preset asan > /dev/null
+cmake --build build/asan -j "$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build/asan --output-on-failure -j "$jobs"
+
+CC=clang CXX=clang++ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQSHARD_CUDA=OFF \
+  -DQSHARD_FUZZ=ON > /dev/null
+cmake --build build/fuzz -j "$jobs" --target safetensors_fuzz
+corpus=$(mktemp -d)
+trap 'rm -rf "$corpus"' EXIT
+find tests/data -name '*.safetensors' -size -64k -exec cp {} "$corpus/" \;
+seconds=${QSHARD_FUZZ_SECONDS:-60}
+build/fuzz/tests/fuzz/safetensors_fuzz -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 "$corpus"
+echo "fuzz: ${seconds}s without a crash"

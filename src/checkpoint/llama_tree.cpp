@@ -1,0 +1,66 @@
+#include "checkpoint/llama_tree.h"
+
+#include <algorithm>
+
+#include "checkpoint/safetensors_index.h"
+
+namespace qshard {
+
+std::unique_ptr<Module> build_llama_tree(const LlamaConfig& c, const LlamaTreeOptions& o) {
+  auto root = std::make_unique<Module>("LlamaForCausalLM");
+  Module& model = root->add_child("model", "LlamaModel");
+  model.add_child("embed_tokens", "Embedding").add_parameter("weight", Tensor::zeros({c.vocab_size, c.hidden_size}, o.dtype));
+  Module& layers = model.add_child("layers", "ModuleList");
+  auto projection = [&](Module& parent, const std::string& full_name, const std::string& short_name) {
+    const Shape shape = llama_projection_shape(c, full_name);
+    Module& lin = parent.add_child(short_name, o.quant ? "Linear4bit" : "Linear");
+    if (o.quant) lin.add_params4bit("weight", std::make_shared<Params4bit>(empty_params4bit(shape, o.dtype, *o.quant)));
+    else lin.add_parameter("weight", Tensor::zeros(shape, o.dtype));
+    const bool bias = full_name.rfind("self_attn.", 0) == 0 ? c.attention_bias : c.mlp_bias;
+    if (bias) lin.add_parameter("bias", Tensor::zeros({shape[0]}, o.dtype));
+    if (o.lora.r > 0 && std::find(o.lora.targets.begin(), o.lora.targets.end(), short_name) != o.lora.targets.end()) {
+      lin.add_child("lora_A", "Linear").add_parameter("weight", Tensor::zeros({o.lora.r, shape[1]}, DType::kF32), true);
+      lin.add_child("lora_B", "Linear").add_parameter("weight", Tensor::zeros({shape[0], o.lora.r}, DType::kF32), true);
+    }
+  };
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    Module& layer = layers.add_child(std::to_string(l), "LlamaDecoderLayer");
+    Module& attn = layer.add_child("self_attn", "LlamaAttention");
+    for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"}) projection(attn, std::string("self_attn.") + p, p);
+    Module& mlp = layer.add_child("mlp", "LlamaMLP");
+    for (const char* p : {"gate_proj", "up_proj", "down_proj"}) projection(mlp, std::string("mlp.") + p, p);
+    layer.add_child("input_layernorm", "LlamaRMSNorm").add_parameter("weight", Tensor::zeros({c.hidden_size}, o.dtype));
+    layer.add_child("post_attention_layernorm", "LlamaRMSNorm")
+        .add_parameter("weight", Tensor::zeros({c.hidden_size}, o.dtype));
+  }
+  model.add_child("norm", "LlamaRMSNorm").add_parameter("weight", Tensor::zeros({c.hidden_size}, o.dtype));
+  Module& head = root->add_child("lm_head", "Linear");
+  if (!c.tie_word_embeddings) head.add_parameter("weight", Tensor::zeros({c.vocab_size, c.hidden_size}, o.dtype));
+  return root;
+}
+
+LoadedLlama load_llama_folder(const std::string& dir) {
+  LoadedLlama out{LlamaConfig::load(dir), nullptr};
+  const SafetensorsFolder folder = SafetensorsFolder::open(dir);
+  LlamaTreeOptions o;
+  // The dtype of the float weights as stored (the embedding is never quantized).
+  const SafetensorsEntry* emb = folder.find("model.embed_tokens.weight");
+  if (!emb) throw InputError(dir + ": tensor 'model.embed_tokens.weight' required by config.json is missing");
+  if (!emb->dtype || !dtype_is_float(*emb->dtype))
+    throw InputError(dir + ": tensor 'model.embed_tokens.weight' has dtype " + emb->dtype_name + " (expected F32, BF16 or F16)");
+  o.dtype = *emb->dtype;
+  if (out.config.quantized) {
+    const auto& q = out.config.raw["quantization_config"];
+    QuantizeOptions qo;
+    qo.quant_type = parse_quant_type(q.value("bnb_4bit_quant_type", std::string("nf4")));
+    qo.compress_statistics = q.value("bnb_4bit_use_double_quant", false);
+    o.quant = qo;
+  }
+  out.tree = build_llama_tree(out.config, o);
+  NamedTensors dict;
+  for (const auto& name : folder.names()) dict.emplace_back(name, folder.get(name));
+  load_state_dict(*out.tree, dict, /*strict=*/true, dir);
+  return out;
+}
+
+}  // namespace qshard
