@@ -20,5 +20,12 @@ corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
 find tests/data -name '*.safetensors' -size -64k -exec cp {} "$corpus/" \;
 seconds=${QSHARD_FUZZ_SECONDS:-60}
-build/fuzz/tests/fuzz/safetensors_fuzz -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 "$corpus"
+log=build/fuzz/fuzz.log
+if ! build/fuzz/tests/fuzz/safetensors_fuzz -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 \
+    "$corpus" > "$log" 2>&1; then
+  tail -60 "$log"
+  echo "fuzz: the safetensors header parser crashed (crash input saved in the working directory)" >&2
+  exit 1
+fi
+grep -E "^stat::(number_of_executed_units|peak_rss_mb)" "$log" || true
 echo "fuzz: ${seconds}s without a crash"

@@ -163,6 +163,26 @@ TEST(ModuleTree, BitsandbytesFsdpSaveTestKeys) {
   }
 }
 
+// Device-resident weights (CUDA builds with a GPU): the full state dict with cpu_offload holds
+// host copies, and every key still resolves to the bytes stored under it.
+TEST(ModuleTree, CpuOffloadOfDeviceTensors) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Module root("SimpleQLoRAModel");
+  root.add_child("base", "Linear4bit")
+      .add_params4bit("weight", std::make_shared<Params4bit>(quantize_4bit(randn({64, 64}, DType::kBF16, 3).to(Device::kCuda),
+                                                                           {QuantType::kNf4, 64, true})));
+  root.add_child("adapter", "Linear").add_parameter("weight", randn({64, 64}, DType::kF32, 4).to(Device::kCuda), true);
+  StateDictOptions o;
+  o.cpu_offload = true;
+  NamedTensors sd = state_dict(root, o);
+  EXPECT_EQ(sd.size(), 7u);
+  expect_all_keys_resolve(root, sd, o);
+  o.full = false;
+  o.world_size = 2;
+  o.rank = 1;
+  expect_all_keys_resolve(root, state_dict(root, o), o);
+}
+
 TEST(ModuleTree, FailedWalkNamesKeyNodeAndKind) {
   Module root("Net");
   root.add_child("base", "Linear4bit")

@@ -1,0 +1,186 @@
+#include "runtime/allocator.h"
+
+#include <cstdlib>
+#include <new>
+#include <string>
+
+#include "runtime/error.h"
+#include "runtime/tensor.h"
+#if QSHARD_WITH_CUDA
+#include "runtime/cuda_check.h"
+#endif
+
+namespace qshard {
+namespace {
+void* aligned_host_alloc(size_t bytes) {
+  size_t rounded = (bytes + HostAllocator::kAlignment - 1) / HostAllocator::kAlignment * HostAllocator::kAlignment;
+  return std::aligned_alloc(HostAllocator::kAlignment, rounded);
+}
+}  // namespace
+
+// ---- CachingAllocator --------------------------------------------------------------------------
+
+CachingAllocator::CachingAllocator(RawAlloc raw_alloc, RawFree raw_free)
+    : raw_alloc_(std::move(raw_alloc)), raw_free_(std::move(raw_free)) {}
+
+CachingAllocator::~CachingAllocator() {
+  std::lock_guard<std::mutex> lock(mu_);
+  empty_cache_locked();
+  for (auto& [p, size] : in_use_) raw_free_(p);
+  in_use_.clear();
+}
+
+size_t CachingAllocator::round_size(size_t bytes) {
+  if (bytes == 0) return 0;
+  size_t step = bytes <= kSmallLimit ? kSmallStep : kLargeStep;
+  return (bytes + step - 1) / step * step;
+}
+
+void* CachingAllocator::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  size_t cls = round_size(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  void* p = nullptr;
+  auto it = free_.find(cls);
+  if (it != free_.end() && !it->second.empty()) {
+    p = it->second.back();
+    it->second.pop_back();
+  } else {
+    p = raw_alloc_(cls);
+    if (!p && !free_.empty()) {
+      empty_cache_locked();
+      p = raw_alloc_(cls);
+    }
+    if (!p)
+      throw_error(__FILE__, __LINE__,
+                  "allocation of " + std::to_string(bytes) + " bytes (class " + std::to_string(cls) +
+                      ") failed; " + std::to_string(stats_.reserved_bytes) + " bytes reserved");
+    stats_.reserved_bytes += cls;
+    stats_.raw_allocs += 1;
+  }
+  in_use_.emplace(p, cls);
+  stats_.current_bytes += cls;
+  if (stats_.current_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.current_bytes;
+  return p;
+}
+
+void CachingAllocator::release(void* p) {
+  if (!p) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = in_use_.find(p);
+  QS_CHECK(it != in_use_.end(), "release of a pointer this allocator did not hand out");
+  size_t cls = it->second;
+  in_use_.erase(it);
+  stats_.current_bytes -= cls;
+  free_[cls].push_back(p);
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  empty_cache_locked();
+}
+
+void CachingAllocator::empty_cache_locked() {
+  for (auto& [cls, blocks] : free_) {
+    for (void* p : blocks) {
+      raw_free_(p);
+      stats_.reserved_bytes -= cls;
+    }
+  }
+  free_.clear();
+}
+
+MemoryStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+// ---- DevicePool --------------------------------------------------------------------------------
+
+#if QSHARD_WITH_CUDA
+namespace {
+int current_device_or_throw() {
+  if (!cuda_available()) throw_error(__FILE__, __LINE__, "DevicePool needs a CUDA GPU; none is visible");
+  int d = -1;
+  QS_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+}  // namespace
+
+DevicePool::DevicePool()
+    : device_(current_device_or_throw()),
+      pool_(
+          [](size_t n) -> void* {
+            void* p = nullptr;
+            if (cudaMalloc(&p, n) != cudaSuccess) {
+              cudaGetLastError();  // out of memory is not sticky; clear it so the retry can run
+              return nullptr;
+            }
+            return p;
+          },
+          [](void* p) { cudaFree(p); }) {}
+
+PinnedHostAllocator::PinnedHostAllocator()
+    : pinned_(cuda_available()),
+      pool_(
+          [pinned = pinned_](size_t n) -> void* {
+            if (!pinned) return aligned_host_alloc(n);
+            void* p = nullptr;
+            if (cudaMallocHost(&p, n) != cudaSuccess) {
+              cudaGetLastError();
+              return nullptr;
+            }
+            return p;
+          },
+          [pinned = pinned_](void* p) {
+            if (pinned)
+              cudaFreeHost(p);
+            else
+              std::free(p);
+          }) {}
+#else
+DevicePool::DevicePool()
+    : pool_([](size_t) -> void* { return nullptr; }, [](void*) {}) {
+  throw_error(__FILE__, __LINE__, "DevicePool needs a CUDA build (this is a CPU-only build)");
+}
+
+PinnedHostAllocator::PinnedHostAllocator()
+    : pinned_(false), pool_([](size_t n) { return aligned_host_alloc(n); }, [](void* p) { std::free(p); }) {}
+#endif
+
+// ---- HostAllocator -----------------------------------------------------------------------------
+
+HostAllocator::~HostAllocator() {
+  for (auto& [p, n] : in_use_) std::free(p);
+}
+
+void* HostAllocator::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = aligned_host_alloc(bytes);
+  if (!p) throw_error(__FILE__, __LINE__, "host allocation of " + std::to_string(bytes) + " bytes failed");
+  std::lock_guard<std::mutex> lock(mu_);
+  in_use_.emplace(p, bytes);
+  stats_.current_bytes += bytes;
+  stats_.reserved_bytes += bytes;
+  stats_.raw_allocs += 1;
+  if (stats_.current_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.current_bytes;
+  return p;
+}
+
+void HostAllocator::release(void* p) {
+  if (!p) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = in_use_.find(p);
+  QS_CHECK(it != in_use_.end(), "release of a pointer this allocator did not hand out");
+  stats_.current_bytes -= it->second;
+  stats_.reserved_bytes -= it->second;
+  in_use_.erase(it);
+  std::free(p);
+}
+
+MemoryStats HostAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace qshard
