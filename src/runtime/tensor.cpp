@@ -36,8 +36,15 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
   }
 }
 
+Storage::Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)
+    : data_(data), nbytes_(nbytes), device_(device), deleter_(std::move(deleter)) {}
+
 Storage::~Storage() {
   if (!data_) return;
+  if (deleter_) {
+    deleter_(data_);
+    return;
+  }
   if (device_ == Device::kCpu) {
     std::free(data_);
   } else {
@@ -58,6 +65,15 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, Device::kCpu);
   if (t.nbytes()) std::memset(t.raw(), 0, t.nbytes());
   return device == Device::kCpu ? t : t.to(device);
+}
+
+Tensor Tensor::adopt(void* data, const Shape& shape, DType dtype, Device device, std::function<void(void*)> deleter) {
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = shape_numel(shape);
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(data, t.nbytes(), device, std::move(deleter));
+  return t;
 }
 
 Tensor Tensor::from_bytes(const Shape& shape, DType dtype, std::span<const uint8_t> bytes) {

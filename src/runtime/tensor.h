@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -34,6 +35,8 @@ std::string shape_str(const Shape& shape);
 class Storage {
  public:
   Storage(size_t nbytes, Device device);
+  // Adopts memory allocated elsewhere (a pool, pinned memory); `deleter` returns it.
+  Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -47,6 +50,7 @@ class Storage {
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_ = Device::kCpu;
+  std::function<void(void*)> deleter_;  // set for adopted memory
 };
 
 class Tensor {
@@ -56,6 +60,8 @@ class Tensor {
   // Uninitialised contents.
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::kCpu);
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::kCpu);
+  // A tensor over adopted memory (see Storage); `deleter` runs when the last view goes.
+  static Tensor adopt(void* data, const Shape& shape, DType dtype, Device device, std::function<void(void*)> deleter);
   // CPU tensor holding a copy of `bytes` (bytes.size() must equal numel * dtype size).
   static Tensor from_bytes(const Shape& shape, DType dtype, std::span<const uint8_t> bytes);
   template <class T>

@@ -1,0 +1,68 @@
+// failure.h: job-wide error handling: any error on any rank ends the whole job, never a hang.
+//
+// What:
+//   run_job(argc, argv, body)  the main() of every qshard program that talks to other ranks.
+//       Blocks SIGINT/SIGTERM (before MPI starts its threads) and hands them to a signal thread,
+//       starts the World, runs body(world). An exception escaping body, a non-zero return from
+//       body, or a signal calls abort_job(). A zero return finalizes MPI and returns 0.
+//   abort_job(code, reason)  logs "[rank R] ... fatal: reason" (QS_LOG_ERROR), aborts every
+//       registered communicator that can be aborted on its own (NCCL: ncclCommAbort), then
+//       MPI_Abort(MPI_COMM_WORLD, code): mpirun / srun then end every rank with a non-zero status.
+//       Without MPI (or after MPI_Finalize) the process _Exit()s with `code`.
+//   register_communicator / unregister_communicator  the registry abort_job() walks. Every
+//       Communicator registers itself in its constructor and leaves in its destructor.
+//   CollectiveScope  marks one collective call for the watchdog: when QSHARD_COLLECTIVE_TIMEOUT_S
+//       is a positive number of seconds (default 0: off), a watchdog thread calls abort_job() for
+//       any collective that has not returned after that long (a peer died or diverged).
+// Exit codes: 1 for an exception, body's code for a non-zero return, 128 + signal for a signal,
+// kTimeoutExitCode for the watchdog.
+// Thread safety: all functions are thread safe. abort_job() may be called from any thread (the
+// watchdog and the signal thread do); the first caller wins, later callers block until the
+// process ends. MPI_Abort from a thread other than the main one is outside
+// MPI_THREAD_FUNNELED's letter; Open MPI implements it through its runtime, not the
+// communication layers, and it works there (tests/runtime/failure_*).
+// REQUIRES: run_job once, from main(); registered communicators outlive their registration.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace qshard {
+
+class Communicator;
+class World;
+
+inline constexpr int kTimeoutExitCode = 124;
+
+// How a registered communicator's abort() behaves.
+enum class AbortScope {
+  kCommunicator,  // abort() returns (NCCL): abort_job() calls it before MPI_Abort.
+  kJob,           // abort() ends the job itself (MPI_Abort): abort_job()'s MPI_Abort covers it.
+};
+
+void register_communicator(Communicator* comm, AbortScope scope);
+void unregister_communicator(Communicator* comm);
+
+// Logs `reason` with this rank, aborts communicators, ends the job with `code`. Never returns.
+[[noreturn]] void abort_job(int code, const std::string& reason) noexcept;
+
+// Runs `body` as described above and returns its 0; on failure the process does not return.
+int run_job(int argc, char** argv, const std::function<int(World&)>& body);
+
+// Seconds after which a collective aborts the job (QSHARD_COLLECTIVE_TIMEOUT_S, read once;
+// 0 = off). Throws qshard::InputError when the variable is not a non-negative number.
+double collective_timeout_s();
+
+class CollectiveScope {
+ public:
+  // `call` and `comm_name` are string literals (kept by pointer).
+  CollectiveScope(const char* call, const char* comm_name);
+  ~CollectiveScope();
+  CollectiveScope(const CollectiveScope&) = delete;
+  CollectiveScope& operator=(const CollectiveScope&) = delete;
+
+ private:
+  unsigned long long id_ = 0;  // 0: watchdog off
+};
+
+}  // namespace qshard

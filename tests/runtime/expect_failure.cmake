@@ -1,0 +1,23 @@
+# Runs a command that must fail fast: cmake -DCMD=a|b|c -DMAX_S=30 -DPATTERN=regex -P expect_failure.cmake
+# Passes when the command exits non-zero within MAX_S seconds and its output (stdout + stderr)
+# matches every `|`-separated regex in PATTERN. A command still running after MAX_S seconds is
+# killed and the test fails: a failure that hangs is the bug these tests look for.
+string(REPLACE "|" ";" cmd "${CMD}")
+string(REPLACE "|" ";" patterns "${PATTERN}")
+string(TIMESTAMP t0 "%s")
+execute_process(COMMAND ${cmd} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out TIMEOUT ${MAX_S})
+string(TIMESTAMP t1 "%s")
+math(EXPR elapsed "${t1} - ${t0}")
+message("${out}")
+message("expect_failure: exit '${rc}' after ${elapsed} s (limit ${MAX_S} s)")
+if(NOT rc MATCHES "^[0-9]+$")
+  message(FATAL_ERROR "expect_failure: the command did not exit by itself: ${rc}")
+endif()
+if(rc EQUAL 0)
+  message(FATAL_ERROR "expect_failure: the command exited 0; a non-zero exit was expected")
+endif()
+foreach(p IN LISTS patterns)
+  if(NOT out MATCHES "${p}")
+    message(FATAL_ERROR "expect_failure: the output does not match '${p}'")
+  endif()
+endforeach()
