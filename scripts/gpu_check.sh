@@ -22,4 +22,8 @@ if python3 -c "import bitsandbytes" 2>/dev/null; then
   python3 scripts/bench_bnb_dequant.py --json "$OUT/bnb_dequant.json" > "$OUT/bench_bnb.log" 2>&1
 fi
 build/bench/bench_dequant --json "$OUT/bench_dequant.json" | tee "$OUT/bench.log"
+if [ -x build/bench/bench_gather ]; then
+  root=""; [ "$(id -u)" = 0 ] && root="--allow-run-as-root"
+  mpirun $root -np 1 build/bench/bench_gather --units 8 --json "$OUT/bench_gather.json" | tee -a "$OUT/bench.log"
+fi
 cat "$OUT/bench_bnb.log" 2>/dev/null

@@ -29,6 +29,10 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     return;
   }
   QS_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
+  // cudaMemcpy from pageable host memory may return before the DMA into device memory lands; it
+  // is ordered only on the legacy default stream, which our non-blocking streams do not follow.
+  // Waiting for that stream makes the copy complete, as tensor.h promises.
+  QS_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
 }  // namespace qshard

@@ -1,6 +1,7 @@
 #include "runtime/nccl_communicator.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -53,7 +54,10 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm) {
   if (rank_ == 0) QS_NCCL_CHECK(ncclGetUniqueId(&id));
   QS_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
+  // Non-blocking by default (failures surface through ncclCommGetAsyncError instead of hanging);
+  // QSHARD_NCCL_BLOCKING=1 selects NCCL's blocking mode.
+  const char* blocking_env = std::getenv("QSHARD_NCCL_BLOCKING");
+  config.blocking = blocking_env && std::string(blocking_env) == "1" ? 1 : 0;
   QS_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
   double t = collective_timeout_s();
   settle("ncclCommInitRankConfig", t > 0 ? t : kDefaultInitTimeoutS);

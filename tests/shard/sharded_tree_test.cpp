@@ -63,6 +63,7 @@ TEST(ShardedTree, GatheredUnitsResolveToTheOriginalBytes) {
     size_t checked = 0, k = 0;
     for (int u = 0; u < mgr.num_units(); ++u) {
       mgr.gather(u);
+      mgr.compute_stream().synchronize();  // the host reads the views below
       Module* sub = tree->find_module(st.unit_paths[u]);
       ASSERT_NE(sub, nullptr);
       if (st.unit_paths[u].empty()) {
@@ -79,12 +80,13 @@ TEST(ShardedTree, GatheredUnitsResolveToTheOriginalBytes) {
           const std::string fqn = st.unit_paths[u] + "." + key;
           const Resolved r = resolve(*tree, fqn);
           const Resolved o = resolve(*original, fqn);
-          ASSERT_EQ(r.tensor.nbytes(), o.tensor.nbytes()) << fqn;
           Tensor host = r.tensor.to(Device::kCpu);
-          EXPECT_EQ(std::memcmp(host.raw(), o.tensor.raw(), o.tensor.nbytes()), 0) << fqn;
+          EXPECT_EQ(host.nbytes(), o.tensor.nbytes()) << fqn;
+          if (host.nbytes() == o.tensor.nbytes())
+            EXPECT_EQ(std::memcmp(host.raw(), o.tensor.raw(), o.tensor.nbytes()), 0) << fqn;
           std::vector<uint8_t> bytes(host.bytes().begin(), host.bytes().end());
           if (!offload) first_run.push_back(bytes);
-          else EXPECT_EQ(bytes, first_run[k]) << "offload differs: " << fqn;
+          else if (k < first_run.size()) EXPECT_EQ(bytes, first_run[k]) << "offload differs: " << fqn;
           ++k;
           ++checked;
         }
