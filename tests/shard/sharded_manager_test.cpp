@@ -10,6 +10,9 @@
 
 #include "quant/params4bit.h"
 #include "runtime/mpi_communicator.h"
+#ifdef QSHARD_WITH_NCCL
+#include "runtime/nccl_communicator.h"
+#endif
 #include "runtime/world.h"
 #include "shard/accumulate.h"
 #include "shard/sharded_parameter_manager.h"
@@ -84,13 +87,23 @@ std::unique_ptr<ShardedParameterManager> build(Communicator& comm, const FullMod
   return ::testing::AssertionSuccess();
 }
 
+// QSHARD_SHARD_COMM=nccl runs the same tests over NCCL (one rank per GPU); default MPI.
 class Sharded : public ::testing::Test {
  protected:
   void SetUp() override {
     if (test_device() == Device::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
-    comm_ = std::make_unique<MpiCommunicator>(World::get().comm());
+    const char* c = std::getenv("QSHARD_SHARD_COMM");
+    if (c && std::string(c) == "nccl") {
+#ifdef QSHARD_WITH_NCCL
+      comm_ = std::make_unique<NcclCommunicator>(World::get().comm());
+#else
+      GTEST_SKIP() << "built without NCCL";
+#endif
+    } else {
+      comm_ = std::make_unique<MpiCommunicator>(World::get().comm());
+    }
   }
-  std::unique_ptr<MpiCommunicator> comm_;
+  std::unique_ptr<Communicator> comm_;
 };
 
 TEST_F(Sharded, GatheredUnitsEqualTheOriginalsWithPrefetch) {
