@@ -105,6 +105,23 @@ int write_groups(const fs::path& out, std::vector<OutGroup>& groups, uint64_t ma
   return static_cast<int>(plan.files.size());
 }
 
+// Writes the converted folder: tensors, config.json, side files, all under OUT.partial-<pid>,
+// renamed to OUT at the end; on any error the partial folder is removed and nothing else touched.
+void write_output_folder(const std::string& in_dir, const std::string& out_dir, std::vector<OutGroup>& groups,
+                         uint64_t max_shard_bytes, const nlohmann::json& config, FolderReport& rep) {
+  const fs::path partial = prepare_out_dir(out_dir);
+  try {
+    rep.files_written = write_groups(partial, groups, max_shard_bytes, rep);
+    write_json(partial / "config.json", config);
+    copy_side_files(in_dir, partial);
+    finish_out_dir(partial, out_dir);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(partial, ec);
+    throw;
+  }
+}
+
 void accumulate_error(FolderReport& rep, const std::vector<float>& ref, const std::vector<float>& got) {
   for (size_t i = 0; i < ref.size(); ++i) {
     const double d = static_cast<double>(got[i]) - ref[i];
@@ -213,20 +230,9 @@ FolderReport quantize_model_folder(const std::string& in_dir, const std::string&
                         return params4bit_state_dict(p, name);
                       }});
   }
-  const fs::path partial = prepare_out_dir(out_dir);
-  try {
-    rep.files_written = write_groups(partial, groups, opt.max_shard_bytes, rep);
-    nlohmann::json config = cfg.raw;
-    const DType compute = cfg.dtype.value_or(DType::kBF16);
-    config["quantization_config"] = bnb_quantization_config(opt.quant, compute);
-    write_json(partial / "config.json", config);
-    copy_side_files(in_dir, partial);
-    finish_out_dir(partial, out_dir);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(partial, ec);
-    throw;
-  }
+  nlohmann::json config = cfg.raw;
+  config["quantization_config"] = bnb_quantization_config(opt.quant, cfg.dtype.value_or(DType::kBF16));
+  write_output_folder(in_dir, out_dir, groups, opt.max_shard_bytes, config, rep);
   return rep;
 }
 
@@ -276,21 +282,11 @@ FolderReport dequantize_model_folder(const std::string& in_dir, const std::strin
                         return NamedTensors{{name, in.get(name)}};
                       }});
   }
-  const fs::path partial = prepare_out_dir(out_dir);
-  try {
-    rep.files_written = write_groups(partial, groups, max_shard_bytes, rep);
-    nlohmann::json config = cfg.raw;
-    config.erase("quantization_config");
-    for (const char* k : {"torch_dtype", "dtype"})
-      if (config.contains(k)) config[k] = dtype_torch_name(out_dtype);
-    write_json(partial / "config.json", config);
-    copy_side_files(in_dir, partial);
-    finish_out_dir(partial, out_dir);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(partial, ec);
-    throw;
-  }
+  nlohmann::json config = cfg.raw;
+  config.erase("quantization_config");
+  for (const char* k : {"torch_dtype", "dtype"})
+    if (config.contains(k)) config[k] = dtype_torch_name(out_dtype);
+  write_output_folder(in_dir, out_dir, groups, max_shard_bytes, config, rep);
   return rep;
 }
 

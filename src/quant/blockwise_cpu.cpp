@@ -6,6 +6,14 @@
 #include "quant/blockwise.h"
 
 namespace qshard {
+namespace {
+// max |x| over [begin, end), subnormals read as zero (bitsandbytes' flush-to-zero).
+float block_absmax(const float* x, int64_t begin, int64_t end) {
+  float m = 0.0f;
+  for (int64_t i = begin; i < end; ++i) m = std::fmax(m, std::fabs(flush_subnormal(x[i])));
+  return m;
+}
+}  // namespace
 
 void quantize_4bit_cpu(const float* x, int64_t n, int64_t blocksize, QuantType type, uint8_t* packed,
                        float* absmax) {
@@ -14,8 +22,7 @@ void quantize_4bit_cpu(const float* x, int64_t n, int64_t blocksize, QuantType t
   for (int64_t b = 0; b < nblocks; ++b) {
     const int64_t begin = b * blocksize;
     const int64_t end = std::min(n, begin + blocksize);
-    float m = 0.0f;
-    for (int64_t i = begin; i < end; ++i) m = std::fmax(m, std::fabs(flush_subnormal(x[i])));
+    const float m = block_absmax(x, begin, end);
     absmax[b] = m;
     const float scale = 1.0f / m;  // inf for an all-zero block: 0 * inf = NaN -> code 0 (as CUDA)
     auto scaled = [&](int64_t i) { return flush_subnormal(flush_subnormal(x[i]) * scale); };
@@ -42,8 +49,7 @@ void quantize_8bit_cpu(const float* x, int64_t n, int64_t blocksize, const float
   for (int64_t b = 0; b < nblocks; ++b) {
     const int64_t begin = b * blocksize;
     const int64_t end = std::min(n, begin + blocksize);
-    float m = 0.0f;
-    for (int64_t i = begin; i < end; ++i) m = std::fmax(m, std::fabs(flush_subnormal(x[i])));
+    const float m = block_absmax(x, begin, end);
     absmax[b] = m;
     const float scale = 1.0f / m;
     for (int64_t i = begin; i < end; ++i) q[i] = encode_8bit(code256, flush_subnormal(flush_subnormal(x[i]) * scale));
