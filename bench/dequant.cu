@@ -96,17 +96,7 @@ int main(int argc, char** argv) {
     QuantizeOptions qo;  // nf4, blocksize 64, double quant
     Params4bit p = quantize_4bit(w, qo);
     const QuantState& st = p.quant_state;
-    Tensor code = st.code.to(Device::kCpu);
-    Dequant4bitArgs a;
-    a.packed = p.data.data<uint8_t>();
-    a.n = n;
-    a.blocksize = st.blocksize;
-    std::memcpy(a.code, code.data<float>(), sizeof(a.code));
-    a.absmax_q8 = st.absmax.data<uint8_t>();
-    a.nested_absmax = st.state2->absmax.data<float>();
-    a.nested_code = st.state2->code.data<float>();
-    a.nested_blocksize = st.state2->blocksize;
-    a.offset = st.state2->offset;
+    Dequant4bitArgs a = dequant_args(p);
     Tensor out = Tensor::empty({sc.rows, sc.cols}, DType::kBF16, Device::kCuda);
     const double bytes = static_cast<double>(p.data.nbytes() + st.absmax.nbytes() + st.state2->absmax.nbytes() +
                                              out.nbytes());

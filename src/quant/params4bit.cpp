@@ -126,18 +126,11 @@ Params4bit empty_params4bit(const Shape& shape, DType dtype, const QuantizeOptio
   return p;
 }
 
-Tensor dequantize_4bit(const Params4bit& p, std::optional<DType> out_dtype) {
+Dequant4bitArgs dequant_args(const Params4bit& p) {
   const QuantState& st = p.quant_state;
-  const DType dt = out_dtype.value_or(st.dtype);
-  if (!dtype_is_float(dt)) throw InputError(std::string("dequantize_4bit: output dtype ") + dtype_torch_name(dt) + " is not a float type");
-  const int64_t n = st.numel();
-  if (p.data.nbytes() != static_cast<size_t>((n + 1) / 2))
-    throw InputError("dequantize_4bit: packed data has " + std::to_string(p.data.nbytes()) + " bytes, shape " +
-                     shape_str(st.shape) + " needs " + std::to_string((n + 1) / 2));
-  st.validate("dequantize_4bit");
   Dequant4bitArgs a;
   a.packed = static_cast<const uint8_t*>(p.data.raw());
-  a.n = n;
+  a.n = st.numel();
   a.blocksize = st.blocksize;
   // The fixed decode table of the quant type, as bitsandbytes' CUDA kernel uses (it does not read
   // the stored quant_map either).
@@ -151,6 +144,19 @@ Tensor dequantize_4bit(const Params4bit& p, std::optional<DType> out_dtype) {
   } else {
     a.absmax = static_cast<const float*>(st.absmax.raw());
   }
+  return a;
+}
+
+Tensor dequantize_4bit(const Params4bit& p, std::optional<DType> out_dtype) {
+  const QuantState& st = p.quant_state;
+  const DType dt = out_dtype.value_or(st.dtype);
+  if (!dtype_is_float(dt)) throw InputError(std::string("dequantize_4bit: output dtype ") + dtype_torch_name(dt) + " is not a float type");
+  const int64_t n = st.numel();
+  if (p.data.nbytes() != static_cast<size_t>((n + 1) / 2))
+    throw InputError("dequantize_4bit: packed data has " + std::to_string(p.data.nbytes()) + " bytes, shape " +
+                     shape_str(st.shape) + " needs " + std::to_string((n + 1) / 2));
+  st.validate("dequantize_4bit");
+  const Dequant4bitArgs a = dequant_args(p);
   if (p.data.device() == Device::kCpu) {
     Tensor out = Tensor::empty(st.shape, DType::kF32);
     dequantize_4bit_args_cpu(a, out.data<float>());

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "quant/blockwise.h"
 #include "quant/quant_state.h"
 
 namespace qshard {
@@ -47,6 +48,9 @@ Params4bit quantize_4bit(const Tensor& x, const QuantizeOptions& options = {});
 Params4bit empty_params4bit(const Shape& shape, DType dtype, const QuantizeOptions& options);
 // Result: quant_state.shape, dtype `out_dtype` (default: quant_state.dtype), on data's device.
 Tensor dequantize_4bit(const Params4bit& p, std::optional<DType> out_dtype = std::nullopt);
+
+// The kernel arguments for dequantizing `p` where its tensors live (pointers alias p's tensors).
+Dequant4bitArgs dequant_args(const Params4bit& p);
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 

@@ -63,7 +63,7 @@ void expect_all_keys_resolve(const Module& root, const NamedTensors& sd, const S
       expect = expect.reshape({expect.numel()}).flat_slice(begin, count);
     }
     EXPECT_TRUE(same_bytes(t, expect));
-    if (o.cpu_offload) EXPECT_EQ(t.device(), Device::kCpu);
+    if (o.cpu_offload) { EXPECT_EQ(t.device(), Device::kCpu); }
   }
 }
 

@@ -102,20 +102,7 @@ TEST(CudaDequant, EveryUnitsPerThreadVariantAgrees) {
     Params4bit ref = quantize_4bit(random_input(c, 5), {c.type, c.blocksize, c.dq});
     const Tensor expect = dequantize_4bit(ref, DType::kBF16);
     Params4bit dev = quantize_4bit(random_input(c, 5).to(Device::kCuda), {c.type, c.blocksize, c.dq});
-    const QuantState& st = dev.quant_state;
-    Dequant4bitArgs a;
-    a.packed = dev.data.data<uint8_t>();
-    a.n = c.n;
-    a.blocksize = c.blocksize;
-    std::copy(decode_table(c.type), decode_table(c.type) + 16, a.code);
-    if (dq) {
-      a.absmax_q8 = st.absmax.data<uint8_t>();
-      a.nested_absmax = st.state2->absmax.data<float>();
-      a.nested_code = st.state2->code.data<float>();
-      a.offset = st.state2->offset;
-    } else {
-      a.absmax = st.absmax.data<float>();
-    }
+    Dequant4bitArgs a = dequant_args(dev);
     for (int u : {0, 1, 2, 4, 8, 16}) {
       a.units_per_thread = u;
       Tensor out = Tensor::empty({c.n}, DType::kBF16, Device::kCuda);
@@ -143,20 +130,7 @@ TEST(CudaDequant, BatchOfMixedTensorsMatchesCpu) {
     dev.push_back(quantize_4bit(random_input(c, 40 + i).to(Device::kCuda), {c.type, c.blocksize, c.dq}));
   }
   for (size_t i = 0; i < cases.size(); ++i) {
-    const QuantState& st = dev[i].quant_state;
-    Dequant4bitArgs a;
-    a.packed = dev[i].data.data<uint8_t>();
-    a.n = cases[i].n;
-    a.blocksize = cases[i].blocksize;
-    std::copy(decode_table(cases[i].type), decode_table(cases[i].type) + 16, a.code);
-    if (st.nested()) {
-      a.absmax_q8 = st.absmax.data<uint8_t>();
-      a.nested_absmax = st.state2->absmax.data<float>();
-      a.nested_code = st.state2->code.data<float>();
-      a.offset = st.state2->offset;
-    } else {
-      a.absmax = st.absmax.data<float>();
-    }
+    Dequant4bitArgs a = dequant_args(dev[i]);
     args.push_back(a);
     outs.push_back(Tensor::empty({cases[i].n}, DType::kF16, Device::kCuda));
     out_ptrs.push_back(outs.back().raw());

@@ -82,11 +82,15 @@ TEST(ShardedTree, GatheredUnitsResolveToTheOriginalBytes) {
           const Resolved o = resolve(*original, fqn);
           Tensor host = r.tensor.to(Device::kCpu);
           EXPECT_EQ(host.nbytes(), o.tensor.nbytes()) << fqn;
-          if (host.nbytes() == o.tensor.nbytes())
+          if (host.nbytes() == o.tensor.nbytes()) {
             EXPECT_EQ(std::memcmp(host.raw(), o.tensor.raw(), o.tensor.nbytes()), 0) << fqn;
+          }
           std::vector<uint8_t> bytes(host.bytes().begin(), host.bytes().end());
-          if (!offload) first_run.push_back(bytes);
-          else if (k < first_run.size()) EXPECT_EQ(bytes, first_run[k]) << "offload differs: " << fqn;
+          if (!offload) {
+            first_run.push_back(bytes);
+          } else if (k < first_run.size()) {
+            EXPECT_EQ(bytes, first_run[k]) << "offload differs: " << fqn;
+          }
           ++k;
           ++checked;
         }
