@@ -6,11 +6,6 @@
 // that round) alike.
 // Counts are chosen not to divide by anything (1, 7, 1000003) and smaller than the world size.
 #include <gtest/gtest.h>
-#ifdef QSHARD_WITH_CUDA
-#include <cuda_runtime_api.h>
-
-#include "runtime/cuda_check.h"
-#endif
 
 #include <chrono>
 #include <cstring>
@@ -272,10 +267,8 @@ class MpiCommDevice : public MpiComm {
     owned_.push_back(d);
     return d;
   }
-  // Results of a call are ready for later work on its stream; the host reads after a sync.
   template <class T>
   std::vector<T> from_device(const void* d, size_t n) {
-    QS_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<T> h(n);
     copy_bytes(h.data(), Device::kCpu, d, Device::kCuda, n * sizeof(T));
     return h;

@@ -3,14 +3,12 @@
 // reduction order is its own, so sums of non-integers use a tolerance: |got - want| <=
 // 1e-6 * size * max|x| (f32: a few ulps of the largest partial sum), bitwise for integer values.
 #include <gtest/gtest.h>
-#include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "runtime/comm_test_util.h"
-#include "runtime/cuda_check.h"
 #include "runtime/nccl_communicator.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
@@ -43,7 +41,6 @@ class NcclComm : public ::testing::Test {
   }
   template <class T>
   std::vector<T> host(const void* d, size_t n) {
-    QS_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<T> h(n);
     copy_bytes(h.data(), Device::kCpu, d, Device::kCuda, n * sizeof(T));
     return h;
