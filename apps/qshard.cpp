@@ -4,6 +4,8 @@
 //   dequantize IN_DIR OUT_DIR       bitsandbytes 4-bit folder -> bf16 (or f16/f32) folder
 //   init-model --out DIR [sizes]    a random tiny Llama as a Hugging Face folder
 //   inspect PATH [--check]          keys, dtypes, shapes, bytes and the node each key resolves to
+//   tokenize IN... --out FILE       text / jsonl -> token file with the byte-level tokenizer
+//   train --config FILE [--set k=v] the QLoRA training job (run under mpirun for several ranks)
 // Exit codes: 0 success, 2 bad input (the message names the file, key or value), 1 other errors.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -12,6 +14,12 @@
 #include "checkpoint/bnb_folder.h"
 #include "checkpoint/inspect.h"
 #include "checkpoint/random_llama.h"
+#include "runtime/failure.h"
+#include "runtime/mpi_communicator.h"
+#include "runtime/world.h"
+#include "train/byte_tokenizer.h"
+#include "train/train_config.h"
+#include "train/trainer.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
 #include "runtime/tensor.h"
@@ -82,6 +90,23 @@ int run(int argc, char** argv) {
   inspect->add_flag("--check", ins_check, "exit non-zero if any key does not resolve or any tensor fails validation");
   inspect->add_flag("--quiet", ins_quiet, "print only the summary and problems");
 
+  auto* tokenize = app.add_subcommand("tokenize", "tokenize text or jsonl files with the byte-level tokenizer");
+  std::vector<std::string> tok_in;
+  std::string tok_out, tok_format = "auto", tok_field = "text", tok_split = "file";
+  tokenize->add_option("INPUTS", tok_in, "text or jsonl files")->required();
+  tokenize->add_option("--out", tok_out, "output token file")->required();
+  tokenize->add_option("--format", tok_format, "auto | text | jsonl");
+  tokenize->add_option("--field", tok_field, "jsonl field holding the text");
+  tokenize->add_option("--split", tok_split, "text documents: file (one per file) | blank-lines");
+
+  auto* trainc = app.add_subcommand("train", "run a QLoRA training job (mpirun -np N for N ranks)");
+  std::string tr_config;
+  std::vector<std::string> tr_set;
+  bool tr_print = false;
+  trainc->add_option("--config", tr_config, "YAML job file")->required();
+  trainc->add_option("--set", tr_set, "override a key: --set optimizer.lr=1e-4 (repeatable)");
+  trainc->add_flag("--print-config", tr_print, "print the resolved config and exit");
+
   CLI11_PARSE(app, argc, argv);
   set_log_level(log_level);
 
@@ -107,6 +132,36 @@ int run(int argc, char** argv) {
                 q_type.c_str(), (long long)q_blocksize, q_no_dq ? "" : " double-quant", r.max_abs_err,
                 100.0 * r.rel_rms_err());
     return 0;
+  }
+  if (tokenize->parsed()) {
+    TokenizeOptions to;
+    to.format = parse_input_format(tok_format);
+    to.jsonl_field = tok_field;
+    if (tok_split == "file") to.text_split = TextSplit::kFile;
+    else if (tok_split == "blank-lines") to.text_split = TextSplit::kBlankLines;
+    else throw InputError("--split '" + tok_split + "' is not 'file' or 'blank-lines'");
+    const TokenizeStats st = tokenize_files(tok_in, to, tok_out);
+    std::printf("tokenized %lld files, %lld documents, %lld bytes -> %lld tokens in %s\n", (long long)st.files,
+                (long long)st.documents, (long long)st.bytes, (long long)st.tokens, tok_out.c_str());
+    return 0;
+  }
+  if (trainc->parsed()) {
+    if (tr_print) {
+      std::printf("%s", load_train_config(tr_config, tr_set).to_yaml().c_str());
+      return 0;
+    }
+    // Every rank loads and validates the config (a bad value is reported by every rank and ends
+    // the job through run_job's abort path, never a hang).
+    return run_job(argc, argv, [&](World& world) {
+      const TrainConfig cfg = load_train_config(tr_config, tr_set);
+      if (world.rank() == 0) std::printf("%s", cfg.describe().c_str());
+      MpiCommunicator comm(world.comm());
+      const TrainSummary s = train(cfg, comm);
+      if (world.rank() == 0 && !s.losses.empty())
+        std::printf("trained %lld steps: loss %.4f -> %.4f%s\n", (long long)s.steps, s.losses.front(), s.losses.back(),
+                    s.eval_losses.empty() ? "" : (", eval loss " + std::to_string(s.eval_losses.back().second)).c_str());
+      return 0;
+    });
   }
   if (inspect->parsed()) {
     const InspectReport r = inspect_path(ins_path);

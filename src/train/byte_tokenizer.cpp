@@ -1,0 +1,132 @@
+#include "train/byte_tokenizer.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "runtime/error.h"
+#include "train/token_file.h"
+
+namespace qshard {
+namespace {
+
+bool is_blank(std::string_view line) { return line.find_first_not_of(" \t\r") == std::string_view::npos; }
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string read_whole_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(fmt::format("{}: cannot open input file", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw InputError(fmt::format("{}: read error", path));
+  return ss.str();
+}
+
+}  // namespace
+
+InputFormat parse_input_format(std::string_view name) {
+  if (name == "auto") return InputFormat::kAuto;
+  if (name == "text") return InputFormat::kText;
+  if (name == "jsonl") return InputFormat::kJsonl;
+  throw InputError(fmt::format("unknown input format '{}' (expected auto, text or jsonl)", name));
+}
+
+std::vector<uint32_t> byte_tokenize(std::string_view doc) {
+  std::vector<uint32_t> out;
+  out.reserve(doc.size() + 2);
+  out.push_back(kByteBos);
+  for (char c : doc) out.push_back(static_cast<uint8_t>(c));
+  out.push_back(kByteEos);
+  return out;
+}
+
+std::string byte_detokenize(std::span<const uint32_t> tokens) {
+  std::string s;
+  s.reserve(tokens.size());
+  for (uint32_t t : tokens) {
+    if (t < 256) s.push_back(static_cast<char>(t));
+    else if (t == kByteEos) s.push_back('\n');
+    else if (t != kByteBos) s += "\xEF\xBF\xBD";
+  }
+  return s;
+}
+
+std::vector<std::string> split_documents(std::string_view contents, InputFormat format, const TokenizeOptions& options,
+                                         const std::string& label) {
+  std::vector<std::string> docs;
+  if (format == InputFormat::kAuto)
+    format = ends_with(label, ".jsonl") || ends_with(label, ".json") ? InputFormat::kJsonl : InputFormat::kText;
+  if (format == InputFormat::kText && options.text_split == TextSplit::kFile) {
+    if (!contents.empty()) docs.emplace_back(contents);
+    return docs;
+  }
+  size_t pos = 0;
+  int64_t line_no = 0;
+  std::string paragraph;
+  bool in_paragraph = false;
+  while (pos < contents.size()) {
+    size_t end = contents.find('\n', pos);
+    if (end == std::string_view::npos) end = contents.size();
+    const std::string_view line = contents.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (format == InputFormat::kText) {  // blank-line paragraphs
+      if (is_blank(line)) {
+        if (in_paragraph) docs.push_back(std::move(paragraph));
+        paragraph.clear();
+        in_paragraph = false;
+      } else {
+        if (in_paragraph) paragraph.push_back('\n');
+        paragraph.append(line);
+        in_paragraph = true;
+      }
+      continue;
+    }
+    if (is_blank(line)) continue;  // jsonl: blank lines are allowed
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw InputError(fmt::format("{}:{}: not valid JSON: {}", label, line_no, e.what()));
+    }
+    if (!j.is_object()) throw InputError(fmt::format("{}:{}: expected a JSON object per line, got {}", label, line_no, j.type_name()));
+    const auto it = j.find(options.jsonl_field);
+    if (it == j.end())
+      throw InputError(fmt::format("{}:{}: no field \"{}\" (set the field name with the jsonl field option)", label,
+                                   line_no, options.jsonl_field));
+    if (!it->is_string())
+      throw InputError(fmt::format("{}:{}: field \"{}\" is {}, expected a string", label, line_no, options.jsonl_field,
+                                   it->type_name()));
+    auto doc = it->get<std::string>();
+    if (!doc.empty()) docs.push_back(std::move(doc));
+  }
+  if (in_paragraph) docs.push_back(std::move(paragraph));
+  return docs;
+}
+
+TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const TokenizeOptions& options,
+                             const std::string& out_path) {
+  if (inputs.empty()) throw InputError(fmt::format("{}: no input files to tokenize", out_path));
+  TokenizeStats stats;
+  TokenFileWriter writer(out_path, kByteVocabSize);
+  for (const auto& path : inputs) {
+    const std::string contents = read_whole_file(path);
+    for (const auto& doc : split_documents(contents, options.format, options, path)) {
+      const auto tokens = byte_tokenize(doc);
+      writer.append(tokens);
+      ++stats.documents;
+      stats.bytes += static_cast<int64_t>(doc.size());
+    }
+    ++stats.files;
+  }
+  writer.finish();
+  stats.tokens = writer.num_tokens();
+  return stats;
+}
+
+}  // namespace qshard

@@ -1,0 +1,102 @@
+#include "train/metrics.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "runtime/error.h"
+
+namespace qshard {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+std::string metrics_json_line(const StepMetrics& m) {
+  nlohmann::ordered_json j;
+  j["step"] = m.step;
+  j["loss"] = m.loss;
+  if (m.eval_loss) j["eval_loss"] = *m.eval_loss;
+  j["lr"] = m.lr;
+  j["grad_norm"] = m.grad_norm;
+  j["tokens_per_s"] = m.tokens_per_s;
+  j["peak_mem_bytes"] = m.peak_mem_bytes;
+  j["elapsed_s"] = m.elapsed_s;
+  return j.dump();  // a NaN loss is written as null
+}
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const auto t = static_cast<int64_t>(std::llround(s));
+  if (t < 60) return fmt::format("{}s", t);
+  if (t < 3600) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
+}
+
+std::string format_bytes(int64_t b) {
+  if (b < 1024) return fmt::format("{} B", b);
+  const char* units[] = {"KB", "MB", "GB", "TB"};
+  double v = static_cast<double>(b) / 1024.0;
+  int u = 0;
+  while (v >= 1024.0 && u < 3) v /= 1024.0, ++u;
+  return fmt::format("{:.1f} {}", v, units[u]);
+}
+
+std::string progress_bar(int64_t step, int64_t total, int width) {
+  const int64_t filled = total > 0 ? std::min<int64_t>(width, step * width / total) : 0;
+  return "[" + std::string(static_cast<size_t>(filled), '#') + std::string(static_cast<size_t>(width - filled), '.') +
+         "] ";
+}
+
+std::string progress_line(const StepMetrics& m, int64_t total) {
+  std::string s = fmt::format("step {}/{} | loss {:.4f}", m.step, total, m.loss);
+  if (m.eval_loss) s += fmt::format(" | eval {:.4f}", *m.eval_loss);
+  const double eta = m.step > 0 ? m.elapsed_s / static_cast<double>(m.step) * static_cast<double>(total - m.step) : -1;
+  s += fmt::format(" | lr {:.1e} | grad {:.2f} | {:.0f} tok/s | mem {} | eta {}", m.lr, m.grad_norm, m.tokens_per_s,
+                   format_bytes(m.peak_mem_bytes), format_duration(eta));
+  return s;
+}
+
+MetricsLogger::MetricsLogger(const std::string& jsonl_path, int64_t total_steps, bool append, std::FILE* out)
+    : path_(jsonl_path), out_(out), tty_(out != nullptr && ::isatty(::fileno(out)) == 1), total_steps_(total_steps),
+      start_(now_s()) {
+  if (path_.empty()) return;
+  const auto parent = std::filesystem::path(path_).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  file_ = std::fopen(path_.c_str(), append ? "a" : "w");
+  if (file_ == nullptr) throw InputError(fmt::format("{}: cannot open metrics file: {}", path_, std::strerror(errno)));
+}
+
+MetricsLogger::~MetricsLogger() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+double MetricsLogger::elapsed_s() const { return now_s() - start_; }
+
+void MetricsLogger::log(StepMetrics m) {
+  if (m.elapsed_s == 0.0) m.elapsed_s = elapsed_s();
+  if (file_ != nullptr) {
+    const std::string line = metrics_json_line(m) + "\n";
+    if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
+      throw InputError(fmt::format("{}: writing metrics failed: {}", path_, std::strerror(errno)));
+  }
+  if (out_ != nullptr) {
+    const std::string line = (tty_ ? progress_bar(m.step, total_steps_) : std::string()) + progress_line(m, total_steps_);
+    std::fprintf(out_, "%s\n", line.c_str());
+    std::fflush(out_);
+  }
+}
+
+}  // namespace qshard

@@ -1,0 +1,73 @@
+// metrics.h: training metrics as JSONL and a human progress line (rank 0 only).
+//
+// JSONL: one JSON object per logged step, keys in this order:
+//   {"step": 12, "loss": 3.1234, "eval_loss": 3.2 (only when evaluated at this step), "lr": 0.0003,
+//    "grad_norm": 1.23, "tokens_per_s": 1234.5, "peak_mem_bytes": 12345678, "elapsed_s": 83.2}
+// `step` counts completed optimizer steps (1-based); `loss` is the mean training loss of that step;
+// `grad_norm` the global norm before clipping; `tokens_per_s` counts training tokens (all ranks)
+// since the previous logged line; `peak_mem_bytes` the peak of the allocator that matters (device
+// pool on GPU, host on CPU); `elapsed_s` the wall time since the logger was made.
+// Each line is flushed as it is written, so a killed run keeps every finished line; with
+// append = true (resume) the file is opened for appending instead of being truncated.
+// scripts/plot_metrics.py plots loss, eval_loss and lr against step from this file.
+//
+// Progress line (to `out`, stdout by default):
+//   "step 12/200 | loss 3.1234 | lr 3.0e-04 | grad 1.23 | 1234 tok/s | mem 12.3 MB | eta 1m23s"
+// with " | eval 3.2100" after the loss when eval_loss is present; when `out` is a terminal
+// (isatty) the line starts with a 20-cell bar "[#####...............] ".
+// Thread safety: one thread (the trainer's rank 0).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+namespace qshard {
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0.0;
+  std::optional<double> eval_loss;
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  double tokens_per_s = 0.0;
+  int64_t peak_mem_bytes = 0;
+  double elapsed_s = 0.0;
+};
+
+// The JSONL line (without the newline).
+std::string metrics_json_line(const StepMetrics& m);
+// The progress line for `total_steps` (without bar or newline).
+std::string progress_line(const StepMetrics& m, int64_t total_steps);
+// "45s", "1m23s", "2h05m"; "?" for a negative or non-finite value.
+std::string format_duration(double seconds);
+// "512 B", "12.3 KB", "12.3 MB", "1.2 GB" (powers of 1024).
+std::string format_bytes(int64_t bytes);
+// "[#####...............] " for step/total, width cells.
+std::string progress_bar(int64_t step, int64_t total, int width = 20);
+
+class MetricsLogger {
+ public:
+  // jsonl_path empty: no file. Creates the parent directories of jsonl_path. Throws InputError
+  // naming the path if it cannot be opened.
+  MetricsLogger(const std::string& jsonl_path, int64_t total_steps, bool append = false, std::FILE* out = stdout);
+  ~MetricsLogger();
+  MetricsLogger(const MetricsLogger&) = delete;
+  MetricsLogger& operator=(const MetricsLogger&) = delete;
+
+  // Writes the JSONL line and prints the progress line. elapsed_s is filled in when 0.
+  void log(StepMetrics m);
+  // Seconds since construction.
+  double elapsed_s() const;
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  std::FILE* out_;
+  bool tty_;
+  int64_t total_steps_;
+  double start_;
+};
+
+}  // namespace qshard

@@ -1,0 +1,97 @@
+// token_file.h: the token file (".tok") that training reads, its streaming writer and mmap reader.
+//
+// Byte layout (all integers little-endian; qshard requires a little-endian host):
+//   [0, 8)    magic, the 8 ASCII bytes "QSTOKENS"
+//   [8, 12)   u32 version = 1
+//   [12, 16)  u32 vocab_size: every token id is < vocab_size (258 for the byte tokenizer)
+//   [16, 24)  u64 num_tokens: N
+//   [24, 28)  u32 dtype code: 4 = uint32 (the only one in version 1)
+//   [28, 32)  u32 reserved = 0
+//   [32, 32 + 4N)  the tokens, u32 each, one stream: documents back to back, each normally
+//                  BOS + content + EOS (the tokenizer's choice; the format does not care)
+// The file is exactly 32 + 4N bytes. scripts/tokenize_hf.py writes the same format.
+//
+// Reader (TokenFile): open() maps the file read-only and checks the header and the size; every
+// malformation is an InputError naming the file and what was expected (bad magic, unsupported
+// version or dtype, reserved != 0, vocab_size 0, truncated / trailing bytes). Token values are
+// not scanned at open (a large file opens in O(1)); validate(max_vocab) scans them and reports
+// the first id >= min(vocab_size, max_vocab) with its index.
+// Ownership: TokenFile owns the mapping; tokens() points into it. Movable, not copyable. The file
+// must not be rewritten in place while mapped (the writer renames a new file over it instead).
+// Thread safety: immutable after open(); const methods may be called concurrently.
+//
+// Writer (TokenFileWriter): append() tokens in any chunks, finish() writes the count into the
+// header, fsyncs, and renames "<path>.tmp.<pid>" onto path; destroyed unfinished, it removes the
+// temp file. append() rejects ids >= vocab_size with an InputError naming the path and the id.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace qshard {
+
+constexpr char kTokenFileMagic[8] = {'Q', 'S', 'T', 'O', 'K', 'E', 'N', 'S'};
+constexpr uint32_t kTokenFileVersion = 1;
+constexpr uint32_t kTokenDtypeU32 = 4;
+constexpr size_t kTokenFileHeaderBytes = 32;
+
+class TokenFile {
+ public:
+  // Maps and checks `path`. Throws InputError naming the path.
+  static TokenFile open(const std::string& path);
+
+  TokenFile(TokenFile&& other) noexcept;
+  TokenFile& operator=(TokenFile&& other) noexcept;
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+  ~TokenFile();
+
+  const std::string& path() const { return path_; }
+  uint32_t vocab_size() const { return vocab_size_; }
+  int64_t size() const { return static_cast<int64_t>(num_tokens_); }
+  std::span<const uint32_t> tokens() const { return {tokens_, num_tokens_}; }
+  uint32_t operator[](int64_t i) const { return tokens_[i]; }
+
+  // Scans every token; throws InputError "<path>: token 1234 at index 56 is >= <limit> (...)"
+  // for the first id >= min(vocab_size(), max_vocab).
+  void validate(uint32_t max_vocab) const;
+
+ private:
+  TokenFile() = default;
+  void unmap();
+
+  std::string path_;
+  const uint8_t* map_ = nullptr;
+  size_t map_size_ = 0;
+  const uint32_t* tokens_ = nullptr;
+  size_t num_tokens_ = 0;
+  uint32_t vocab_size_ = 0;
+};
+
+class TokenFileWriter {
+ public:
+  // Creates "<path>.tmp.<pid>" (the parent directory must exist). REQUIRES: vocab_size > 0.
+  TokenFileWriter(std::string path, uint32_t vocab_size);
+  ~TokenFileWriter();
+  TokenFileWriter(const TokenFileWriter&) = delete;
+  TokenFileWriter& operator=(const TokenFileWriter&) = delete;
+
+  void append(std::span<const uint32_t> tokens);
+  // Completes the file (header count, fsync, rename). No append() after it.
+  void finish();
+  int64_t num_tokens() const { return static_cast<int64_t>(count_); }
+
+ private:
+  std::string path_, temp_path_;
+  uint32_t vocab_size_;
+  std::FILE* f_ = nullptr;
+  uint64_t count_ = 0;
+};
+
+// Writes a whole token file at once (writer + finish).
+void write_token_file(const std::string& path, uint32_t vocab_size, std::span<const uint32_t> tokens);
+
+}  // namespace qshard

@@ -1,0 +1,158 @@
+// train_config.h: the training job's configuration (`qshard train --config X.yaml --set k=v`).
+//
+// What: `TrainConfig`, plain structs with defaults, one per YAML section. Every leaf has a dotted
+// key ("optimizer.lr"); the full list with types is `config_keys()` and the YAML written by
+// `to_yaml()` (which reads back to the same config).
+//
+// Loading: `load_train_config(path, overrides)` reads a YAML file with yaml-cpp, then applies
+// `--set key=value` overrides in order. An override value is parsed as a YAML scalar (or flow
+// list: `--set lora.target_modules=[q_proj,v_proj]`), so it gets the same typing as in the file.
+// Errors are InputError naming the source (the file, or "--set key=value") and the key path:
+//   unknown key      "configs/x.yaml: unknown key 'optimizer.lrr' (did you mean 'optimizer.lr'?)"
+//                    (nearest valid key by Levenshtein distance over the dotted path, or over
+//                    the last component when that is closer: 'lr' suggests 'optimizer.lr')
+//   wrong type       "configs/x.yaml: key 'optimizer.lr': expected a number, got 'fast'"
+//   bad enum value   "configs/x.yaml: key 'schedule.type': expected one of warmup_cosine, linear,
+//                    constant, got 'cosine'"
+//   duplicate key    "configs/x.yaml: duplicate key 'optimizer.lr'"
+//   section as leaf  "configs/x.yaml: key 'optimizer' is a section: expected a mapping"
+// A YAML null (`path:` with nothing after it) is accepted for string keys (= empty string).
+//
+// Value checks are separate: `validate(world_size)` checks ranges and cross-field rules (positive
+// lr, warmup <= steps, global batch divisible by micro batch x world size, seq len within the
+// model's positions, ...) and throws InputError naming the source, the key and the value. The
+// trainer calls it once the world size is known; rank 0 then logs `describe()`.
+//
+// Steps or epochs: exactly one of `steps` (optimizer steps) and `epochs` is > 0;
+// `max_steps(num_train_sequences)` turns epochs into steps (whole global batches per epoch).
+// Thread safety: plain data; the functions are pure.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "quant/codebook.h"
+#include "runtime/tensor.h"
+#include "train/lr_schedule.h"
+
+namespace qshard {
+
+// Sizes of a Llama made from scratch (used when model.path is empty). Defaults = configs/tiny.yaml.
+struct ModelInitConfig {
+  int64_t vocab_size = 258;  // the byte tokenizer (train/byte_tokenizer.h)
+  int64_t hidden_size = 128;
+  int64_t intermediate_size = 352;
+  int64_t num_hidden_layers = 4;
+  int64_t num_attention_heads = 4;
+  int64_t num_key_value_heads = 2;
+  int64_t max_position_embeddings = 512;
+  uint64_t seed = 0;  // weight init
+};
+
+struct ModelConfig {
+  std::string path;  // Hugging Face folder (plain or bitsandbytes 4-bit); empty: build from `init`
+  ModelInitConfig init;
+  QuantType quant_type = QuantType::kNf4;
+  int64_t blocksize = 64;
+  bool double_quant = true;
+};
+
+struct LoraConfig {
+  int64_t r = 8;
+  double alpha = 16.0;
+  double dropout = 0.0;
+  bool rslora = false;  // scale alpha / sqrt(r) instead of alpha / r
+  std::vector<std::string> target_modules = {"q_proj",    "k_proj", "v_proj",   "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"};
+};
+
+// torch.optim.AdamW's hyper-parameters (train/adamw.h) and global-norm clipping.
+struct OptimizerConfig {
+  double lr = 2e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double grad_clip = 1.0;  // max global L2 norm of the gradients; 0 = no clipping
+};
+
+struct ScheduleConfig {
+  ScheduleType type = ScheduleType::kWarmupCosine;
+  int64_t warmup_steps = 0;
+  double min_lr_ratio = 0.1;  // final lr = min_lr_ratio * optimizer.lr (cosine and linear)
+};
+
+struct DataConfig {
+  std::string train;           // token file (train/token_file.h)
+  std::string eval;            // optional separate eval token file
+  double eval_fraction = 0.0;  // else: hold out the last fraction of the packed sequences
+  int64_t max_seq_len = 128;   // T: tokens per training sequence
+  uint64_t seed = 1234;        // sampler shuffle
+};
+
+struct BatchConfig {
+  int64_t global_batch_size = 8;  // sequences per optimizer step over all ranks
+  int64_t micro_batch_size = 1;   // sequences per forward/backward on one rank
+};
+
+struct OffloadConfig {
+  bool params = false;  // frozen and trainable shards in pinned host memory
+};
+
+struct CheckpointConfig {
+  std::string dir;          // empty: no checkpoints
+  int64_t every_steps = 0;  // 0: only at the end
+  int64_t keep_last = 2;    // 0: keep all
+};
+
+struct LoggingConfig {
+  int64_t every_steps = 10;
+  std::string metrics_jsonl;     // empty: no metrics file
+  int64_t eval_every_steps = 0;  // 0: eval only at the end (when there is eval data)
+};
+
+struct TrainConfig {
+  ModelConfig model;
+  LoraConfig lora;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  DataConfig data;
+  BatchConfig batch;
+  int64_t steps = 100;  // max optimizer steps; 0 when `epochs` is used
+  int64_t epochs = 0;
+  OffloadConfig offload;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+  uint64_t seed = 0;  // LoRA init, dropout
+  Device device = Device::kCpu;
+
+  // Where the values came from, for error messages: "configs/tiny.yaml", "<defaults>", "<string>".
+  std::string source = "<defaults>";
+
+  // Range and cross-field checks (see the file comment). Throws InputError.
+  // REQUIRES: world_size >= 1.
+  void validate(int world_size) const;
+  // Optimizer steps of the run: `steps`, or epochs x (num_train_sequences / global_batch_size).
+  // Throws InputError when that is 0 or below schedule.warmup_steps.
+  int64_t max_steps(int64_t num_train_sequences) const;
+  // Every key, in to_yaml order, as a YAML document that load_train_config reads back.
+  std::string to_yaml() const;
+  // "resolved config (from configs/tiny.yaml):\n" + to_yaml(), for rank 0's log.
+  std::string describe() const;
+};
+
+// Reads `path` (YAML) over the defaults, then applies each "key=value" override.
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same from YAML text; `label` names the source in errors.
+TrainConfig parse_train_config(const std::string& yaml_text, const std::string& label,
+                               const std::vector<std::string>& overrides = {});
+// Applies one "a.b=value" override to `config`. Throws InputError naming "--set a.b=value".
+void apply_override(TrainConfig& config, const std::string& assignment);
+
+// Every leaf key ("model.init.vocab_size", ...) in declaration order.
+std::vector<std::string> config_keys();
+// Levenshtein edit distance (insert, delete, substitute; each costs 1).
+size_t edit_distance(const std::string& a, const std::string& b);
+
+}  // namespace qshard

@@ -1,0 +1,283 @@
+#include "train/trainer.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+#include <map>
+
+#include "checkpoint/llama_tree.h"
+#include "checkpoint/safetensors_index.h"
+#include "checkpoint/sharded_tree.h"
+#include "model/llama_layers.h"
+#include "model/llama_model.h"
+#include "runtime/log.h"
+#include "shard/sharded_parameter_manager.h"
+#include "train/adamw.h"
+#include "train/data_loader.h"
+#include "train/lr_schedule.h"
+#include "train/metrics.h"
+#include "train/model_init.h"
+#include "train/token_file.h"
+
+namespace qshard {
+namespace {
+
+LlamaConfig init_config(const ModelInitConfig& m) {
+  nlohmann::json j = {{"model_type", "llama"},
+                      {"vocab_size", m.vocab_size},
+                      {"hidden_size", m.hidden_size},
+                      {"intermediate_size", m.intermediate_size},
+                      {"num_hidden_layers", m.num_hidden_layers},
+                      {"num_attention_heads", m.num_attention_heads},
+                      {"num_key_value_heads", m.num_key_value_heads},
+                      {"max_position_embeddings", m.max_position_embeddings},
+                      {"rms_norm_eps", 1e-5},
+                      {"tie_word_embeddings", false}};
+  return LlamaConfig::from_json(j, "model.init");
+}
+
+void visit_slots(Module& m, const std::string& prefix, const std::function<void(Module::Slot&, const std::string&)>& f) {
+  for (const auto& s : m.slots()) f(const_cast<Module::Slot&>(s), prefix + s.name);
+  for (const auto& [name, child] : m.children()) visit_slots(*child, prefix + name + ".", f);
+}
+
+// Base weights from an HF folder into the tree: 4-bit tensors as stored, float projections
+// quantized, other float tensors converted to the tree's dtype. Every tensor must be present.
+void load_base_weights(Module& tree, const std::string& dir, const QuantizeOptions& quant) {
+  const SafetensorsFolder folder = SafetensorsFolder::open(dir);
+  const TensorLookup lookup = [&folder](const std::string& k) -> std::optional<Tensor> {
+    if (!folder.contains(k)) return std::nullopt;
+    return folder.get(k);
+  };
+  visit_slots(tree, "", [&](Module::Slot& s, const std::string& fqn) {
+    if (s.trainable) return;
+    if (s.kind == Module::SlotKind::kParams4bit) {
+      if (is_4bit_weight(fqn, lookup)) {
+        *s.params4bit = params4bit_from_state_dict(fqn, lookup, dir);
+      } else {
+        if (!folder.contains(fqn)) throw InputError(dir + ": tensor '" + fqn + "' required by config.json is missing");
+        *s.params4bit = quantize_4bit(folder.get(fqn), quant);
+      }
+      return;
+    }
+    if (!folder.contains(fqn)) throw InputError(dir + ": tensor '" + fqn + "' required by config.json is missing");
+    const Tensor t = folder.get(fqn);
+    if (t.shape() != s.tensor.shape())
+      throw InputError(dir + ": tensor '" + fqn + "' has shape " + shape_str(t.shape()) + ", expected " +
+                       shape_str(s.tensor.shape()));
+    s.tensor.copy_from(Tensor::from_f32(t.shape(), s.tensor.dtype(), t.to_f32_vector()));
+  });
+}
+
+int64_t layer_of(const std::string& fqn) {
+  static const std::string p = "model.layers.";
+  if (fqn.rfind(p, 0) != 0) return -1;
+  return std::stoll(fqn.substr(p.size(), fqn.find('.', p.size()) - p.size()));
+}
+
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+double all_reduce_sum(Communicator& comm, double v) {
+  float f = static_cast<float>(v);
+  comm.all_reduce(&f, &f, 1, DType::kF32, ReduceOp::kSum, nullptr);
+  return f;
+}
+
+}  // namespace
+
+TrainSummary train(const TrainConfig& config, Communicator& comm) {
+  const int rank = comm.rank(), world = comm.size();
+  config.validate(world);
+  const QuantizeOptions quant{config.model.quant_type, config.model.blocksize, config.model.double_quant};
+
+  // ---- model ----
+  LlamaConfig mc = config.model.path.empty() ? init_config(config.model.init) : LlamaConfig::load(config.model.path);
+  LlamaTreeOptions to;
+  to.dtype = DType::kF32;  // the CPU reference computes in f32
+  to.quant = quant;
+  to.lora.r = config.lora.r;
+  to.lora.targets = config.lora.target_modules;
+  std::unique_ptr<Module> tree = build_llama_tree(mc, to);
+  if (config.model.path.empty()) init_random_base(*tree, config.model.init.seed);
+  else load_base_weights(*tree, config.model.path, quant);
+  init_lora(*tree, config.seed);
+  uint64_t trainable = 0;
+  for (const auto& [k, t] : state_dict(*tree, {true, false, true})) trainable += t.numel();
+
+  // ---- sharding ----
+  ShardOptions so;
+  so.offload = config.offload.params;
+  ShardedParameterManager mgr(comm, so);
+  const ShardedTree sharded = shard_module_tree(*tree, mgr, "model.layers");
+  mgr.finalize();
+  const int root_unit = mgr.num_units() - 1;
+
+  LlamaModelOptions mo;
+  mo.lora_alpha = config.lora.alpha;
+  mo.use_rslora = config.lora.rslora;
+  mo.lora_dropout = static_cast<float>(config.lora.dropout);
+  mo.dropout_seed = config.seed;
+  LlamaModel model(mc, *tree, mo);
+  const int64_t L = mc.num_hidden_layers;
+  int micro_index = 0;
+  model.before_root = [&](Pass) { mgr.gather(root_unit); };
+  model.after_root = [&](Pass) { mgr.release(root_unit); };
+  model.before_layer = [&](int64_t l, Pass pass) {
+    mgr.gather(static_cast<int>(l));
+    const int64_t next = pass == Pass::kForward ? l + 1 : l - 1;
+    if (next >= 0 && next < L) mgr.prefetch(static_cast<int>(next));
+  };
+  model.after_layer = [&](int64_t l, Pass pass) {
+    if (pass == Pass::kBackward) mgr.reduce_scatter_grads(static_cast<int>(l), /*accumulate=*/micro_index > 0);
+    mgr.release(static_cast<int>(l));
+  };
+  const GradLookup grad_lookup = [&](const std::string& fqn) -> float* {
+    const int64_t l = layer_of(fqn);
+    if (l < 0) return nullptr;
+    return mgr.grad(static_cast<int>(l), fqn).data<float>();
+  };
+
+  // ---- optimizer state: this rank's shards ----
+  struct OptState {
+    std::vector<float> m, v;
+  };
+  std::vector<OptState> opt(mgr.num_units());
+  for (int u = 0; u < mgr.num_units(); ++u) {
+    const int64_t n = mgr.master_shard(u).numel();
+    opt[u].m.assign(static_cast<size_t>(n), 0.0f);
+    opt[u].v.assign(static_cast<size_t>(n), 0.0f);
+  }
+
+  // ---- data ----
+  if (config.data.train.empty()) throw InputError(config.source + ": data.train (a token file) is required");
+  const TokenFile train_file = TokenFile::open(config.data.train);
+  train_file.validate(static_cast<uint32_t>(mc.vocab_size));
+  const int T = static_cast<int>(config.data.max_seq_len);
+  if (T > mc.max_position_embeddings)
+    throw InputError(config.source + ": data.max_seq_len " + std::to_string(T) + " is past the model's maximum of " +
+                     std::to_string(mc.max_position_embeddings) + " positions");
+  PackedDataset all(train_file, T);
+  PackedDataset train_data = all;
+  std::optional<PackedDataset> eval_data;
+  std::optional<TokenFile> eval_file;
+  if (!config.data.eval.empty()) {
+    eval_file = TokenFile::open(config.data.eval);
+    eval_file->validate(static_cast<uint32_t>(mc.vocab_size));
+    eval_data = PackedDataset(*eval_file, T);
+  } else if (config.data.eval_fraction > 0) {
+    auto [tr, ev] = split_eval(all, config.data.eval_fraction);
+    train_data = tr;
+    eval_data = ev;
+  }
+  const int64_t G = config.batch.global_batch_size, micro = config.batch.micro_batch_size;
+  if (train_data.num_sequences() < G)
+    throw InputError(config.data.train + ": " + std::to_string(train_data.num_sequences()) +
+                     " training sequences of " + std::to_string(T) + " tokens, fewer than one global batch (" +
+                     std::to_string(G) + ")");
+  DataLoader loader(train_data, G, config.data.seed, rank, world);
+  const int64_t max_steps = config.max_steps(train_data.num_sequences());
+  LrSchedule sched{config.schedule.type, config.optimizer.lr, config.schedule.warmup_steps, max_steps,
+                   config.schedule.min_lr_ratio};
+  const int64_t micro_steps = G / (micro * world);
+
+  std::unique_ptr<MetricsLogger> logger;
+  if (rank == 0) logger = std::make_unique<MetricsLogger>(config.logging.metrics_jsonl, max_steps);
+  if (rank == 0)
+    QS_LOG_INFO("model: {} layers, hidden {}, vocab {}; {} trainable LoRA parameters; {} units over {} ranks; {} steps",
+                L, mc.hidden_size, mc.vocab_size, trainable, mgr.num_units(), world, max_steps);
+
+  auto evaluate = [&]() -> double {
+    if (!eval_data) return NAN;
+    auto [first, count] = eval_range(eval_data->num_sequences(), rank, world);
+    double loss_sum = 0, tokens = 0;
+    std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T));
+    std::vector<float> dlogits(static_cast<size_t>(T * mc.vocab_size));
+    for (int64_t i = first; i < first + count; ++i) {
+      eval_data->get(i, in.data(), tg.data());
+      std::vector<int64_t> ids(in.begin(), in.end()), targets(tg.begin(), tg.end());
+      const std::vector<float> logits = model.forward(ids, 1, T);
+      int64_t n = 0;
+      for (auto t : targets) n += t != kIgnoreIndex;
+      loss_sum += static_cast<double>(cross_entropy_fwd_bwd(dlogits.data(), logits.data(), targets.data(), T,
+                                                            mc.vocab_size, 1.0));
+      tokens += static_cast<double>(n);
+    }
+    const double total_loss = all_reduce_sum(comm, loss_sum), total_tokens = all_reduce_sum(comm, tokens);
+    return total_tokens > 0 ? total_loss / total_tokens : NAN;
+  };
+
+  TrainSummary summary;
+  summary.trainable_parameters = trainable;
+  for (int64_t step = 0; step < max_steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<Batch> batches;
+    double local_tokens = 0;
+    for (int64_t k = 0; k < micro_steps; ++k) {
+      batches.push_back(loader.next_batch(static_cast<int>(micro)));
+      for (auto t : batches.back().targets) local_tokens += t != kIgnoreIndex;
+    }
+    const double global_tokens = all_reduce_sum(comm, local_tokens);
+    // Averaging over ranks in the reduce-scatter divides by `world`: normalizing each rank's loss
+    // sum by (global tokens / world) makes the averaged gradient that of the global mean loss.
+    const double normalizer = std::max(global_tokens, 1.0) / world;
+    double local_loss = 0;
+    for (int64_t k = 0; k < micro_steps; ++k) {
+      micro_index = static_cast<int>(k);
+      const Batch& b = batches[k];
+      std::vector<int64_t> ids(b.inputs.begin(), b.inputs.end()), targets(b.targets.begin(), b.targets.end());
+      model.set_dropout_context(static_cast<uint64_t>(step), (rank * (G / world) + k * micro) * T);
+      local_loss += model.forward_backward(ids, targets, b.B, b.T, normalizer, grad_lookup);
+    }
+    mgr.wait_for_gradients();
+    const double loss = all_reduce_sum(comm, local_loss) / world;
+    // Global gradient norm over every rank's shards, then clipping and AdamW.
+    double sq = 0;
+    for (int u = 0; u < mgr.num_units(); ++u) {
+      const Tensor g = mgr.grad_shard(u);
+      sq += sum_squares(g.data<float>(), g.numel());
+    }
+    const double grad_norm = std::sqrt(all_reduce_sum(comm, sq));
+    AdamWParams ap;
+    ap.lr = sched.lr_at(step);
+    ap.beta1 = config.optimizer.beta1;
+    ap.beta2 = config.optimizer.beta2;
+    ap.eps = config.optimizer.eps;
+    ap.weight_decay = config.optimizer.weight_decay;
+    ap.grad_scale = config.optimizer.grad_clip > 0 ? clip_coefficient(grad_norm, config.optimizer.grad_clip) : 1.0;
+    for (int u = 0; u < mgr.num_units(); ++u) {
+      Tensor p = mgr.master_shard(u), g = mgr.grad_shard(u);
+      if (p.numel() == 0) continue;
+      adamw_step_cpu(p.data<float>(), g.data<float>(), opt[u].m.data(), opt[u].v.data(), p.numel(), ap, step + 1);
+    }
+    summary.losses.push_back(loss);
+    summary.steps = step + 1;
+    const bool last = step + 1 == max_steps;
+    std::optional<double> eval_loss;
+    if (eval_data && ((config.logging.eval_every_steps > 0 && (step + 1) % config.logging.eval_every_steps == 0) || last)) {
+      eval_loss = evaluate();
+      summary.eval_losses.emplace_back(step + 1, *eval_loss);
+    }
+    if (rank == 0 && ((step + 1) % std::max<int64_t>(config.logging.every_steps, 1) == 0 || last || step == 0 ||
+                      eval_loss)) {
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      StepMetrics m;
+      m.step = step + 1;
+      m.loss = loss;
+      m.eval_loss = eval_loss;
+      m.lr = ap.lr;
+      m.grad_norm = grad_norm;
+      m.tokens_per_s = dt > 0 ? global_tokens / dt : 0.0;
+      m.peak_mem_bytes = peak_rss_bytes();
+      logger->log(m);
+    }
+  }
+  (void)sharded;
+  return summary;
+}
+
+}  // namespace qshard

@@ -1,0 +1,38 @@
+// trainer.h: the QLoRA training loop (`qshard train`), CPU reference backend.
+//
+// One call of train() runs a whole job on the ranks of `comm`:
+//   model    an HF folder (float weights are quantized to 4-bit on load; a bitsandbytes folder
+//            keeps its bytes) or a tiny random Llama from config.model.init; LoRA A/B added
+//            (PEFT init, seeded by name, identical at every world size);
+//   sharding one FSDP unit per decoder layer + a root unit (embeddings, final norm, LM head),
+//            through ShardedParameterManager: gathered before use (next unit prefetched),
+//            released after, LoRA gradients reduce-scattered (averaged) into f32 shards;
+//   step     global_batch sequences per optimizer step, each rank micro-batches over its
+//            contiguous slice of the global batch (DistributedSampler); the loss is the mean
+//            over all non-ignored target tokens of all ranks; global gradient-norm clipping
+//            across ranks; AdamW on this rank's f32 master shards; LR schedule;
+//   eval     mean loss over the eval split (every logging.eval_every_steps and at the end);
+//   metrics  rank 0: a progress line per logging step and JSONL (metrics.h).
+// Data-parallel equivalence: the per-rank normalizer is (global token count / world), so the
+// averaged gradient equals the gradient of the global mean loss at any world size.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "runtime/communicator.h"
+#include "train/train_config.h"
+
+namespace qshard {
+
+struct TrainSummary {
+  std::vector<double> losses;                              // per optimizer step, global mean
+  std::vector<std::pair<int64_t, double>> eval_losses;     // (step, mean eval loss)
+  int64_t steps = 0;
+  uint64_t trainable_parameters = 0;
+};
+
+TrainSummary train(const TrainConfig& config, Communicator& comm);
+
+}  // namespace qshard

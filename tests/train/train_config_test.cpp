@@ -1,0 +1,171 @@
+#include <gtest/gtest.h>
+
+#include "runtime/error.h"
+#include "test_util.h"
+#include "train/train_config.h"
+
+namespace qshard {
+namespace {
+
+using testing_util::TempDir;
+
+// Runs `f`, expects an InputError, returns its message.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no InputError thrown";
+  return "";
+}
+
+constexpr const char* kMinimal = R"(
+data:
+  train: build/data/x.tok
+optimizer:
+  lr: 1.0e-3
+)";
+
+TEST(TrainConfig, DefaultsAndYamlValues) {
+  const TrainConfig c = parse_train_config(kMinimal, "x.yaml");
+  EXPECT_EQ(c.data.train, "build/data/x.tok");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.999);  // default kept
+  EXPECT_EQ(c.lora.target_modules.size(), 7u);
+  EXPECT_EQ(c.model.quant_type, QuantType::kNf4);
+  EXPECT_NO_THROW(c.validate(1));
+}
+
+TEST(TrainConfig, UnknownKeySuggestsNearest) {
+  const std::string msg = error_of([] { parse_train_config("optimizer:\n  lrr: 0.1\n", "configs/x.yaml"); });
+  EXPECT_EQ(msg, "configs/x.yaml: unknown key 'optimizer.lrr' (did you mean 'optimizer.lr'?)");
+  // A leaf in the wrong section suggests where it lives.
+  EXPECT_NE(error_of([] { parse_train_config("lr: 0.1\n", "x.yaml"); }).find("did you mean 'optimizer.lr'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_train_config("optimiser:\n  lr: 0.1\n", "x.yaml"); }).find("unknown key 'optimiser'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_train_config("model:\n  init:\n    hiden_size: 3\n", "x.yaml"); })
+                .find("did you mean 'model.init.hidden_size'"),
+            std::string::npos);
+}
+
+TEST(TrainConfig, SetOverrides) {
+  const TrainConfig c = parse_train_config(
+      kMinimal, "x.yaml",
+      {"optimizer.lr=5e-4", "lora.r=16", "lora.target_modules=[q_proj, v_proj]", "model.double_quant=false",
+       "schedule.type=linear", "data.train=other.tok", "device=cuda"});
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 5e-4);
+  EXPECT_EQ(c.lora.r, 16);
+  EXPECT_EQ(c.lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_FALSE(c.model.double_quant);
+  EXPECT_EQ(c.schedule.type, ScheduleType::kLinear);
+  EXPECT_EQ(c.data.train, "other.tok");
+  EXPECT_EQ(c.device, Device::kCuda);
+  EXPECT_EQ(error_of([] { parse_train_config(kMinimal, "x.yaml", {"optimizer.lrr=1"}); }),
+            "--set optimizer.lrr=1: unknown key 'optimizer.lrr' (did you mean 'optimizer.lr'?)");
+  EXPECT_NE(error_of([] { parse_train_config(kMinimal, "x.yaml", {"optimizer.lr"}); }).find("expected key=value"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_train_config(kMinimal, "x.yaml", {"optimizer=1"}); }).find("is a section"),
+            std::string::npos);
+}
+
+TEST(TrainConfig, TypeErrorsNameKeyAndValue) {
+  EXPECT_EQ(error_of([] { parse_train_config("optimizer:\n  lr: fast\n", "x.yaml"); }),
+            "x.yaml: key 'optimizer.lr': expected a number, got 'fast'");
+  EXPECT_EQ(error_of([] { parse_train_config("lora:\n  r: 8.5\n", "x.yaml"); }),
+            "x.yaml: key 'lora.r': expected an integer, got '8.5'");
+  EXPECT_EQ(error_of([] { parse_train_config("model:\n  double_quant: maybe\n", "x.yaml"); }),
+            "x.yaml: key 'model.double_quant': expected true or false, got 'maybe'");
+  EXPECT_EQ(error_of([] { parse_train_config("schedule:\n  type: cosine\n", "x.yaml"); }),
+            "x.yaml: key 'schedule.type': expected one of warmup_cosine, linear, constant, got 'cosine'");
+  EXPECT_EQ(error_of([] { parse_train_config("lora:\n  target_modules: q_proj\n", "x.yaml"); }),
+            "x.yaml: key 'lora.target_modules': expected a list of strings, got 'q_proj'");
+  EXPECT_EQ(error_of([] { parse_train_config("optimizer: 3\n", "x.yaml"); }),
+            "x.yaml: key 'optimizer' is a section: expected a mapping");
+  EXPECT_EQ(error_of([] { parse_train_config("optimizer:\n  lr: 1\n  lr: 2\n", "x.yaml"); }),
+            "x.yaml: duplicate key 'optimizer.lr'");
+  EXPECT_EQ(error_of([] { parse_train_config(kMinimal, "x.yaml", {"optimizer.lr=abc"}); }),
+            "--set optimizer.lr=abc: key 'optimizer.lr': expected a number, got 'abc'");
+  EXPECT_NE(error_of([] { parse_train_config("optimizer: [1, \n", "bad.yaml"); }).find("bad.yaml: not valid YAML"),
+            std::string::npos);
+}
+
+TEST(TrainConfig, ValidateRejectsBadValues) {
+  auto bad = [](const std::vector<std::string>& sets, int world = 1) {
+    return error_of([&] { parse_train_config(kMinimal, "x.yaml", sets).validate(world); });
+  };
+  EXPECT_NE(bad({"optimizer.lr=-0.001"}).find("optimizer.lr = -0.001: expected > 0"), std::string::npos);
+  EXPECT_NE(bad({"steps=10", "schedule.warmup_steps=20"}).find("schedule.warmup_steps = 20: expected <= steps (10)"),
+            std::string::npos);
+  EXPECT_NE(bad({"lora.r=0"}).find("lora.r = 0: expected > 0"), std::string::npos);
+  EXPECT_NE(bad({"data.max_seq_len=0"}).find("data.max_seq_len = 0"), std::string::npos);
+  EXPECT_NE(bad({"data.max_seq_len=1024"}).find("<= model.init.max_position_embeddings (512)"), std::string::npos);
+  EXPECT_NE(bad({"lora.target_modules=[q_proj, qkv]"}).find("lora.target_modules = qkv"), std::string::npos);
+  EXPECT_NE(bad({"model.blocksize=48"}).find("a power of two"), std::string::npos);
+  EXPECT_NE(bad({"epochs=2"}).find("exactly one of steps and epochs"), std::string::npos);
+  EXPECT_NE(bad({"data.eval=e.tok", "data.eval_fraction=0.1"}).find("data.eval_fraction"), std::string::npos);
+  EXPECT_NE(bad({"model.init.num_key_value_heads=3"}).find("model.init.num_key_value_heads = 3"), std::string::npos);
+  // Global batch 8, micro 2: fine for 1, 2 and 4 ranks, not for 3 or 8.
+  EXPECT_NO_THROW(parse_train_config(kMinimal, "x.yaml", {"batch.micro_batch_size=2"}).validate(4));
+  EXPECT_NE(bad({"batch.micro_batch_size=2"}, 3)
+                .find("batch.global_batch_size = 8: expected a multiple of batch.micro_batch_size x world size = 2 x 3 = 6"),
+            std::string::npos);
+  EXPECT_NE(bad({"batch.micro_batch_size=2"}, 8).find("2 x 8 = 16"), std::string::npos);
+  // The source of an override is named.
+  EXPECT_EQ(bad({"optimizer.lr=-1"}).rfind("x.yaml + --set optimizer.lr: ", 0), 0u);
+}
+
+TEST(TrainConfig, MaxStepsFromEpochs) {
+  const TrainConfig c = parse_train_config(kMinimal, "x.yaml", {"steps=0", "epochs=3", "schedule.warmup_steps=5"});
+  EXPECT_NO_THROW(c.validate(1));
+  EXPECT_EQ(c.max_steps(100), 3 * (100 / 8));
+  EXPECT_THROW(c.max_steps(7), InputError);   // no full global batch
+  EXPECT_THROW(c.max_steps(10), InputError);  // 3 steps < 5 warmup
+  EXPECT_EQ(parse_train_config(kMinimal, "x.yaml").max_steps(1), 100);
+}
+
+TEST(TrainConfig, ToYamlRoundTrips) {
+  const TrainConfig c = parse_train_config(
+      kMinimal, "x.yaml", {"optimizer.eps=1e-7", "lora.target_modules=[q_proj]", "model.quant_type=fp4", "seed=7"});
+  const std::string y = c.to_yaml();
+  const TrainConfig d = parse_train_config(y, "round-trip");
+  EXPECT_EQ(d.to_yaml(), y);
+  EXPECT_DOUBLE_EQ(d.optimizer.eps, 1e-7);
+  EXPECT_EQ(d.model.quant_type, QuantType::kFp4);
+  EXPECT_EQ(d.seed, 7u);
+  EXPECT_EQ(d.model.path, "");
+  EXPECT_NE(c.describe().find("resolved config (from x.yaml + --set optimizer.eps"), std::string::npos);
+  // Every key appears in the YAML.
+  for (const auto& key : config_keys()) {
+    const auto leaf = key.substr(key.rfind('.') + 1);
+    EXPECT_NE(y.find(leaf + ":"), std::string::npos) << key;
+  }
+}
+
+TEST(TrainConfig, ShippedTinyConfigLoadsAndValidates) {
+  const TrainConfig c = load_train_config(std::string(QSHARD_SOURCE_DIR) + "/configs/tiny.yaml");
+  for (int world : {1, 2, 4}) EXPECT_NO_THROW(c.validate(world)) << world;
+  EXPECT_EQ(c.model.init.vocab_size, 258);
+  EXPECT_EQ(c.steps, 200);
+}
+
+TEST(TrainConfig, LoadFromFileNamesTheFile) {
+  TempDir dir;
+  const std::string path = dir.file("x.yaml");
+  testing_util::write_bytes(path, "optimizer:\n  lrr: 1\n");
+  EXPECT_EQ(error_of([&] { load_train_config(path); }),
+            path + ": unknown key 'optimizer.lrr' (did you mean 'optimizer.lr'?)");
+  EXPECT_NE(error_of([&] { load_train_config(dir.file("missing.yaml")); }).find("cannot open config file"),
+            std::string::npos);
+}
+
+TEST(TrainConfig, EditDistance) {
+  EXPECT_EQ(edit_distance("", "abc"), 3u);
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(edit_distance("lr", "lr"), 0u);
+}
+
+}  // namespace
+}  // namespace qshard
