@@ -160,6 +160,7 @@ int run(int argc, char** argv) {
       if (world.rank() == 0 && !s.losses.empty())
         std::printf("trained %lld steps: loss %.4f -> %.4f%s\n", (long long)s.steps, s.losses.front(), s.losses.back(),
                     s.eval_losses.empty() ? "" : (", eval loss " + std::to_string(s.eval_losses.back().second)).c_str());
+      std::fflush(stdout);  // MPI_Finalize may end the process before stdio's buffers are flushed
       return 0;
     });
   }

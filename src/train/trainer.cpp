@@ -193,11 +193,11 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
 
   auto evaluate = [&]() -> double {
     if (!eval_data) return NAN;
-    auto [first, count] = eval_range(eval_data->num_sequences(), rank, world);
+    const auto [first, end] = eval_range(eval_data->num_sequences(), rank, world);  // [first, end)
     double loss_sum = 0, tokens = 0;
     std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T));
     std::vector<float> dlogits(static_cast<size_t>(T * mc.vocab_size));
-    for (int64_t i = first; i < first + count; ++i) {
+    for (int64_t i = first; i < end; ++i) {
       eval_data->get(i, in.data(), tg.data());
       std::vector<int64_t> ids(in.begin(), in.end()), targets(tg.begin(), tg.end());
       const std::vector<float> logits = model.forward(ids, 1, T);

@@ -1,0 +1,136 @@
+// The training loop under mpirun -np 1..4 (CPU backend):
+//  - data-parallel equivalence: the same job on every rank alone (MPI_COMM_SELF, world size 1)
+//    and over all ranks gives the same loss curve, within the tolerance below;
+//  - offload on and off give bitwise identical curves;
+//  - the loss falls;
+//  - bad input (missing data file, a token past the vocabulary, a sequence length past the
+//    model's maximum) is an InputError naming the file or key, on every rank, before any
+//    collective (so no rank waits).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "runtime/mpi_communicator.h"
+#include "runtime/world.h"
+#include "train/token_file.h"
+#include "train/trainer.h"
+
+namespace qshard {
+namespace {
+namespace fs = std::filesystem;
+
+// Tolerance of the loss curves across world sizes: the model and the per-rank gradient sums are
+// float32, and a rank's partial sums are added in another order than one rank's full sum (the
+// reduce-scatter sums ranks in order); after 20 AdamW steps such differences stay around 1e-6
+// relative (measured), far below a real error (a missing or double-counted rank moves the loss
+// by more than 1e-2).
+constexpr double kLossRelTol = 1e-4;
+
+std::string tmp_path(const std::string& name) {
+  // One path for all ranks (rank 0 writes it, the others wait at a barrier).
+  return (fs::temp_directory_path() / ("qshard_trainer_test_" + name)).string();
+}
+
+std::string make_token_file(const std::string& name, uint32_t vocab, int64_t n, uint32_t max_token) {
+  const std::string path = tmp_path(name);
+  if (World::get().rank() == 0) {
+    // A learnable stream: a repeating pattern with a little noise.
+    std::mt19937 rng(7);
+    std::vector<uint32_t> t(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) t[i] = static_cast<uint32_t>((i * 7 + (i / 5) % 3) % 50 + (rng() % 4 == 0 ? 60 : 0));
+    if (max_token) t[n / 2] = max_token;
+    write_token_file(path, vocab, t);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return path;
+}
+
+TrainConfig small_config(const std::string& data) {
+  TrainConfig c;
+  c.model.init.vocab_size = 128;
+  c.model.init.hidden_size = 64;
+  c.model.init.intermediate_size = 128;
+  c.model.init.num_hidden_layers = 2;
+  c.model.init.num_attention_heads = 4;
+  c.model.init.num_key_value_heads = 2;
+  c.model.init.max_position_embeddings = 64;
+  c.lora.r = 8;
+  c.lora.alpha = 16;
+  c.optimizer.lr = 2e-2;
+  c.schedule.warmup_steps = 2;
+  c.data.train = data;
+  c.data.max_seq_len = 32;
+  c.batch.global_batch_size = 12;
+  c.batch.micro_batch_size = 1;
+  c.steps = 20;
+  c.data.eval_fraction = 0.1;
+  c.logging.eval_every_steps = 10;
+  c.logging.every_steps = 1000;
+  c.checkpoint.dir = "";
+  return c;
+}
+
+TEST(Trainer, DataParallelEquivalenceAndOffload) {
+  const std::string data = make_token_file("dp.tok", 128, 20000, 0);
+  const TrainConfig cfg = small_config(data);
+  MpiCommunicator self(MPI_COMM_SELF), all(World::get().comm());
+  const TrainSummary ref = train(cfg, self);
+  const TrainSummary got = train(cfg, all);
+  TrainConfig off = cfg;
+  off.offload.params = true;
+  const TrainSummary got_off = train(off, all);
+  EXPECT_EQ(got.losses.size(), 20u);
+  EXPECT_EQ(ref.losses.size(), got.losses.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(ref.losses.size(), got.losses.size()); ++i) {
+    const double rel = std::fabs(ref.losses[i] - got.losses[i]) / std::fabs(ref.losses[i]);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, kLossRelTol) << "step " << i + 1 << ": world 1 " << ref.losses[i] << ", world "
+                                << all.size() << " " << got.losses[i];
+  }
+  EXPECT_EQ(got.losses, got_off.losses) << "offload must not change the numbers";
+  // Eval loss (every 10 steps): each rank evaluates its slice; the mean over all eval tokens
+  // must not depend on the world size either.
+  EXPECT_EQ(got.eval_losses.size(), 2u);
+  EXPECT_EQ(ref.eval_losses.size(), got.eval_losses.size());
+  for (size_t i = 0; i < std::min(ref.eval_losses.size(), got.eval_losses.size()); ++i)
+    EXPECT_NEAR(ref.eval_losses[i].second, got.eval_losses[i].second, kLossRelTol * ref.eval_losses[i].second);
+  if (World::get().rank() == 0)
+    std::printf("world %d: loss %.6f -> %.6f (world 1: %.6f -> %.6f), worst relative difference %.2e (tolerance %.0e)\n",
+                all.size(), got.losses.front(), got.losses.back(), ref.losses.front(), ref.losses.back(), worst,
+                kLossRelTol);
+  // It learns: LoRA alone on a random frozen base, 20 steps: the loss falls from ~ln(128) = 4.85
+  // by ~0.47 (measured); a stated margin of 0.3 fails if the updates do not reach the model.
+  EXPECT_LT(got.losses.back(), got.losses.front() - 0.3);
+}
+
+void expect_input_error(const TrainConfig& cfg, const std::string& needle) {
+  MpiCommunicator all(World::get().comm());
+  try {
+    train(cfg, all);
+    ADD_FAILURE() << "expected InputError containing " << needle;
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, BadInputIsNamed) {
+  const std::string data = make_token_file("ok.tok", 128, 5000, 0);
+  TrainConfig c = small_config(data);
+  c.data.train = tmp_path("does_not_exist.tok");
+  expect_input_error(c, "does_not_exist.tok");
+  c = small_config(make_token_file("big.tok", 200, 5000, 150));  // token 150 >= vocab 128
+  expect_input_error(c, "big.tok");
+  c = small_config(data);
+  c.data.max_seq_len = 100;  // model maximum is 64
+  expect_input_error(c, "max_seq_len");
+  c = small_config(data);
+  c.optimizer.lr = -1;
+  expect_input_error(c, "lr");
+}
+
+}  // namespace
+}  // namespace qshard
