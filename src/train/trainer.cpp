@@ -194,13 +194,19 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
   auto evaluate = [&]() -> double {
     if (!eval_data) return NAN;
     const auto [first, end] = eval_range(eval_data->num_sequences(), rank, world);  // [first, end)
+    // Every forward gathers units (collectives), so every rank runs the same number of them:
+    // ranks with a shorter slice repeat a sequence and do not count it.
+    const int64_t rounds = (eval_data->num_sequences() + world - 1) / world;
     double loss_sum = 0, tokens = 0;
     std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T));
     std::vector<float> dlogits(static_cast<size_t>(T * mc.vocab_size));
-    for (int64_t i = first; i < end; ++i) {
-      eval_data->get(i, in.data(), tg.data());
+    for (int64_t k = 0; k < rounds; ++k) {
+      const int64_t i = first + k;
+      const bool counted = i < end;
+      eval_data->get(counted ? i : std::min<int64_t>(first, eval_data->num_sequences() - 1), in.data(), tg.data());
       std::vector<int64_t> ids(in.begin(), in.end()), targets(tg.begin(), tg.end());
       const std::vector<float> logits = model.forward(ids, 1, T);
+      if (!counted) continue;
       int64_t n = 0;
       for (auto t : targets) n += t != kIgnoreIndex;
       loss_sum += static_cast<double>(cross_entropy_fwd_bwd(dlogits.data(), logits.data(), targets.data(), T,
