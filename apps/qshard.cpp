@@ -6,6 +6,7 @@
 //   inspect PATH [--check]          keys, dtypes, shapes, bytes and the node each key resolves to
 //   tokenize IN... --out FILE       text / jsonl -> token file with the byte-level tokenizer
 //   train --config FILE [--set k=v] the QLoRA training job (run under mpirun for several ranks)
+//   eval --model DIR [--adapter DIR] --data FILE [--dump-logits FILE]   loss and perplexity
 // Exit codes: 0 success, 2 bad input (the message names the file, key or value), 1 other errors.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "runtime/mpi_communicator.h"
 #include "runtime/world.h"
 #include "train/byte_tokenizer.h"
+#include "train/evaluate.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 #include "runtime/error.h"
@@ -107,6 +109,14 @@ int run(int argc, char** argv) {
   trainc->add_option("--set", tr_set, "override a key: --set optimizer.lr=1e-4 (repeatable)");
   trainc->add_flag("--print-config", tr_print, "print the resolved config and exit");
 
+  auto* evalc = app.add_subcommand("eval", "loss and perplexity of a model folder (+ PEFT adapter) on token data");
+  EvalOptions eo;
+  evalc->add_option("--model", eo.model_dir, "HF folder: f32/bf16/f16 or bitsandbytes 4-bit")->required();
+  evalc->add_option("--adapter", eo.adapter_dir, "PEFT LoRA adapter folder");
+  evalc->add_option("--data", eo.data, "token file, or .json list of token-id lists")->required();
+  evalc->add_option("--dump-logits", eo.dump_logits, "write float32 logits [batch, seq, vocab] (key 'logits')");
+  evalc->add_option("--seq-len", eo.seq_len, "sequence length for token files (default min(512, max positions))");
+
   CLI11_PARSE(app, argc, argv);
   set_log_level(log_level);
 
@@ -131,6 +141,13 @@ int run(int argc, char** argv) {
     std::printf("%s blocksize %lld%s: quantization error max |x - q(x)| = %.6g, relative RMS = %.4f%%\n",
                 q_type.c_str(), (long long)q_blocksize, q_no_dq ? "" : " double-quant", r.max_abs_err,
                 100.0 * r.rel_rms_err());
+    return 0;
+  }
+  if (evalc->parsed()) {
+    const EvalResult r = evaluate_model(eo);
+    std::printf("eval: %lld sequences, %lld tokens: loss %.6f, perplexity %.4f\n", (long long)r.sequences,
+                (long long)r.tokens, r.loss, r.perplexity);
+    if (!eo.dump_logits.empty()) std::printf("logits written to %s\n", eo.dump_logits.c_str());
     return 0;
   }
   if (tokenize->parsed()) {

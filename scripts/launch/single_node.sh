@@ -2,7 +2,7 @@
 # One node, N ranks: scripts/launch/single_node.sh [NP] [qshard arguments...]
 #   scripts/launch/single_node.sh 4 version
 # Each rank takes GPU local_rank % (visible GPUs); with no GPU the ranks run the CPU backend.
-# `qshard train --config ...` will launch the same way once the train subcommand exists.
+#   scripts/launch/single_node.sh 2 train --config configs/tiny.yaml
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 np=${1:-4}

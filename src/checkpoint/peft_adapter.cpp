@@ -1,0 +1,69 @@
+#include "checkpoint/peft_adapter.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/safetensors.h"
+
+namespace qshard {
+namespace fs = std::filesystem;
+
+PeftLoraConfig read_peft_config(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "adapter_config.json").string();
+  std::ifstream in(path);
+  if (!in) throw InputError("adapter folder " + dir + " has no adapter_config.json");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path + ": not valid JSON (" + e.what() + ")");
+  }
+  if (j.value("peft_type", std::string()) != "LORA")
+    throw InputError(path + ": key \"peft_type\" is " + j.value("peft_type", std::string("missing")) + ", expected \"LORA\"");
+  PeftLoraConfig c;
+  if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() <= 0)
+    throw InputError(path + ": key \"r\" must be a positive integer");
+  c.r = j["r"].get<int64_t>();
+  if (!j.contains("lora_alpha") || !j["lora_alpha"].is_number())
+    throw InputError(path + ": key \"lora_alpha\" must be a number");
+  c.lora_alpha = j["lora_alpha"].get<double>();
+  c.lora_dropout = j.value("lora_dropout", 0.0);
+  c.use_rslora = j.value("use_rslora", false);
+  const auto& t = j["target_modules"];
+  if (t.is_string()) c.target_modules.push_back(t.get<std::string>());
+  else if (t.is_array())
+    for (const auto& s : t) c.target_modules.push_back(s.get<std::string>());
+  else throw InputError(path + ": key \"target_modules\" must be a list of module names");
+  return c;
+}
+
+void load_peft_adapter(Module& root, const std::string& dir) {
+  const std::string path = (fs::path(dir) / "adapter_model.safetensors").string();
+  if (!fs::exists(path)) throw InputError("adapter folder " + dir + " has no adapter_model.safetensors");
+  const SafetensorsFile f = SafetensorsFile::open(path);
+  static const std::string kPrefix = "base_model.model.";
+  size_t loaded = 0;
+  for (const auto& e : f.entries()) {
+    if (e.name.rfind(kPrefix, 0) != 0) throw InputError(path + ": key '" + e.name + "' does not start with '" + kPrefix + "'");
+    const std::string fqn = e.name.substr(kPrefix.size());
+    const auto r = try_resolve(root, fqn);
+    if (!r || r->kind != NodeKind::kParameter)
+      throw InputError(path + ": tensor '" + e.name + "' has no LoRA slot '" + fqn + "' in the model (rank or targets differ?)");
+    const Tensor t = f.get(e.name);
+    if (t.shape() != r->tensor.shape())
+      throw InputError(path + ": tensor '" + e.name + "' has shape " + shape_str(t.shape()) + ", the model expects " +
+                       shape_str(r->tensor.shape()));
+    Tensor dst = r->tensor;
+    dst.copy_from(Tensor::from_f32(t.shape(), dst.dtype(), t.to_f32_vector()));
+    ++loaded;
+  }
+  // Every LoRA slot of the tree must have been filled.
+  size_t slots = 0;
+  for (const auto& [k, t] : state_dict(root, {true, false, true})) slots += k.find(".lora_") != std::string::npos;
+  if (loaded != slots)
+    throw InputError(path + ": " + std::to_string(loaded) + " adapter tensors for " + std::to_string(slots) +
+                     " LoRA weights of the model");
+}
+
+}  // namespace qshard

@@ -1,0 +1,130 @@
+#include "train/evaluate.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/llama_tree.h"
+#include "checkpoint/peft_adapter.h"
+#include "checkpoint/safetensors.h"
+#include "model/llama_layers.h"
+#include "model/llama_model.h"
+#include "train/data_loader.h"
+#include "train/model_init.h"
+#include "train/token_file.h"
+
+namespace qshard {
+namespace {
+
+std::vector<std::vector<int64_t>> read_json_ids(const std::string& path, int64_t vocab) {
+  std::ifstream in(path);
+  if (!in) throw InputError("data file " + path + " does not exist or cannot be read");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!j.is_array() || j.empty()) throw InputError(path + ": expected a non-empty JSON list of token-id lists");
+  std::vector<std::vector<int64_t>> out;
+  for (size_t s = 0; s < j.size(); ++s) {
+    if (!j[s].is_array() || j[s].size() < 2)
+      throw InputError(path + ": entry " + std::to_string(s) + " must be a list of at least 2 token ids");
+    std::vector<int64_t> ids;
+    for (size_t t = 0; t < j[s].size(); ++t) {
+      const auto& v = j[s][t];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab)
+        throw InputError(path + ": entry " + std::to_string(s) + ", position " + std::to_string(t) + ": token " +
+                         v.dump() + " is not an id in [0, " + std::to_string(vocab) + ")");
+      ids.push_back(v.get<int64_t>());
+    }
+    out.push_back(std::move(ids));
+  }
+  return out;
+}
+
+}  // namespace
+
+EvalResult evaluate_model(const EvalOptions& o) {
+  const LlamaConfig cfg = LlamaConfig::load(o.model_dir);
+  LlamaTreeOptions to;
+  to.dtype = DType::kF32;
+  QuantizeOptions quant;
+  if (cfg.quantized) {
+    const auto& q = cfg.raw["quantization_config"];
+    quant.quant_type = parse_quant_type(q.value("bnb_4bit_quant_type", std::string("nf4")));
+    quant.compress_statistics = q.value("bnb_4bit_use_double_quant", false);
+    to.quant = quant;
+  }
+  LlamaModelOptions mo;
+  PeftLoraConfig peft;
+  if (!o.adapter_dir.empty()) {
+    peft = read_peft_config(o.adapter_dir);
+    to.lora.r = peft.r;
+    to.lora.targets = peft.target_modules;
+    mo.lora_alpha = peft.lora_alpha;
+    mo.use_rslora = peft.use_rslora;
+  }
+  auto tree = build_llama_tree(cfg, to);
+  load_base_weights(*tree, o.model_dir, quant);
+  if (!o.adapter_dir.empty()) load_peft_adapter(*tree, o.adapter_dir);
+  LlamaModel model(cfg, *tree, mo);
+
+  // Sequences and their aligned targets.
+  std::vector<std::vector<int64_t>> seqs, targets;
+  const bool json = o.data.size() >= 5 && o.data.compare(o.data.size() - 5, 5, ".json") == 0;
+  if (json) {
+    seqs = read_json_ids(o.data, cfg.vocab_size);
+    for (const auto& s : seqs) {
+      std::vector<int64_t> t(s.begin() + 1, s.end());
+      t.push_back(kIgnoreIndex);
+      targets.push_back(std::move(t));
+    }
+  } else {
+    const TokenFile f = TokenFile::open(o.data);
+    f.validate(static_cast<uint32_t>(cfg.vocab_size));
+    const int64_t T = o.seq_len > 0 ? o.seq_len : std::min<int64_t>(512, cfg.max_position_embeddings);
+    const PackedDataset d(f, static_cast<int>(T));
+    if (d.num_sequences() == 0) throw InputError(o.data + ": fewer than " + std::to_string(T + 1) + " tokens");
+    std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T));
+    for (int64_t i = 0; i < d.num_sequences(); ++i) {
+      d.get(i, in.data(), tg.data());
+      seqs.emplace_back(in.begin(), in.end());
+      targets.emplace_back(tg.begin(), tg.end());
+    }
+  }
+  for (const auto& s : seqs)
+    if (static_cast<int64_t>(s.size()) > cfg.max_position_embeddings)
+      throw InputError(o.data + ": a sequence of " + std::to_string(s.size()) + " tokens is past the model's maximum of " +
+                       std::to_string(cfg.max_position_embeddings));
+  if (!o.dump_logits.empty())
+    for (const auto& s : seqs)
+      if (s.size() != seqs[0].size())
+        throw InputError("--dump-logits needs sequences of one length; " + o.data + " has lengths " +
+                         std::to_string(seqs[0].size()) + " and " + std::to_string(s.size()));
+
+  EvalResult r;
+  double loss_sum = 0;
+  std::vector<float> all_logits;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t T = static_cast<int64_t>(seqs[s].size());
+    std::vector<float> logits = model.forward(seqs[s], 1, T);
+    std::vector<float> dlogits(logits.size());
+    int64_t n = 0;
+    for (auto t : targets[s]) n += t != kIgnoreIndex;
+    loss_sum += cross_entropy_fwd_bwd(dlogits.data(), logits.data(), targets[s].data(), T, cfg.vocab_size, 1.0);
+    r.tokens += n;
+    if (!o.dump_logits.empty()) all_logits.insert(all_logits.end(), logits.begin(), logits.end());
+  }
+  r.sequences = static_cast<int64_t>(seqs.size());
+  r.loss = r.tokens > 0 ? loss_sum / static_cast<double>(r.tokens) : NAN;
+  r.perplexity = std::exp(r.loss);
+  if (!o.dump_logits.empty()) {
+    const int64_t B = r.sequences, T = static_cast<int64_t>(seqs[0].size());
+    save_safetensors(o.dump_logits, {{"logits", Tensor::from_f32({B, T, cfg.vocab_size}, DType::kF32, all_logits)}},
+                     {{"format", "pt"}});
+  }
+  return r;
+}
+
+}  // namespace qshard
