@@ -73,7 +73,9 @@ int run(int argc, char** argv) {
   auto* init = app.add_subcommand("init-model", "write a randomly initialised Llama as a Hugging Face folder");
   RandomLlamaOptions ro;
   std::string i_out, i_dtype = "bfloat16";
+  std::string i_config;
   init->add_option("--out", i_out, "output folder (must not exist or be empty)")->required();
+  init->add_option("--config", i_config, "take the sizes from a train YAML's model.init instead of the size flags");
   init->add_option("--vocab-size", ro.vocab_size);
   init->add_option("--hidden-size", ro.hidden_size);
   init->add_option("--intermediate-size", ro.intermediate_size);
@@ -202,6 +204,17 @@ int run(int argc, char** argv) {
     auto dt = parse_dtype(i_dtype);
     if (!dt || !dtype_is_float(*dt)) throw InputError("--dtype '" + i_dtype + "' is not bfloat16, float16 or float32");
     ro.dtype = *dt;
+    if (!i_config.empty()) {
+      const ModelInitConfig m = load_train_config(i_config).model.init;
+      ro.vocab_size = m.vocab_size;
+      ro.hidden_size = m.hidden_size;
+      ro.intermediate_size = m.intermediate_size;
+      ro.num_hidden_layers = m.num_hidden_layers;
+      ro.num_attention_heads = m.num_attention_heads;
+      ro.num_key_value_heads = m.num_key_value_heads;
+      ro.max_position_embeddings = m.max_position_embeddings;
+      ro.seed = m.seed;
+    }
     const LlamaConfig c = write_random_llama_folder(i_out, ro);
     int64_t params = 0;
     for (const auto& [name, shape] : llama_expected_weights(c)) params += shape_numel(shape);

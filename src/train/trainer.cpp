@@ -60,6 +60,9 @@ double all_reduce_sum(Communicator& comm, double v) {
 TrainSummary train(const TrainConfig& config, Communicator& comm) {
   const int rank = comm.rank(), world = comm.size();
   config.validate(world);
+  if (config.device == Device::kCuda)
+    throw InputError(config.source + ": device 'cuda': the training step runs on the CPU reference backend for now "
+                     "(the CUDA kernels of the step are not built yet); use device: cpu");
   const QuantizeOptions quant{config.model.quant_type, config.model.blocksize, config.model.double_quant};
 
   // ---- model ----
