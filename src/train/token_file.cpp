@@ -159,6 +159,7 @@ void TokenFileWriter::append(std::span<const uint32_t> tokens) {
     if (tokens[i] >= vocab_size_)
       throw InputError(fmt::format("{}: token {} (at index {}) is >= vocab_size {}", path_, tokens[i], count_ + i,
                                    vocab_size_));
+  if (tokens.empty()) return;  // fwrite(nullptr, ...) is undefined even for zero items
   if (std::fwrite(tokens.data(), 4, tokens.size(), f_) != tokens.size()) io_error(path_, "writing tokens", errno);
   count_ += tokens.size();
 }

@@ -1,0 +1,445 @@
+#include "checkpoint/export.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <set>
+
+#include "checkpoint/bnb_folder.h"
+#include "checkpoint/peft_adapter.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_index.h"
+
+namespace qshard {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kPeftPrefix = "base_model.model.";
+constexpr const char* kAdapterFile = "adapter_model.safetensors";
+// The adapter_config.json field set and fixed values of PEFT 0.21.2 (tests/data/model/nf4_adapter,
+// written by real PEFT); peft_version names the version whose format this is.
+constexpr const char* kPeftVersion = "0.21.2";
+
+// One tensor of the output: where it comes from and how it is produced on rank 0.
+enum class Op { kCopy, kCastBf16, kMerge };
+struct OutTensor {
+  std::string name;    // key in the output file
+  std::string source;  // FQN in the tree (kMerge: the projection's weight)
+  DType dtype;
+  Shape shape;
+  int unit = 0;        // FSDP unit that holds the source
+  Op op = Op::kCopy;
+  uint64_t nbytes() const { return static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype); }
+};
+
+struct Layout {
+  std::vector<OutTensor> tensors;
+  std::vector<std::string> files;
+  std::vector<size_t> file_of;  // per tensor
+};
+
+int unit_of(const ShardedTree& units, const std::string& fqn) {
+  int root = -1;
+  for (size_t u = 0; u < units.unit_paths.size(); ++u) {
+    const std::string& p = units.unit_paths[u];
+    if (p.empty()) root = static_cast<int>(u);
+    else if (fqn.size() > p.size() && fqn.compare(0, p.size(), p) == 0 && fqn[p.size()] == '.') return static_cast<int>(u);
+  }
+  QS_CHECK(root >= 0, "sharded tree has no root unit");
+  return root;
+}
+
+std::string module_short_name(const std::string& path) {
+  const size_t dot = path.rfind('.');
+  return dot == std::string::npos ? path : path.substr(dot + 1);
+}
+
+// Validates the LoRA slots against the options (every rank, before any collective).
+void check_lora(const Module& tree, const ExportOptions& o, const std::string& label) {
+  size_t n = 0;
+  for (const auto& [key, t] : state_dict(tree, {true, false, true})) {
+    const size_t at = key.find(".lora_A.weight");
+    if (at == std::string::npos) continue;
+    ++n;
+    if (t.dim(0) != o.r)
+      throw InputError(label + ": options.r is " + std::to_string(o.r) + " but '" + key + "' has rank " + std::to_string(t.dim(0)));
+    const std::string name = module_short_name(key.substr(0, at));
+    if (std::find(o.target_modules.begin(), o.target_modules.end(), name) == o.target_modules.end())
+      throw InputError(label + ": '" + key + "' adapts module '" + name + "', which options.target_modules does not list");
+  }
+  if (n == 0 && o.format == ExportFormat::kPeft) throw InputError(label + ": the model has no LoRA adapters to export");
+}
+
+Layout plan_layout(const Module& tree, const ShardedTree& units, const ExportOptions& o) {
+  Layout L;
+  std::vector<std::pair<std::string, uint64_t>> groups;  // shard planning: a weight with its statistics
+  std::vector<size_t> group_of;
+  std::set<std::string> trainable;
+  for (const auto& [k, t] : state_dict(tree, {true, false, true})) trainable.insert(k);
+  for (const auto& [key, t] : state_dict(tree)) {
+    const bool is_lora = trainable.count(key) > 0;
+    if ((o.format == ExportFormat::kPeft) != is_lora) continue;
+    const Resolved r = resolve(tree, key);
+    OutTensor out{key, key, t.dtype(), t.shape(), unit_of(units, key), Op::kCopy};
+    bool new_group = true;
+    if (o.format == ExportFormat::kPeft) {
+      out.name = kPeftPrefix + key;
+      out.dtype = DType::kF32;
+    } else if (o.format == ExportFormat::kBnb4) {
+      new_group = r.kind != NodeKind::kTensor;  // statistics stay with their weight
+    } else {                                    // kMerged: weights only, as bf16
+      if (r.kind == NodeKind::kParams4bit) {
+        out.op = Op::kMerge;
+        out.shape = r.params4bit->quant_state.shape;
+      } else if (r.kind == NodeKind::kParameter || r.kind == NodeKind::kBuffer) {
+        out.op = dtype_is_float(t.dtype()) ? Op::kCastBf16 : Op::kCopy;
+        if (out.op == Op::kCastBf16 && try_resolve(tree, key.substr(0, key.rfind('.')) + ".lora_A.weight"))
+          out.op = Op::kMerge;  // an unquantized projection with LoRA
+      } else {
+        continue;  // 4-bit statistics
+      }
+      if (out.op != Op::kCopy) out.dtype = DType::kBF16;
+    }
+    if (new_group || groups.empty()) groups.emplace_back(out.name, 0);
+    groups.back().second += out.nbytes();
+    group_of.push_back(groups.size() - 1);
+    L.tensors.push_back(std::move(out));
+  }
+  if (o.format == ExportFormat::kPeft) {
+    L.files = {kAdapterFile};
+    L.file_of.assign(L.tensors.size(), 0);
+  } else {
+    const ShardPlan plan = plan_shards(groups, o.max_shard_bytes);
+    L.files = plan.files;
+    for (size_t g : group_of) L.file_of.push_back(plan.file_of_tensor[g]);
+  }
+  return L;
+}
+
+// Rank 0, unit gathered: the output tensor in host memory.
+Tensor produce(const Module& tree, const OutTensor& t, const ExportOptions& o) {
+  const Resolved r = resolve(tree, t.source);
+  if (t.op == Op::kCopy) {
+    Tensor host = r.tensor.to(Device::kCpu);
+    if (host.dtype() == t.dtype) return host;
+    return Tensor::from_f32(host.shape(), t.dtype, host.to_f32_vector());
+  }
+  if (t.op == Op::kCastBf16) return Tensor::from_f32(t.shape, DType::kBF16, r.tensor.to(Device::kCpu).to_f32_vector());
+  // kMerge: W (f32) + scaling * B @ A, rounded once to bf16.
+  std::vector<float> w;
+  if (r.kind == NodeKind::kParams4bit) {
+    Params4bit p = *r.params4bit;  // host copies of the gathered views (cpu_offload)
+    p.data = p.data.to(Device::kCpu);
+    p.quant_state.absmax = p.quant_state.absmax.to(Device::kCpu);
+    p.quant_state.code = p.quant_state.code.to(Device::kCpu);
+    if (p.quant_state.state2) {
+      p.quant_state.state2->absmax = p.quant_state.state2->absmax.to(Device::kCpu);
+      p.quant_state.state2->code = p.quant_state.state2->code.to(Device::kCpu);
+    }
+    // In the original dtype first, as bitsandbytes' forward and PEFT's merge see the weight.
+    w = dequantize_4bit(p).to_f32_vector();
+  } else {
+    w = r.tensor.to(Device::kCpu).to_f32_vector();
+  }
+  const std::string path = t.source.substr(0, t.source.rfind('.'));
+  const auto a = try_resolve(tree, path + ".lora_A.weight");
+  const auto b = try_resolve(tree, path + ".lora_B.weight");
+  if (a && b) {
+    const std::vector<float> A = a->tensor.to(Device::kCpu).to_f32_vector();  // [r, in]
+    const std::vector<float> B = b->tensor.to(Device::kCpu).to_f32_vector();  // [out, r]
+    const int64_t out = t.shape[0], in = t.shape[1], rank = a->tensor.dim(0);
+    const float scaling = static_cast<float>(o.use_rslora ? o.lora_alpha / std::sqrt(static_cast<double>(rank))
+                                                          : o.lora_alpha / static_cast<double>(rank));
+    for (int64_t i = 0; i < out; ++i)
+      for (int64_t j = 0; j < in; ++j) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < rank; ++k) acc += B[i * rank + k] * A[k * in + j];
+        w[i * in + j] += scaling * acc;
+      }
+  }
+  return Tensor::from_f32(t.shape, DType::kBF16, w);
+}
+
+nlohmann::json peft_config_json(const ExportOptions& o) {
+  nlohmann::json j;  // sorted keys, as PEFT writes them
+  for (const char* k : {"alora_invocation_tokens", "arrow_config", "auto_mapping", "corda_config", "eva_config",
+                        "exclude_modules", "kasa_config", "layer_replication", "layers_pattern", "layers_to_transform",
+                        "lora_ga_config", "megatron_config", "modules_to_save", "monteclora_config", "revision",
+                        "target_parameters", "trainable_token_indices", "use_bdlora", "velora_config"})
+    j[k] = nullptr;
+  j["alpha_pattern"] = nlohmann::json::object();
+  j["rank_pattern"] = nlohmann::json::object();
+  j["loftq_config"] = nlohmann::json::object();
+  j["base_model_name_or_path"] = o.base_model_name_or_path.empty() ? nlohmann::json() : nlohmann::json(o.base_model_name_or_path);
+  j["bias"] = "none";
+  j["ensure_weight_tying"] = false;
+  j["fan_in_fan_out"] = false;
+  j["inference_mode"] = true;
+  j["init_lora_weights"] = true;
+  if (o.lora_alpha == std::floor(o.lora_alpha) && std::fabs(o.lora_alpha) < 1e15)
+    j["lora_alpha"] = static_cast<int64_t>(o.lora_alpha);
+  else j["lora_alpha"] = o.lora_alpha;
+  j["lora_bias"] = false;
+  j["lora_dropout"] = o.lora_dropout;
+  j["megatron_core"] = "megatron.core";
+  j["peft_type"] = "LORA";
+  j["peft_version"] = kPeftVersion;
+  j["qalora_group_size"] = 16;
+  j["r"] = o.r;
+  j["target_modules"] = o.target_modules;
+  j["task_type"] = "CAUSAL_LM";
+  j["use_dora"] = false;
+  j["use_qalora"] = false;
+  j["use_rslora"] = o.use_rslora;
+  return j;
+}
+
+nlohmann::json model_config_json(const Module& tree, const LlamaConfig& c, const ExportOptions& o) {
+  nlohmann::json j = c.raw;
+  j.erase("quantization_config");
+  DType float_dtype = DType::kBF16;
+  if (const auto e = try_resolve(tree, "model.embed_tokens.weight")) float_dtype = e->tensor.dtype();
+  if (o.format == ExportFormat::kBnb4) {
+    const Params4bit* p = nullptr;
+    for (const auto& [k, t] : state_dict(tree))
+      if (const auto r = try_resolve(tree, k); r && r->kind == NodeKind::kParams4bit) { p = r->params4bit; break; }
+    if (!p) throw InputError(o.out_dir + ": the model has no 4-bit weights; a bnb4 export needs a quantized tree");
+    const QuantizeOptions q{p->quant_state.quant_type, p->quant_state.blocksize, p->quant_state.nested()};
+    j["quantization_config"] = bnb_quantization_config(q, c.dtype.value_or(float_dtype));
+  } else {
+    float_dtype = DType::kBF16;
+  }
+  bool has_dtype = false;
+  for (const char* k : {"torch_dtype", "dtype"})
+    if (j.contains(k)) {
+      j[k] = dtype_torch_name(float_dtype);
+      has_dtype = true;
+    }
+  if (!has_dtype) j["torch_dtype"] = dtype_torch_name(float_dtype);
+  return j;
+}
+
+// ---- self-check (rank 0, on the written folder; one tensor at a time) ----
+
+[[noreturn]] void check_fail(const std::string& dir, const std::string& what) {
+  throw InputError("export self-check of " + dir + ": " + what);
+}
+
+void check_against_tree(const Module& tree, const Layout& L, const SafetensorsFolder& f, const std::string& dir) {
+  const std::vector<std::string> names = f.names();
+  if (names.size() != L.tensors.size())
+    check_fail(dir, std::to_string(names.size()) + " tensors stored, " + std::to_string(L.tensors.size()) + " exported");
+  for (const OutTensor& t : L.tensors) {
+    const SafetensorsEntry* e = f.find(t.name);
+    if (!e) check_fail(dir, "tensor '" + t.name + "' is missing");
+    const auto r = try_resolve(tree, t.source);
+    if (!r) check_fail(dir, "key '" + t.name + "' does not resolve through the model tree ('" + t.source + "')");
+    if (e->dtype != r->tensor.dtype() || e->shape != r->tensor.shape())
+      check_fail(dir, "tensor '" + t.name + "' is " + e->dtype_name + " " + shape_str(e->shape) + ", the tree has " +
+                          dtype_torch_name(r->tensor.dtype()) + " " + shape_str(r->tensor.shape()));
+  }
+}
+
+void check_model_folder(const Module* tree, const Layout& L, const std::string& dir, bool quantized) {
+  const LlamaConfig c = LlamaConfig::load(dir);
+  if (c.quantized != quantized) check_fail(dir, quantized ? "config.json lacks quantization_config" : "config.json has quantization_config");
+  const SafetensorsFolder f = SafetensorsFolder::open(dir);
+  if (tree) check_against_tree(*tree, L, f, dir);
+  const TensorLookup lookup = [&f](const std::string& k) -> std::optional<Tensor> {
+    if (!f.contains(k)) return std::nullopt;
+    return f.get(k);
+  };
+  size_t expected = 0;
+  for (const auto& [name, shape] : llama_expected_weights(c)) {
+    const SafetensorsEntry* e = f.find(name);
+    if (!e) check_fail(dir, "tensor '" + name + "' required by config.json is missing");
+    if (quantized && is_llama_projection_weight(name)) {
+      const Params4bit p = params4bit_from_state_dict(name, lookup, dir);
+      if (p.quant_state.shape != shape)
+        check_fail(dir, "4-bit tensor '" + name + "' has shape " + shape_str(p.quant_state.shape) + ", config.json implies " + shape_str(shape));
+      expected += 1 + quant_state_key_suffixes(p.quant_state).size();
+      continue;
+    }
+    ++expected;
+    if (e->shape != shape) check_fail(dir, "tensor '" + name + "' has shape " + shape_str(e->shape) + ", config.json implies " + shape_str(shape));
+    if (!quantized) {
+      if (e->dtype != DType::kBF16) check_fail(dir, "tensor '" + name + "' is " + e->dtype_name + ", expected BF16");
+      const std::span<const uint8_t> b = f.bytes(name);
+      for (size_t i = 0; i + 1 < b.size(); i += 2)
+        if ((b[i + 1] & 0x7f) == 0x7f && (b[i] & 0x80)) check_fail(dir, "tensor '" + name + "' holds a NaN or infinity");
+    }
+  }
+  if (f.names().size() != expected)
+    check_fail(dir, std::to_string(f.names().size()) + " tensors stored, config.json implies " + std::to_string(expected));
+}
+
+void check_peft_folder(const Module& tree, const Layout& L, const std::string& dir, const ExportOptions& o) {
+  const PeftLoraConfig c = read_peft_config(dir);
+  if (c.r != o.r || c.lora_alpha != o.lora_alpha || c.use_rslora != o.use_rslora || c.target_modules != o.target_modules)
+    check_fail(dir, "adapter_config.json differs from the export options (r, lora_alpha, use_rslora or target_modules)");
+  const SafetensorsFolder f = SafetensorsFolder::open_file((fs::path(dir) / kAdapterFile).string());
+  check_against_tree(tree, L, f, dir);
+  for (const OutTensor& t : L.tensors) {
+    const bool is_b = t.source.ends_with(".lora_B.weight");
+    if (t.shape[is_b ? 1 : 0] != c.r) check_fail(dir, "tensor '" + t.name + "' has shape " + shape_str(t.shape) + " for r = " + std::to_string(c.r));
+    if (!is_b || o.allow_zero_lora_b) continue;
+    const std::span<const uint8_t> b = f.bytes(t.name);
+    bool nonzero = false;
+    for (size_t i = 0; i + 3 < b.size() && !nonzero; i += 4) {
+      float v;
+      std::memcpy(&v, b.data() + i, 4);
+      nonzero = v != 0.0f;
+    }
+    if (!nonzero)
+      check_fail(dir, "lora_B '" + t.name + "' is all zero: the adapter is untrained or its values were lost "
+                      "(set allow_zero_lora_b to export an untrained adapter)");
+  }
+}
+
+// Broadcasts rank 0's message ("" = success) to every rank.
+std::string broadcast_message(Communicator& comm, void* stream, const std::string& msg) {
+  int64_t n = comm.rank() == 0 ? static_cast<int64_t>(msg.size()) : 0;
+  comm.broadcast(&n, &n, 1, DType::kI64, 0, stream);
+  std::string out = comm.rank() == 0 ? msg : std::string(static_cast<size_t>(n), '\0');
+  if (n > 0) comm.broadcast(out.data(), out.data(), static_cast<size_t>(n), DType::kU8, 0, stream);
+  return out;
+}
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+}  // namespace
+
+const char* export_format_name(ExportFormat f) {
+  switch (f) {
+    case ExportFormat::kBnb4: return "bnb4";
+    case ExportFormat::kPeft: return "peft";
+    case ExportFormat::kMerged: return "merged";
+  }
+  return "?";
+}
+
+ExportReport export_model(Module& tree, const LlamaConfig& config, ShardedParameterManager& mgr,
+                          const ShardedTree& units, const ExportOptions& o) {
+  Communicator& comm = mgr.comm();
+  void* stream = mgr.compute_stream().handle();
+  const bool root = comm.rank() == 0;
+  const std::string label = std::string("export ") + export_format_name(o.format) + " to " + o.out_dir;
+  // ---- deterministic checks and layout, identical on every rank ----
+  if (o.out_dir.empty()) throw InputError("export: options.out_dir is empty");
+  if (o.format != ExportFormat::kBnb4) check_lora(tree, o, label);
+  const Layout L = plan_layout(tree, units, o);
+  const nlohmann::json model_config = o.format == ExportFormat::kPeft ? nlohmann::json() : model_config_json(tree, config, o);
+  ExportReport rep;
+  rep.files = L.files;
+  for (const OutTensor& t : L.tensors) rep.bytes += t.nbytes();
+  rep.tensors = static_cast<int64_t>(L.tensors.size());
+  if (L.files.size() > 1) rep.files.push_back(kSafetensorsIndexName);
+  rep.files.push_back(o.format == ExportFormat::kPeft ? "adapter_config.json" : "config.json");
+
+  // ---- output folder: rank 0 decides, every rank learns the outcome before any gather ----
+  const fs::path partial = o.out_dir + ".partial-" + std::to_string(::getpid());
+  std::string err;
+  if (root) {
+    std::error_code ec;
+    if (fs::exists(o.out_dir) && (!fs::is_directory(o.out_dir) || !fs::is_empty(o.out_dir)))
+      err = "export: output folder " + o.out_dir + " already exists and is not empty; choose a new folder";
+    else {
+      fs::remove_all(partial, ec);
+      fs::create_directories(partial, ec);
+      if (ec) err = "export: cannot create " + partial.string() + ": " + ec.message();
+    }
+  }
+  err = broadcast_message(comm, stream, err);
+  if (!err.empty()) throw InputError(err);
+
+  // ---- stream the units: gather, copy to host and write on rank 0, release ----
+  std::exception_ptr failure;
+  std::unique_ptr<SafetensorsWriter> writer;
+  size_t cur_file = SIZE_MAX;
+  SafetensorsIndex index;
+  for (size_t begin = 0; begin < L.tensors.size();) {
+    size_t end = begin;
+    while (end < L.tensors.size() && L.tensors[end].unit == L.tensors[begin].unit) ++end;
+    const int unit = L.tensors[begin].unit;
+    mgr.gather(unit);
+    mgr.compute_stream().synchronize();  // the host reads the gathered views below
+    if (root && !failure) {
+      try {
+        NamedTensors host;  // this unit's output tensors, in host memory
+        uint64_t alive = 0;
+        for (size_t i = begin; i < end; ++i) {
+          host.emplace_back(L.tensors[i].name, produce(tree, L.tensors[i], o));
+          QS_CHECK(host.back().second.dtype() == L.tensors[i].dtype && host.back().second.shape() == L.tensors[i].shape,
+                   "tensor " + L.tensors[i].name + " differs from its declaration");
+          alive += host.back().second.nbytes();
+        }
+        rep.peak_unit_bytes = std::max(rep.peak_unit_bytes, alive);
+        for (size_t i = begin; i < end; ++i) {
+          if (L.file_of[i] != cur_file) {
+            if (writer) writer->finish();
+            cur_file = L.file_of[i];
+            writer = std::make_unique<SafetensorsWriter>((partial / L.files[cur_file]).string());
+            for (size_t k = 0; k < L.tensors.size(); ++k)
+              if (L.file_of[k] == cur_file) writer->declare(L.tensors[k].name, L.tensors[k].dtype, L.tensors[k].shape);
+            writer->begin({{"format", "pt"}});
+          }
+          writer->write(L.tensors[i].name, host[i - begin].second.bytes());
+          index.weight_map.emplace_back(L.tensors[i].name, L.files[cur_file]);
+          index.total_size += L.tensors[i].nbytes();
+        }
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    mgr.release(unit);
+    begin = end;
+  }
+  comm.barrier();  // every rank is done with its gathers
+
+  // ---- rank 0: finish the files, write the configs, self-check, rename ----
+  if (root && !failure) {
+    try {
+      if (writer) writer->finish();
+      writer.reset();
+      if (L.files.size() > 1) write_safetensors_index((partial / kSafetensorsIndexName).string(), index);
+      if (o.format == ExportFormat::kPeft) {
+        write_file_atomic((partial / "adapter_config.json").string(), peft_config_json(o).dump(2) + "\n");
+        check_peft_folder(tree, L, partial.string(), o);
+      } else {
+        write_file_atomic((partial / "config.json").string(), model_config.dump(2) + "\n");
+        check_model_folder(o.format == ExportFormat::kBnb4 ? &tree : nullptr, L, partial.string(),
+                           o.format == ExportFormat::kBnb4);
+      }
+      std::error_code ec;
+      if (fs::exists(o.out_dir)) fs::remove(o.out_dir, ec);  // an empty directory (checked above)
+      fs::rename(partial, o.out_dir, ec);
+      if (ec) throw InputError("export: cannot move " + partial.string() + " to " + o.out_dir + ": " + ec.message());
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  if (root && failure) {
+    writer.reset();  // removes an unfinished temp file
+    std::error_code ec;
+    fs::remove_all(partial, ec);
+  }
+  err = broadcast_message(comm, stream, failure ? what_of(failure) : std::string());
+  if (root && failure) std::rethrow_exception(failure);
+  if (!err.empty()) throw Error("export failed on rank 0: " + err);
+  return rep;
+}
+
+}  // namespace qshard
