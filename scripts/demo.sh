@@ -3,7 +3,7 @@
 # shipped public-domain text (data/, Jane Austen's Persuasion vol. 1) on the CPU backend with
 # `mpirun -np 2`, loss falling, metrics in build/runs/tiny/metrics.jsonl; then the quantization
 # path: a random Llama folder quantized to the bitsandbytes 4-bit format transformers loads.
-# (Exporting the trained adapter comes with the checkpoint/export work, issue 6.)
+# The trained job exports the 4-bit base and the PEFT adapter; eval shows the adapter's effect.
 # QSHARD_DEMO_STEPS overrides the number of steps (default: configs/tiny.yaml's 200).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,8 +15,17 @@ mkdir -p build/data
 build/qshard tokenize data/*.txt --out build/data/tiny_train.tok
 steps=()
 [ -n "${QSHARD_DEMO_STEPS:-}" ] && steps=(--set "steps=${QSHARD_DEMO_STEPS}")
+rm -rf build/runs/tiny
 scripts/launch/single_node.sh 2 train --config configs/tiny.yaml "${steps[@]}"
 echo "demo: training metrics in build/runs/tiny/metrics.jsonl (python3 scripts/plot_metrics.py draws them)"
+# The exports: the bitsandbytes 4-bit base and the PEFT adapter, checked and evaluated.
+final=build/runs/tiny/ckpt/final
+build/qshard inspect --check --quiet "$final/base_bnb4"
+head -c 2000 data/persuasion_vol1.txt > build/data/eval_sample.txt
+build/qshard tokenize build/data/eval_sample.txt --out build/data/eval_sample.tok
+build/qshard eval --model "$final/base_bnb4" --data build/data/eval_sample.tok --seq-len 128
+build/qshard eval --model "$final/base_bnb4" --adapter "$final/adapter" --data build/data/eval_sample.tok --seq-len 128
+echo "demo: base model in $final/base_bnb4, adapter in $final/adapter (transformers + peft load them)"
 
 out=${QSHARD_DEMO_DIR:-build/demo}
 rm -rf "$out"

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 
+#include "checkpoint/export.h"
 #include "checkpoint/llama_tree.h"
 #include "checkpoint/safetensors_index.h"
 #include "checkpoint/sharded_tree.h"
@@ -252,7 +253,27 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
       logger->log(m);
     }
   }
-  (void)sharded;
+  // The trained job's exports (every rank takes part; rank 0 writes): the base model as the
+  // bitsandbytes 4-bit folder transformers loads, and the PEFT adapter, under checkpoint.dir.
+  if (!config.checkpoint.dir.empty()) {
+    const std::string base = config.checkpoint.dir + "/final/base_bnb4", adapter = config.checkpoint.dir + "/final/adapter";
+    ExportOptions eo;
+    eo.format = ExportFormat::kBnb4;
+    eo.out_dir = base;
+    export_model(*tree, mc, mgr, sharded, eo);
+    eo.format = ExportFormat::kPeft;
+    eo.out_dir = adapter;
+    eo.base_model_name_or_path = config.model.path.empty() ? base : config.model.path;
+    eo.r = config.lora.r;
+    eo.lora_alpha = config.lora.alpha;
+    eo.use_rslora = config.lora.rslora;
+    eo.lora_dropout = config.lora.dropout;
+    eo.target_modules = config.lora.target_modules;
+    export_model(*tree, mc, mgr, sharded, eo);
+    summary.exported_base = base;
+    summary.exported_adapter = adapter;
+    if (rank == 0) QS_LOG_INFO("exported the base model to {} and the LoRA adapter to {}", base, adapter);
+  }
   return summary;
 }
 

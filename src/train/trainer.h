@@ -12,12 +12,16 @@
 //            over all non-ignored target tokens of all ranks; global gradient-norm clipping
 //            across ranks; AdamW on this rank's f32 master shards; LR schedule;
 //   eval     mean loss over the eval split (every logging.eval_every_steps and at the end);
-//   metrics  rank 0: a progress line per logging step and JSONL (metrics.h).
+//   metrics  rank 0: a progress line per logging step and JSONL (metrics.h);
+//   export   with checkpoint.dir set, at the end: CKPT/final/base_bnb4 (the bitsandbytes 4-bit
+//            folder transformers loads) and CKPT/final/adapter (PEFT), streamed one unit at a
+//            time (checkpoint/export.h). Resumable checkpoints are not written yet.
 // Data-parallel equivalence: the per-rank normalizer is (global token count / world), so the
 // averaged gradient equals the gradient of the global mean loss at any world size.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -31,6 +35,7 @@ struct TrainSummary {
   std::vector<std::pair<int64_t, double>> eval_losses;     // (step, mean eval loss)
   int64_t steps = 0;
   uint64_t trainable_parameters = 0;
+  std::string exported_base, exported_adapter;  // set when checkpoint.dir is (CKPT/final/...)
 };
 
 TrainSummary train(const TrainConfig& config, Communicator& comm);
