@@ -27,32 +27,15 @@
 #include "checkpoint/llama_tree.h"
 #include "checkpoint/peft_adapter.h"
 #include "checkpoint/safetensors_index.h"
+#include "common/random_tree.h"
 #include "runtime/mpi_communicator.h"
 
 namespace qshard {
 namespace {
 namespace fs = std::filesystem;
 
-Tensor randn(const Shape& s, DType d, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.f, 0.05f);
-  std::vector<float> v(static_cast<size_t>(shape_numel(s)));
-  for (auto& x : v) x = n(rng);
-  return Tensor::from_f32(s, d, v);
-}
-
-void randomize(Module& m, uint32_t& seed) {
-  for (const auto& cs : m.slots()) {
-    auto& s = const_cast<Module::Slot&>(cs);
-    if (s.kind == Module::SlotKind::kParams4bit) {
-      const QuantState& st = s.params4bit->quant_state;
-      *s.params4bit = quantize_4bit(randn(st.shape, st.dtype, seed++), {st.quant_type, st.blocksize, st.nested()});
-    } else {
-      s.tensor.copy_from(randn(s.tensor.shape(), s.tensor.dtype(), seed++));
-    }
-  }
-  for (const auto& [n, c] : m.children()) randomize(*c, seed);
-}
+using testing_util::randn;
+using testing_util::randomize;
 
 // hidden 128 / intermediate 256: bitsandbytes' CPU forward needs rows that are multiples of 64.
 LlamaConfig tiny_config() {
