@@ -5,7 +5,10 @@
 //   init-model --out DIR [sizes]    a random tiny Llama as a Hugging Face folder
 //   inspect PATH [--check]          keys, dtypes, shapes, bytes and the node each key resolves to
 //   tokenize IN... --out FILE       text / jsonl -> token file with the byte-level tokenizer
-//   train --config FILE [--set k=v] the QLoRA training job (run under mpirun for several ranks)
+//   train --config FILE [--set k=v] [--resume auto|PATH]
+//                                   the QLoRA training job (run under mpirun for several ranks)
+//   export CKPT --format bnb4|peft|merged --out DIR
+//                                   a training checkpoint as a Hugging Face / PEFT folder
 //   eval --model DIR [--adapter DIR] --data FILE [--dump-logits FILE]   loss and perplexity
 // Exit codes: 0 success, 2 bad input (the message names the file, key or value), 1 other errors.
 #include <CLI/CLI.hpp>
@@ -20,6 +23,7 @@
 #include "runtime/world.h"
 #include "train/byte_tokenizer.h"
 #include "train/evaluate.h"
+#include "train/train_checkpoint.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 #include "runtime/error.h"
@@ -110,6 +114,19 @@ int run(int argc, char** argv) {
   trainc->add_option("--config", tr_config, "YAML job file")->required();
   trainc->add_option("--set", tr_set, "override a key: --set optimizer.lr=1e-4 (repeatable)");
   trainc->add_flag("--print-config", tr_print, "print the resolved config and exit");
+  std::string tr_resume;
+  trainc->add_option("--resume", tr_resume,
+                     "auto (the newest complete checkpoint in checkpoint.dir, if any) or a checkpoint folder; "
+                     "same as --set checkpoint.resume=...");
+
+  auto* exportc = app.add_subcommand("export", "export a training checkpoint (mpirun -np N works too)");
+  std::string ex_ckpt, ex_format = "bnb4", ex_out, ex_base;
+  double ex_shard_gb = 5.0;
+  exportc->add_option("CKPT", ex_ckpt, "a checkpoint folder (step-N) or a checkpoint.dir (its newest)")->required();
+  exportc->add_option("--format", ex_format, "bnb4 (4-bit base) | peft (adapter) | merged (bf16 with LoRA merged)");
+  exportc->add_option("--out", ex_out, "output folder (must not exist or be empty)")->required();
+  exportc->add_option("--max-shard-size", ex_shard_gb, "GB per safetensors file before splitting (bnb4, merged)");
+  exportc->add_option("--base-model", ex_base, "peft: base_model_name_or_path (default: the config's model.path)");
 
   auto* evalc = app.add_subcommand("eval", "loss and perplexity of a model folder (+ PEFT adapter) on token data");
   EvalOptions eo;
@@ -171,6 +188,7 @@ int run(int argc, char** argv) {
     }
     // Every rank loads and validates the config (a bad value is reported by every rank and ends
     // the job through run_job's abort path, never a hang).
+    if (!tr_resume.empty()) tr_set.push_back("checkpoint.resume=" + tr_resume);
     return run_job(argc, argv, [&](World& world) {
       const TrainConfig cfg = load_train_config(tr_config, tr_set);
       if (world.rank() == 0) std::printf("%s", cfg.describe().c_str());
@@ -180,6 +198,26 @@ int run(int argc, char** argv) {
         std::printf("trained %lld steps: loss %.4f -> %.4f%s\n", (long long)s.steps, s.losses.front(), s.losses.back(),
                     s.eval_losses.empty() ? "" : (", eval loss " + std::to_string(s.eval_losses.back().second)).c_str());
       std::fflush(stdout);  // MPI_Finalize may end the process before stdio's buffers are flushed
+      return 0;
+    });
+  }
+  if (exportc->parsed()) {
+    ExportOptions o;
+    if (ex_format == "bnb4") o.format = ExportFormat::kBnb4;
+    else if (ex_format == "peft") o.format = ExportFormat::kPeft;
+    else if (ex_format == "merged") o.format = ExportFormat::kMerged;
+    else throw InputError("--format '" + ex_format + "': expected bnb4, peft or merged");
+    if (!(ex_shard_gb > 0)) throw InputError("--max-shard-size " + std::to_string(ex_shard_gb) + ": expected > 0");
+    o.out_dir = ex_out;
+    o.max_shard_bytes = static_cast<uint64_t>(ex_shard_gb * 1e9);
+    o.base_model_name_or_path = ex_base;
+    return run_job(argc, argv, [&](World& world) {
+      MpiCommunicator comm(world.comm());
+      const ExportReport r = export_checkpoint(ex_ckpt, o, comm);
+      if (world.rank() == 0)
+        std::printf("exported %s as %s: %lld tensors, %.2f MB in %zu files -> %s\n", ex_ckpt.c_str(), ex_format.c_str(),
+                    (long long)r.tensors, r.bytes / 1e6, r.files.size(), ex_out.c_str());
+      std::fflush(stdout);
       return 0;
     });
   }

@@ -1,5 +1,7 @@
 #include "checkpoint/export.h"
 
+#include "runtime/collective_status.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -301,15 +303,6 @@ void check_peft_folder(const Module& tree, const Layout& L, const std::string& d
   }
 }
 
-// Broadcasts rank 0's message ("" = success) to every rank.
-std::string broadcast_message(Communicator& comm, void* stream, const std::string& msg) {
-  int64_t n = comm.rank() == 0 ? static_cast<int64_t>(msg.size()) : 0;
-  comm.broadcast(&n, &n, 1, DType::kI64, 0, stream);
-  std::string out = comm.rank() == 0 ? msg : std::string(static_cast<size_t>(n), '\0');
-  if (n > 0) comm.broadcast(out.data(), out.data(), static_cast<size_t>(n), DType::kU8, 0, stream);
-  return out;
-}
-
 std::string what_of(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
@@ -362,7 +355,7 @@ ExportReport export_model(Module& tree, const LlamaConfig& config, ShardedParame
       if (ec) err = "export: cannot create " + partial.string() + ": " + ec.message();
     }
   }
-  err = broadcast_message(comm, stream, err);
+  err = broadcast_string(comm, err, 0, stream);
   if (!err.empty()) throw InputError(err);
 
   // ---- stream the units: gather, copy to host and write on rank 0, release ----
@@ -436,7 +429,7 @@ ExportReport export_model(Module& tree, const LlamaConfig& config, ShardedParame
     std::error_code ec;
     fs::remove_all(partial, ec);
   }
-  err = broadcast_message(comm, stream, failure ? what_of(failure) : std::string());
+  err = broadcast_string(comm, failure ? what_of(failure) : std::string(), 0, stream);
   if (root && failure) std::rethrow_exception(failure);
   if (!err.empty()) throw Error("export failed on rank 0: " + err);
   return rep;

@@ -160,6 +160,8 @@ const std::vector<Field>& fields() {
       QS_FIELD("checkpoint.dir", checkpoint.dir),
       QS_FIELD("checkpoint.every_steps", checkpoint.every_steps),
       QS_FIELD("checkpoint.keep_last", checkpoint.keep_last),
+      QS_FIELD("checkpoint.resume", checkpoint.resume),
+      QS_FIELD("checkpoint.stop_after_steps", checkpoint.stop_after_steps),
       QS_FIELD("logging.every_steps", logging.every_steps),
       QS_FIELD("logging.metrics_jsonl", logging.metrics_jsonl),
       QS_FIELD("logging.eval_every_steps", logging.eval_every_steps),
@@ -255,6 +257,12 @@ std::vector<std::string> config_keys() {
   std::vector<std::string> keys;
   for (const auto& f : fields()) keys.push_back(f.key);
   return keys;
+}
+
+std::string config_value(const TrainConfig& config, const std::string& key) {
+  const Field* f = find_field(key);
+  QS_CHECK(f != nullptr, "unknown config key " + key);
+  return YAML::Dump(f->get(config));
 }
 
 void apply_override(TrainConfig& c, const std::string& assignment) {
@@ -379,6 +387,12 @@ void TrainConfig::validate(int world_size) const {
   // checkpoint, logging
   ck.require(checkpoint.every_steps >= 0, "checkpoint.every_steps", checkpoint.every_steps, ">= 0 (0 = at the end)");
   ck.require(checkpoint.keep_last >= 0, "checkpoint.keep_last", checkpoint.keep_last, ">= 0 (0 = keep all)");
+  ck.require(checkpoint.stop_after_steps >= 0, "checkpoint.stop_after_steps", checkpoint.stop_after_steps,
+             ">= 0 (0 = run to the end)");
+  ck.require(checkpoint.stop_after_steps == 0 || !checkpoint.dir.empty(), "checkpoint.stop_after_steps",
+             checkpoint.stop_after_steps, "0 when checkpoint.dir is empty (stopping early needs a checkpoint to resume)");
+  ck.require(checkpoint.resume != "auto" || !checkpoint.dir.empty(), "checkpoint.resume", checkpoint.resume,
+             "a checkpoint path when checkpoint.dir is empty ('auto' looks in checkpoint.dir)");
   ck.require(logging.every_steps > 0, "logging.every_steps", logging.every_steps, "> 0");
   ck.require(logging.eval_every_steps >= 0, "logging.eval_every_steps", logging.eval_every_steps, ">= 0");
 }

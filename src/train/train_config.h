@@ -100,10 +100,16 @@ struct OffloadConfig {
   bool params = false;  // frozen and trainable shards in pinned host memory
 };
 
+// Resumable checkpoints (checkpoint/sharded_checkpoint.h) go to dir/step-N, the end-of-job
+// exports to dir/final. `qshard train --resume X` sets `resume`.
 struct CheckpointConfig {
   std::string dir;          // empty: no checkpoints
-  int64_t every_steps = 0;  // 0: only at the end
-  int64_t keep_last = 2;    // 0: keep all
+  int64_t every_steps = 0;  // 0: only at the end (and at stop_after_steps)
+  int64_t keep_last = 2;    // complete checkpoints kept; 0: keep all
+  std::string resume;       // "": start fresh; "auto": the newest complete checkpoint in dir, if
+                            // any; else a checkpoint folder (or a dir holding step-N folders)
+  int64_t stop_after_steps = 0;  // > 0: save and stop once this many steps are done (the schedule
+                                 // still spans the whole run; resume later); 0: run to the end
 };
 
 struct LoggingConfig {
@@ -152,6 +158,8 @@ void apply_override(TrainConfig& config, const std::string& assignment);
 
 // Every leaf key ("model.init.vocab_size", ...) in declaration order.
 std::vector<std::string> config_keys();
+// The value of one leaf key as YAML text (as to_yaml writes it). REQUIRES: a key of config_keys().
+std::string config_value(const TrainConfig& config, const std::string& key);
 // Levenshtein edit distance (insert, delete, substitute; each costs 1).
 size_t edit_distance(const std::string& a, const std::string& b);
 

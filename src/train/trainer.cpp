@@ -6,10 +6,11 @@
 #include <cmath>
 #include <map>
 
+#include <filesystem>
+
 #include "checkpoint/export.h"
-#include "checkpoint/llama_tree.h"
-#include "checkpoint/safetensors_index.h"
-#include "checkpoint/sharded_tree.h"
+#include "checkpoint/sharded_checkpoint.h"
+#include "runtime/collective_status.h"
 #include "model/llama_layers.h"
 #include "model/llama_model.h"
 #include "runtime/log.h"
@@ -19,23 +20,26 @@
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/model_init.h"
+#include "train/qlora_model.h"
+#include "train/train_checkpoint.h"
 #include "train/token_file.h"
 
 namespace qshard {
 namespace {
 
-LlamaConfig init_config(const ModelInitConfig& m) {
-  nlohmann::json j = {{"model_type", "llama"},
-                      {"vocab_size", m.vocab_size},
-                      {"hidden_size", m.hidden_size},
-                      {"intermediate_size", m.intermediate_size},
-                      {"num_hidden_layers", m.num_hidden_layers},
-                      {"num_attention_heads", m.num_attention_heads},
-                      {"num_key_value_heads", m.num_key_value_heads},
-                      {"max_position_embeddings", m.max_position_embeddings},
-                      {"rms_norm_eps", 1e-5},
-                      {"tie_word_embeddings", false}};
-  return LlamaConfig::from_json(j, "model.init");
+// Fresh starts must not mix with an earlier run's files (nothing written is lost); rank 0.
+void check_checkpoint_dir(const TrainConfig& config, bool resuming) {
+  const std::string& dir = config.checkpoint.dir;
+  if (dir.empty() || resuming) return;
+  const auto found = list_checkpoints(dir);
+  if (!found.empty())
+    throw InputError("checkpoint.dir " + dir + " holds checkpoints of an earlier run (newest " + found.back().second +
+                     "): continue it with --resume auto (checkpoint.resume), or choose another checkpoint.dir");
+  std::error_code ec;
+  const std::string fin = dir + "/final";
+  if (std::filesystem::exists(fin, ec) && !std::filesystem::is_empty(fin, ec))
+    throw InputError("checkpoint.dir " + dir + " holds the exports of an earlier run (" + fin +
+                     "): choose another checkpoint.dir, or move it away");
 }
 
 int64_t layer_of(const std::string& fqn) {
@@ -64,29 +68,40 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
   if (config.device == Device::kCuda)
     throw InputError(config.source + ": device 'cuda': the training step runs on the CPU reference backend for now "
                      "(the CUDA kernels of the step are not built yet); use device: cpu");
-  const QuantizeOptions quant{config.model.quant_type, config.model.blocksize, config.model.double_quant};
 
-  // ---- model ----
-  LlamaConfig mc = config.model.path.empty() ? init_config(config.model.init) : LlamaConfig::load(config.model.path);
-  LlamaTreeOptions to;
-  to.dtype = DType::kF32;  // the CPU reference computes in f32
-  to.quant = quant;
-  to.lora.r = config.lora.r;
-  to.lora.targets = config.lora.target_modules;
-  std::unique_ptr<Module> tree = build_llama_tree(mc, to);
-  if (config.model.path.empty()) init_random_base(*tree, config.model.init.seed);
-  else load_base_weights(*tree, config.model.path, quant);
-  init_lora(*tree, config.seed);
-  uint64_t trainable = 0;
-  for (const auto& [k, t] : state_dict(*tree, {true, false, true})) trainable += t.numel();
+  // ---- resume or fresh start: rank 0 picks the checkpoint, every rank reads its metadata ----
+  std::optional<CheckpointInfo> resume;
+  {
+    std::string err, dir;
+    if (rank == 0) {
+      try {
+        if (auto r = resolve_resume(config)) dir = r->dir;
+        check_checkpoint_dir(config, !dir.empty());
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+    }
+    throw_if_any_failed(comm, err);
+    dir = broadcast_string(comm, dir, 0);
+    if (!dir.empty()) {
+      try {
+        resume = read_checkpoint_metadata(dir);
+        check_resume_config(config, checkpoint_train_config(*resume), resume->dir);
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+      throw_if_any_failed(comm, err);
+    }
+  }
 
-  // ---- sharding ----
-  ShardOptions so;
-  so.offload = config.offload.params;
-  ShardedParameterManager mgr(comm, so);
-  const ShardedTree sharded = shard_module_tree(*tree, mgr, "model.layers");
-  mgr.finalize();
-  const int root_unit = mgr.num_units() - 1;
+  // ---- model, sharded ----
+  std::unique_ptr<QloraModel> qm = build_qlora_model(config, comm);
+  const LlamaConfig& mc = qm->config;
+  Module* tree = qm->tree.get();
+  ShardedParameterManager& mgr = *qm->mgr;
+  const ShardedTree& sharded = qm->units;
+  const uint64_t trainable = qm->trainable_parameters;
+  const int root_unit = qm->root_unit();
 
   LlamaModelOptions mo;
   mo.lora_alpha = config.lora.alpha;
@@ -114,15 +129,13 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
   };
 
   // ---- optimizer state: this rank's shards ----
-  struct OptState {
-    std::vector<float> m, v;
-  };
-  std::vector<OptState> opt(mgr.num_units());
+  std::vector<Tensor> exp_avg, exp_avg_sq;  // AdamW m and v, f32 like the master shard
   for (int u = 0; u < mgr.num_units(); ++u) {
     const int64_t n = mgr.master_shard(u).numel();
-    opt[u].m.assign(static_cast<size_t>(n), 0.0f);
-    opt[u].v.assign(static_cast<size_t>(n), 0.0f);
+    exp_avg.push_back(Tensor::zeros({n}, DType::kF32));
+    exp_avg_sq.push_back(Tensor::zeros({n}, DType::kF32));
   }
+  const std::vector<UnitStateShard> state = state_shards(*qm, exp_avg, exp_avg_sq);
 
   // ---- data ----
   if (config.data.train.empty()) throw InputError(config.source + ": data.train (a token file) is required");
@@ -156,8 +169,30 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
                    config.schedule.min_lr_ratio};
   const int64_t micro_steps = G / (micro * world);
 
+  // ---- resume: sharded state (resharded to this world size), data position, history ----
+  TrainHistory history;
+  int64_t start_step = 0;
+  if (resume) {
+    load_sharded_checkpoint(comm, *resume, state);
+    std::string err;
+    try {
+      history = checkpoint_history(*resume);
+      loader.restore(resume->metadata.at("trainer").at("data"));
+    } catch (const std::exception& e) {
+      err = resume->dir + ": " + e.what();
+    }
+    throw_if_any_failed(comm, err);
+    start_step = resume->step;
+    if (rank == 0)
+      QS_LOG_INFO("resumed from {} (step {}, saved by {} ranks, now {} ranks)", resume->dir, start_step,
+                  resume->world_size, world);
+  }
+  const int64_t stop_step = config.checkpoint.stop_after_steps > 0
+                                ? std::min(max_steps, std::max(start_step, config.checkpoint.stop_after_steps))
+                                : max_steps;
+
   std::unique_ptr<MetricsLogger> logger;
-  if (rank == 0) logger = std::make_unique<MetricsLogger>(config.logging.metrics_jsonl, max_steps);
+  if (rank == 0) logger = std::make_unique<MetricsLogger>(config.logging.metrics_jsonl, max_steps, resume.has_value());
   if (rank == 0)
     QS_LOG_INFO("model: {} layers, hidden {}, vocab {}; {} trainable LoRA parameters; {} units over {} ranks; {} steps",
                 L, mc.hidden_size, mc.vocab_size, trainable, mgr.num_units(), world, max_steps);
@@ -190,7 +225,23 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
 
   TrainSummary summary;
   summary.trainable_parameters = trainable;
-  for (int64_t step = 0; step < max_steps; ++step) {
+  summary.losses = history.losses;
+  summary.eval_losses = history.eval_losses;
+  summary.steps = start_step;
+  summary.resumed_from = resume ? resume->dir : std::string();
+  auto save = [&](int64_t done) {
+    CheckpointSaveOptions so;
+    so.root = config.checkpoint.dir;
+    so.step = done;
+    so.keep_last = config.checkpoint.keep_last;
+    so.trainer = trainer_state_json(config, done, max_steps, loader, sched, {summary.losses, summary.eval_losses});
+    const auto t0 = std::chrono::steady_clock::now();
+    summary.last_checkpoint = save_sharded_checkpoint(comm, state, so);
+    if (rank == 0)
+      QS_LOG_INFO("saved checkpoint {} ({:.2f} s)", summary.last_checkpoint,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  };
+  for (int64_t step = start_step; step < stop_step; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<Batch> batches;
     double local_tokens = 0;
@@ -229,7 +280,8 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
     for (int u = 0; u < mgr.num_units(); ++u) {
       Tensor p = mgr.master_shard(u), g = mgr.grad_shard(u);
       if (p.numel() == 0) continue;
-      adamw_step_cpu(p.data<float>(), g.data<float>(), opt[u].m.data(), opt[u].v.data(), p.numel(), ap, step + 1);
+      adamw_step_cpu(p.data<float>(), g.data<float>(), exp_avg[u].data<float>(), exp_avg_sq[u].data<float>(), p.numel(),
+                     ap, step + 1);
     }
     summary.losses.push_back(loss);
     summary.steps = step + 1;
@@ -252,11 +304,28 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
       m.peak_mem_bytes = peak_rss_bytes();
       logger->log(m);
     }
+    const bool stopping = step + 1 == stop_step;
+    if (!config.checkpoint.dir.empty() &&
+        (stopping || (config.checkpoint.every_steps > 0 && (step + 1) % config.checkpoint.every_steps == 0)))
+      save(step + 1);
+  }
+  if (summary.steps < max_steps) {
+    if (rank == 0) QS_LOG_INFO("stopped after step {} of {} (checkpoint.stop_after_steps); resume with --resume auto",
+                               summary.steps, max_steps);
+    return summary;
   }
   // The trained job's exports (every rank takes part; rank 0 writes): the base model as the
   // bitsandbytes 4-bit folder transformers loads, and the PEFT adapter, under checkpoint.dir.
   if (!config.checkpoint.dir.empty()) {
-    const std::string base = config.checkpoint.dir + "/final/base_bnb4", adapter = config.checkpoint.dir + "/final/adapter";
+    // A resumed run whose earlier part already exported (a run extended by more steps) keeps
+    // that export and writes the new one next to it.
+    std::string fin = config.checkpoint.dir + "/final";
+    std::error_code ec;
+    if (std::filesystem::exists(fin, ec) && !std::filesystem::is_empty(fin, ec)) {
+      fin += "-step-" + std::to_string(max_steps);
+      if (rank == 0) QS_LOG_WARN("{}/final exists from an earlier part of this run; exporting to {}", config.checkpoint.dir, fin);
+    }
+    const std::string base = fin + "/base_bnb4", adapter = fin + "/adapter";
     ExportOptions eo;
     eo.format = ExportFormat::kBnb4;
     eo.out_dir = base;

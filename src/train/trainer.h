@@ -13,9 +13,17 @@
 //            across ranks; AdamW on this rank's f32 master shards; LR schedule;
 //   eval     mean loss over the eval split (every logging.eval_every_steps and at the end);
 //   metrics  rank 0: a progress line per logging step and JSONL (metrics.h);
+//   resume   with checkpoint.dir set: a sharded checkpoint CKPT/step-N every checkpoint.every_steps,
+//            at checkpoint.stop_after_steps and at the end (checkpoint/sharded_checkpoint.h,
+//            train/train_checkpoint.h), the newest checkpoint.keep_last kept; checkpoint.resume
+//            ("auto" or a path) continues from one, at any world size (resharded): the loss
+//            curve and the LoRA weights are those of an uninterrupted run (bitwise at the same
+//            world size); TrainSummary then holds the whole run's history. A fresh start into a
+//            checkpoint.dir that holds an earlier run's checkpoints or exports is refused.
 //   export   with checkpoint.dir set, at the end: CKPT/final/base_bnb4 (the bitsandbytes 4-bit
 //            folder transformers loads) and CKPT/final/adapter (PEFT), streamed one unit at a
-//            time (checkpoint/export.h). Resumable checkpoints are not written yet.
+//            time (checkpoint/export.h); CKPT/final-step-N when final/ exists from an earlier
+//            part of the run. A run stopped by stop_after_steps does not export.
 // Data-parallel equivalence: the per-rank normalizer is (global token count / world), so the
 // averaged gradient equals the gradient of the global mean loss at any world size.
 #pragma once
@@ -36,6 +44,8 @@ struct TrainSummary {
   int64_t steps = 0;
   uint64_t trainable_parameters = 0;
   std::string exported_base, exported_adapter;  // set when checkpoint.dir is (CKPT/final/...)
+  std::string resumed_from;     // the checkpoint folder this run resumed from, if any
+  std::string last_checkpoint;  // the newest checkpoint this run saved, if any
 };
 
 TrainSummary train(const TrainConfig& config, Communicator& comm);

@@ -1,0 +1,67 @@
+#include "train/qlora_model.h"
+
+#include "checkpoint/llama_tree.h"
+#include "train/model_init.h"
+
+namespace qshard {
+
+LlamaConfig job_llama_config(const ModelConfig& model) {
+  if (!model.path.empty()) return LlamaConfig::load(model.path);
+  const ModelInitConfig& m = model.init;
+  nlohmann::json j = {{"model_type", "llama"},
+                      {"vocab_size", m.vocab_size},
+                      {"hidden_size", m.hidden_size},
+                      {"intermediate_size", m.intermediate_size},
+                      {"num_hidden_layers", m.num_hidden_layers},
+                      {"num_attention_heads", m.num_attention_heads},
+                      {"num_key_value_heads", m.num_key_value_heads},
+                      {"max_position_embeddings", m.max_position_embeddings},
+                      {"rms_norm_eps", 1e-5},
+                      {"tie_word_embeddings", false}};
+  return LlamaConfig::from_json(j, "model.init");
+}
+
+std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Communicator& comm) {
+  auto m = std::make_unique<QloraModel>();
+  const QuantizeOptions quant{config.model.quant_type, config.model.blocksize, config.model.double_quant};
+  m->config = job_llama_config(config.model);
+  LlamaTreeOptions to;
+  to.dtype = DType::kF32;  // the CPU reference computes in f32
+  to.quant = quant;
+  to.lora.r = config.lora.r;
+  to.lora.targets = config.lora.target_modules;
+  m->tree = build_llama_tree(m->config, to);
+  if (config.model.path.empty()) init_random_base(*m->tree, config.model.init.seed);
+  else load_base_weights(*m->tree, config.model.path, quant);
+  init_lora(*m->tree, config.seed);
+  for (const auto& [k, t] : state_dict(*m->tree, {true, false, true})) m->trainable_parameters += t.numel();
+
+  ShardOptions so;
+  so.offload = config.offload.params;
+  m->mgr = std::make_unique<ShardedParameterManager>(comm, so);
+  m->units = shard_module_tree(*m->tree, *m->mgr, "model.layers");
+  m->mgr->finalize();
+  return m;
+}
+
+std::vector<UnitStateShard> state_shards(QloraModel& model, const std::vector<Tensor>& exp_avg,
+                                         const std::vector<Tensor>& exp_avg_sq) {
+  ShardedParameterManager& mgr = *model.mgr;
+  QS_CHECK(exp_avg.size() == exp_avg_sq.size() && (exp_avg.empty() || static_cast<int>(exp_avg.size()) == mgr.num_units()),
+           "optimizer state needs one tensor per unit");
+  std::vector<UnitStateShard> out;
+  for (int u = 0; u < mgr.num_units(); ++u) {
+    UnitStateShard s;
+    s.unit = mgr.unit_name(u);
+    s.layout = &mgr.layout(u, BufferKind::kTrainable);
+    s.slices.emplace_back("master", mgr.master_shard(u));
+    if (!exp_avg.empty()) {
+      s.slices.emplace_back("exp_avg", exp_avg[u]);
+      s.slices.emplace_back("exp_avg_sq", exp_avg_sq[u]);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace qshard

@@ -1,0 +1,45 @@
+// qlora_model.h: the sharded QLoRA model of a training job, built the same way by `qshard train`
+// and `qshard export` (so a checkpoint's trainable state fits the model rebuilt from its config).
+//
+// build_qlora_model(config, comm): the Llama config (model.path's config.json, or model.init's
+// sizes), the module tree (Linear4bit base weights: model.path's weights, quantized on load when
+// they are float, or a seeded random base; LoRA A/B in PEFT's init, seeded by name), sharded
+// through a ShardedParameterManager over `comm` (one unit per decoder layer + a root unit,
+// offload per config.offload.params), finalized. Identical on every rank and world size.
+// state_shards(): this rank's trainable state per unit for sharded_checkpoint.h: the master
+// shard ("master") and, when given, the optimizer's moments ("exp_avg", "exp_avg_sq").
+// Ownership: QloraModel owns the tree and the manager; the manager's hooks point into the tree.
+// Not movable once built (hooks hold references); held through unique_ptr.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "checkpoint/hf_config.h"
+#include "checkpoint/module_tree.h"
+#include "checkpoint/sharded_checkpoint.h"
+#include "checkpoint/sharded_tree.h"
+#include "shard/sharded_parameter_manager.h"
+#include "train/train_config.h"
+
+namespace qshard {
+
+struct QloraModel {
+  LlamaConfig config;
+  std::unique_ptr<Module> tree;
+  std::unique_ptr<ShardedParameterManager> mgr;
+  ShardedTree units;
+  uint64_t trainable_parameters = 0;
+  int root_unit() const { return mgr->num_units() - 1; }
+};
+
+// The Llama config a job trains: model.path's config.json, or one made from model.init.
+LlamaConfig job_llama_config(const ModelConfig& model);
+
+std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Communicator& comm);
+
+// REQUIRES: exp_avg / exp_avg_sq empty or one f32 tensor per unit of the master shard's size.
+std::vector<UnitStateShard> state_shards(QloraModel& model, const std::vector<Tensor>& exp_avg = {},
+                                         const std::vector<Tensor>& exp_avg_sq = {});
+
+}  // namespace qshard

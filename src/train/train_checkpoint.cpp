@@ -1,0 +1,164 @@
+#include "train/train_checkpoint.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include "runtime/log.h"
+#include "train/qlora_model.h"
+
+#ifndef QSHARD_VERSION
+#define QSHARD_VERSION "0.0.0"
+#endif
+
+namespace qshard {
+namespace fs = std::filesystem;
+namespace {
+
+std::string absolute_path(const std::string& p) {
+  if (p.empty()) return p;
+  std::error_code ec;
+  const fs::path a = fs::absolute(p, ec);
+  return ec ? p : a.lexically_normal().string();
+}
+
+std::string canonical_path(const std::string& p) {
+  if (p.empty()) return p;
+  std::error_code ec;
+  const fs::path c = fs::weakly_canonical(p, ec);
+  return ec ? absolute_path(p) : c.string();
+}
+
+nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+double number_or_nan(const nlohmann::json& v) { return v.is_number() ? v.get<double>() : NAN; }
+
+// Keys that fix the model, the adapter or the order of the data.
+const std::vector<std::string>& must_match_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const auto& key : config_keys())
+      if (key.rfind("model.", 0) == 0 || key.rfind("lora.", 0) == 0) k.push_back(key);
+    for (const char* key : {"seed", "data.max_seq_len", "data.seed", "data.eval_fraction", "batch.global_batch_size"})
+      k.emplace_back(key);
+    return k;
+  }();
+  return keys;
+}
+
+std::string trimmed(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+std::string checkpoint_config_yaml(const TrainConfig& config) {
+  TrainConfig c = config;
+  c.model.path = absolute_path(c.model.path);
+  c.data.train = absolute_path(c.data.train);
+  c.data.eval = absolute_path(c.data.eval);
+  c.checkpoint.resume.clear();
+  return c.to_yaml();
+}
+
+nlohmann::json trainer_state_json(const TrainConfig& config, int64_t step, int64_t max_steps, const DataLoader& loader,
+                                  const LrSchedule& schedule, const TrainHistory& history) {
+  nlohmann::json losses = nlohmann::json::array(), evals = nlohmann::json::array();
+  for (double l : history.losses) losses.push_back(finite_or_null(l));
+  for (const auto& [s, l] : history.eval_losses) evals.push_back({s, finite_or_null(l)});
+  return {{"qshard_version", QSHARD_VERSION},
+          {"config", checkpoint_config_yaml(config)},
+          {"max_steps", max_steps},
+          {"data", loader.state()},
+          {"scheduler",
+           {{"type", schedule_type_name(schedule.type)},
+            {"lr", schedule.lr},
+            {"warmup_steps", schedule.warmup_steps},
+            {"max_steps", schedule.max_steps},
+            {"min_lr_ratio", schedule.min_lr_ratio},
+            {"next_step", step}}},
+          {"optimizer",
+           {{"type", "adamw"},
+            {"step", step},
+            {"beta1", config.optimizer.beta1},
+            {"beta2", config.optimizer.beta2},
+            {"eps", config.optimizer.eps},
+            {"weight_decay", config.optimizer.weight_decay},
+            {"grad_clip", config.optimizer.grad_clip}}},
+          {"rng",
+           {{"kind", "counter"},
+            {"lora_init_seed", config.seed},
+            {"dropout_seed", config.seed},
+            {"data_seed", config.data.seed},
+            {"base_init_seed", config.model.init.seed},
+            {"next_step", step}}},
+          {"history", {{"loss", losses}, {"eval_loss", evals}}}};
+}
+
+TrainConfig checkpoint_train_config(const CheckpointInfo& info) {
+  const std::string label = (fs::path(info.dir) / "metadata.json").string() + " (trainer.config)";
+  const nlohmann::json& t = info.metadata.at("trainer");
+  if (!t.contains("config") || !t.at("config").is_string())
+    throw InputError(label + ": missing; not a checkpoint written by `qshard train`");
+  return parse_train_config(t.at("config").get<std::string>(), label);
+}
+
+TrainHistory checkpoint_history(const CheckpointInfo& info) {
+  const std::string label = (fs::path(info.dir) / "metadata.json").string();
+  TrainHistory h;
+  const nlohmann::json& t = info.metadata.at("trainer");
+  try {
+    for (const auto& v : t.at("history").at("loss")) h.losses.push_back(number_or_nan(v));
+    for (const auto& e : t.at("history").at("eval_loss"))
+      h.eval_losses.emplace_back(e.at(0).get<int64_t>(), number_or_nan(e.at(1)));
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(label + ": trainer.history is malformed: " + e.what());
+  }
+  if (static_cast<int64_t>(h.losses.size()) != info.step)
+    throw InputError(label + ": trainer.history.loss holds " + std::to_string(h.losses.size()) + " steps, the checkpoint " +
+                     std::to_string(info.step));
+  return h;
+}
+
+std::optional<CheckpointInfo> resolve_resume(const TrainConfig& config) {
+  const std::string& r = config.checkpoint.resume;
+  if (r.empty()) return std::nullopt;
+  if (r == "auto") {
+    if (list_checkpoints(config.checkpoint.dir).empty()) {
+      QS_LOG_INFO("resume auto: no complete checkpoint in {}; starting fresh", config.checkpoint.dir);
+      return std::nullopt;
+    }
+    return read_checkpoint_metadata(config.checkpoint.dir);
+  }
+  return read_checkpoint_metadata(r);
+}
+
+void check_resume_config(const TrainConfig& job, const TrainConfig& saved, const std::string& checkpoint_dir) {
+  for (const std::string& key : must_match_keys()) {
+    if (key.rfind("model.init.", 0) == 0 && !job.model.path.empty() && !saved.model.path.empty()) continue;
+    std::string a = trimmed(config_value(saved, key)), b = trimmed(config_value(job, key));
+    if (key == "model.path") a = canonical_path(saved.model.path), b = canonical_path(job.model.path);
+    if (a != b)
+      throw InputError("resume from " + checkpoint_dir + ": key '" + key + "' is " + (a.empty() ? "''" : a) +
+                       " in the checkpoint but " + (b.empty() ? "''" : b) + " in this job (" + job.source +
+                       "); it fixes the model, adapter or data order, so it must not change on resume");
+  }
+}
+
+ExportReport export_checkpoint(const std::string& checkpoint, ExportOptions options, Communicator& comm) {
+  const CheckpointInfo info = read_checkpoint_metadata(checkpoint);
+  const TrainConfig cfg = checkpoint_train_config(info);
+  if (comm.rank() == 0)
+    QS_LOG_INFO("export {} (step {}, saved by {} ranks) as {} to {}", info.dir, info.step, info.world_size,
+                export_format_name(options.format), options.out_dir);
+  std::unique_ptr<QloraModel> model = build_qlora_model(cfg, comm);
+  load_sharded_checkpoint(comm, info, state_shards(*model));
+  options.r = cfg.lora.r;
+  options.lora_alpha = cfg.lora.alpha;
+  options.use_rslora = cfg.lora.rslora;
+  options.lora_dropout = cfg.lora.dropout;
+  options.target_modules = cfg.lora.target_modules;
+  if (options.base_model_name_or_path.empty()) options.base_model_name_or_path = cfg.model.path;
+  return export_model(*model->tree, model->config, *model->mgr, model->units, options);
+}
+
+}  // namespace qshard
