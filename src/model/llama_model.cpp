@@ -123,7 +123,7 @@ LlamaModel::LayerWeights LlamaModel::load_layer(int64_t layer) {
       pr.p.lora_A = sa.tensor.data<float>();
       pr.p.lora_B = sb.tensor.data<float>();
       pr.p.scaling = lora_scaling(options_.lora_alpha, r, options_.use_rslora);
-      pr.p.dropout = DropoutKey{options_.lora_dropout, options_.dropout_seed, step_,
+      pr.p.dropout = DropoutKey{training_ ? options_.lora_dropout : 0.0f, options_.dropout_seed, step_,
                                 static_cast<uint64_t>(layer) * kProjections.size() + i, row_offset_};
     }
   }

@@ -71,6 +71,10 @@ class LlamaModel {
   // Dropout keys of the next calls: the optimizer step, and the global row index of local row 0
   // (global index of this rank's first sample * T), so masks do not depend on the world size.
   void set_dropout_context(uint64_t step, int64_t row_offset) { step_ = step; row_offset_ = row_offset; }
+  // Training mode (default) applies LoRA dropout; eval mode (false) does not, like PyTorch's
+  // model.eval(), so eval losses do not depend on the step or on how sequences map to ranks.
+  void set_training(bool training) { training_ = training; }
+  bool training() const { return training_; }
 
   // ids: [B*T] -> logits [B,T,V].
   std::vector<float> forward(std::span<const int64_t> ids, int64_t B, int64_t T);
@@ -110,6 +114,7 @@ class LlamaModel {
   std::vector<float> inv_freq_;
   uint64_t step_ = 0;
   int64_t row_offset_ = 0;
+  bool training_ = true;
   std::array<std::vector<float>, 7> weight_scratch_;  // dequantized projections of the current layer
 };
 

@@ -3,7 +3,10 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <map>
 
 #include <filesystem>
@@ -30,12 +33,24 @@ namespace {
 // Fresh starts must not mix with an earlier run's files (nothing written is lost); rank 0.
 void check_checkpoint_dir(const TrainConfig& config, bool resuming) {
   const std::string& dir = config.checkpoint.dir;
-  if (dir.empty() || resuming) return;
+  if (dir.empty()) return;
+  // Found now, not at the first save: the folder can be created and written.
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw InputError("checkpoint.dir " + dir + ": cannot create it: " + ec.message());
+  const std::string probe = dir + "/.qshard-write-test";
+  {
+    std::FILE* f = std::fopen(probe.c_str(), "wb");
+    const bool ok = f && std::fputs("ok", f) >= 0;
+    if (f) std::fclose(f);
+    std::filesystem::remove(probe, ec);
+    if (!ok) throw InputError("checkpoint.dir " + dir + ": cannot write there: " + std::strerror(errno));
+  }
+  if (resuming) return;
   const auto found = list_checkpoints(dir);
   if (!found.empty())
     throw InputError("checkpoint.dir " + dir + " holds checkpoints of an earlier run (newest " + found.back().second +
                      "): continue it with --resume auto (checkpoint.resume), or choose another checkpoint.dir");
-  std::error_code ec;
   const std::string fin = dir + "/final";
   if (std::filesystem::exists(fin, ec) && !std::filesystem::is_empty(fin, ec))
     throw InputError("checkpoint.dir " + dir + " holds the exports of an earlier run (" + fin +
@@ -203,6 +218,7 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
     // Every forward gathers units (collectives), so every rank runs the same number of them:
     // ranks with a shorter slice repeat a sequence and do not count it.
     const int64_t rounds = (eval_data->num_sequences() + world - 1) / world;
+    model.set_training(false);  // no LoRA dropout in eval
     double loss_sum = 0, tokens = 0;
     std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T));
     std::vector<float> dlogits(static_cast<size_t>(T * mc.vocab_size));
@@ -219,6 +235,7 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
                                                             mc.vocab_size, 1.0));
       tokens += static_cast<double>(n);
     }
+    model.set_training(true);
     const double total_loss = all_reduce_sum(comm, loss_sum), total_tokens = all_reduce_sum(comm, tokens);
     return total_tokens > 0 ? total_loss / total_tokens : NAN;
   };

@@ -17,6 +17,7 @@
 #include "runtime/world.h"
 #include "train/token_file.h"
 #include "train/trainer.h"
+#include "train/trainer_fixture.h"
 
 namespace qshard {
 namespace {
@@ -28,50 +29,6 @@ namespace fs = std::filesystem;
 // relative (measured), far below a real error (a missing or double-counted rank moves the loss
 // by more than 1e-2).
 constexpr double kLossRelTol = 1e-4;
-
-std::string tmp_path(const std::string& name) {
-  // One path for all ranks (rank 0 writes it, the others wait at a barrier).
-  return (fs::temp_directory_path() / ("qshard_trainer_test_" + name)).string();
-}
-
-std::string make_token_file(const std::string& name, uint32_t vocab, int64_t n, uint32_t max_token) {
-  const std::string path = tmp_path(name);
-  if (World::get().rank() == 0) {
-    // A learnable stream: a repeating pattern with a little noise.
-    std::mt19937 rng(7);
-    std::vector<uint32_t> t(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) t[i] = static_cast<uint32_t>((i * 7 + (i / 5) % 3) % 50 + (rng() % 4 == 0 ? 60 : 0));
-    if (max_token) t[n / 2] = max_token;
-    write_token_file(path, vocab, t);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return path;
-}
-
-TrainConfig small_config(const std::string& data) {
-  TrainConfig c;
-  c.model.init.vocab_size = 128;
-  c.model.init.hidden_size = 64;
-  c.model.init.intermediate_size = 128;
-  c.model.init.num_hidden_layers = 2;
-  c.model.init.num_attention_heads = 4;
-  c.model.init.num_key_value_heads = 2;
-  c.model.init.max_position_embeddings = 64;
-  c.lora.r = 8;
-  c.lora.alpha = 16;
-  c.optimizer.lr = 2e-2;
-  c.schedule.warmup_steps = 2;
-  c.data.train = data;
-  c.data.max_seq_len = 32;
-  c.batch.global_batch_size = 12;
-  c.batch.micro_batch_size = 1;
-  c.steps = 20;
-  c.data.eval_fraction = 0.1;
-  c.logging.eval_every_steps = 10;
-  c.logging.every_steps = 1000;
-  c.checkpoint.dir = "";
-  return c;
-}
 
 TEST(Trainer, DataParallelEquivalenceAndOffload) {
   const std::string data = make_token_file("dp.tok", 128, 20000, 0);
