@@ -554,17 +554,17 @@ int main(int argc, char** argv) {
   double max_shard_gb = 5.0;
   bool keep = false, no_warmup = false;
   app.add_option("--shape", shape, "8b (Llama-3-8B) | tiny (2 layers, hidden 512)");
-  app.add_option("--layers", layers, "override the number of decoder layers")->check(CLI::PositiveNumber);
+  app.add_option("--layers", layers, "override the number of decoder layers")->check(CLI::Range(1, 1000));
   app.add_option("--formats", formats_arg, "comma-separated, run in this order: bnb4,peft,merged");
   app.add_option("--out", out, "work folder (must not exist or be empty; removed at the end unless kept)");
   auto* keep_opt = app.add_flag("--keep", keep, "keep the work folder and every output folder");
   app.add_option("--keep-only", keep_only_arg, "keep only these formats' folders (comma-separated)")->excludes(keep_opt);
   app.add_option("--json", json_path, "write the results as JSON to this file");
-  app.add_option("--lora-r", lora_r, "LoRA rank on all seven projections")->check(CLI::PositiveNumber);
+  app.add_option("--lora-r", lora_r, "LoRA rank on all seven projections")->check(CLI::Range(1, 4096));
   app.add_option("--threads", threads, "threads that fill the random model (the export runs on one)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1024));
   app.add_option("--max-shard-gb", max_shard_gb, "split bnb4 / merged files past this size (GB)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(0.001, 1e6));
   app.add_flag("--no-warmup", no_warmup, "do not gather every unit once before the first export");
   CLI11_PARSE(app, argc, argv);
 

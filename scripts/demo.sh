@@ -3,7 +3,9 @@
 # shipped public-domain text (data/, Jane Austen's Persuasion vol. 1) on the CPU backend with
 # `mpirun -np 2`, loss falling, metrics in build/runs/tiny/metrics.jsonl; then the quantization
 # path: a random Llama folder quantized to the bitsandbytes 4-bit format transformers loads.
-# The trained job exports the 4-bit base and the PEFT adapter; eval shows the adapter's effect.
+# The trained job exports the 4-bit base and the PEFT adapter; eval shows the adapter's effect;
+# `qshard export` turns the newest resumable checkpoint (build/runs/tiny/ckpt/step-N) into merged
+# bf16 weights. `--resume auto` continues a stopped run.
 # QSHARD_DEMO_STEPS overrides the number of steps (default: configs/tiny.yaml's 200).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +28,11 @@ build/qshard tokenize build/data/eval_sample.txt --out build/data/eval_sample.to
 build/qshard eval --model "$final/base_bnb4" --data build/data/eval_sample.tok --seq-len 128
 build/qshard eval --model "$final/base_bnb4" --adapter "$final/adapter" --data build/data/eval_sample.tok --seq-len 128
 echo "demo: base model in $final/base_bnb4, adapter in $final/adapter (transformers + peft load them)"
+# The newest resumable checkpoint as merged bf16 weights (plain transformers loads them).
+rm -rf build/runs/tiny/merged
+scripts/launch/single_node.sh 2 export build/runs/tiny/ckpt --format merged --out build/runs/tiny/merged
+build/qshard inspect --check --quiet build/runs/tiny/merged
+build/qshard eval --model build/runs/tiny/merged --data build/data/eval_sample.tok --seq-len 128
 
 out=${QSHARD_DEMO_DIR:-build/demo}
 rm -rf "$out"
