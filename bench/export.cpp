@@ -106,6 +106,10 @@ ProcMemory read_proc_memory() {
   return m;
 }
 
+nlohmann::json memory_json(const ProcMemory& m) {
+  return {{"rss", m.rss}, {"hwm", m.hwm}, {"anon", m.anon}, {"file", m.file}, {"shmem", m.shmem}};
+}
+
 // Resets VmHWM to the current VmRSS (Linux >= 4.0). False when the file is not writable.
 bool reset_peak_rss() {
   std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
@@ -355,10 +359,78 @@ uint64_t bytes_on_disk(const std::string& dir) {
 
 double gb(double bytes) { return bytes / 1e9; }
 
-// ---- one measured export ----------------------------------------------------------------------
+// ---- the run --------------------------------------------------------------------------------
+
+// The resolved flags (see the usage line).
+struct BenchOptions {
+  std::string shape = "8b";
+  int64_t layers = 0;  // 0: the shape's own
+  std::vector<ExportFormat> formats = {ExportFormat::kBnb4, ExportFormat::kPeft, ExportFormat::kMerged};
+  std::string out = (fs::temp_directory_path() / "qshard_bench_export").string();
+  bool keep = false;
+  std::vector<ExportFormat> keep_only;
+  std::string json_path;
+  int64_t lora_r = 16;
+  double lora_alpha = 16;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  double max_shard_gb = 5.0;
+  bool warmup = true;
+  std::string command;  // argv, for the record
+
+  bool kept(ExportFormat f) const { return keep || std::find(keep_only.begin(), keep_only.end(), f) != keep_only.end(); }
+};
+
+// The sharded model and what building it cost (rank-local; the figures are rank 0's).
+struct Model {
+  LlamaConfig config;
+  std::unique_ptr<Module> tree;
+  std::unique_ptr<ShardedParameterManager> mgr;
+  ShardedTree units;
+  ShardOptions shard_options;
+  uint64_t state_dict_bytes = 0;  // every tensor of the tree's state dict, LoRA included
+  double tree_s = 0, fill_s = 0, shard_s = 0, warmup_s = 0;
+  ProcMemory before_warmup, after_warmup;
+};
+
+// build_llama_tree + random values + shard_module_tree + finalize (+ the warm-up pass).
+std::unique_ptr<Model> build_model(const BenchOptions& b, Communicator& comm) {
+  auto m = std::make_unique<Model>();
+  m->config = make_config(b.shape, b.layers);
+  double t = now_s();
+  LlamaTreeOptions to;
+  to.dtype = DType::kBF16;
+  to.quant = QuantizeOptions{QuantType::kNf4, 64, true};
+  to.lora.r = b.lora_r;
+  m->tree = build_llama_tree(m->config, to);
+  m->tree_s = now_s() - t;
+  t = now_s();
+  randomize(*m->tree, "", 1234, b.threads);
+  m->fill_s = now_s() - t;
+  for (const auto& [k, v] : state_dict(*m->tree)) m->state_dict_bytes += v.nbytes();
+  t = now_s();
+  m->shard_options.offload = true;
+  m->shard_options.compute_device = Device::kCpu;
+  m->mgr = std::make_unique<ShardedParameterManager>(comm, m->shard_options);
+  m->units = shard_module_tree(*m->tree, *m->mgr, "model.layers");
+  m->mgr->finalize();
+  m->shard_s = now_s() - t;
+  m->before_warmup = m->after_warmup = read_proc_memory();
+  if (b.warmup) {
+    t = now_s();
+    for (int u = 0; u < m->mgr->num_units(); ++u) {
+      m->mgr->gather(u);
+      m->mgr->release(u);
+    }
+    m->mgr->compute_stream().synchronize();
+    m->warmup_s = now_s() - t;
+    trim_heap();
+    m->after_warmup = read_proc_memory();
+  }
+  return m;
+}
 
 struct FormatResult {
-  std::string format;
+  ExportFormat format = ExportFormat::kBnb4;
   double seconds = 0;
   ExportReport report;
   uint64_t disk_bytes = 0;
@@ -366,179 +438,161 @@ struct FormatResult {
   bool hwm_reset = false;             // clear_refs worked: after.hwm is this export's peak
   int64_t rusage_before = 0, rusage_after = 0;
   int64_t peak() const { return hwm_reset && after.hwm >= 0 ? after.hwm : sampled.rss; }
+  int64_t rise() const { return peak() - before.rss; }
 };
 
-nlohmann::json memory_json(const ProcMemory& m) {
-  return {{"rss", m.rss}, {"hwm", m.hwm}, {"anon", m.anon}, {"file", m.file}, {"shmem", m.shmem}};
-}
-
-int run(World& world, const std::string& shape_name, int64_t layers, const std::vector<ExportFormat>& formats,
-        const std::string& out, bool keep, const std::vector<ExportFormat>& keep_only, const std::string& json_path,
-        int64_t lora_r, int threads, double max_shard_gb, bool warmup, const std::string& command) {
-  const bool root = world.rank() == 0;
-  MpiCommunicator comm(world.comm());
-  const LlamaConfig config = make_config(shape_name, layers);
+// One export_model() call on every rank; rank 0 measures it and deletes the folder unless kept.
+FormatResult measure_export(const BenchOptions& b, Model& m, Communicator& comm, ExportFormat f) {
+  const bool root = comm.rank() == 0;
+  FormatResult r;
+  r.format = f;
+  ExportOptions o;
+  o.out_dir = (fs::path(b.out) / export_format_name(f)).string();
+  o.format = f;
+  o.r = b.lora_r;
+  o.lora_alpha = b.lora_alpha;
+  o.max_shard_bytes = static_cast<uint64_t>(b.max_shard_gb * 1e9);
+  o.base_model_name_or_path = "qshard/bench-export-" + b.shape;
+  std::unique_ptr<RssSampler> sampler;
   if (root) {
-    if (fs::exists(out) && !(fs::is_directory(out) && fs::is_empty(out)))
-      throw InputError("--out " + out + ": exists and is not an empty folder (the bench removes its work folder; "
-                       "choose a new one)");
-    fs::create_directories(out);
+    trim_heap();
+    r.hwm_reset = reset_peak_rss();
+    r.before = read_proc_memory();
+    r.rusage_before = rusage_max_rss();
+    sampler = std::make_unique<RssSampler>(std::chrono::milliseconds(2));
   }
   comm.barrier();
-
-  // ---- build: tree, random values, sharding (not part of the export) ----
-  const double t_build = now_s();
-  LlamaTreeOptions to;
-  to.dtype = DType::kBF16;
-  to.quant = QuantizeOptions{QuantType::kNf4, 64, true};
-  to.lora.r = lora_r;
-  std::unique_ptr<Module> tree = build_llama_tree(config, to);
-  const double t_fill = now_s();
-  randomize(*tree, "", 1234, threads);
-  uint64_t model_bytes = 0;  // every tensor of the state dict, LoRA included
-  for (const auto& [k, t] : state_dict(*tree)) model_bytes += t.nbytes();
-  const double t_shard = now_s();
-  ShardOptions so;
-  so.offload = true;
-  so.compute_device = Device::kCpu;
-  ShardedParameterManager mgr(comm, so);
-  const ShardedTree units = shard_module_tree(*tree, mgr, "model.layers");
-  mgr.finalize();
-  const double t_built = now_s();
-  const ShardMemoryStats ms = mgr.memory();
-
-  ProcMemory warm_before = read_proc_memory(), warm_after = warm_before;
-  double warm_s = 0;
-  if (warmup) {
-    const double t = now_s();
-    for (int u = 0; u < mgr.num_units(); ++u) {
-      mgr.gather(u);
-      mgr.release(u);
-    }
-    mgr.compute_stream().synchronize();
-    warm_s = now_s() - t;
-    trim_heap();
-    warm_after = read_proc_memory();
-  }
-
+  const double t0 = now_s();
+  r.report = export_model(*m.tree, m.config, *m.mgr, m.units, o);
+  r.seconds = now_s() - t0;
   if (root) {
-    std::printf("bench_export: shape %s (%lld layers, vocab %lld, hidden %lld, intermediate %lld), NF4 bs64 double quant, "
-                "bf16 floats, LoRA r=%lld on 7 projections; world size %d\n",
-                shape_name.c_str(), (long long)config.num_hidden_layers, (long long)config.vocab_size,
-                (long long)config.hidden_size, (long long)config.intermediate_size, (long long)lora_r, comm.size());
-    std::printf("build: %.2f s (tree %.2f, random fill %.2f on %d threads, shard+finalize %.2f); model %.3f GB\n",
-                t_built - t_build, t_fill - t_build, t_shard - t_fill, threads, t_built - t_shard, gb(model_bytes));
-    std::printf("manager (rank 0): shards %.3f GB, gathered slots %.3f GB, largest unit %.3f GB\n", gb(ms.shard_bytes),
-                gb(ms.slot_bytes), gb(ms.unit_bytes_max));
-    if (warmup)
-      std::printf("warm-up gather+release of %d units: %.2f s, RSS %.3f -> %.3f GB\n", mgr.num_units(), warm_s,
-                  gb(warm_before.rss), gb(warm_after.rss));
+    r.sampled = sampler->stop();
+    r.after = read_proc_memory();
+    r.rusage_after = rusage_max_rss();
+    r.disk_bytes = bytes_on_disk(o.out_dir);
+    if (!b.kept(f)) fs::remove_all(o.out_dir);
+    std::printf("%-6s %7.2f s  %.3f GB written (%.3f GB on disk, %zu files%s)\n", export_format_name(f), r.seconds,
+                gb(r.report.bytes), gb(r.disk_bytes), r.report.files.size(), b.kept(f) ? ", kept" : "");
     std::fflush(stdout);
   }
+  comm.barrier();
+  return r;
+}
 
-  // ---- the exports, one at a time ----
-  std::vector<FormatResult> results;
-  for (const ExportFormat f : formats) {
-    FormatResult r;
-    r.format = export_format_name(f);
-    ExportOptions o;
-    o.out_dir = (fs::path(out) / r.format).string();
-    o.format = f;
-    o.r = lora_r;
-    o.lora_alpha = 16;
-    o.max_shard_bytes = static_cast<uint64_t>(max_shard_gb * 1e9);
-    o.base_model_name_or_path = "qshard/bench-export-" + shape_name;
-    std::unique_ptr<RssSampler> sampler;
-    if (root) {
-      trim_heap();
-      r.hwm_reset = reset_peak_rss();
-      r.before = read_proc_memory();
-      r.rusage_before = rusage_max_rss();
-      sampler = std::make_unique<RssSampler>(std::chrono::milliseconds(2));
-    }
-    comm.barrier();
-    const double t0 = now_s();
-    r.report = export_model(*tree, config, mgr, units, o);
-    r.seconds = now_s() - t0;
-    if (root) {
-      r.sampled = sampler->stop();
-      r.after = read_proc_memory();
-      r.rusage_after = rusage_max_rss();
-      r.disk_bytes = bytes_on_disk(o.out_dir);
-      const bool kept = keep || std::find(keep_only.begin(), keep_only.end(), f) != keep_only.end();
-      if (!kept) fs::remove_all(o.out_dir);
-      std::printf("%-6s %7.2f s  %.3f GB written (%.3f GB on disk, %zu files%s)\n", r.format.c_str(), r.seconds,
-                  gb(r.report.bytes), gb(r.disk_bytes), r.report.files.size(), kept ? ", kept" : "");
-      std::fflush(stdout);
-    }
-    comm.barrier();
-    results.push_back(std::move(r));
-  }
-  if (!root) return 0;
+std::string peak_method(const std::vector<FormatResult>& results) {
+  const bool hwm = std::all_of(results.begin(), results.end(), [](const FormatResult& r) { return r.hwm_reset; });
+  return hwm ? "VmHWM of /proc/self/status after writing 5 to /proc/self/clear_refs"
+             : "largest VmRSS polled every 2 ms (/proc/self/clear_refs not writable; rusage_max_rss is the "
+               "process' lifetime peak)";
+}
 
-  // ---- report ----
-  const bool hwm_ok = std::all_of(results.begin(), results.end(), [](const FormatResult& r) { return r.hwm_reset; });
-  const std::string method = hwm_ok ? "VmHWM of /proc/self/status after writing 5 to /proc/self/clear_refs"
-                                    : "largest VmRSS polled every 2 ms (/proc/self/clear_refs not writable; "
-                                      "rusage_max_rss is the process' lifetime peak)";
-  std::printf("\nrank-0 host memory (GB); peak = %s\n", method.c_str());
+void print_results(const Model& m, const std::vector<FormatResult>& results) {
+  const double unit = static_cast<double>(m.mgr->memory().unit_bytes_max);
+  std::printf("\nrank-0 host memory (GB); peak = %s\n", peak_method(results).c_str());
   std::printf("%-6s %8s %7s %7s %10s %9s %9s %10s %10s %11s %9s %9s\n", "format", "time s", "GB out", "GB/s",
               "peak unit", "RSS base", "RSS peak", "peak-base", "anon +max", "file +max", "/ unit", "/ out");
   for (const FormatResult& r : results) {
-    const double rise = static_cast<double>(r.peak() - r.before.rss);
-    std::printf("%-6s %8.2f %7.3f %7.3f %10.3f %9.3f %9.3f %10.3f %10.3f %11.3f %9.2f %9.3f\n", r.format.c_str(),
-                r.seconds, gb(r.report.bytes), gb(r.report.bytes) / r.seconds, gb(r.report.peak_unit_bytes),
-                gb(r.before.rss), gb(r.peak()), gb(rise), gb(r.sampled.anon - r.before.anon),
-                gb(r.sampled.file - r.before.file), rise / ms.unit_bytes_max, rise / r.report.bytes);
+    const double rise = static_cast<double>(r.rise());
+    std::printf("%-6s %8.2f %7.3f %7.3f %10.3f %9.3f %9.3f %10.3f %10.3f %11.3f %9.2f %9.3f\n",
+                export_format_name(r.format), r.seconds, gb(r.report.bytes), gb(r.report.bytes) / r.seconds,
+                gb(r.report.peak_unit_bytes), gb(r.before.rss), gb(r.peak()), gb(rise),
+                gb(r.sampled.anon - r.before.anon), gb(r.sampled.file - r.before.file), rise / unit,
+                rise / r.report.bytes);
   }
-  std::printf("(anon/file +max: largest RssAnon / RssFile polled minus the baseline's; / unit: peak-base over the largest "
-              "unit %.3f GB; / out: over the format's exported bytes)\n", gb(ms.unit_bytes_max));
+  std::printf("(peak unit: ExportReport::peak_unit_bytes; anon/file +max: largest RssAnon / RssFile polled minus the "
+              "baseline's; / unit: peak-base over the largest unit, %.3f GB; / out: over the format's exported bytes)\n",
+              gb(unit));
+}
 
-  if (!json_path.empty()) {
-    nlohmann::json j;
-    j["bench"] = "export";
-    j["date"] = utc_now();
-    j["hostname"] = host_name();
-    j["cpu_model"] = cpu_model();
-    j["cpu_threads"] = std::thread::hardware_concurrency();
-    j["mem_total_bytes"] = mem_total_bytes();
-    j["command"] = command;
-    j["world_size"] = comm.size();
-    j["shape"] = {{"name", shape_name}, {"vocab_size", config.vocab_size}, {"hidden_size", config.hidden_size},
-                  {"intermediate_size", config.intermediate_size}, {"num_hidden_layers", config.num_hidden_layers},
-                  {"num_attention_heads", config.num_attention_heads},
-                  {"num_key_value_heads", config.num_key_value_heads},
-                  {"max_position_embeddings", config.max_position_embeddings}, {"rope_theta", config.rope_theta},
-                  {"tie_word_embeddings", config.tie_word_embeddings}};
-    j["model"] = {{"float_dtype", "bfloat16"}, {"quant_type", "nf4"}, {"blocksize", 64}, {"double_quant", true},
-                  {"lora_r", lora_r}, {"lora_alpha", 16}, {"state_dict_bytes", model_bytes}};
-    j["shard_options"] = {{"offload", so.offload}, {"compute_device", "cpu"}, {"gathered_slots", so.gathered_slots}};
-    j["build"] = {{"seconds", t_built - t_build}, {"tree_s", t_fill - t_build}, {"fill_s", t_shard - t_fill},
-                  {"shard_s", t_built - t_shard}, {"fill_threads", threads}};
-    j["manager_memory"] = {{"shard_bytes", ms.shard_bytes}, {"slot_bytes", ms.slot_bytes},
-                           {"unit_bytes_max", ms.unit_bytes_max}};
-    j["warmup"] = {{"done", warmup}, {"seconds", warm_s}, {"before", memory_json(warm_before)}, {"after", memory_json(warm_after)}};
-    j["peak_method"] = method;
-    j["max_shard_bytes"] = static_cast<uint64_t>(max_shard_gb * 1e9);
-    for (const FormatResult& r : results) {
-      const int64_t rise = r.peak() - r.before.rss;
-      j["formats"].push_back(
-          {{"format", r.format}, {"seconds", r.seconds}, {"bytes", r.report.bytes}, {"tensors", r.report.tensors},
-           {"files", r.report.files}, {"disk_bytes", r.disk_bytes}, {"gb_per_s", gb(r.report.bytes) / r.seconds},
-           {"peak_unit_bytes", r.report.peak_unit_bytes}, {"hwm_reset", r.hwm_reset}, {"baseline", memory_json(r.before)},
-           {"after", memory_json(r.after)}, {"sampled_max", memory_json(r.sampled)}, {"peak_rss", r.peak()},
-           {"peak_minus_baseline", rise}, {"anon_peak_minus_baseline", r.sampled.anon - r.before.anon},
-           {"file_peak_minus_baseline", r.sampled.file - r.before.file},
-           {"rusage_max_rss_before", r.rusage_before}, {"rusage_max_rss_after", r.rusage_after},
-           {"peak_minus_baseline_over_unit_bytes_max", static_cast<double>(rise) / ms.unit_bytes_max},
-           {"peak_minus_baseline_over_bytes", static_cast<double>(rise) / r.report.bytes}});
-    }
-    std::ofstream f(json_path);
-    f << j.dump(2) << "\n";
-    if (!f) throw InputError("--json " + json_path + ": cannot write");
-    std::printf("wrote %s\n", json_path.c_str());
+nlohmann::json results_json(const BenchOptions& b, const Model& m, int world_size,
+                            const std::vector<FormatResult>& results) {
+  const LlamaConfig& c = m.config;
+  const ShardMemoryStats ms = m.mgr->memory();
+  nlohmann::json j;
+  j["bench"] = "export";
+  j["date"] = utc_now();
+  j["hostname"] = host_name();
+  j["cpu_model"] = cpu_model();
+  j["cpu_threads"] = std::thread::hardware_concurrency();
+  j["mem_total_bytes"] = mem_total_bytes();
+  j["command"] = b.command;
+  j["world_size"] = world_size;
+  j["shape"] = {{"name", b.shape}, {"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+                {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.num_hidden_layers},
+                {"num_attention_heads", c.num_attention_heads}, {"num_key_value_heads", c.num_key_value_heads},
+                {"max_position_embeddings", c.max_position_embeddings}, {"rope_theta", c.rope_theta},
+                {"tie_word_embeddings", c.tie_word_embeddings}};
+  j["model"] = {{"float_dtype", "bfloat16"}, {"quant_type", "nf4"}, {"blocksize", 64}, {"double_quant", true},
+                {"lora_r", b.lora_r}, {"lora_alpha", b.lora_alpha}, {"state_dict_bytes", m.state_dict_bytes}};
+  j["shard_options"] = {{"offload", m.shard_options.offload}, {"compute_device", "cpu"},
+                        {"gathered_slots", m.shard_options.gathered_slots}};
+  j["build"] = {{"seconds", m.tree_s + m.fill_s + m.shard_s}, {"tree_s", m.tree_s}, {"fill_s", m.fill_s},
+                {"shard_s", m.shard_s}, {"fill_threads", b.threads}};
+  j["manager_memory"] = {{"shard_bytes", ms.shard_bytes}, {"slot_bytes", ms.slot_bytes},
+                         {"unit_bytes_max", ms.unit_bytes_max}};
+  j["warmup"] = {{"done", b.warmup}, {"seconds", m.warmup_s}, {"before", memory_json(m.before_warmup)},
+                 {"after", memory_json(m.after_warmup)}};
+  j["peak_method"] = peak_method(results);
+  j["max_shard_bytes"] = static_cast<uint64_t>(b.max_shard_gb * 1e9);
+  for (const FormatResult& r : results) {
+    j["formats"].push_back(
+        {{"format", export_format_name(r.format)}, {"seconds", r.seconds}, {"bytes", r.report.bytes},
+         {"tensors", r.report.tensors}, {"files", r.report.files}, {"disk_bytes", r.disk_bytes},
+         {"gb_per_s", gb(r.report.bytes) / r.seconds}, {"peak_unit_bytes", r.report.peak_unit_bytes},
+         {"hwm_reset", r.hwm_reset}, {"baseline", memory_json(r.before)}, {"after", memory_json(r.after)},
+         {"sampled_max", memory_json(r.sampled)}, {"peak_rss", r.peak()}, {"peak_minus_baseline", r.rise()},
+         {"anon_peak_minus_baseline", r.sampled.anon - r.before.anon},
+         {"file_peak_minus_baseline", r.sampled.file - r.before.file}, {"rusage_max_rss_before", r.rusage_before},
+         {"rusage_max_rss_after", r.rusage_after},
+         {"peak_minus_baseline_over_unit_bytes_max", static_cast<double>(r.rise()) / ms.unit_bytes_max},
+         {"peak_minus_baseline_over_bytes", static_cast<double>(r.rise()) / r.report.bytes}});
   }
-  if (!keep && keep_only.empty()) fs::remove_all(out);
+  return j;
+}
+
+int run(World& world, const BenchOptions& b) {
+  const bool root = world.rank() == 0;
+  MpiCommunicator comm(world.comm());
+  if (root) {
+    if (fs::exists(b.out) && !(fs::is_directory(b.out) && fs::is_empty(b.out)))
+      throw InputError("--out " + b.out + ": exists and is not an empty folder (the bench removes its work folder; "
+                       "choose a new one)");
+    fs::create_directories(b.out);
+  }
+  comm.barrier();
+  const std::unique_ptr<Model> m = build_model(b, comm);
+  if (root) {
+    const LlamaConfig& c = m->config;
+    const ShardMemoryStats ms = m->mgr->memory();
+    std::string formats;
+    for (const ExportFormat f : b.formats) formats += (formats.empty() ? "" : ",") + std::string(export_format_name(f));
+    std::printf("bench_export: shape %s (%lld layers, vocab %lld, hidden %lld, intermediate %lld), NF4 bs64 double "
+                "quant, bf16 floats, LoRA r=%lld alpha %g on 7 projections; world size %d; formats %s; out %s; "
+                "max shard %.3g GB\n",
+                b.shape.c_str(), (long long)c.num_hidden_layers, (long long)c.vocab_size, (long long)c.hidden_size,
+                (long long)c.intermediate_size, (long long)b.lora_r, b.lora_alpha, comm.size(), formats.c_str(),
+                b.out.c_str(), b.max_shard_gb);
+    std::printf("build: %.2f s (tree %.2f, random fill %.2f on %d threads, shard+finalize %.2f); model %.3f GB\n",
+                m->tree_s + m->fill_s + m->shard_s, m->tree_s, m->fill_s, b.threads, m->shard_s,
+                gb(m->state_dict_bytes));
+    std::printf("manager (rank 0): shards %.3f GB, gathered slots %.3f GB, largest unit %.3f GB\n", gb(ms.shard_bytes),
+                gb(ms.slot_bytes), gb(ms.unit_bytes_max));
+    if (b.warmup)
+      std::printf("warm-up gather+release of %d units: %.2f s, RSS %.3f -> %.3f GB\n", m->mgr->num_units(),
+                  m->warmup_s, gb(m->before_warmup.rss), gb(m->after_warmup.rss));
+    std::fflush(stdout);
+  }
+  std::vector<FormatResult> results;
+  for (const ExportFormat f : b.formats) results.push_back(measure_export(b, *m, comm, f));
+  if (!root) return 0;
+  print_results(*m, results);
+  if (!b.json_path.empty()) {
+    std::ofstream f(b.json_path);
+    f << results_json(b, *m, comm.size(), results).dump(2) << "\n";
+    if (!f) throw InputError("--json " + b.json_path + ": cannot write");
+    std::printf("wrote %s\n", b.json_path.c_str());
+  }
+  if (!b.keep && b.keep_only.empty()) fs::remove_all(b.out);
   std::fflush(stdout);
   return 0;
 }
@@ -547,40 +601,33 @@ int run(World& world, const std::string& shape_name, int64_t layers, const std::
 
 int main(int argc, char** argv) {
   CLI::App app{"bench_export: time and rank-0 peak host memory of export_model() on an 8B-shaped model"};
-  std::string shape = "8b", formats_arg = "bnb4,peft,merged", keep_only_arg, json_path;
-  std::string out = (fs::temp_directory_path() / "qshard_bench_export").string();
-  int64_t layers = 0, lora_r = 16;
-  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  double max_shard_gb = 5.0;
-  bool keep = false, no_warmup = false;
-  app.add_option("--shape", shape, "8b (Llama-3-8B) | tiny (2 layers, hidden 512)");
-  app.add_option("--layers", layers, "override the number of decoder layers")->check(CLI::Range(1, 1000));
+  BenchOptions b;
+  std::string formats_arg = "bnb4,peft,merged", keep_only_arg;
+  bool no_warmup = false;
+  app.add_option("--shape", b.shape, "8b (Llama-3-8B) | tiny (2 layers, hidden 512)");
+  app.add_option("--layers", b.layers, "override the number of decoder layers")->check(CLI::Range(1, 1000));
   app.add_option("--formats", formats_arg, "comma-separated, run in this order: bnb4,peft,merged");
-  app.add_option("--out", out, "work folder (must not exist or be empty; removed at the end unless kept)");
-  auto* keep_opt = app.add_flag("--keep", keep, "keep the work folder and every output folder");
+  app.add_option("--out", b.out, "work folder (must not exist or be empty; removed at the end unless kept)");
+  auto* keep_opt = app.add_flag("--keep", b.keep, "keep the work folder and every output folder");
   app.add_option("--keep-only", keep_only_arg, "keep only these formats' folders (comma-separated)")->excludes(keep_opt);
-  app.add_option("--json", json_path, "write the results as JSON to this file");
-  app.add_option("--lora-r", lora_r, "LoRA rank on all seven projections")->check(CLI::Range(1, 4096));
-  app.add_option("--threads", threads, "threads that fill the random model (the export runs on one)")
+  app.add_option("--json", b.json_path, "write the results as JSON to this file");
+  app.add_option("--lora-r", b.lora_r, "LoRA rank on all seven projections")->check(CLI::Range(1, 4096));
+  app.add_option("--threads", b.threads, "threads that fill the random model (the export runs on one)")
       ->check(CLI::Range(1, 1024));
-  app.add_option("--max-shard-gb", max_shard_gb, "split bnb4 / merged files past this size (GB)")
+  app.add_option("--max-shard-gb", b.max_shard_gb, "split bnb4 / merged files past this size (GB)")
       ->check(CLI::Range(0.001, 1e6));
   app.add_flag("--no-warmup", no_warmup, "do not gather every unit once before the first export");
   CLI11_PARSE(app, argc, argv);
 
-  std::string command;
-  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  for (int i = 0; i < argc; ++i) b.command += (i ? " " : "") + std::string(argv[i]);
+  b.warmup = !no_warmup;
   try {
-    make_config(shape, layers);  // validates --shape and --layers
-    const std::vector<ExportFormat> formats = parse_formats(formats_arg, "--formats");
-    const std::vector<ExportFormat> keep_only =
-        keep_only_arg.empty() ? std::vector<ExportFormat>{} : parse_formats(keep_only_arg, "--keep-only");
-    return run_job(argc, argv, [&](World& world) {
-      return run(world, shape, layers, formats, out, keep, keep_only, json_path, lora_r, threads, max_shard_gb,
-                 !no_warmup, command);
-    });
+    make_config(b.shape, b.layers);  // validates --shape
+    b.formats = parse_formats(formats_arg, "--formats");
+    if (!keep_only_arg.empty()) b.keep_only = parse_formats(keep_only_arg, "--keep-only");
   } catch (const std::exception& e) {  // flag errors, before MPI starts
     std::fprintf(stderr, "bench_export: %s\n", e.what());
     return 2;
   }
+  return run_job(argc, argv, [&](World& world) { return run(world, b); });
 }

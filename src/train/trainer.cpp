@@ -10,8 +10,10 @@
 #include <map>
 
 #include <filesystem>
+#include <fstream>
 
 #include "checkpoint/export.h"
+#include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "runtime/collective_status.h"
 #include "model/llama_layers.h"
@@ -29,6 +31,27 @@
 
 namespace qshard {
 namespace {
+
+// A resumed run appends to the metrics file; lines an interrupted run logged after the
+// checkpoint it resumes from are dropped first, so every step appears once.
+void drop_metrics_after(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() > step) {
+      ++dropped;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  in.close();
+  if (dropped == 0) return;
+  write_file_atomic(path, kept);
+  QS_LOG_INFO("{}: dropped {} lines logged after step {} by the interrupted run", path, dropped, step);
+}
 
 // Fresh starts must not mix with an earlier run's files (nothing written is lost); rank 0.
 void check_checkpoint_dir(const TrainConfig& config, bool resuming) {
@@ -207,6 +230,8 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
                                 : max_steps;
 
   std::unique_ptr<MetricsLogger> logger;
+  if (rank == 0 && resume && !config.logging.metrics_jsonl.empty())
+    drop_metrics_after(config.logging.metrics_jsonl, start_step);
   if (rank == 0) logger = std::make_unique<MetricsLogger>(config.logging.metrics_jsonl, max_steps, resume.has_value());
   if (rank == 0)
     QS_LOG_INFO("model: {} layers, hidden {}, vocab {}; {} trainable LoRA parameters; {} units over {} ranks; {} steps",

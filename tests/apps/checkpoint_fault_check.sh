@@ -2,8 +2,8 @@
 # Checkpoint faults and `qshard export CKPT`, run as a user would (CPU backend, mpirun -np 2):
 #  1. a rank killed while saving step 8 (QSHARD_TEST_KILL_DURING_SAVE=1:8): the job fails (no
 #     hang), step-00000004 stays complete, step-00000008.partial has no metadata.json and is
-#     refused by name; `export` and `--resume auto` take step 4; the resumed run finishes and its
-#     next save removes the partial folder;
+#     refused by name; `export` and `--resume auto` take step 4; the resumed run finishes, its
+#     next save removes the partial folder, and metrics.jsonl holds each step once;
 #  2. `qshard export` of the final checkpoint under mpirun -np 1, 2 and 3: byte-identical folders
 #     (merged and peft);
 #  3. a corrupted (one flipped byte) and a truncated rank file are refused naming the file, and
@@ -26,7 +26,8 @@ expect_fail() {  # expect_fail NEEDLE CMD...: CMD must fail and print NEEDLE
 }
 "$qshard" tokenize "$src"/data/*.txt --out "$work/t.tok" > /dev/null
 args=(train --config "$src/configs/tiny.yaml" --set data.train="$work/t.tok" --set steps=12 --set data.max_seq_len=32
-      --set logging.every_steps=4 --set checkpoint.every_steps=4 --set checkpoint.dir="$work/ck")
+      --set logging.every_steps=4 --set checkpoint.every_steps=4 --set checkpoint.dir="$work/ck"
+      --set logging.metrics_jsonl="$work/metrics.jsonl")
 
 # 1. a rank killed during a save
 expect_fail "" env QSHARD_TEST_KILL_DURING_SAVE=1:8 "${mpi[@]}" -np 2 "$qshard" "${args[@]}"
@@ -43,6 +44,9 @@ echo "$out" | grep -E "resumed from .*step-00000004 \(step 4" || fail "did not r
 echo "$out" | grep -E "^trained 12 steps" || fail "the resumed run did not finish"
 [ ! -e "$work/ck/step-00000008.partial" ] || fail "the stale partial folder is still there"
 [ -f "$work/ck/step-00000012/metadata.json" ] || fail "no final checkpoint"
+# the metrics file holds every logged step once (the killed run's step-8 line was dropped)
+steps=$(grep -o '"step": *[0-9]*' "$work/metrics.jsonl" | tr -dc '0-9\n' | tr '\n' ' ')
+[ "$steps" = "1 4 8 12 " ] || fail "metrics.jsonl steps are '$steps', expected '1 4 8 12 '"
 
 # 2. exports are byte-identical at 1, 2 and 3 ranks
 for np in 1 2 3; do
