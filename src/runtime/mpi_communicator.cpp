@@ -43,6 +43,16 @@ void check_reduction(DType dtype, ReduceOp op, const char* call) {
                 std::string(call) + ": avg is defined for f32/bf16/f16 only, not " + dtype_torch_name(dtype));
 }
 
+// MPI counts are int: a broadcast past INT_MAX elements goes in pieces of 1 GiB (bytes are
+// bytes, whatever the dtype).
+size_t g_count_limit = static_cast<size_t>(INT_MAX);
+
+void bcast_bytes_chunked(unsigned char* host, size_t bytes, int root, MPI_Comm comm) {
+  const size_t chunk = std::min(size_t(1) << 30, g_count_limit);
+  for (size_t off = 0; off < bytes; off += chunk)
+    QS_MPI_CHECK(MPI_Bcast(host + off, static_cast<int>(std::min(chunk, bytes - off)), MPI_BYTE, root, comm));
+}
+
 int checked_int(size_t n, const char* call) {
   if (n > static_cast<size_t>(INT_MAX))
     throw_error(__FILE__, __LINE__,
@@ -224,7 +234,6 @@ void MpiCommunicator::finish_reduction(void* recv, const void* out, size_t n, DT
 void MpiCommunicator::all_gather(const void* send, void* recv, size_t count, DType dtype, void* stream) {
   CollectiveScope scope("all_gather", name());
   begin("all_gather", stream);
-  int n = checked_int(count, "all_gather");
   if (count == 0) return;
   size_t bytes = count * dtype_size(dtype);
   bool recv_dev = is_device(recv);
@@ -239,7 +248,12 @@ void MpiCommunicator::all_gather(const void* send, void* recv, size_t count, DTy
   } else if (send != mine) {
     std::memmove(mine, send, bytes);
   }
-  QS_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, host, n, mpi_bytes_type(dtype), comm_));
+  if (count <= g_count_limit) {
+    QS_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, host, static_cast<int>(count),
+                               mpi_bytes_type(dtype), comm_));
+  } else {  // past MPI's int count (e.g. an 8B model's f32 embeddings): each rank's block in turn
+    for (int r = 0; r < size_; ++r) bcast_bytes_chunked(host + bytes * r, bytes, r, comm_);
+  }
   if (recv_dev) copy_to_device(recv, host, bytes * size_, stream);
 }
 
@@ -299,7 +313,6 @@ void MpiCommunicator::broadcast(const void* send, void* recv, size_t count, DTyp
   begin("broadcast", stream);
   QS_CHECK(root >= 0 && root < size_, "broadcast root " + std::to_string(root) + " outside [0, " +
                                           std::to_string(size_) + ")");
-  int n = checked_int(count, "broadcast");
   if (count == 0) return;
   size_t bytes = count * dtype_size(dtype);
   bool recv_dev = is_device(recv);
@@ -315,9 +328,17 @@ void MpiCommunicator::broadcast(const void* send, void* recv, size_t count, DTyp
       std::memmove(host, send, bytes);
     }
   }
-  QS_MPI_CHECK(MPI_Bcast(host, n, mpi_bytes_type(dtype), root, comm_));
+  if (count <= g_count_limit) {
+    QS_MPI_CHECK(MPI_Bcast(host, static_cast<int>(count), mpi_bytes_type(dtype), root, comm_));
+  } else {
+    bcast_bytes_chunked(static_cast<unsigned char*>(host), bytes, root, comm_);
+  }
   bool root_in_place = rank_ == root && send == recv;
   if (recv_dev && !root_in_place) copy_to_device(recv, host, bytes, stream);
+}
+
+void MpiCommunicator::set_split_threshold(size_t count) {
+  g_count_limit = count == 0 ? static_cast<size_t>(INT_MAX) : std::min(count, static_cast<size_t>(INT_MAX));
 }
 
 void MpiCommunicator::barrier() {

@@ -14,8 +14,10 @@
 //   sum[i] = ((x_0[i] + x_1[i]) + x_2[i]) + ...     avg[i] = sum[i] / size
 // and all_reduce all-gathers the parts. Every rank gets the same bits, equal to that serial loop.
 // Max propagates NaN.
-// Limits: `count` must fit an int (MPI's count type: 2^31 - 1 elements per rank's part); a larger
-// call throws qshard::Error (split it).
+// Limits: MPI counts are int. all_gather and broadcast past 2^31 - 1 elements (an 8B model's f32
+// embeddings and LM head are 4.2 GB of one unit) go in pieces: broadcasts of at most 1 GiB, an
+// all-gather as one chunked broadcast per rank's block. Reductions (gradients) must fit an int
+// per rank's part; a larger call throws qshard::Error (split it).
 // Ordering: a call first synchronises `stream` (when non-null and a GPU is present), so data
 // produced on it (a kernel, an async copy into pinned memory) is complete; it returns when the
 // results are in place (device results copied on `stream` and synchronised).
@@ -55,6 +57,9 @@ class MpiCommunicator final : public Communicator {
                       void* stream) override;
   void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, void* stream) override;
   void broadcast(const void* send, void* recv, size_t count, DType dtype, int root, void* stream) override;
+  // Element count above which all_gather / broadcast take the split path (default and 0: INT_MAX;
+  // process-wide). Lets tests exercise that path with small buffers.
+  static void set_split_threshold(size_t count);
   void barrier() override;
   void abort() noexcept override;
 

@@ -221,6 +221,30 @@ TEST_F(MpiComm, BroadcastFromEveryRoot) {
   }
 }
 
+// Calls past MPI's int count (an 8B model's f32 root unit is 4.2 GB) go in pieces; a lowered
+// threshold runs that path with small buffers: the same bits as one call.
+TEST_F(MpiComm, CallsPastTheCountLimitGoInPieces) {
+  MpiCommunicator::set_split_threshold(1000);
+  for (DType dt : {DType::kF32, DType::kU8}) {
+    const size_t count = 1000003, bytes = count * dtype_size(dt);
+    std::vector<uint8_t> send = pattern(me_, bytes, 77), recv(bytes * P_, 0xEE), expected;
+    for (int r = 0; r < P_; ++r) {
+      auto p = pattern(r, bytes, 77);
+      expected.insert(expected.end(), p.begin(), p.end());
+    }
+    comm_.all_gather(send.data(), recv.data(), count, dt, nullptr);
+    EXPECT_EQ(recv, expected) << "split all_gather, dtype " << dtype_torch_name(dt);
+  }
+  for (int root = 0; root < P_; ++root) {
+    const size_t count = 100003;
+    auto expected = pattern(root, count * 2, 500 + root);
+    std::vector<uint8_t> buf = me_ == root ? expected : std::vector<uint8_t>(count * 2, 0xEE);
+    comm_.broadcast(buf.data(), buf.data(), count, DType::kBF16, root, nullptr);
+    EXPECT_EQ(buf, expected) << "split broadcast, root " << root;
+  }
+  MpiCommunicator::set_split_threshold(0);
+}
+
 TEST_F(MpiComm, ZeroCountIsANoOp) {
   float x = 1.0f;
   comm_.all_reduce(&x, &x, 0, DType::kF32, ReduceOp::kSum, nullptr);
