@@ -10,6 +10,7 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <thread>
 #include <set>
 
 #include "checkpoint/bnb_folder.h"
@@ -131,7 +132,10 @@ Tensor produce(const Module& tree, const OutTensor& t, const ExportOptions& o) {
     if (host.dtype() == t.dtype) return host;
     return Tensor::from_f32(host.shape(), t.dtype, host.to_f32_vector());
   }
-  if (t.op == Op::kCastBf16) return Tensor::from_f32(t.shape, DType::kBF16, r.tensor.to(Device::kCpu).to_f32_vector());
+  if (t.op == Op::kCastBf16) {
+    if (r.tensor.dtype() == DType::kBF16) return r.tensor.to(Device::kCpu).clone();  // no f32 round trip
+    return Tensor::from_f32(t.shape, DType::kBF16, r.tensor.to(Device::kCpu).to_f32_vector());
+  }
   // kMerge: W (f32) + scaling * B @ A, rounded once to bf16.
   std::vector<float> w;
   if (r.kind == NodeKind::kParams4bit) {
@@ -157,12 +161,27 @@ Tensor produce(const Module& tree, const OutTensor& t, const ExportOptions& o) {
     const int64_t out = t.shape[0], in = t.shape[1], rank = a->tensor.dim(0);
     const float scaling = static_cast<float>(o.use_rslora ? o.lora_alpha / std::sqrt(static_cast<double>(rank))
                                                           : o.lora_alpha / static_cast<double>(rank));
-    for (int64_t i = 0; i < out; ++i)
-      for (int64_t j = 0; j < in; ++j) {
-        float acc = 0.0f;
-        for (int64_t k = 0; k < rank; ++k) acc += B[i * rank + k] * A[k * in + j];
-        w[i * in + j] += scaling * acc;
+    // Row by row (each element's sum still runs k = 0..r-1 in order, so the bits are those of the
+    // element-wise loop), rows split over threads: 2x faster per thread, and parallel.
+    auto rows = [&](int64_t first, int64_t last) {
+      std::vector<float> acc(static_cast<size_t>(in));
+      for (int64_t i = first; i < last; ++i) {
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t k = 0; k < rank; ++k) {
+          const float bk = B[i * rank + k];
+          const float* ak = A.data() + k * in;
+          for (int64_t j = 0; j < in; ++j) acc[j] += bk * ak[j];
+        }
+        float* wi = w.data() + i * in;
+        for (int64_t j = 0; j < in; ++j) wi[j] += scaling * acc[j];
       }
+    };
+    const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 16);
+    const int64_t per = (out + threads - 1) / threads;
+    std::vector<std::thread> pool;
+    for (int64_t first = per; first < out; first += per) pool.emplace_back(rows, first, std::min(out, first + per));
+    rows(0, std::min(out, per));
+    for (auto& th : pool) th.join();
   }
   return Tensor::from_f32(t.shape, DType::kBF16, w);
 }
@@ -252,9 +271,13 @@ void check_model_folder(const Module* tree, const Layout& L, const std::string& 
   if (c.quantized != quantized) check_fail(dir, quantized ? "config.json lacks quantization_config" : "config.json has quantization_config");
   const SafetensorsFolder f = SafetensorsFolder::open(dir);
   if (tree) check_against_tree(*tree, L, f, dir);
+  // One tensor at a time; each one's mapped pages are dropped once read, so the check's resident
+  // memory stays that of one tensor, not of the folder.
   const TensorLookup lookup = [&f](const std::string& k) -> std::optional<Tensor> {
     if (!f.contains(k)) return std::nullopt;
-    return f.get(k);
+    Tensor t = f.get(k);
+    f.release_pages(k);
+    return t;
   };
   size_t expected = 0;
   for (const auto& [name, shape] : llama_expected_weights(c)) {
@@ -274,6 +297,7 @@ void check_model_folder(const Module* tree, const Layout& L, const std::string& 
       const std::span<const uint8_t> b = f.bytes(name);
       for (size_t i = 0; i + 1 < b.size(); i += 2)
         if ((b[i + 1] & 0x7f) == 0x7f && (b[i] & 0x80)) check_fail(dir, "tensor '" + name + "' holds a NaN or infinity");
+      f.release_pages(name);
     }
   }
   if (f.names().size() != expected)

@@ -438,6 +438,16 @@ const SafetensorsEntry& SafetensorsFile::require(std::string_view name) const {
   return *e;
 }
 
+void SafetensorsFile::release_pages(std::string_view name) const {
+  const SafetensorsEntry& e = require(name);
+  if (e.nbytes() == 0 || !map_) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t base = reinterpret_cast<uintptr_t>(map_);
+  const uintptr_t begin = base + header_.data_offset + e.begin, end = begin + e.nbytes();
+  const uintptr_t lo = begin / page * page, hi = std::min((end + page - 1) / page * page, base + size_);
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advisory: errors ignored
+}
+
 std::span<const uint8_t> SafetensorsFile::bytes(std::string_view name) const {
   const SafetensorsEntry& e = require(name);
   if (e.nbytes() == 0) return {};

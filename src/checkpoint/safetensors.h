@@ -124,6 +124,10 @@ class SafetensorsFile {
   // CPU copy of a tensor, with the file's shape. InputError if absent or if its dtype has no
   // qshard DType.
   Tensor get(std::string_view name) const;
+  // Drops this process's mapped pages of tensor `name` (madvise MADV_DONTNEED over the pages it
+  // touches): a later access reads them again from the file. Keeps the resident size flat when a
+  // large file is scanned once, tensor by tensor. No effect for a zero-size tensor.
+  void release_pages(std::string_view name) const;
   // "__metadata__" (empty if the file has none).
   const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
   // Where the data starts: 8 + N.

@@ -71,6 +71,10 @@ class SafetensorsFolder {
   // See SafetensorsFile::get / bytes; InputError naming the folder and the tensor if absent.
   Tensor get(std::string_view name) const;
   std::span<const uint8_t> bytes(std::string_view name) const;
+  // SafetensorsFile::release_pages of the file holding `name` (no-op if absent).
+  void release_pages(std::string_view name) const {
+    if (const SafetensorsFile* f = file_of(name)) f->release_pages(name);
+  }
   // All tensor names: index order for a sharded folder, data-offset order for one file.
   std::vector<std::string> names() const { return names_; }
   const std::string& dir() const { return dir_; }
