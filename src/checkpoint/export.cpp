@@ -1,7 +1,5 @@
 #include "checkpoint/export.h"
 
-#include "runtime/collective_status.h"
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +15,8 @@
 #include "checkpoint/peft_adapter.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_index.h"
+#include "quant/blockwise.h"
+#include "runtime/collective_status.h"
 
 namespace qshard {
 namespace fs = std::filesystem;
@@ -136,54 +136,104 @@ Tensor produce(const Module& tree, const OutTensor& t, const ExportOptions& o) {
     if (r.tensor.dtype() == DType::kBF16) return r.tensor.to(Device::kCpu).clone();  // no f32 round trip
     return Tensor::from_f32(t.shape, DType::kBF16, r.tensor.to(Device::kCpu).to_f32_vector());
   }
-  // kMerge: W (f32) + scaling * B @ A, rounded once to bf16.
-  std::vector<float> w;
-  if (r.kind == NodeKind::kParams4bit) {
-    Params4bit p = *r.params4bit;  // host copies of the gathered views (cpu_offload)
-    p.data = p.data.to(Device::kCpu);
-    p.quant_state.absmax = p.quant_state.absmax.to(Device::kCpu);
-    p.quant_state.code = p.quant_state.code.to(Device::kCpu);
-    if (p.quant_state.state2) {
-      p.quant_state.state2->absmax = p.quant_state.state2->absmax.to(Device::kCpu);
-      p.quant_state.state2->code = p.quant_state.state2->code.to(Device::kCpu);
-    }
-    // In the original dtype first, as bitsandbytes' forward and PEFT's merge see the weight.
-    w = dequantize_4bit(p).to_f32_vector();
-  } else {
-    w = r.tensor.to(Device::kCpu).to_f32_vector();
-  }
+  // kMerge: W (f32) + scaling * B @ A, rounded once to bf16. Rows are split over threads; each
+  // element's arithmetic is the same as a serial loop (dequantize, round to W's original dtype,
+  // sum B[i,k] * A[k,j] over k = 0..r-1 in order, scale, add, round to bf16), so the bits do not
+  // depend on the thread count.
+  const int64_t out = t.shape[0], in = t.shape[1];
   const std::string path = t.source.substr(0, t.source.rfind('.'));
   const auto a = try_resolve(tree, path + ".lora_A.weight");
   const auto b = try_resolve(tree, path + ".lora_B.weight");
+  std::vector<float> A, B;
+  int64_t rank = 0;
+  float scaling = 0.0f;
   if (a && b) {
-    const std::vector<float> A = a->tensor.to(Device::kCpu).to_f32_vector();  // [r, in]
-    const std::vector<float> B = b->tensor.to(Device::kCpu).to_f32_vector();  // [out, r]
-    const int64_t out = t.shape[0], in = t.shape[1], rank = a->tensor.dim(0);
-    const float scaling = static_cast<float>(o.use_rslora ? o.lora_alpha / std::sqrt(static_cast<double>(rank))
-                                                          : o.lora_alpha / static_cast<double>(rank));
-    // Row by row (each element's sum still runs k = 0..r-1 in order, so the bits are those of the
-    // element-wise loop), rows split over threads: 2x faster per thread, and parallel.
-    auto rows = [&](int64_t first, int64_t last) {
-      std::vector<float> acc(static_cast<size_t>(in));
-      for (int64_t i = first; i < last; ++i) {
+    A = a->tensor.to(Device::kCpu).to_f32_vector();  // [r, in]
+    B = b->tensor.to(Device::kCpu).to_f32_vector();  // [out, r]
+    rank = a->tensor.dim(0);
+    scaling = static_cast<float>(o.use_rslora ? o.lora_alpha / std::sqrt(static_cast<double>(rank))
+                                              : o.lora_alpha / static_cast<double>(rank));
+  }
+  Params4bit p4;  // host copies of the gathered views (cpu_offload)
+  Dequant4bitArgs args;
+  DType w_dtype = DType::kF32;
+  Tensor w_float;  // an unquantized projection, on the host
+  if (r.kind == NodeKind::kParams4bit) {
+    p4 = *r.params4bit;
+    p4.data = p4.data.to(Device::kCpu);
+    p4.quant_state.absmax = p4.quant_state.absmax.to(Device::kCpu);
+    p4.quant_state.code = p4.quant_state.code.to(Device::kCpu);
+    if (p4.quant_state.state2) {
+      p4.quant_state.state2->absmax = p4.quant_state.state2->absmax.to(Device::kCpu);
+      p4.quant_state.state2->code = p4.quant_state.state2->code.to(Device::kCpu);
+    }
+    p4.quant_state.validate("export " + t.name);
+    QS_CHECK(p4.quant_state.numel() == out * in, "4-bit weight " + t.source + " does not have the export's shape");
+    args = dequant_args(p4);
+    // In the original dtype first, as bitsandbytes' forward and PEFT's merge see the weight.
+    w_dtype = p4.quant_state.dtype;
+  } else {
+    w_float = r.tensor.to(Device::kCpu);
+    QS_CHECK(w_float.numel() == out * in, "weight " + t.source + " does not have the export's shape");
+  }
+  Tensor result = Tensor::empty(t.shape, DType::kBF16);
+  uint16_t* dst = result.data<uint16_t>();
+  // Plain f32 absmax of every block (nested statistics decoded once).
+  std::vector<float> absmax_f32;
+  const float* absmax = args.absmax;
+  if (r.kind == NodeKind::kParams4bit && args.absmax_q8) {
+    const int64_t nblocks = (args.n + args.blocksize - 1) / args.blocksize;
+    absmax_f32.resize(static_cast<size_t>(nblocks));
+    decode_nested_absmax_cpu(args.absmax_q8, args.nested_absmax, args.nested_code, nblocks, args.nested_blocksize,
+                             args.offset, absmax_f32.data());
+    absmax = absmax_f32.data();
+  }
+  auto round_to = [](float x, DType dt) {
+    if (dt == DType::kBF16) return bf16_to_f32(f32_to_bf16(x));
+    if (dt == DType::kF16) return f16_to_f32(f32_to_f16(x));
+    return x;
+  };
+  auto rows = [&](int64_t first, int64_t last) {
+    std::vector<float> w(static_cast<size_t>(in)), acc(static_cast<size_t>(in)), blk;
+    for (int64_t i = first; i < last; ++i) {
+      if (r.kind == NodeKind::kParams4bit) {
+        // Row i is elements [i * in, (i + 1) * in) of the flat weight: dequantize the 4-bit blocks
+        // covering it (whole blocks; a block starts at an even element, so nibble order holds).
+        const int64_t e0 = i * in, bs = args.blocksize;
+        const int64_t b0 = e0 / bs, b1 = (e0 + in + bs - 1) / bs;
+        const int64_t first_el = b0 * bs, len = std::min(b1 * bs, args.n) - first_el;
+        float* wp = w.data();
+        if (first_el != e0 || len != in) {
+          blk.resize(static_cast<size_t>(len));
+          wp = blk.data();
+        }
+        dequantize_4bit_cpu(args.packed + first_el / 2, absmax + b0, args.code, len, bs, wp);
+        const float* src = wp + (e0 - first_el);
+        for (int64_t j = 0; j < in; ++j) w[j] = round_to(src[j], w_dtype);
+      } else {
+        const Tensor row = w_float.flat_slice(i * in, in);
+        const std::vector<float> v = row.to_f32_vector();
+        std::copy(v.begin(), v.end(), w.begin());
+      }
+      if (rank > 0) {
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int64_t k = 0; k < rank; ++k) {
           const float bk = B[i * rank + k];
           const float* ak = A.data() + k * in;
           for (int64_t j = 0; j < in; ++j) acc[j] += bk * ak[j];
         }
-        float* wi = w.data() + i * in;
-        for (int64_t j = 0; j < in; ++j) wi[j] += scaling * acc[j];
+        for (int64_t j = 0; j < in; ++j) w[j] += scaling * acc[j];
       }
-    };
-    const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 16);
-    const int64_t per = (out + threads - 1) / threads;
-    std::vector<std::thread> pool;
-    for (int64_t first = per; first < out; first += per) pool.emplace_back(rows, first, std::min(out, first + per));
-    rows(0, std::min(out, per));
-    for (auto& th : pool) th.join();
-  }
-  return Tensor::from_f32(t.shape, DType::kBF16, w);
+      for (int64_t j = 0; j < in; ++j) dst[i * in + j] = f32_to_bf16(w[j]);
+    }
+  };
+  const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 16);
+  const int64_t per = (out + threads - 1) / threads;
+  std::vector<std::thread> pool;
+  for (int64_t first = per; first < out; first += per) pool.emplace_back(rows, first, std::min(out, first + per));
+  rows(0, std::min(out, per));
+  for (auto& th : pool) th.join();
+  return result;
 }
 
 nlohmann::json peft_config_json(const ExportOptions& o) {
