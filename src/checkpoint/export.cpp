@@ -128,12 +128,16 @@ Layout plan_layout(const Module& tree, const ShardedTree& units, const ExportOpt
 Tensor produce(const Module& tree, const OutTensor& t, const ExportOptions& o) {
   const Resolved r = resolve(tree, t.source);
   if (t.op == Op::kCopy) {
+    // Already on the host (CPU backend, or an offloaded shard's gathered view): written from the
+    // gathered buffer itself before the unit is released, no copy.
+    if (r.tensor.device() == Device::kCpu && r.tensor.dtype() == t.dtype) return r.tensor;
     Tensor host = r.tensor.to(Device::kCpu);
     if (host.dtype() == t.dtype) return host;
     return Tensor::from_f32(host.shape(), t.dtype, host.to_f32_vector());
   }
   if (t.op == Op::kCastBf16) {
-    if (r.tensor.dtype() == DType::kBF16) return r.tensor.to(Device::kCpu).clone();  // no f32 round trip
+    if (r.tensor.dtype() == DType::kBF16)  // no f32 round trip; on the host, no copy either
+      return r.tensor.device() == Device::kCpu ? r.tensor : r.tensor.to(Device::kCpu);
     return Tensor::from_f32(t.shape, DType::kBF16, r.tensor.to(Device::kCpu).to_f32_vector());
   }
   // kMerge: W (f32) + scaling * B @ A, rounded once to bf16. Rows are split over threads; each
@@ -321,13 +325,21 @@ void check_model_folder(const Module* tree, const Layout& L, const std::string& 
   if (c.quantized != quantized) check_fail(dir, quantized ? "config.json lacks quantization_config" : "config.json has quantization_config");
   const SafetensorsFolder f = SafetensorsFolder::open(dir);
   if (tree) check_against_tree(*tree, L, f, dir);
-  // One tensor at a time; each one's mapped pages are dropped once read, so the check's resident
-  // memory stays that of one tensor, not of the folder.
-  const TensorLookup lookup = [&f](const std::string& k) -> std::optional<Tensor> {
-    if (!f.contains(k)) return std::nullopt;
-    Tensor t = f.get(k);
-    f.release_pages(k);
-    return t;
+  // One weight at a time, read in place from the mapping (views, no copies); each weight's mapped
+  // pages are dropped once checked, so the check's resident memory stays that of one weight, not
+  // of the folder.
+  std::vector<std::string> touched;
+  const TensorLookup lookup = [&f, &touched](const std::string& k) -> std::optional<Tensor> {
+    const SafetensorsEntry* e = f.find(k);
+    if (!e) return std::nullopt;
+    if (!e->dtype) return f.get(k);  // throws, naming the dtype
+    touched.push_back(k);
+    const std::span<const uint8_t> b = f.bytes(k);
+    return Tensor::adopt(const_cast<uint8_t*>(b.data()), e->shape, *e->dtype, Device::kCpu, [](void*) {});
+  };
+  auto release_touched = [&] {
+    for (const std::string& k : touched) f.release_pages(k);
+    touched.clear();
   };
   size_t expected = 0;
   for (const auto& [name, shape] : llama_expected_weights(c)) {
@@ -338,6 +350,7 @@ void check_model_folder(const Module* tree, const Layout& L, const std::string& 
       if (p.quant_state.shape != shape)
         check_fail(dir, "4-bit tensor '" + name + "' has shape " + shape_str(p.quant_state.shape) + ", config.json implies " + shape_str(shape));
       expected += 1 + quant_state_key_suffixes(p.quant_state).size();
+      release_touched();
       continue;
     }
     ++expected;
