@@ -11,6 +11,8 @@
 #include "quant/params4bit.h"
 #include "runtime/mpi_communicator.h"
 #ifdef QSHARD_WITH_NCCL
+#include <cuda_runtime.h>
+
 #include "runtime/nccl_communicator.h"
 #endif
 #include "runtime/world.h"
@@ -95,6 +97,10 @@ class Sharded : public ::testing::Test {
     const char* c = std::getenv("QSHARD_SHARD_COMM");
     if (c && std::string(c) == "nccl") {
 #ifdef QSHARD_WITH_NCCL
+      int gpus = 0;
+      cudaGetDeviceCount(&gpus);
+      if (World::get().local_size() > gpus)
+        GTEST_SKIP() << World::get().local_size() << " ranks on " << gpus << " GPU(s): NCCL needs one each";
       comm_ = std::make_unique<NcclCommunicator>(World::get().comm());
 #else
       GTEST_SKIP() << "built without NCCL";
