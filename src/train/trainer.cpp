@@ -361,12 +361,28 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
   if (!config.checkpoint.dir.empty()) {
     // A resumed run whose earlier part already exported (a run extended by more steps) keeps
     // that export and writes the new one next to it.
-    std::string fin = config.checkpoint.dir + "/final";
-    std::error_code ec;
-    if (std::filesystem::exists(fin, ec) && !std::filesystem::is_empty(fin, ec)) {
-      fin += "-step-" + std::to_string(max_steps);
-      if (rank == 0) QS_LOG_WARN("{}/final exists from an earlier part of this run; exporting to {}", config.checkpoint.dir, fin);
+    // Rank 0 decides (one answer for every rank); "" = already exported, nothing to do.
+    std::string fin;
+    if (rank == 0) {
+      auto taken = [](const std::string& d) {
+        std::error_code ec;
+        return std::filesystem::exists(d, ec) && !std::filesystem::is_empty(d, ec);
+      };
+      fin = config.checkpoint.dir + "/final";
+      if (taken(fin)) {
+        const std::string next = fin + "-step-" + std::to_string(max_steps);
+        if (start_step == max_steps || taken(next)) {
+          QS_LOG_INFO("the run is complete (step {}) and its exports exist under {}; nothing to do", max_steps,
+                      config.checkpoint.dir);
+          fin.clear();
+        } else {
+          QS_LOG_WARN("{} exists from an earlier part of this run; exporting to {}", fin, next);
+          fin = next;
+        }
+      }
     }
+    fin = broadcast_string(comm, fin, 0);
+    if (fin.empty()) return summary;
     const std::string base = fin + "/base_bnb4", adapter = fin + "/adapter";
     ExportOptions eo;
     eo.format = ExportFormat::kBnb4;
