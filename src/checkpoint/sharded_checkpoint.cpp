@@ -33,16 +33,6 @@ std::string rank_file_name(int rank, int world) {
   return b;
 }
 
-std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
 // fsync of a directory, so that renames and new entries in it are durable.
 void fsync_dir(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
@@ -114,9 +104,7 @@ struct MetaReader {
                               const std::string& where) const {
     if (!obj.is_object() || !obj.contains(key)) fail(where + "has no '" + key + "'");
     const nlohmann::json& v = obj.at(key);
-    const bool ok = type == nlohmann::json::value_t::number_integer ? v.is_number_integer()
-                    : type == nlohmann::json::value_t::number_unsigned ? v.is_number_unsigned()
-                                                                        : v.type() == type;
+    const bool ok = type == nlohmann::json::value_t::number_integer ? v.is_number_integer() : v.type() == type;
     if (!ok) fail(where + "'" + key + "' has the wrong type (" + std::string(v.type_name()) + ")");
     return v;
   }
@@ -262,8 +250,8 @@ std::string save_sharded_checkpoint(Communicator& comm, const std::vector<UnitSt
       for (int r = 0; r < world; ++r)
         files.push_back({{"rank", r}, {"name", rank_file_name(r, world)}, {"bytes", all[2 * r]}, {"crc32", all[2 * r + 1]}});
       nlohmann::json slices = nlohmann::json::array();
-      for (const auto& s : units.empty() ? std::vector<std::pair<std::string, Tensor>>{} : units.front().slices)
-        slices.push_back(s.first);
+      if (!units.empty())
+        for (const auto& sl : units.front().slices) slices.push_back(sl.first);
       const nlohmann::json meta = {{"format", kCheckpointFormat}, {"format_version", kCheckpointFormatVersion},
                                    {"step", o.step},           {"world_size", world},
                                    {"slices", slices},         {"units", units_json(units)},
@@ -298,7 +286,7 @@ std::string save_sharded_checkpoint(Communicator& comm, const std::vector<UnitSt
       std::error_code ec;
       fs::remove_all(partial, ec);
     } catch (...) {
-      err = "saving checkpoint step " + std::to_string(o.step) + ": " + what_of(std::current_exception());
+      err = "saving checkpoint step " + std::to_string(o.step) + ": unknown error";
     }
   }
   throw_if_any_failed(comm, err);
@@ -401,15 +389,21 @@ void load_sharded_checkpoint(Communicator& comm, const CheckpointInfo& info, con
     }
 
     // ---- which saved files this rank reads; verify them (size, CRC, structure) ----
+    // Per unit: this rank's new flat range [a, b) (clipped to numel) and the shard sizes.
+    struct Range {
+      int64_t a, b, s_new, s_old;
+    };
+    std::vector<Range> ranges;
+    for (size_t i = 0; i < units.size(); ++i) {
+      const int64_t numel = units[i].layout->total_bytes() / 4, s_new = units[i].layout->shard_bytes() / 4;
+      ranges.push_back({std::min(numel, rank * s_new), std::min(numel, (rank + 1) * s_new), s_new,
+                        saved_units[i].at("shard_numel").get<int64_t>()});  // s_old > 0 when numel > 0
+    }
     std::set<int> need;
     for (int f = rank; f < old_world; f += world) need.insert(f);
-    for (size_t i = 0; i < units.size(); ++i) {
-      const int64_t numel = units[i].layout->total_bytes() / 4, S_new = units[i].layout->shard_bytes() / 4;
-      const int64_t S_old = saved_units[i].at("shard_numel").get<int64_t>();
-      const int64_t a = std::min(numel, rank * S_new), b = std::min(numel, (rank + 1) * S_new);
-      if (a < b && S_old > 0)
-        for (int64_t f = a / S_old; f <= (b - 1) / S_old; ++f) need.insert(static_cast<int>(f));
-    }
+    for (const Range& r : ranges)
+      if (r.a < r.b)
+        for (int64_t f = r.a / r.s_old; f <= (r.b - 1) / r.s_old; ++f) need.insert(static_cast<int>(f));
     std::map<int, SafetensorsFile> open_files;
     for (int f : need) {
       const auto& fe = files[static_cast<size_t>(f)];
@@ -438,9 +432,7 @@ void load_sharded_checkpoint(Communicator& comm, const CheckpointInfo& info, con
     // ---- copy the overlapping pieces into staging ----
     for (size_t i = 0; i < units.size(); ++i) {
       const UnitStateShard& u = units[i];
-      const int64_t numel = u.layout->total_bytes() / 4, S_new = u.layout->shard_bytes() / 4;
-      const int64_t S_old = saved_units[i].at("shard_numel").get<int64_t>();
-      const int64_t a = std::min(numel, rank * S_new), b = std::min(numel, (rank + 1) * S_new);
+      const auto [a, b, S_new, S_old] = ranges[i];
       staging[i].resize(u.slices.size());
       for (size_t s = 0; s < u.slices.size(); ++s) {
         std::vector<float>& dst = staging[i][s];

@@ -2,15 +2,14 @@
 
 #include <sys/resource.h>
 
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <map>
-
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "checkpoint/export.h"
 #include "checkpoint/safetensors.h"
@@ -53,6 +52,12 @@ void drop_metrics_after(const std::string& path, int64_t step) {
   QS_LOG_INFO("{}: dropped {} lines logged after step {} by the interrupted run", path, dropped, step);
 }
 
+// An existing folder with something in it (an earlier export).
+bool non_empty_dir(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec) && !std::filesystem::is_empty(path, ec);
+}
+
 // Fresh starts must not mix with an earlier run's files (nothing written is lost); rank 0.
 void check_checkpoint_dir(const TrainConfig& config, bool resuming) {
   const std::string& dir = config.checkpoint.dir;
@@ -75,7 +80,7 @@ void check_checkpoint_dir(const TrainConfig& config, bool resuming) {
     throw InputError("checkpoint.dir " + dir + " holds checkpoints of an earlier run (newest " + found.back().second +
                      "): continue it with --resume auto (checkpoint.resume), or choose another checkpoint.dir");
   const std::string fin = dir + "/final";
-  if (std::filesystem::exists(fin, ec) && !std::filesystem::is_empty(fin, ec))
+  if (non_empty_dir(fin))
     throw InputError("checkpoint.dir " + dir + " holds the exports of an earlier run (" + fin +
                      "): choose another checkpoint.dir, or move it away");
 }
@@ -364,14 +369,10 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
     // Rank 0 decides (one answer for every rank); "" = already exported, nothing to do.
     std::string fin;
     if (rank == 0) {
-      auto taken = [](const std::string& d) {
-        std::error_code ec;
-        return std::filesystem::exists(d, ec) && !std::filesystem::is_empty(d, ec);
-      };
       fin = config.checkpoint.dir + "/final";
-      if (taken(fin)) {
+      if (non_empty_dir(fin)) {
         const std::string next = fin + "-step-" + std::to_string(max_steps);
-        if (start_step == max_steps || taken(next)) {
+        if (start_step == max_steps || non_empty_dir(next)) {
           QS_LOG_INFO("the run is complete (step {}) and its exports exist under {}; nothing to do", max_steps,
                       config.checkpoint.dir);
           fin.clear();
