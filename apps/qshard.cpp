@@ -20,6 +20,7 @@
 #include "checkpoint/random_llama.h"
 #include "runtime/failure.h"
 #include "runtime/mpi_communicator.h"
+#include "runtime/runtime.h"
 #include "runtime/world.h"
 #include "train/byte_tokenizer.h"
 #include "train/evaluate.h"
@@ -192,8 +193,8 @@ int run(int argc, char** argv) {
     return run_job(argc, argv, [&](World& world) {
       const TrainConfig cfg = load_train_config(tr_config, tr_set);
       if (world.rank() == 0) std::printf("%s", cfg.describe().c_str());
-      MpiCommunicator comm(world.comm());
-      const TrainSummary s = train(cfg, comm);
+      JobRuntime job(world, cfg.device, cfg.source + ": device");
+      const TrainSummary s = train(cfg, job.get());
       if (world.rank() == 0 && !s.losses.empty())
         std::printf("trained %lld steps: loss %.4f -> %.4f%s\n", (long long)s.steps, s.losses.front(), s.losses.back(),
                     s.eval_losses.empty() ? "" : (", eval loss " + std::to_string(s.eval_losses.back().second)).c_str());
@@ -212,8 +213,9 @@ int run(int argc, char** argv) {
     o.max_shard_bytes = static_cast<uint64_t>(ex_shard_gb * 1e9);
     o.base_model_name_or_path = ex_base;
     return run_job(argc, argv, [&](World& world) {
-      MpiCommunicator comm(world.comm());
-      const ExportReport r = export_checkpoint(ex_ckpt, o, comm);
+      // Export is host work: the CPU backend's manager, whatever device trained the checkpoint.
+      JobRuntime job(world, DeviceChoice::kCpu, "export");
+      const ExportReport r = export_checkpoint(ex_ckpt, o, job.get());
       if (world.rank() == 0)
         std::printf("exported %s as %s: %lld tensors, %.2f MB in %zu files -> %s\n", ex_ckpt.c_str(), ex_format.c_str(),
                     (long long)r.tensors, r.bytes / 1e6, r.files.size(), ex_out.c_str());

@@ -76,6 +76,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The compute stream a job's DeviceContext would own.
+Stream& bench_compute_stream() {
+  static Stream s(stream_names::kCompute);
+  return s;
+}
+
+
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // ---- host memory of this process ---------------------------------------------------------------
@@ -408,9 +415,9 @@ std::unique_ptr<Model> build_model(const BenchOptions& b, Communicator& comm) {
   m->fill_s = now_s() - t;
   for (const auto& [k, v] : state_dict(*m->tree)) m->state_dict_bytes += v.nbytes();
   t = now_s();
-  m->shard_options.offload = true;
+  m->shard_options.offload_params = m->shard_options.offload_optimizer = true;
   m->shard_options.compute_device = Device::kCpu;
-  m->mgr = std::make_unique<ShardedParameterManager>(comm, m->shard_options);
+  m->mgr = std::make_unique<ShardedParameterManager>(comm, bench_compute_stream(), m->shard_options);
   m->units = shard_module_tree(*m->tree, *m->mgr, "model.layers");
   m->mgr->finalize();
   m->shard_s = now_s() - t;
@@ -463,7 +470,7 @@ FormatResult measure_export(const BenchOptions& b, Model& m, Communicator& comm,
   }
   comm.barrier();
   const double t0 = now_s();
-  r.report = export_model(*m.tree, m.config, *m.mgr, m.units, o);
+  r.report = export_model(m.mgr->comm(), *m.tree, m.config, *m.mgr, m.units, o);
   r.seconds = now_s() - t0;
   if (root) {
     r.sampled = sampler->stop();
@@ -524,7 +531,7 @@ nlohmann::json results_json(const BenchOptions& b, const Model& m, int world_siz
                 {"tie_word_embeddings", c.tie_word_embeddings}};
   j["model"] = {{"float_dtype", "bfloat16"}, {"quant_type", "nf4"}, {"blocksize", 64}, {"double_quant", true},
                 {"lora_r", b.lora_r}, {"lora_alpha", b.lora_alpha}, {"state_dict_bytes", m.state_dict_bytes}};
-  j["shard_options"] = {{"offload", m.shard_options.offload}, {"compute_device", "cpu"},
+  j["shard_options"] = {{"offload", m.shard_options.offload_params}, {"compute_device", "cpu"},
                         {"gathered_slots", m.shard_options.gathered_slots}};
   j["build"] = {{"seconds", m.tree_s + m.fill_s + m.shard_s}, {"tree_s", m.tree_s}, {"fill_s", m.fill_s},
                 {"shard_s", m.shard_s}, {"fill_threads", b.threads}};

@@ -25,6 +25,13 @@ using namespace qshard;
 
 namespace {
 
+// The compute stream a job's DeviceContext would own.
+Stream& bench_compute_stream() {
+  static Stream s(stream_names::kCompute);
+  return s;
+}
+
+
 __global__ void spin_kernel(long long cycles) {
   const long long start = clock64();
   while (clock64() - start < cycles) {
@@ -75,9 +82,9 @@ int main(int argc, char** argv) {
   const int64_t lora = 16 * ((4096 + 4096) * 2 + (4096 + 1024) * 2 + (4096 + 14336) * 3);
   auto build = [&](bool offload) {
     ShardOptions o;
-    o.offload = offload;
+    o.offload_params = o.offload_optimizer = offload;
     o.compute_device = Device::kCuda;
-    auto mgr = std::make_unique<ShardedParameterManager>(comm, o);
+    auto mgr = std::make_unique<ShardedParameterManager>(comm, bench_compute_stream(), o);
     for (int u = 0; u < units; ++u) {
       const int id = mgr->add_unit("layers." + std::to_string(u));
       mgr->add_tensor(id, BufferKind::kFrozen4bit, "packed", Tensor::zeros({packed}, DType::kU8));

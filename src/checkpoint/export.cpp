@@ -411,9 +411,9 @@ const char* export_format_name(ExportFormat f) {
   return "?";
 }
 
-ExportReport export_model(Module& tree, const LlamaConfig& config, ShardedParameterManager& mgr,
+ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& config, ShardedParameterManager& mgr,
                           const ShardedTree& units, const ExportOptions& o) {
-  Communicator& comm = mgr.comm();
+  Communicator& comm = host;
   void* stream = mgr.compute_stream().handle();
   const bool root = comm.rank() == 0;
   const std::string label = std::string("export ") + export_format_name(o.format) + " to " + o.out_dir;

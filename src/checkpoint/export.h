@@ -2,7 +2,8 @@
 // the PEFT LoRA adapter, or merged bf16 HF weights, streamed one FSDP unit at a time.
 //
 // What: export_model() is collective (every rank of the manager's communicator calls it with the
-// same arguments). The output layout (names, dtypes, shapes, files) is computed first from the
+// same arguments); `host` (the MPI control communicator over the same ranks) carries the status
+// agreement and the strings, the manager's data communicator the gathers. The output layout (names, dtypes, shapes, files) is computed first from the
 // tree's slots and QuantStates, without gathering, identically on every rank. Then the units are
 // gathered one at a time, in the order the file needs them: the root unit for
 // model.embed_tokens, the decoder layers 0..L-1, the root unit again for model.norm and lm_head
@@ -72,7 +73,7 @@ struct ExportReport {
   uint64_t peak_unit_bytes = 0;    // rank 0: most bytes of host tensor copies alive at once
 };
 
-ExportReport export_model(Module& tree, const LlamaConfig& config, ShardedParameterManager& mgr,
+ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& config, ShardedParameterManager& mgr,
                           const ShardedTree& units, const ExportOptions& options);
 
 }  // namespace qshard

@@ -32,6 +32,25 @@ void register_unit(ShardedParameterManager& mgr, int unit, std::vector<SlotRef> 
       mgr.add_tensor(unit, s.trainable ? BufferKind::kTrainable : BufferKind::kFrozenFloat, r.fqn, s.tensor);
     }
   }
+  // Released: the slots keep shapes and dtypes only (meta tensors), never a view into a slot that
+  // another unit reuses; reading a unit that is not gathered finds no data instead of stale bytes.
+  mgr.on_released(unit, [slots](int) {
+    for (const SlotRef& r : slots) {
+      Module::Slot& s = *r.slot;
+      if (s.kind == Module::SlotKind::kParams4bit) {
+        Params4bit& p = *s.params4bit;
+        p.data = p.data.as_meta();
+        p.quant_state.absmax = p.quant_state.absmax.as_meta();
+        p.quant_state.code = p.quant_state.code.as_meta();
+        if (p.quant_state.state2) {
+          p.quant_state.state2->absmax = p.quant_state.state2->absmax.as_meta();
+          p.quant_state.state2->code = p.quant_state.state2->code.as_meta();
+        }
+      } else {
+        s.tensor = s.tensor.as_meta();
+      }
+    }
+  });
   mgr.on_gathered(unit, [&mgr, slots](int u) {
     for (const SlotRef& r : slots) {
       Module::Slot& s = *r.slot;
@@ -68,7 +87,7 @@ ShardedTree shard_module_tree(Module& root, ShardedParameterManager& mgr, const 
   }
   std::vector<SlotRef> rest;
   collect_slots(root, "", rest, layers);
-  register_unit(mgr, mgr.add_unit("root"), std::move(rest));
+  register_unit(mgr, mgr.add_unit("root", /*own_slot=*/true), std::move(rest));
   out.unit_paths.push_back("");
   return out;
 }

@@ -6,9 +6,11 @@
 // trainable parameters -> kTrainable (f32), other parameters and buffers -> kFrozenFloat.
 // When a unit is gathered, its hook points the tree's slots at views into the gathered buffers:
 // a Params4bit whose data, absmax, quant_map and nested tensors are views, so FQN resolution and
-// state_dict() work on a gathered unit exactly as on an unsharded tree. Slots of units that are
-// not gathered keep the views of their last gather, which are not valid: read a unit only while
-// it is gathered.
+// state_dict() work on a gathered unit exactly as on an unsharded tree. When a unit is released
+// its slots become meta tensors (shape and dtype, no data): never a view into a slot that the next
+// unit reuses. The root unit has a gathered slot of its own (ShardedParameterManager own_slot).
+// After the manager is finalized, mgr.release_all_views() drops the full tensors the tree was
+// built with (the caller does it once the tree's values are no longer needed).
 #pragma once
 
 #include <string>

@@ -1,26 +1,27 @@
 #include "model/llama_model.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "quant/params4bit.h"
+#include "runtime/error.h"
 
 namespace qshard {
 
 namespace {
 
-// Projection index = dropout module id offset within a layer (module id = layer * 7 + index).
-constexpr std::array<const char*, 7> kProjections = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                                     "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                                     "mlp.down_proj"};
 enum { kQ, kK, kV, kO, kGate, kUp, kDown };
+
+// Rows of LM-head logits per chunk: at most this many bytes of f32 logits at a time.
+constexpr int64_t kHeadChunkBytes = int64_t{16} << 20;
 
 std::string layer_prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + "."; }
 
-const Module::Slot& require_slot(const Module* m, const std::string& fqn_module, const char* name) {
+Module::Slot* require_slot(Module* m, const std::string& fqn_module, const char* name) {
   if (!m) throw InputError("model tree has no module '" + fqn_module + "'");
-  const Module::Slot* s = m->slot(name);
+  Module::Slot* s = m->slot(name);
   if (!s) throw InputError("model tree has no parameter '" + fqn_module + "." + name + "'");
-  return *s;
+  return s;
 }
 
 void check_shape(const std::string& fqn, const Shape& got, const Shape& want) {
@@ -28,299 +29,586 @@ void check_shape(const std::string& fqn, const Shape& got, const Shape& want) {
     throw InputError("parameter '" + fqn + "' has shape " + shape_str(got) + ", expected " + shape_str(want));
 }
 
-void check_cpu(const std::string& fqn, const Tensor& t) {
-  if (t.device() != Device::kCpu) throw Error("parameter '" + fqn + "' is not on the CPU (the CPU model needs host tensors)");
+const Shape& slot_shape(const Module::Slot& s) {
+  return s.kind == Module::SlotKind::kParams4bit ? s.params4bit->quant_state.shape : s.tensor.shape();
 }
 
 }  // namespace
 
-struct LlamaModel::Projection {
-  LoraLinearParams p;
-  std::vector<float> bias;  // f32 copy of the bias, if any
-  std::string fqn;          // "model.layers.0.self_attn.q_proj"
+// ---- the tree's slots, found once ---------------------------------------------------------------
+
+struct ProjSlots {
+  std::string fqn;  // "model.layers.0.self_attn.q_proj", for error messages at bind
+  Module::Slot* weight = nullptr;
+  Module::Slot* bias = nullptr;
+  Module::Slot* lora_A = nullptr;
+  Module::Slot* lora_B = nullptr;
+  int64_t in = 0, out = 0, r = 0;
 };
 
-struct LlamaModel::LayerWeights {
-  std::array<Projection, 7> proj;
-  std::vector<float> input_norm, post_norm;  // [C] each
+struct LayerSlots {
+  std::array<ProjSlots, 7> proj;
+  Module::Slot* input_norm = nullptr;
+  Module::Slot* post_norm = nullptr;
+  std::string prefix;
 };
 
-// One layer's forward internals (recomputed in the backward). Shapes with N = B*T.
-struct LlamaModel::LayerActivations {
-  std::vector<float> h1;    // [N,C]  input_layernorm(x)
-  std::vector<float> q;     // [N,H*D] after RoPE
-  std::vector<float> k, v;  // [N,Hkv*D] (k after RoPE)
-  std::vector<float> att;   // [B,H,T,T] attention probabilities
-  std::vector<float> a;     // [N,H*D] attention output (o_proj input)
-  std::vector<float> x2;    // [N,C]  x + o_proj(a)
-  std::vector<float> h2;    // [N,C]  post_attention_layernorm(x2)
-  std::vector<float> g, u;  // [N,I]  gate_proj(h2), up_proj(h2)
-  std::vector<float> m;     // [N,I]  silu(g) * u (down_proj input)
-  std::vector<float> out;   // [N,C]  x2 + down_proj(m)
+struct LlamaModel::Slots {
+  std::vector<LayerSlots> layers;
+  Module::Slot* embed = nullptr;
+  Module::Slot* norm = nullptr;
+  Module::Slot* head = nullptr;
 };
 
-LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, const LlamaModelOptions& options)
-    : config_(config), root_(root), options_(options), inv_freq_(rope_inv_freq(config)) {
-  QS_CHECK(config_.head_dim % 2 == 0, "head_dim must be even for RoPE");
-}
+// Every buffer of the step, sized once for max_rows = max_batch * max_seq (N) rows. Pointers are
+// into one device allocation, in the activation dtype unless noted.
+struct LlamaModel::Activations {
+  Tensor storage;
+  void* xs = nullptr;        // [L+1, N, C] layer inputs (checkpoints); xs[L] the final hidden state
+  void* h1 = nullptr;        // [N, C]   input_layernorm(x)
+  float* rstd1 = nullptr;    // [N] f32
+  void* q = nullptr;         // [N, H*D] after RoPE
+  void* k = nullptr;         // [N, Hkv*D] after RoPE
+  void* v = nullptr;         // [N, Hkv*D]
+  void* att_saved = nullptr; // attention_saved_bytes(...)
+  void* a = nullptr;         // [N, H*D]  attention output (o_proj input)
+  void* x2 = nullptr;        // [N, C]   x + o_proj(a)
+  void* h2 = nullptr;        // [N, C]   post_attention_layernorm(x2)
+  float* rstd2 = nullptr;    // [N] f32
+  void* g = nullptr;         // [N, I]   gate_proj(h2)
+  void* u = nullptr;         // [N, I]   up_proj(h2)
+  void* m = nullptr;         // [N, I]   silu(g) * u (down_proj input)
+  void* y = nullptr;         // [N, C]   a recomputed layer's output (not needed by the backward)
+  // gradients
+  void* dx = nullptr;        // [N, C]
+  void* dprev = nullptr;     // [N, C]
+  void* dx2 = nullptr;       // [N, C]
+  void* dm = nullptr;        // [N, I]
+  void* dg = nullptr;        // [N, I]
+  void* du = nullptr;        // [N, I]
+  void* dh2 = nullptr;       // [N, C]
+  void* da = nullptr;        // [N, H*D]
+  void* dq = nullptr;        // [N, H*D]
+  void* dk = nullptr;        // [N, Hkv*D]
+  void* dv = nullptr;        // [N, Hkv*D]
+  void* dh1 = nullptr;       // [N, C]
+  // head
+  void* xf = nullptr;        // [N, C]   final norm
+  float* rstdf = nullptr;    // [N] f32
+  void* dxf = nullptr;       // [N, C]
+  float* rope_cos = nullptr; // [max_seq, D/2] f32
+  float* rope_sin = nullptr; // [max_seq, D/2] f32
+  int64_t* ids = nullptr;    // [N]
+  int64_t* targets = nullptr;// [N]
+  double* loss_sum = nullptr;// [1] f64 accumulator
+  float* norms = nullptr;    // [3, C] f32: the bound layer's two norms, the root's final norm
+  float* biases = nullptr;   // [7, max_out] f32: the bound layer's biases
+};
 
-std::vector<float> LlamaModel::float_param(const std::string& fqn, int64_t numel) const {
-  const Resolved r = resolve(root_, fqn);
-  if (r.kind != NodeKind::kParameter && r.kind != NodeKind::kBuffer)
-    throw InputError("'" + fqn + "' is " + r.describe() + ", expected a float parameter");
-  check_cpu(fqn, r.tensor);
-  if (r.tensor.numel() != numel)
-    throw InputError("parameter '" + fqn + "' has shape " + shape_str(r.tensor.shape()) + ", expected " +
-                     std::to_string(numel) + " elements");
-  return r.tensor.to_f32_vector();
-}
+LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& ctx, const LlamaModelOptions& options)
+    : config_(config), root_(root), ctx_(ctx), options_(options), slots_(std::make_unique<Slots>()),
+      act_(std::make_unique<Activations>()) {
+  const LlamaConfig& c = config_;
+  QS_CHECK(c.head_dim % 2 == 0, "head_dim must be even for RoPE");
+  QS_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
+           "num_attention_heads must be a multiple of num_key_value_heads");
+  QS_CHECK(options.max_batch >= 1, "max_batch must be at least 1");
+  max_seq_ = options.max_seq > 0 ? options.max_seq : c.max_position_embeddings;
+  max_rows_ = options.max_batch * max_seq_;
+  const int64_t L = c.num_hidden_layers, C = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim, N = max_rows_;
 
-LlamaModel::LayerWeights LlamaModel::load_layer(int64_t layer) {
-  QS_CHECK(layer >= 0 && layer < config_.num_hidden_layers, "layer index out of range");
-  const std::string prefix = layer_prefix(layer);
-  LayerWeights w;
-  for (size_t i = 0; i < kProjections.size(); ++i) {
-    Projection& pr = w.proj[i];
-    pr.fqn = prefix + kProjections[i];
-    Module* lin = root_.find_module(pr.fqn);
-    const Module::Slot& ws = require_slot(lin, pr.fqn, "weight");
-    const Shape shape = llama_projection_shape(config_, kProjections[i]);
-    pr.p.out = shape[0];
-    pr.p.in = shape[1];
-    std::vector<float>& scratch = weight_scratch_[i];
-    scratch.resize(shape_numel(shape));
-    if (ws.kind == Module::SlotKind::kParams4bit) {
-      const Params4bit& p4 = *ws.params4bit;
-      check_cpu(pr.fqn + ".weight", p4.data);
-      check_shape(pr.fqn + ".weight", p4.quant_state.shape, shape);
-      dequantize_4bit_args_cpu(dequant_args(p4), scratch.data());
-    } else {
-      check_cpu(pr.fqn + ".weight", ws.tensor);
-      check_shape(pr.fqn + ".weight", ws.tensor.shape(), shape);
-      if (ws.tensor.dtype() == DType::kF32) std::copy_n(ws.tensor.data<float>(), scratch.size(), scratch.data());
-      else scratch = ws.tensor.to_f32_vector();
+  // ---- find every slot once ----
+  int64_t max_in = 0, max_out = 0, max_r = 0, dequant_floats = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    LayerSlots ls;
+    ls.prefix = layer_prefix(l);
+    int64_t layer_dequant = 0;
+    for (size_t i = 0; i < kLlamaProjections.size(); ++i) {
+      ProjSlots& ps = ls.proj[i];
+      ps.fqn = ls.prefix + kLlamaProjections[i];
+      Module* lin = root_.find_module(ps.fqn);
+      ps.weight = require_slot(lin, ps.fqn, "weight");
+      const Shape shape = llama_projection_shape(c, kLlamaProjections[i]);
+      check_shape(ps.fqn + ".weight", slot_shape(*ps.weight), shape);
+      ps.out = shape[0];
+      ps.in = shape[1];
+      if (Module::Slot* b = lin->slot("bias")) {
+        check_shape(ps.fqn + ".bias", b->tensor.shape(), {ps.out});
+        ps.bias = b;
+      }
+      Module* la = lin->child("lora_A");
+      Module* lb = lin->child("lora_B");
+      if (la || lb) {
+        ps.lora_A = require_slot(la, ps.fqn + ".lora_A", "weight");
+        ps.lora_B = require_slot(lb, ps.fqn + ".lora_B", "weight");
+        if (ps.lora_A->tensor.dtype() != DType::kF32 || ps.lora_B->tensor.dtype() != DType::kF32)
+          throw InputError("LoRA weights of '" + ps.fqn + "' must be F32");
+        ps.r = ps.lora_A->tensor.ndim() == 2 ? ps.lora_A->tensor.dim(0) : 0;
+        check_shape(ps.fqn + ".lora_A.weight", ps.lora_A->tensor.shape(), {ps.r, ps.in});
+        check_shape(ps.fqn + ".lora_B.weight", ps.lora_B->tensor.shape(), {ps.out, ps.r});
+      }
+      max_in = std::max(max_in, ps.in);
+      max_out = std::max(max_out, ps.out);
+      max_r = std::max(max_r, ps.r);
+      const bool dense_f32 = ps.weight->kind != Module::SlotKind::kParams4bit && ps.weight->tensor.dtype() == DType::kF32;
+      if (!dense_f32 && ps.weight->kind == Module::SlotKind::kParams4bit) layer_dequant += ps.in * ps.out;
     }
-    pr.p.weight = scratch.data();
-    if (const Module::Slot* b = lin->slot("bias")) {
-      check_shape(pr.fqn + ".bias", b->tensor.shape(), {pr.p.out});
-      pr.bias = b->tensor.to_f32_vector();
-      pr.p.bias = pr.bias.data();
-    }
-    const Module* la = lin->child("lora_A");
-    const Module* lb = lin->child("lora_B");
-    if (la || lb) {
-      const Module::Slot& sa = require_slot(la, pr.fqn + ".lora_A", "weight");
-      const Module::Slot& sb = require_slot(lb, pr.fqn + ".lora_B", "weight");
-      const std::string fa = pr.fqn + ".lora_A.weight", fb = pr.fqn + ".lora_B.weight";
-      if (sa.tensor.dtype() != DType::kF32 || sb.tensor.dtype() != DType::kF32)
-        throw InputError("LoRA weights of '" + pr.fqn + "' must be F32");
-      check_cpu(fa, sa.tensor);
-      check_cpu(fb, sb.tensor);
-      const int64_t r = sa.tensor.ndim() == 2 ? sa.tensor.dim(0) : 0;
-      check_shape(fa, sa.tensor.shape(), {r, pr.p.in});
-      check_shape(fb, sb.tensor.shape(), {pr.p.out, r});
-      pr.p.r = r;
-      pr.p.lora_A = sa.tensor.data<float>();
-      pr.p.lora_B = sb.tensor.data<float>();
-      pr.p.scaling = lora_scaling(options_.lora_alpha, r, options_.use_rslora);
-      pr.p.dropout = DropoutKey{training_ ? options_.lora_dropout : 0.0f, options_.dropout_seed, step_,
-                                static_cast<uint64_t>(layer) * kProjections.size() + i, row_offset_};
-    }
+    ls.input_norm = require_slot(root_.find_module(ls.prefix + "input_layernorm"), ls.prefix + "input_layernorm", "weight");
+    ls.post_norm = require_slot(root_.find_module(ls.prefix + "post_attention_layernorm"),
+                                ls.prefix + "post_attention_layernorm", "weight");
+    check_shape(ls.prefix + "input_layernorm.weight", ls.input_norm->tensor.shape(), {C});
+    check_shape(ls.prefix + "post_attention_layernorm.weight", ls.post_norm->tensor.shape(), {C});
+    dequant_floats = std::max(dequant_floats, layer_dequant);
+    slots_->layers.push_back(std::move(ls));
   }
-  const int64_t C = config_.hidden_size;
-  w.input_norm = float_param(prefix + "input_layernorm.weight", C);
-  w.post_norm = float_param(prefix + "post_attention_layernorm.weight", C);
-  return w;
-}
+  slots_->embed = require_slot(root_.find_module("model.embed_tokens"), "model.embed_tokens", "weight");
+  check_shape("model.embed_tokens.weight", slots_->embed->tensor.shape(), {V, C});
+  slots_->norm = require_slot(root_.find_module("model.norm"), "model.norm", "weight");
+  check_shape("model.norm.weight", slots_->norm->tensor.shape(), {C});
+  Module* head = root_.child("lm_head");
+  slots_->head = (c.tie_word_embeddings || !head || !head->slot("weight")) ? slots_->embed : head->slot("weight");
+  check_shape("lm_head.weight", slots_->head->tensor.shape(), {V, C});
 
-void LlamaModel::run_layer(const LayerWeights& w, const float* x, LayerActivations& a, int64_t B, int64_t T) {
-  const int64_t N = B * T, C = config_.hidden_size, I = config_.intermediate_size;
-  const int64_t H = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
-  const RopeTables rope = rope_tables(inv_freq_, T);
-  a.h1.resize(N * C);
-  rmsnorm_fwd(a.h1.data(), nullptr, x, w.input_norm.data(), N, C, eps);
-  a.q.resize(N * H * D);
-  a.k.resize(N * Hkv * D);
-  a.v.resize(N * Hkv * D);
-  lora_linear_fwd(a.q.data(), a.h1.data(), w.proj[kQ].p, N);
-  lora_linear_fwd(a.k.data(), a.h1.data(), w.proj[kK].p, N);
-  lora_linear_fwd(a.v.data(), a.h1.data(), w.proj[kV].p, N);
-  rope_fwd(a.q.data(), rope, B, T, H, D);
-  rope_fwd(a.k.data(), rope, B, T, Hkv, D);
-  a.att.resize(B * H * T * T);
-  a.a.resize(N * H * D);
-  attention_fwd(a.a.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), B, T, H, Hkv, D);
-  a.x2.resize(N * C);
-  lora_linear_fwd(a.x2.data(), a.a.data(), w.proj[kO].p, N);
-  for (int64_t i = 0; i < N * C; ++i) a.x2[i] = x[i] + a.x2[i];  // residual + attn (HF order)
-  a.h2.resize(N * C);
-  rmsnorm_fwd(a.h2.data(), nullptr, a.x2.data(), w.post_norm.data(), N, C, eps);
-  a.g.resize(N * I);
-  a.u.resize(N * I);
-  a.m.resize(N * I);
-  lora_linear_fwd(a.g.data(), a.h2.data(), w.proj[kGate].p, N);
-  lora_linear_fwd(a.u.data(), a.h2.data(), w.proj[kUp].p, N);
-  swiglu_fwd(a.m.data(), a.g.data(), a.u.data(), N * I);
-  a.out.resize(N * C);
-  lora_linear_fwd(a.out.data(), a.m.data(), w.proj[kDown].p, N);
-  for (int64_t i = 0; i < N * C; ++i) a.out[i] = a.x2[i] + a.out[i];
-}
-
-void LlamaModel::embed(std::span<const int64_t> ids, std::span<float> x, int64_t B, int64_t T) {
-  const int64_t N = B * T, C = config_.hidden_size, V = config_.vocab_size;
-  QS_CHECK(static_cast<int64_t>(ids.size()) == N && static_cast<int64_t>(x.size()) == N * C, "embed: bad sizes");
-  const std::vector<float> table = float_param("model.embed_tokens.weight", V * C);
-  embedding_fwd(x.data(), ids.data(), table.data(), N, C, V);
-}
-
-void LlamaModel::layer_forward(int64_t layer, std::span<const float> x_in, std::span<float> x_out, int64_t B,
-                               int64_t T) {
-  const int64_t NC = B * T * config_.hidden_size;
-  QS_CHECK(static_cast<int64_t>(x_in.size()) == NC && static_cast<int64_t>(x_out.size()) == NC,
-           "layer_forward: bad sizes");
-  const LayerWeights w = load_layer(layer);
-  LayerActivations a;
-  run_layer(w, x_in.data(), a, B, T);
-  std::copy(a.out.begin(), a.out.end(), x_out.begin());
-}
-
-void LlamaModel::layer_backward(int64_t layer, std::span<const float> x_in, std::span<const float> dout,
-                                std::span<float> dx, int64_t B, int64_t T, const GradLookup& grad_lookup) {
-  const int64_t N = B * T, C = config_.hidden_size, I = config_.intermediate_size;
-  const int64_t H = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
-  QS_CHECK(static_cast<int64_t>(x_in.size()) == N * C && static_cast<int64_t>(dout.size()) == N * C &&
-               static_cast<int64_t>(dx.size()) == N * C,
-           "layer_backward: bad sizes");
-  const LayerWeights w = load_layer(layer);
-  LayerActivations a;
-  run_layer(w, x_in.data(), a, B, T);  // activation checkpointing: recompute the internals
-
-  auto grads = [&](int idx, float*& dA, float*& dB) {
-    const Projection& pr = w.proj[idx];
-    dA = dB = nullptr;
-    if (pr.p.r == 0 || !grad_lookup) return;
-    dA = grad_lookup(pr.fqn + ".lora_A.weight");
-    dB = grad_lookup(pr.fqn + ".lora_B.weight");
+  // ---- activations, once ----
+  const size_t esz = dtype_size(ctx_.activation_dtype());
+  struct Piece {
+    void** ptr;
+    size_t bytes;
   };
-  auto lin_bwd = [&](int idx, float* dxin, const float* dy, const float* xin) {
-    float *dA, *dB;
-    grads(idx, dA, dB);
-    lora_linear_bwd(dxin, dA, dB, dy, xin, w.proj[idx].p, N);
-  };
+  std::vector<Piece> pieces;
+  auto add = [&](void** p, size_t bytes) { pieces.push_back({p, bytes}); };
+  auto addf = [&](float** p, int64_t n) { pieces.push_back({reinterpret_cast<void**>(p), static_cast<size_t>(n) * 4}); };
+  Activations& a = *act_;
+  add(&a.xs, (L + 1) * N * C * esz);
+  add(&a.h1, N * C * esz);
+  addf(&a.rstd1, N);
+  add(&a.q, N * H * D * esz);
+  add(&a.k, N * Hkv * D * esz);
+  add(&a.v, N * Hkv * D * esz);
+  add(&a.att_saved, attention_saved_bytes(ctx_.backend(), options.max_batch, max_seq_, H, Hkv, D));
+  add(&a.a, N * H * D * esz);
+  add(&a.x2, N * C * esz);
+  add(&a.h2, N * C * esz);
+  addf(&a.rstd2, N);
+  add(&a.g, N * I * esz);
+  add(&a.u, N * I * esz);
+  add(&a.m, N * I * esz);
+  add(&a.y, N * C * esz);
+  for (void** p : {&a.dx, &a.dprev, &a.dx2, &a.dh2, &a.dh1, &a.xf, &a.dxf}) add(p, N * C * esz);
+  for (void** p : {&a.dm, &a.dg, &a.du}) add(p, N * I * esz);
+  for (void** p : {&a.da, &a.dq}) add(p, N * H * D * esz);
+  for (void** p : {&a.dk, &a.dv}) add(p, N * Hkv * D * esz);
+  addf(&a.rstdf, N);
+  addf(&a.rope_cos, max_seq_ * D / 2);
+  addf(&a.rope_sin, max_seq_ * D / 2);
+  add(reinterpret_cast<void**>(&a.ids), N * 8);
+  add(reinterpret_cast<void**>(&a.targets), N * 8);
+  add(reinterpret_cast<void**>(&a.loss_sum), 8);
+  addf(&a.norms, 3 * C);
+  addf(&a.biases, 7 * max_out);
+  size_t total = 0;
+  for (const Piece& p : pieces) total += (p.bytes + 255) / 256 * 256;
+  a.storage = Tensor::zeros({static_cast<int64_t>(total)}, DType::kU8, ctx_.compute_device());
+  size_t off = 0;
+  for (const Piece& p : pieces) {
+    *p.ptr = static_cast<uint8_t*>(a.storage.raw()) + off;
+    off += (p.bytes + 255) / 256 * 256;
+  }
+  RopeParams rp;
+  rp.theta = c.rope_theta;
+  rp.head_dim = D;
+  rp.llama3 = c.rope_scaling.rope_type == "llama3";
+  rp.factor = c.rope_scaling.factor;
+  rp.low_freq_factor = c.rope_scaling.low_freq_factor;
+  rp.high_freq_factor = c.rope_scaling.high_freq_factor;
+  rp.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
+  ops::rope_tables(a.rope_cos, a.rope_sin, rp, max_seq_, ctx_);
 
-  // MLP: out = x2 + down(silu(gate(h2)) * up(h2)); dout flows to x2 unchanged (residual).
-  std::vector<float> dx2(dout.begin(), dout.end());  // [N,C]
-  std::vector<float> dm(N * I, 0.0f), dg(N * I, 0.0f), du(N * I, 0.0f), dh2(N * C, 0.0f);
-  lin_bwd(kDown, dm.data(), dout.data(), a.m.data());
-  swiglu_bwd(dg.data(), du.data(), dm.data(), a.g.data(), a.u.data(), N * I);
-  lin_bwd(kGate, dh2.data(), dg.data(), a.h2.data());
-  lin_bwd(kUp, dh2.data(), du.data(), a.h2.data());
-  rmsnorm_bwd(dx2.data(), dh2.data(), a.x2.data(), w.post_norm.data(), N, C, eps);
-
-  // Attention: x2 = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = norm(x).
-  std::copy(dx2.begin(), dx2.end(), dx.begin());  // residual
-  std::vector<float> da(N * H * D, 0.0f), dq(N * H * D, 0.0f), dk(N * Hkv * D, 0.0f), dv(N * Hkv * D, 0.0f);
-  lin_bwd(kO, da.data(), dx2.data(), a.a.data());
-  attention_bwd(dq.data(), dk.data(), dv.data(), da.data(), a.q.data(), a.k.data(), a.v.data(), a.att.data(), B, T,
-                H, Hkv, D);
-  const RopeTables rope = rope_tables(inv_freq_, T);
-  rope_bwd(dq.data(), rope, B, T, H, D);
-  rope_bwd(dk.data(), rope, B, T, Hkv, D);
-  std::vector<float> dh1(N * C, 0.0f);
-  lin_bwd(kQ, dh1.data(), dq.data(), a.h1.data());
-  lin_bwd(kK, dh1.data(), dk.data(), a.h1.data());
-  lin_bwd(kV, dh1.data(), dv.data(), a.h1.data());
-  rmsnorm_bwd(dx.data(), dh1.data(), x_in.data(), w.input_norm.data(), N, C, eps);
+  // ---- workspace: the larger of a layer's and the head's scratch ----
+  head_rows_ = std::clamp<int64_t>(kHeadChunkBytes / (V * 4), 1, N);
+  const int64_t gemm_scratch = 2 * std::max({N, V, I, C, max_in, max_out}) + 2 * max_seq_;
+  const int64_t layer_ws = dequant_floats + 2 * N * max_in + 2 * N * max_r + gemm_scratch;
+  const int64_t head_ws = head_rows_ * V + gemm_scratch;
+  ctx_.workspace().reserve(static_cast<size_t>(std::max(layer_ws, head_ws)) * 4 + 64 * Workspace::kAlign);
 }
+
+LlamaModel::~LlamaModel() = default;
+
+void* LlamaModel::act(void* base, int64_t elems) const {
+  return static_cast<uint8_t*>(base) + elems * static_cast<int64_t>(dtype_size(ctx_.activation_dtype()));
+}
+
+void LlamaModel::check_sizes(int64_t B, int64_t T) const {
+  QS_CHECK(B >= 1 && T >= 1 && T <= max_seq_ && B * T <= max_rows_,
+           "batch " + std::to_string(B) + " x " + std::to_string(T) + " is past the model's buffers (" +
+               std::to_string(options_.max_batch) + " x " + std::to_string(max_seq_) + ")");
+}
+
+void LlamaModel::upload(std::span<const int64_t> ids, std::span<const int64_t> targets) {
+  copy_bytes(act_->ids, ctx_.compute_device(), ids.data(), Device::kCpu, ids.size_bytes());
+  if (!targets.empty()) copy_bytes(act_->targets, ctx_.compute_device(), targets.data(), Device::kCpu, targets.size_bytes());
+}
+
+// ---- binding --------------------------------------------------------------------------------------
 
 namespace {
-const char* head_weight_name(const Module& root, const LlamaConfig& c) {
-  const Module* head = root.child("lm_head");
-  if (c.tie_word_embeddings || !head || !head->slot("weight")) return "model.embed_tokens.weight";
-  return "lm_head.weight";
+const Tensor& bound_tensor(const Module::Slot& s, const std::string& fqn, Device device) {
+  if (!s.tensor.defined())
+    throw Error("parameter '" + fqn + "' is not available (its FSDP unit is not gathered)");
+  if (s.tensor.device() != device)
+    throw Error("parameter '" + fqn + "' is on the " + (s.tensor.device() == Device::kCpu ? "CPU" : "GPU") +
+                ", the model computes on the other device");
+  return s.tensor;
 }
 }  // namespace
 
-void LlamaModel::head_forward(std::span<const float> x, std::span<float> logits, int64_t B, int64_t T) {
-  const int64_t N = B * T, C = config_.hidden_size, V = config_.vocab_size;
-  QS_CHECK(static_cast<int64_t>(x.size()) == N * C && static_cast<int64_t>(logits.size()) == N * V,
-           "head_forward: bad sizes");
-  const std::vector<float> norm = float_param("model.norm.weight", C);
-  const std::vector<float> head = float_param(head_weight_name(root_, config_), V * C);
-  std::vector<float> xf(N * C);  // [N,C] final norm
-  rmsnorm_fwd(xf.data(), nullptr, x.data(), norm.data(), N, C, static_cast<float>(config_.rms_norm_eps));
-  LoraLinearParams p;
-  p.in = C;
-  p.out = V;
-  p.weight = head.data();
-  lora_linear_fwd(logits.data(), xf.data(), p, N);
+void LlamaModel::bind_root() {
+  const Device dev = ctx_.compute_device();
+  RootBinding& r = root_binding_;
+  const Tensor& e = bound_tensor(*slots_->embed, "model.embed_tokens.weight", dev);
+  r.embed = e.raw();
+  r.embed_dtype = e.dtype();
+  const Tensor& n = bound_tensor(*slots_->norm, "model.norm.weight", dev);
+  float* norm = act_->norms + 2 * config_.hidden_size;
+  ops::to_f32(norm, n.raw(), n.dtype(), config_.hidden_size, ctx_);
+  r.norm = norm;
+  const Tensor& h = bound_tensor(*slots_->head, "lm_head.weight", dev);
+  r.head = h.raw();
+  r.head_dtype = h.dtype();
 }
 
-float LlamaModel::head_forward_backward(std::span<const float> x, std::span<const int64_t> targets,
-                                        std::span<float> dx, int64_t B, int64_t T, double normalizer) {
-  const int64_t N = B * T, C = config_.hidden_size, V = config_.vocab_size;
-  QS_CHECK(static_cast<int64_t>(targets.size()) == N && static_cast<int64_t>(dx.size()) == N * C,
-           "head_forward_backward: bad sizes");
-  const float eps = static_cast<float>(config_.rms_norm_eps);
-  const std::vector<float> norm = float_param("model.norm.weight", C);
-  const std::vector<float> head = float_param(head_weight_name(root_, config_), V * C);
-  std::vector<float> xf(N * C), logits(N * V), dlogits(N * V), dxf(N * C, 0.0f);
-  rmsnorm_fwd(xf.data(), nullptr, x.data(), norm.data(), N, C, eps);
-  LoraLinearParams p;
-  p.in = C;
-  p.out = V;
-  p.weight = head.data();
-  lora_linear_fwd(logits.data(), xf.data(), p, N);
-  const float loss = cross_entropy_fwd_bwd(dlogits.data(), logits.data(), targets.data(), N, V, normalizer);
-  lora_linear_bwd(dxf.data(), nullptr, nullptr, dlogits.data(), xf.data(), p, N);
-  std::fill(dx.begin(), dx.end(), 0.0f);
-  rmsnorm_bwd(dx.data(), dxf.data(), x.data(), norm.data(), N, C, eps);
-  return loss;
-}
-
-std::vector<float> LlamaModel::forward(std::span<const int64_t> ids, int64_t B, int64_t T) {
-  const int64_t NC = B * T * config_.hidden_size;
-  std::vector<float> x(NC), y(NC), logits(B * T * config_.vocab_size);
-  if (before_root) before_root(Pass::kForward);
-  embed(ids, x, B, T);
-  if (after_root) after_root(Pass::kForward);
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    if (before_layer) before_layer(l, Pass::kForward);
-    layer_forward(l, x, y, B, T);
-    if (after_layer) after_layer(l, Pass::kForward);
-    std::swap(x, y);
+void LlamaModel::bind_layer(int64_t layer, const LayerGrads& grads) {
+  QS_CHECK(layer >= 0 && layer < config_.num_hidden_layers, "layer index out of range");
+  const Device dev = ctx_.compute_device();
+  const LayerSlots& ls = slots_->layers[static_cast<size_t>(layer)];
+  const int64_t C = config_.hidden_size;
+  LayerBinding& b = layer_;
+  b.layer = layer;
+  int64_t bias_off = 0;
+  const int64_t max_out = std::max({config_.hidden_size, config_.intermediate_size,
+                                    config_.num_attention_heads * config_.head_dim});
+  for (size_t i = 0; i < ls.proj.size(); ++i) {
+    const ProjSlots& ps = ls.proj[i];
+    ProjectionBinding& pb = b.proj[i];
+    pb = ProjectionBinding{};
+    pb.in = ps.in;
+    pb.out = ps.out;
+    if (ps.weight->kind == Module::SlotKind::kParams4bit) {
+      const Params4bit& p4 = *ps.weight->params4bit;
+      if (!p4.data.defined())
+        throw Error("parameter '" + ps.fqn + ".weight' is not available (its FSDP unit is not gathered)");
+      if (p4.data.device() != dev) throw Error("parameter '" + ps.fqn + ".weight' is on the wrong device");
+      pb.quantized = true;
+      pb.q = dequant_args(p4);
+      pb.weight_dtype = p4.quant_state.dtype;
+    } else {
+      const Tensor& w = bound_tensor(*ps.weight, ps.fqn + ".weight", dev);
+      pb.dense = w.raw();
+      pb.weight_dtype = w.dtype();
+    }
+    if (ps.bias) {
+      const Tensor& bt = bound_tensor(*ps.bias, ps.fqn + ".bias", dev);
+      float* dst = act_->biases + bias_off;
+      QS_CHECK(ps.out <= max_out, "bias larger than its buffer");
+      ops::to_f32(dst, bt.raw(), bt.dtype(), ps.out, ctx_);
+      pb.bias = dst;
+    }
+    bias_off += max_out;
+    if (ps.r > 0) {
+      pb.r = ps.r;
+      pb.lora_A = bound_tensor(*ps.lora_A, ps.fqn + ".lora_A.weight", dev).data<float>();
+      pb.lora_B = bound_tensor(*ps.lora_B, ps.fqn + ".lora_B.weight", dev).data<float>();
+      pb.scaling = lora_scaling(options_.lora_alpha, ps.r, options_.use_rslora);
+      pb.grad_A = grads.lora_A[i];
+      pb.grad_B = grads.lora_B[i];
+    }
   }
-  if (before_root) before_root(Pass::kForward);
-  head_forward(x, logits, B, T);
-  if (after_root) after_root(Pass::kForward);
-  return logits;
+  const Tensor& n1 = bound_tensor(*ls.input_norm, ls.prefix + "input_layernorm.weight", dev);
+  const Tensor& n2 = bound_tensor(*ls.post_norm, ls.prefix + "post_attention_layernorm.weight", dev);
+  ops::to_f32(act_->norms, n1.raw(), n1.dtype(), C, ctx_);
+  ops::to_f32(act_->norms + C, n2.raw(), n2.dtype(), C, ctx_);
+  b.input_norm = act_->norms;
+  b.post_norm = act_->norms + C;
 }
 
-float LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B,
-                                   int64_t T, double normalizer, const GradLookup& grad_lookup) {
+// ---- one decoder layer ------------------------------------------------------------------------------
+
+DropoutKey LlamaModel::dropout_key(int idx) const {
+  return DropoutKey{training_ ? options_.lora_dropout : 0.0f, options_.dropout_seed, step_,
+                    static_cast<uint64_t>(layer_.layer) * kLlamaProjections.size() + idx, row_offset_};
+}
+
+// The bound layer's projections as GEMM operands: 4-bit ones dequantized into the workspace.
+void LlamaModel::dequantize_layer() {
+  Workspace& ws = ctx_.workspace();
+  for (size_t i = 0; i < layer_.proj.size(); ++i) {
+    const ProjectionBinding& p = layer_.proj[i];
+    if (p.quantized) {
+      float* w = ws.take<float>(p.in * p.out, "dequantized projection");
+      ops::dequantize_4bit(w, p.q, p.weight_dtype, ctx_);
+      weights_[i] = w;
+    } else {
+      weights_[i] = p.weight_dtype == DType::kF32 ? static_cast<const float*>(p.dense) : nullptr;
+    }
+  }
+}
+
+void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N) {
+  const ProjectionBinding& p = layer_.proj[idx];
+  GemmShape s{N, p.out, p.in, false, true};
+  s.b_type = weights_[idx] ? DType::kF32 : p.weight_dtype;
+  ops::gemm(y, x, weights_[idx] ? static_cast<const void*>(weights_[idx]) : p.dense, s, ctx_);  // y = x W^T
+  if (p.bias) ops::add_bias(y, p.bias, N, p.out, ctx_);
+  if (p.r == 0) return;
+  Workspace& ws = ctx_.workspace();
+  const size_t mark = ws.used();
+  const DropoutKey key = dropout_key(idx);
+  const void* xd = x;
+  if (key.p > 0.0f) {
+    void* buf = ws.take(N * p.in * dtype_size(ctx_.activation_dtype()), "LoRA dropout input");
+    ops::dropout_fwd(buf, x, key, N, p.in, ctx_);
+    xd = buf;
+  }
+  void* t = ws.take(N * p.r * dtype_size(ctx_.activation_dtype()), "LoRA x A^T");
+  ops::gemm(t, xd, p.lora_A, GemmShape{N, p.r, p.in, false, true}, ctx_);                        // t = xd A^T
+  ops::gemm(y, t, p.lora_B, GemmShape{N, p.out, p.r, false, true, p.scaling, 1.0f}, ctx_);      // y += s t B^T
+  ws.rewind(mark);
+}
+
+void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N) {
+  const ProjectionBinding& p = layer_.proj[idx];
+  GemmShape s{N, p.in, p.out, false, false, 1.0f, accumulate_dx ? 1.0f : 0.0f};
+  s.b_type = weights_[idx] ? DType::kF32 : p.weight_dtype;
+  ops::gemm(dx, dy, weights_[idx] ? static_cast<const void*>(weights_[idx]) : p.dense, s, ctx_);  // dx (+)= dy W
+  if (p.r == 0) return;
+  Workspace& ws = ctx_.workspace();
+  const size_t mark = ws.used();
+  const size_t esz = dtype_size(ctx_.activation_dtype());
+  const DropoutKey key = dropout_key(idx);
+  const void* xd = x;
+  if (key.p > 0.0f) {  // recomputed: the same mask
+    void* buf = ws.take(N * p.in * esz, "LoRA dropout input");
+    ops::dropout_fwd(buf, x, key, N, p.in, ctx_);
+    xd = buf;
+  }
+  void* t = ws.take(N * p.r * esz, "LoRA x A^T");
+  ops::gemm(t, xd, p.lora_A, GemmShape{N, p.r, p.in, false, true}, ctx_);  // t = xd A^T  [N,r]
+  if (p.grad_B)  // dB += s dy^T t
+    ops::gemm(p.grad_B, dy, t, GemmShape{p.out, p.r, N, true, false, p.scaling, 1.0f}, ctx_);
+  void* dt = ws.take(N * p.r * esz, "LoRA dy B");
+  ops::gemm(dt, dy, p.lora_B, GemmShape{N, p.r, p.out, false, false}, ctx_);  // dt = dy B  [N,r]
+  if (p.grad_A)  // dA += s dt^T xd
+    ops::gemm(p.grad_A, dt, xd, GemmShape{p.r, p.in, N, true, false, p.scaling, 1.0f}, ctx_);
+  void* dxd = ws.take(N * p.in * esz, "LoRA dx");
+  ops::gemm(dxd, dt, p.lora_A, GemmShape{N, p.in, p.r, false, false, p.scaling, 0.0f}, ctx_);  // s dt A
+  ops::dropout_fwd(dxd, dxd, key, N, p.in, ctx_);  // the mask's transpose is itself
+  ops::accumulate(dx, dxd, N * p.in, ctx_);
+  ws.rewind(mark);
+}
+
+void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T) {
+  const LlamaConfig& c = config_;
+  const int64_t N = B * T, C = c.hidden_size, I = c.intermediate_size;
+  const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  Activations& a = *act_;
+  ops::rmsnorm_fwd(a.h1, a.rstd1, x, layer_.input_norm, N, C, eps, ctx_);
+  linear_fwd(kQ, a.q, a.h1, N);
+  linear_fwd(kK, a.k, a.h1, N);
+  linear_fwd(kV, a.v, a.h1, N);
+  ops::rope_fwd(a.q, a.rope_cos, a.rope_sin, B, T, H, D, ctx_);
+  ops::rope_fwd(a.k, a.rope_cos, a.rope_sin, B, T, Hkv, D, ctx_);
+  ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_);
+  linear_fwd(kO, a.x2, a.a, N);
+  ops::add(a.x2, x, a.x2, N * C, ctx_);  // residual + attention (HF order)
+  ops::rmsnorm_fwd(a.h2, a.rstd2, a.x2, layer_.post_norm, N, C, eps, ctx_);
+  linear_fwd(kGate, a.g, a.h2, N);
+  linear_fwd(kUp, a.u, a.h2, N);
+  ops::swiglu_fwd(a.m, a.g, a.u, N * I, ctx_);
+  linear_fwd(kDown, x_out, a.m, N);
+  ops::add(x_out, a.x2, x_out, N * C, ctx_);
+}
+
+void LlamaModel::layer_forward(const void* x_in, void* x_out, int64_t B, int64_t T) {
+  check_sizes(B, T);
+  ctx_.workspace().reset();
+  dequantize_layer();
+  run_layer(x_in, x_out, B, T);
+  ctx_.workspace().reset();
+}
+
+void LlamaModel::layer_backward(const void* x_in, const void* dout, void* dx, int64_t B, int64_t T) {
+  check_sizes(B, T);
+  const LlamaConfig& c = config_;
+  const int64_t N = B * T, C = c.hidden_size, I = c.intermediate_size;
+  const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
+  Activations& a = *act_;
+  ctx_.workspace().reset();
+  dequantize_layer();
+  run_layer(x_in, a.y, B, T);  // activation checkpointing: recompute the internals
+
+  // MLP: out = x2 + down(silu(gate(h2)) * up(h2)); dout flows to x2 unchanged (residual).
+  ops::copy(a.dx2, dout, N * C, ctx_);
+  linear_bwd(kDown, a.dm, false, dout, a.m, N);
+  ops::swiglu_bwd(a.dg, a.du, a.dm, a.g, a.u, N * I, ctx_);
+  linear_bwd(kGate, a.dh2, false, a.dg, a.h2, N);
+  linear_bwd(kUp, a.dh2, true, a.du, a.h2, N);
+  ops::rmsnorm_bwd(a.dx2, a.dh2, a.x2, layer_.post_norm, a.rstd2, N, C, ctx_);
+
+  // Attention: x2 = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = norm(x).
+  ops::copy(dx, a.dx2, N * C, ctx_);  // residual
+  linear_bwd(kO, a.da, false, a.dx2, a.a, N);
+  ops::attention_bwd(a.dq, a.dk, a.dv, a.da, a.q, a.k, a.v, a.a, a.att_saved, B, T, H, Hkv, D, ctx_);
+  ops::rope_bwd(a.dq, a.rope_cos, a.rope_sin, B, T, H, D, ctx_);
+  ops::rope_bwd(a.dk, a.rope_cos, a.rope_sin, B, T, Hkv, D, ctx_);
+  linear_bwd(kQ, a.dh1, false, a.dq, a.h1, N);
+  linear_bwd(kK, a.dh1, true, a.dk, a.h1, N);
+  linear_bwd(kV, a.dh1, true, a.dv, a.h1, N);
+  ops::rmsnorm_bwd(dx, a.dh1, x_in, layer_.input_norm, a.rstd1, N, C, ctx_);
+  ctx_.workspace().reset();
+}
+
+// ---- embedding and head -------------------------------------------------------------------------
+
+void LlamaModel::embed(std::span<const int64_t> ids, void* x, int64_t B, int64_t T) {
+  check_sizes(B, T);
+  QS_CHECK(static_cast<int64_t>(ids.size()) == B * T, "embed: bad sizes");
+  upload(ids, {});
+  ops::embedding_fwd(x, act_->ids, root_binding_.embed, root_binding_.embed_dtype, B * T, config_.hidden_size,
+                     config_.vocab_size, ctx_);
+}
+
+void LlamaModel::head_chunks(const void* x, const int64_t* targets, void* dx, int64_t N, float grad_scale,
+                             float* logits_out) {
+  const int64_t C = config_.hidden_size, V = config_.vocab_size;
+  Activations& a = *act_;
+  const RootBinding& r = root_binding_;
+  ops::rmsnorm_fwd(a.xf, a.rstdf, x, r.norm, N, C, static_cast<float>(config_.rms_norm_eps), ctx_);
+  Workspace& ws = ctx_.workspace();
+  ws.reset();
+  void* logits = ws.take(head_rows_ * V * 4, "LM-head logits chunk");  // f32 [rows, V]
+  for (int64_t r0 = 0; r0 < N; r0 += head_rows_) {
+    const int64_t rows = std::min(head_rows_, N - r0);
+    GemmShape s{rows, V, C, false, true};
+    s.b_type = r.head_dtype;
+    s.c_type = DType::kF32;
+    ops::gemm(logits, act(a.xf, r0 * C), r.head, s, ctx_);  // [rows, V] = xf W^T
+    if (logits_out) {
+      copy_bytes(logits_out + r0 * V, Device::kCpu, logits, ctx_.compute_device(), static_cast<size_t>(rows * V) * 4);
+      continue;
+    }
+    ops::cross_entropy_fwd_bwd(logits, a.loss_sum, targets + r0, rows, V, grad_scale, ctx_);
+    if (grad_scale != 0.0f) {
+      GemmShape sb{rows, C, V, false, false};
+      sb.b_type = r.head_dtype;
+      sb.a_type = DType::kF32;
+      ops::gemm(act(a.dxf, r0 * C), logits, r.head, sb, ctx_);  // dxf = dlogits W (the head is frozen)
+    }
+  }
+  ws.reset();
+  if (grad_scale != 0.0f) {
+    ops::zero(dx, N * C, ctx_);
+    ops::rmsnorm_bwd(dx, a.dxf, x, r.norm, a.rstdf, N, C, ctx_);
+  }
+}
+
+void LlamaModel::head_forward(const void* x, float* logits, int64_t B, int64_t T) {
+  check_sizes(B, T);
+  head_chunks(x, nullptr, nullptr, B * T, 0.0f, logits);
+}
+
+void LlamaModel::head_forward_backward(const void* x, std::span<const int64_t> targets, void* dx, int64_t B,
+                                       int64_t T, double normalizer) {
+  check_sizes(B, T);
+  QS_CHECK(normalizer > 0, "cross entropy normalizer must be positive");
+  QS_CHECK(static_cast<int64_t>(targets.size()) == B * T, "head_forward_backward: bad sizes");
+  copy_bytes(act_->targets, ctx_.compute_device(), targets.data(), Device::kCpu, targets.size_bytes());
+  head_chunks(x, act_->targets, dx, B * T, static_cast<float>(1.0 / normalizer), nullptr);
+}
+
+double LlamaModel::take_loss_sum() {
+  double v = 0;
+  copy_bytes(&v, Device::kCpu, act_->loss_sum, ctx_.compute_device(), sizeof(double));
+  const double zero = 0;
+  copy_bytes(act_->loss_sum, ctx_.compute_device(), &zero, Device::kCpu, sizeof(double));
+  return v;
+}
+
+// ---- whole passes -------------------------------------------------------------------------------------
+
+void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B,
+                                  int64_t T, double normalizer) {
+  check_sizes(B, T);
   const int64_t L = config_.num_hidden_layers, NC = B * T * config_.hidden_size;
-  std::vector<std::vector<float>> xs(L + 1, std::vector<float>(NC));  // checkpoints: each layer's input
+  Activations& a = *act_;
   if (before_root) before_root(Pass::kForward);
-  embed(ids, xs[0], B, T);
+  bind_root();
+  embed(ids, a.xs, B, T);
   if (after_root) after_root(Pass::kForward);
   for (int64_t l = 0; l < L; ++l) {
     if (before_layer) before_layer(l, Pass::kForward);
-    layer_forward(l, xs[l], xs[l + 1], B, T);
+    bind_layer(l);
+    layer_forward(act(a.xs, l * NC), act(a.xs, (l + 1) * NC), B, T);
     if (after_layer) after_layer(l, Pass::kForward);
   }
-  std::vector<float> dx(NC), dprev(NC);
   if (before_root) before_root(Pass::kBackward);
-  const float loss = head_forward_backward(xs[L], targets, dx, B, T, normalizer);
+  bind_root();
+  head_forward_backward(act(a.xs, L * NC), targets, a.dx, B, T, normalizer);
   if (after_root) after_root(Pass::kBackward);
+  void* dx = a.dx;
+  void* dprev = a.dprev;
   for (int64_t l = L - 1; l >= 0; --l) {
     if (before_layer) before_layer(l, Pass::kBackward);
-    layer_backward(l, xs[l], dx, dprev, B, T, grad_lookup);
+    bind_layer(l, layer_grads ? layer_grads(l) : LayerGrads{});
+    layer_backward(act(a.xs, l * NC), dx, dprev, B, T);
     if (after_layer) after_layer(l, Pass::kBackward);
     std::swap(dx, dprev);
   }
-  return loss;
+}
+
+void LlamaModel::forward_loss(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B, int64_t T) {
+  check_sizes(B, T);
+  QS_CHECK(static_cast<int64_t>(targets.size()) == B * T, "forward_loss: bad sizes");
+  const int64_t L = config_.num_hidden_layers, NC = B * T * config_.hidden_size;
+  Activations& a = *act_;
+  if (before_root) before_root(Pass::kForward);
+  bind_root();
+  embed(ids, a.xs, B, T);
+  if (after_root) after_root(Pass::kForward);
+  for (int64_t l = 0; l < L; ++l) {
+    if (before_layer) before_layer(l, Pass::kForward);
+    bind_layer(l);
+    layer_forward(act(a.xs, (l % 2) * NC), act(a.xs, ((l + 1) % 2) * NC), B, T);
+    if (after_layer) after_layer(l, Pass::kForward);
+  }
+  if (before_root) before_root(Pass::kForward);
+  bind_root();
+  copy_bytes(a.targets, ctx_.compute_device(), targets.data(), Device::kCpu, targets.size_bytes());
+  head_chunks(act(a.xs, (L % 2) * NC), a.targets, nullptr, B * T, 0.0f, nullptr);
+  if (after_root) after_root(Pass::kForward);
+}
+
+std::vector<float> LlamaModel::forward_logits(std::span<const int64_t> ids, int64_t B, int64_t T) {
+  check_sizes(B, T);
+  const int64_t L = config_.num_hidden_layers, NC = B * T * config_.hidden_size;
+  Activations& a = *act_;
+  std::vector<float> logits(static_cast<size_t>(B * T * config_.vocab_size));
+  if (before_root) before_root(Pass::kForward);
+  bind_root();
+  embed(ids, a.xs, B, T);
+  if (after_root) after_root(Pass::kForward);
+  for (int64_t l = 0; l < L; ++l) {
+    if (before_layer) before_layer(l, Pass::kForward);
+    bind_layer(l);
+    layer_forward(act(a.xs, (l % 2) * NC), act(a.xs, ((l + 1) % 2) * NC), B, T);
+    if (after_layer) after_layer(l, Pass::kForward);
+  }
+  if (before_root) before_root(Pass::kForward);
+  bind_root();
+  head_forward(act(a.xs, (L % 2) * NC), logits.data(), B, T);
+  if (after_root) after_root(Pass::kForward);
+  return logits;
 }
 
 }  // namespace qshard

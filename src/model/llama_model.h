@@ -1,46 +1,60 @@
-// llama_model.h: a LlamaForCausalLM with LoRA adapters run on a module tree, forward and a
-// training step (forward + backward) on the CPU reference ops of llama_layers.h.
+// llama_model.h: a LlamaForCausalLM with LoRA adapters: one skeleton for every backend.
 //
-// What: LlamaModel reads its weights from a module tree built by build_llama_tree /
-// load_llama_folder (checkpoint/llama_tree.h): projections are Linear {weight} (f32/bf16/f16) or
-// Linear4bit {weight: Params4bit}, optionally with LoRA children lora_A {weight [r,in] f32} and
-// lora_B {weight [out,r] f32}. The tree is looked up afresh at every layer call, so a sharded
-// trainer may re-point slots in before_layer / before_root (gathered views) and release them in
-// after_layer / after_root. 4-bit weights are dequantized to f32 per layer into scratch buffers
-// owned by the model and reused for every layer (dequantize_4bit_args_cpu).
+// What: LlamaModel runs the forward and the training step (forward + backward) of a Llama with
+// LoRA on the ops of llama_ops.h, through their dispatch: the DeviceContext picks the backend
+// (CPU reference or CUDA), the activation dtype and the stream. Nothing here branches on the
+// backend.
 //
-// Training step (forward_backward), activation checkpointing: the forward keeps only each decoder
-// layer's input x_l [B,T,C] (L+1 buffers, the last one the final hidden state); the backward
-// recomputes a layer's internals from x_l before going back through it. Hook order:
+// Weights: the model reads a module tree built by build_llama_tree / load_llama_folder
+// (checkpoint/llama_tree.h): projections are Linear {weight} (f32/bf16/f16) or Linear4bit
+// {weight: Params4bit}, optionally with lora_A {weight [r,in] f32} and lora_B {weight [out,r] f32}.
+// Every slot the model needs is found ONCE, at construction (names checked, shapes checked, errors
+// name the fqn); afterwards binding is typed: bind_layer(l) / bind_root() read the current
+// tensors of the pre-resolved slots (the sharded tree re-points them at gathered views at each
+// gather) into a LayerBinding: 4-bit kernel arguments per projection, norm weights, LoRA
+// pointers and - in the backward - LoRA gradient pointers from the `layer_grads` hook. The step
+// does no FQN lookups, no string work and no copies of weight tables. 4-bit weights are
+// dequantized just in time into the workspace, into their QuantState's dtype as bitsandbytes does
+// (a bf16 model's weights dequantize to bf16 values; held in f32 on the CPU).
+//
+// Memory: the activation buffers are sized once, at construction, for (max_batch, max_seq): the
+// checkpoints x_l [L+1, N, C], one layer's internals and gradients, the RoPE tables; scratch (the
+// dequantized projections, LoRA temporaries, one chunk of LM-head logits) comes from the
+// context's Workspace, reserved here and reset per layer. The LM head and the loss run in chunks
+// of rows (no [N, V] logits buffer in training or eval).
+//
+// Training step (forward_backward), activation checkpointing: the forward keeps each decoder
+// layer's input x_l; the backward recomputes a layer's internals from x_l. Hook order:
 //   before_root(kForward)  embed                                  after_root(kForward)
-//   before_layer(l, kForward)  layer_forward(l)                   after_layer(l, kForward)   l = 0..L-1
-//   before_root(kBackward) final norm, lm_head, loss and their backward  after_root(kBackward)
-//   before_layer(l, kBackward) layer_backward(l) (recompute + bwd) after_layer(l, kBackward) l = L-1..0
-// (The embedding is frozen: nothing flows into it.) forward() runs the first two rows, then the
-// head (norm + lm_head, no loss) between before_root(kForward) and after_root(kForward). Gradients: only LoRA A/B; after a layer's backward each LoRA gradient has
-// been ADDED into the buffer grad_lookup(fqn) returns, fqn being the tree path of the parameter
-// ("model.layers.0.self_attn.q_proj.lora_A.weight"), f32 of the parameter's shape; a null
-// buffer skips that gradient. Nothing is zeroed: gradient accumulation is the caller's choice.
-// Loss: targets are already aligned with the logits (row t predicts targets[t]; use
-// shift_labels() for HF's causal labels); normalizer = number of non-ignored targets over all
-// ranks and micro-batches; the returned loss is this call's sum / normalizer.
-// Tied embeddings: with no lm_head.weight in the tree (or tie_word_embeddings), the LM head is
+//   before_layer(l, kForward)  layer l                            after_layer(l, kForward)   l = 0..L-1
+//   before_root(kBackward) final norm, LM head, loss, their backward   after_root(kBackward)
+//   before_layer(l, kBackward) recompute + backward of layer l    after_layer(l, kBackward)  l = L-1..0
+// The model binds a unit right after its before_* hook (where a sharded trainer gathers it).
+// Gradients: only LoRA A/B, ADDED into the buffers layer_grads(l) returns (f32, the parameter's
+// shape; null skips); nothing is zeroed. Loss: the sum over non-ignored targets of -log p is
+// added to a device-side double accumulator (take_loss_sum() reads and clears it); gradients are
+// those of sum / normalizer (normalizer: non-ignored targets over all ranks and micro-batches).
+// Targets are aligned with the logits (row t predicts targets[t]; shift_labels() for HF labels).
+// Tied embeddings: with no lm_head.weight in the tree (or tie_word_embeddings) the LM head is
 // model.embed_tokens.weight.
 // Dimension legend: B batch, T sequence, N = B*T, C hidden, H heads, Hkv kv heads, D head dim,
 // I intermediate, V vocab, L layers, r LoRA rank.
-// Ownership: the model borrows the tree (it must outlive the model) and owns its scratch.
-// Thread safety: none (scratch buffers are members). Device: CPU tensors only (checked).
+// Ownership: borrows the tree and the context (both outlive the model); owns its activations.
+// Thread safety: none. Stream: everything runs on ctx.compute().
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "checkpoint/hf_config.h"
 #include "checkpoint/module_tree.h"
-#include "model/llama_layers.h"
+#include "model/llama_ops.h"
+#include "quant/blockwise.h"
 
 namespace qshard {
 
@@ -49,73 +63,142 @@ struct LlamaModelOptions {
   bool use_rslora = false;
   float lora_dropout = 0.0f;  // on the LoRA input of every adapted projection
   uint64_t dropout_seed = 0;
+  int64_t max_batch = 1;      // activation buffers: B <= max_batch,
+  int64_t max_seq = 0;        //   T <= max_seq (0: max_position_embeddings)
 };
 
 // Which half of the step a hook is called for.
 enum class Pass { kForward, kBackward };
 
-// f32 buffer of the parameter's shape to add its gradient into, or nullptr to skip it.
-using GradLookup = std::function<float*(const std::string& fqn)>;
+// The projections of a decoder layer in dropout-module order (module id = layer * 7 + index).
+inline constexpr std::array<const char*, 7> kLlamaProjections = {
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+
+// LoRA gradient buffers of one layer, per projection (f32 [r,in] and [out,r]); null: skip.
+struct LayerGrads {
+  std::array<float*, 7> lora_A{};
+  std::array<float*, 7> lora_B{};
+};
+
+// One projection, bound: the frozen base weight (4-bit kernel arguments, or a dense tensor in its
+// own dtype), bias, LoRA weights and gradients.
+struct ProjectionBinding {
+  int64_t in = 0, out = 0;
+  bool quantized = false;
+  Dequant4bitArgs q;                   // when quantized
+  DType weight_dtype = DType::kF32;    // QuantState dtype (quantized) or the dense tensor's dtype
+  const void* dense = nullptr;         // when not quantized: [out,in] in weight_dtype
+  const float* bias = nullptr;         // [out] f32 (converted at bind) or null
+  int64_t r = 0;
+  const float* lora_A = nullptr;       // [r,in]
+  const float* lora_B = nullptr;       // [out,r]
+  float* grad_A = nullptr;             // backward only
+  float* grad_B = nullptr;
+  float scaling = 0.0f;
+};
+
+struct LayerBinding {
+  int64_t layer = -1;
+  std::array<ProjectionBinding, 7> proj;
+  const float* input_norm = nullptr;  // [C] f32
+  const float* post_norm = nullptr;   // [C] f32
+};
+
+struct RootBinding {
+  const void* embed = nullptr;  // [V,C]
+  DType embed_dtype = DType::kF32;
+  const float* norm = nullptr;  // [C] f32
+  const void* head = nullptr;   // [V,C] (the embedding when tied)
+  DType head_dtype = DType::kF32;
+};
 
 class LlamaModel {
  public:
-  // REQUIRES: `root` follows config (shapes are checked at each use, errors name the fqn).
-  LlamaModel(const LlamaConfig& config, Module& root, const LlamaModelOptions& options = {});
+  // REQUIRES: `root` follows config (checked here; errors name the fqn).
+  LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& ctx, const LlamaModelOptions& options = {});
+  ~LlamaModel();
 
-  // FSDP hooks (default: empty). Called in the order given in the header comment.
+  // FSDP hooks (default: empty), in the order of the header comment.
   std::function<void(int64_t layer, Pass pass)> before_layer;
   std::function<void(int64_t layer, Pass pass)> after_layer;
   std::function<void(Pass pass)> before_root;
   std::function<void(Pass pass)> after_root;
+  // LoRA gradient buffers of a layer for its backward (called once per backward bind).
+  std::function<LayerGrads(int64_t layer)> layer_grads;
 
-  // Dropout keys of the next calls: the optimizer step, and the global row index of local row 0
-  // (global index of this rank's first sample * T), so masks do not depend on the world size.
+  // Dropout keys of the next calls: the optimizer step, and the global row index of local row 0.
   void set_dropout_context(uint64_t step, int64_t row_offset) { step_ = step; row_offset_ = row_offset; }
-  // Training mode (default) applies LoRA dropout; eval mode (false) does not, like PyTorch's
-  // model.eval(), so eval losses do not depend on the step or on how sequences map to ranks.
+  // Training mode (default) applies LoRA dropout; eval mode does not (like model.eval()).
   void set_training(bool training) { training_ = training; }
   bool training() const { return training_; }
 
-  // ids: [B*T] -> logits [B,T,V].
-  std::vector<float> forward(std::span<const int64_t> ids, int64_t B, int64_t T);
-  // One training micro-step: returns sum of token losses / normalizer, adds LoRA gradients.
-  float forward_backward(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B, int64_t T,
-                         double normalizer, const GradLookup& grad_lookup);
+  // ---- whole passes (hooks called) ----
+  // One training micro-step on ids/targets [B*T] (host): loss sum into the accumulator, LoRA
+  // gradients of (sum / normalizer) added through layer_grads.
+  void forward_backward(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B, int64_t T,
+                        double normalizer);
+  // Eval: adds the loss sum of ids/targets to the accumulator; no gradients, no dropout state
+  // changes. The same routine serves the trainer's eval and `qshard eval`.
+  void forward_loss(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B, int64_t T);
+  // Reads the loss accumulator and clears it (waits for the compute stream).
+  double take_loss_sum();
+  // logits [B,T,V] f32 on the host (for --dump-logits and tests; written chunk by chunk).
+  std::vector<float> forward_logits(std::span<const int64_t> ids, int64_t B, int64_t T);
 
-  // ---- the pieces, for a trainer that drives the loop itself (hooks are NOT called here) ----
-  // x: [B,T,C] = embed_tokens.weight[ids].
-  void embed(std::span<const int64_t> ids, std::span<float> x, int64_t B, int64_t T);
-  // x_out [B,T,C] = decoder layer `layer` applied to x_in [B,T,C]. REQUIRES x_out != x_in.
-  void layer_forward(int64_t layer, std::span<const float> x_in, std::span<float> x_out, int64_t B, int64_t T);
-  // Recomputes the layer's forward from x_in, then dx [B,T,C] (OVERWRITTEN) = d loss / d x_in
-  // given dout = d loss / d x_out; LoRA gradients are added through grad_lookup.
-  // REQUIRES dx does not alias x_in or dout.
-  void layer_backward(int64_t layer, std::span<const float> x_in, std::span<const float> dout,
-                      std::span<float> dx, int64_t B, int64_t T, const GradLookup& grad_lookup);
-  // logits [B,T,V] = lm_head(norm(x)).
-  void head_forward(std::span<const float> x, std::span<float> logits, int64_t B, int64_t T);
-  // Loss of the head on x [B,T,C]; dx [B,T,C] OVERWRITTEN with d loss / d x.
-  float head_forward_backward(std::span<const float> x, std::span<const int64_t> targets, std::span<float> dx,
-                              int64_t B, int64_t T, double normalizer);
+  // ---- the pieces, for tests and trainers that drive the loop (hooks NOT called) ----
+  void bind_root();
+  void bind_layer(int64_t layer, const LayerGrads& grads = {});
+  const LayerBinding& layer_binding() const { return layer_; }
+  // Activation pointers below are in ctx.activation_dtype(), on ctx's device.
+  // x [B,T,C] = embed_tokens.weight[ids]. REQUIRES bind_root().
+  void embed(std::span<const int64_t> ids, void* x, int64_t B, int64_t T);
+  // x_out = decoder layer (bound) applied to x_in. REQUIRES x_out != x_in.
+  void layer_forward(const void* x_in, void* x_out, int64_t B, int64_t T);
+  // Recomputes the bound layer from x_in, then dx (OVERWRITTEN) = d loss / d x_in given dout;
+  // LoRA gradients ADDED into the bound gradient pointers. REQUIRES dx aliases neither.
+  void layer_backward(const void* x_in, const void* dout, void* dx, int64_t B, int64_t T);
+  // logits [B,T,V] f32 on the host = lm_head(norm(x)). REQUIRES bind_root().
+  void head_forward(const void* x, float* logits, int64_t B, int64_t T);
+  // Loss of the head on x: sum into the accumulator; dx (OVERWRITTEN) = d (sum/normalizer) / dx.
+  void head_forward_backward(const void* x, std::span<const int64_t> targets, void* dx, int64_t B, int64_t T,
+                             double normalizer);
 
   const LlamaConfig& config() const { return config_; }
+  DeviceContext& context() { return ctx_; }
+  int64_t max_rows() const { return max_rows_; }
+  // Rows of LM-head logits per chunk.
+  int64_t head_chunk_rows() const { return head_rows_; }
 
  private:
-  struct Projection;      // a projection's f32 weight view + LoRA pointers (llama_model.cpp)
-  struct LayerWeights;    // one layer's projections and norms
-  struct LayerActivations;
-  LayerWeights load_layer(int64_t layer);
-  void run_layer(const LayerWeights& w, const float* x, LayerActivations& a, int64_t B, int64_t T);
-  std::vector<float> float_param(const std::string& fqn, int64_t numel) const;
+  struct Slots;        // pre-resolved tree slots (llama_model.cpp)
+  struct Activations;  // buffers sized once
+
+  void check_sizes(int64_t B, int64_t T) const;
+  void upload(std::span<const int64_t> ids, std::span<const int64_t> targets);
+  void run_layer(const void* x, void* x_out, int64_t B, int64_t T);
+  void dequantize_layer();
+  void linear_fwd(int idx, void* y, const void* x, int64_t N);
+  void linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N);
+  DropoutKey dropout_key(int idx) const;
+  // The head over rows [0, N) of x: logits chunk by chunk; with grad_scale != 0 also dx;
+  // with logits_out (host) the logits are copied out instead of the loss being taken.
+  void head_chunks(const void* x, const int64_t* targets, void* dx, int64_t N, float grad_scale, float* logits_out);
+  void* act(void* base, int64_t elems) const;
 
   LlamaConfig config_;
   Module& root_;
+  DeviceContext& ctx_;
   LlamaModelOptions options_;
-  std::vector<float> inv_freq_;
+  int64_t max_rows_ = 0, max_seq_ = 0, head_rows_ = 0;
+  std::unique_ptr<Slots> slots_;
+  std::unique_ptr<Activations> act_;
+  LayerBinding layer_;
+  RootBinding root_binding_;
+  std::array<const float*, 7> weights_{};  // the bound layer's projections as f32 [out,in] (or null: dense non-f32)
   uint64_t step_ = 0;
   int64_t row_offset_ = 0;
   bool training_ = true;
-  std::array<std::vector<float>, 7> weight_scratch_;  // dequantized projections of the current layer
 };
 
 }  // namespace qshard

@@ -1,4 +1,5 @@
 #include "runtime/allocator.h"
+#include "runtime/sync_counters.h"
 
 #include <cstdlib>
 #include <new>
@@ -112,6 +113,7 @@ DevicePool::DevicePool()
       pool_(
           [](size_t n) -> void* {
             void* p = nullptr;
+            count_device_alloc();
             if (cudaMalloc(&p, n) != cudaSuccess) {
               cudaGetLastError();  // out of memory is not sticky; clear it so the retry can run
               return nullptr;

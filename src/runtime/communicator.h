@@ -13,6 +13,12 @@
 //                    In place when recv == send + rank() * count.
 //   all_reduce:      send [count] -> recv [count]; in place when send == recv.
 //   broadcast:       root's send [count] -> every rank's recv [count]; in place when send == recv.
+// Groups: calls between group_begin() and group_end() may be fused into one launch (NCCL's
+// ncclGroupStart/End: a unit's per-kind all-gathers go out as one collective); results are
+// ready only after group_end(). Groups nest. The MPI communicator completes each call at once
+// (its group calls are no-ops).
+// Precise sums: token counts reduce in i64, loss sums and squared norms in f64 (both
+// implementations support them), never in f32.
 // Ordering: a call is ordered after all work already enqueued on `stream`; the results are ready
 // for later work on `stream` (MPI: the call returns when done; it synchronises `stream` first).
 // Errors: a failing call throws qshard::Error naming the rank and the call; abort() tears the
@@ -42,6 +48,8 @@ class Communicator {
   virtual void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, void* stream) = 0;
   virtual void broadcast(const void* send, void* recv, size_t count, DType dtype, int root, void* stream) = 0;
   virtual void barrier() = 0;
+  virtual void group_begin() {}
+  virtual void group_end() {}
   // Best effort, never throws: abandons outstanding work so no peer waits for this rank forever.
   virtual void abort() noexcept = 0;
 };

@@ -5,6 +5,7 @@
 // compiled with the CUDA backend (QSHARD_WITH_CUDA).
 #pragma once
 
+#include <cublas_api.h>
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -24,11 +25,14 @@
 // After a kernel launch: reports launch-configuration errors at the launch site.
 #define QS_CUDA_CHECK_LAUNCH() QS_CUDA_CHECK(cudaGetLastError())
 
+// The status's name and number (cublasGetStatusString, e.g. "CUBLAS_STATUS_NOT_SUPPORTED (15)").
 #define QS_CUBLAS_CHECK(expr)                                                                  \
   do {                                                                                         \
-    int qs_st_ = static_cast<int>(expr);                                                       \
-    if (qs_st_ != 0)                                                                           \
-      ::qshard::throw_library_error("cuBLAS", #expr, "status " + std::to_string(qs_st_),      \
+    cublasStatus_t qs_st_ = (expr);                                                            \
+    if (qs_st_ != CUBLAS_STATUS_SUCCESS)                                                       \
+      ::qshard::throw_library_error("cuBLAS", #expr,                                           \
+                                    std::string(cublasGetStatusString(qs_st_)) + " (" +        \
+                                        std::to_string(static_cast<int>(qs_st_)) + ")",        \
                                     __FILE__, __LINE__);                                       \
   } while (0)
 

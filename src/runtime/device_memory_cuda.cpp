@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "runtime/cuda_check.h"
+#include "runtime/sync_counters.h"
 #include "runtime/tensor.h"
 
 namespace qshard {
@@ -17,6 +18,7 @@ bool cuda_available() {
 
 void* device_malloc(size_t nbytes) {
   void* p = nullptr;
+  count_device_alloc();
   QS_CUDA_CHECK(cudaMalloc(&p, nbytes));
   return p;
 }
@@ -28,6 +30,7 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     std::memmove(dst, src, nbytes);
     return;
   }
+  count_host_sync();
   QS_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
   // cudaMemcpy from pageable host memory may return before the DMA into device memory lands; it
   // is ordered only on the legacy default stream, which our non-blocking streams do not follow.

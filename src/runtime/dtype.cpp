@@ -13,6 +13,7 @@ size_t dtype_size(DType t) {
     case DType::kU8: return 1;
     case DType::kI32: return 4;
     case DType::kI64: return 8;
+    case DType::kF64: return 8;
   }
   return 0;
 }
@@ -25,6 +26,7 @@ const char* dtype_safetensors_name(DType t) {
     case DType::kU8: return "U8";
     case DType::kI32: return "I32";
     case DType::kI64: return "I64";
+    case DType::kF64: return "F64";
   }
   return "?";
 }
@@ -37,6 +39,7 @@ const char* dtype_torch_name(DType t) {
     case DType::kU8: return "uint8";
     case DType::kI32: return "int32";
     case DType::kI64: return "int64";
+    case DType::kF64: return "float64";
   }
   return "?";
 }
@@ -51,6 +54,7 @@ std::optional<DType> parse_dtype(std::string_view s) {
   if (l == "u8" || l == "uint8") return DType::kU8;
   if (l == "i32" || l == "int32") return DType::kI32;
   if (l == "i64" || l == "int64") return DType::kI64;
+  if (l == "f64" || l == "float64" || l == "double") return DType::kF64;
   return std::nullopt;
 }
 

@@ -1,6 +1,6 @@
 // dtype.h: element types of qshard tensors and exact float conversions.
 //
-// What: the six element types the runtime stores (f32, bf16, f16, u8, i32, i64), their sizes,
+// What: the element types the runtime stores (f32, bf16, f16, u8, i32, i64, f64), their sizes,
 // their names in safetensors ("F32", "BF16", ...) and in PyTorch/bitsandbytes JSON ("float32",
 // "bfloat16", ...), and scalar conversions between f32 and the two 16-bit float formats.
 // Rounding: f32 -> bf16 and f32 -> f16 round to nearest, ties to even (what PyTorch's .to() does);
@@ -17,7 +17,8 @@
 
 namespace qshard {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kU8, kI32, kI64 };
+// kF64 is for exact sums (loss, squared norms) only: no safetensors weight is read as F64.
+enum class DType : uint8_t { kF32, kBF16, kF16, kU8, kI32, kI64, kF64 };
 
 // Bytes per element.
 size_t dtype_size(DType t);

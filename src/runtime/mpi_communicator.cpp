@@ -1,4 +1,5 @@
 #include "runtime/mpi_communicator.h"
+#include "runtime/sync_counters.h"
 
 #include <climits>
 #include <cstring>
@@ -26,6 +27,7 @@ MPI_Datatype mpi_bytes_type(DType t) {
     case DType::kU8: return MPI_UINT8_T;
     case DType::kI32: return MPI_INT32_T;
     case DType::kI64: return MPI_INT64_T;
+    case DType::kF64: return MPI_DOUBLE;
   }
   return MPI_BYTE;
 }
@@ -38,7 +40,7 @@ DType compute_type(DType t) { return dtype_is_float(t) ? DType::kF32 : t; }
 void check_reduction(DType dtype, ReduceOp op, const char* call) {
   if (dtype == DType::kU8)
     throw_error(__FILE__, __LINE__, std::string(call) + ": reductions are not defined for u8");
-  if (!dtype_is_float(dtype) && op == ReduceOp::kAvg)
+  if (!dtype_is_float(dtype) && dtype != DType::kF64 && op == ReduceOp::kAvg)
     throw_error(__FILE__, __LINE__,
                 std::string(call) + ": avg is defined for f32/bf16/f16 only, not " + dtype_torch_name(dtype));
 }
@@ -93,6 +95,9 @@ void reduce_slices_any(DType ct, const void* slices, int P, size_t len, void* ou
       break;
     case DType::kI64:
       reduce_slices(static_cast<const int64_t*>(slices), P, len, static_cast<int64_t*>(out), op);
+      break;
+    case DType::kF64:
+      reduce_slices(static_cast<const double*>(slices), P, len, static_cast<double*>(out), op);
       break;
     default: throw_error(__FILE__, __LINE__, "internal: no reduction for this compute type");
   }
@@ -174,7 +179,10 @@ bool MpiCommunicator::is_device(const void* p) const {
 void MpiCommunicator::begin(const char* call, void* stream) const {
   if (aborted_) throw_error(__FILE__, __LINE__, std::string(call) + " on an aborted MpiCommunicator");
 #if QSHARD_WITH_CUDA
-  if (stream && have_gpu_) QS_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  if (stream && have_gpu_) {
+    count_host_sync();
+    QS_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  }
 #else
   (void)stream;
 #endif
@@ -186,6 +194,7 @@ const void* MpiCommunicator::host_input(const void* src, size_t bytes, Staging& 
 #if QSHARD_WITH_CUDA
   auto st = static_cast<cudaStream_t>(stream);
   QS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st));
+  count_host_sync();
   QS_CUDA_CHECK(cudaStreamSynchronize(st));
 #else
   (void)stream;
@@ -197,6 +206,7 @@ void MpiCommunicator::copy_to_device(void* dst, const void* src, size_t bytes, v
 #if QSHARD_WITH_CUDA
   auto st = static_cast<cudaStream_t>(stream);
   QS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st));
+  count_host_sync();
   QS_CUDA_CHECK(cudaStreamSynchronize(st));
 #else
   (void)dst, (void)src, (void)bytes, (void)stream;
@@ -243,6 +253,7 @@ void MpiCommunicator::all_gather(const void* send, void* recv, size_t count, DTy
 #if QSHARD_WITH_CUDA
     auto st = static_cast<cudaStream_t>(stream);
     QS_CUDA_CHECK(cudaMemcpyAsync(mine, send, bytes, cudaMemcpyDeviceToHost, st));
+    count_host_sync();
     QS_CUDA_CHECK(cudaStreamSynchronize(st));
 #endif
   } else if (send != mine) {
@@ -322,6 +333,7 @@ void MpiCommunicator::broadcast(const void* send, void* recv, size_t count, DTyp
 #if QSHARD_WITH_CUDA
       auto st = static_cast<cudaStream_t>(stream);
       QS_CUDA_CHECK(cudaMemcpyAsync(host, send, bytes, cudaMemcpyDeviceToHost, st));
+      count_host_sync();
       QS_CUDA_CHECK(cudaStreamSynchronize(st));
 #endif
     } else if (send != host) {

@@ -1,4 +1,5 @@
 #include "runtime/nccl_communicator.h"
+#include "runtime/sync_counters.h"
 
 #include <chrono>
 #include <cstdlib>
@@ -24,6 +25,7 @@ ncclDataType_t nccl_type(DType t) {
     case DType::kU8: return ncclUint8;
     case DType::kI32: return ncclInt32;
     case DType::kI64: return ncclInt64;
+    case DType::kF64: return ncclFloat64;
   }
   return ncclUint8;
 }
@@ -34,7 +36,7 @@ ncclRedOp_t nccl_op(ReduceOp op, DType t, const char* call) {
     case ReduceOp::kSum: return ncclSum;
     case ReduceOp::kMax: return ncclMax;
     case ReduceOp::kAvg:
-      if (!dtype_is_float(t))
+      if (!dtype_is_float(t) && t != DType::kF64)
         throw_error(__FILE__, __LINE__,
                     std::string(call) + ": avg is defined for f32/bf16/f16 only, not " + dtype_torch_name(t));
       return ncclAvg;
@@ -92,7 +94,21 @@ void NcclCommunicator::abort() noexcept {
   ncclCommAbort(comm_);
 }
 
+void NcclCommunicator::group_begin() {
+  begin("group_begin");
+  QS_NCCL_CHECK(ncclGroupStart());
+  ++group_depth_;
+}
+
+void NcclCommunicator::group_end() {
+  QS_CHECK(group_depth_ > 0, "group_end without group_begin");
+  --group_depth_;
+  QS_NCCL_CHECK(ncclGroupEnd());
+  if (group_depth_ == 0) settle("ncclGroupEnd", collective_timeout_s());
+}
+
 void NcclCommunicator::settle(const char* call, double timeout_s) {
+  if (group_depth_ > 0) return;  // launched (and settled) at the outermost group_end()
   auto t0 = Clock::now();
   for (;;) {
     ncclResult_t state = ncclSuccess;
@@ -115,6 +131,7 @@ void NcclCommunicator::settle(const char* call, double timeout_s) {
 
 void NcclCommunicator::wait(void* stream, double timeout_s) {
   if (timeout_s < 0) timeout_s = collective_timeout_s();
+  count_host_sync();
   auto st = static_cast<cudaStream_t>(stream);
   auto t0 = Clock::now();
   for (;;) {

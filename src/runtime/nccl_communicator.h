@@ -3,8 +3,8 @@
 // What: implements communicator.h with NCCL collectives on device buffers; work is enqueued on
 // `stream` (a cudaStream_t) and the call returns at once; results are ready for later work on
 // that stream. In-place rules are NCCL's own, the same as communicator.h's.
-// Types: all_gather / broadcast any dtype; reductions f32, bf16, f16 (sum, avg = ncclAvg, max) and
-// i32 / i64 (sum, max). NCCL reduces 16-bit types in their own precision, so a bf16 sum can differ
+// Types: all_gather / broadcast any dtype; reductions f32, f64, bf16, f16 (sum, avg = ncclAvg, max)
+// and i32 / i64 (sum, max). NCCL reduces 16-bit types in their own precision, so a bf16 sum can differ
 // from MpiCommunicator's (which reduces in f32) by a few ulps.
 // Bootstrap (kept apart from transport): rank 0 calls ncclGetUniqueId, MPI_Bcast sends it over
 // the given MPI communicator, every rank calls ncclCommInitRankConfig in non-blocking mode and
@@ -53,6 +53,9 @@ class NcclCommunicator final : public Communicator {
   // Host-blocking: a 1-element all-reduce on an internal buffer, then wait().
   void barrier() override;
   void abort() noexcept override;
+  // ncclGroupStart / ncclGroupEnd; the calls inside are settled once, at the outermost end.
+  void group_begin() override;
+  void group_end() override;
 
   // Blocks until the work on `stream` is done. timeout_s < 0: QSHARD_COLLECTIVE_TIMEOUT_S
   // (0 = no limit). Throws qshard::Error (after aborting) on an NCCL error or a timeout.
@@ -69,6 +72,7 @@ class NcclCommunicator final : public Communicator {
   int size_ = 1;
   int device_ = -1;
   bool aborted_ = false;
+  int group_depth_ = 0;
   float* scratch_ = nullptr;
 };
 

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "runtime/sync_counters.h"
 #include "runtime/tensor.h"
 #if QSHARD_WITH_CUDA
 #include "runtime/cuda_check.h"
@@ -52,7 +53,10 @@ Event& Event::operator=(Event&& other) noexcept {
 
 void Event::synchronize() const {
 #if QSHARD_WITH_CUDA
-  if (event_) QS_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+  if (event_) {
+    count_host_sync();
+    QS_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+  }
 #endif
 }
 
@@ -133,7 +137,10 @@ void Stream::wait(const Event& event) const {
 
 void Stream::synchronize() const {
 #if QSHARD_WITH_CUDA
-  if (stream_) QS_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+  if (stream_) {
+    count_host_sync();
+    QS_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+  }
 #endif
 }
 

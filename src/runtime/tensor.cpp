@@ -52,6 +52,14 @@ Storage::~Storage() {
   }
 }
 
+Tensor Tensor::meta(const Shape& shape, DType dtype) {
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = shape_numel(shape);
+  t.dtype_ = dtype;
+  return t;
+}
+
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   Tensor t;
   t.shape_ = shape;

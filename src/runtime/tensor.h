@@ -70,6 +70,11 @@ class Tensor {
                       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(T)));
   }
 
+  // Shape and dtype without storage (defined() false, raw() null): what the module tree keeps of
+  // a sharded unit's tensor while the unit is not gathered.
+  static Tensor meta(const Shape& shape, DType dtype);
+  Tensor as_meta() const { return meta(shape_, dtype_); }
+
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
   int64_t dim(size_t i) const { return shape_.at(i); }

@@ -38,19 +38,25 @@ struct ShardedParameterManager::Unit {
   Tensor shard[kNumBufferKinds];                 // u8 [shard_bytes]; host when offloaded
   Tensor grad_shard;                             // f32 [shard_bytes / 4] of kTrainable
   int slot = -1;
-  std::vector<std::function<void(int)>> hooks;
+  bool own_slot = false;
+  int own_slot_index = -1;  // with own_slot: its slot in slots_
+  std::vector<std::function<void(int)>> hooks, release_hooks;
   uint64_t gathered_bytes = 0;  // all kinds padded + gradients
 };
 
-// A gathered buffer set: one flat buffer per kind sized for the largest unit, a staging copy of
-// the shards (offload), and the full gradient buffer.
+// A gathered buffer set: one flat buffer per kind sized for the largest unit it serves, a staging
+// copy of the shards (offloaded kinds), the full gradient buffer and the reduce-scatter output.
 struct ShardedParameterManager::Slot {
   Tensor flat[kNumBufferKinds];
   Tensor staging[kNumBufferKinds];
-  Tensor grad;   // f32, largest trainable padded size
+  Tensor grad;     // f32, largest trainable padded size
+  Tensor reduced;  // f32, largest trainable shard: reduce-scatter output before accumulation
   int unit = -1;
+  bool shared = true;  // one of the gathered_slots (not a unit's own slot)
+  Event copied;    // on the h2d stream: the offloaded shards are staged on the device
   Event gathered;  // on the gather stream: the all-gather into this slot is done
   Event released;  // on the compute stream: the last use of this slot's unit is done
+  Event grads_ready;  // on the compute stream: the unit's gradients are complete
   Event grads_read;  // on the reduce stream: the reduce-scatter read the gradients
 };
 
@@ -85,12 +91,11 @@ void zero_async(Tensor& t, void* stream) {
 
 }  // namespace
 
-ShardedParameterManager::ShardedParameterManager(Communicator& comm, const ShardOptions& options)
-    : comm_(comm), options_(options) {
+ShardedParameterManager::ShardedParameterManager(Communicator& comm, Stream& compute, const ShardOptions& options)
+    : comm_(comm), options_(options), compute_(compute) {
   QS_CHECK(options.gathered_slots >= 1, "gathered_slots must be at least 1");
   if (options.compute_device == Device::kCuda && !cuda_available())
     throw Error("sharded parameters on the GPU requested, but no CUDA device is visible");
-  compute_ = std::make_unique<Stream>(stream_names::kCompute);
   h2d_ = std::make_unique<Stream>(stream_names::kH2D);
   gather_ = std::make_unique<Stream>(stream_names::kGather);
   reduce_ = std::make_unique<Stream>(stream_names::kReduce);
@@ -98,7 +103,7 @@ ShardedParameterManager::ShardedParameterManager(Communicator& comm, const Shard
 
 ShardedParameterManager::~ShardedParameterManager() {
   // Work still in flight reads the buffers being freed.
-  for (Stream* s : {compute_.get(), h2d_.get(), gather_.get(), reduce_.get()})
+  for (Stream* s : {&compute_, h2d_.get(), gather_.get(), reduce_.get()})
     if (s) s->synchronize();
 }
 
@@ -134,10 +139,11 @@ Tensor ShardedParameterManager::alloc(int64_t bytes, bool host_side) {
   return Tensor::adopt(p, {n}, DType::kU8, Device::kCpu, [](void* q) { pinned.release(q); });
 }
 
-int ShardedParameterManager::add_unit(const std::string& name) {
+int ShardedParameterManager::add_unit(const std::string& name, bool own_slot) {
   QS_CHECK(!finalized_, "add_unit after finalize");
   units_.push_back(std::make_unique<Unit>());
   units_.back()->name = name;
+  units_.back()->own_slot = own_slot;
   return num_units() - 1;
 }
 
@@ -150,9 +156,34 @@ void ShardedParameterManager::add_tensor(int unit, BufferKind kind, const std::s
   u.pending[static_cast<int>(kind)].push_back(full);
 }
 
+bool ShardedParameterManager::host_side(int kind) const {
+  return kind == static_cast<int>(BufferKind::kTrainable) ? options_.offload_optimizer : options_.offload_params;
+}
+
+std::unique_ptr<ShardedParameterManager::Slot> ShardedParameterManager::make_slot(const int64_t (&flat_bytes)[3],
+                                                                                  int64_t grad_bytes) {
+  const int world = comm_.size();
+  auto slot = std::make_unique<Slot>();
+  for (int k = 0; k < kNumBufferKinds; ++k) {
+    slot->flat[k] = alloc(flat_bytes[k], false);
+    slot_bytes_ += slot->flat[k].nbytes();
+    if (host_side(k)) {  // the shard is copied next to the gather first (h2d on a GPU)
+      slot->staging[k] = alloc(flat_bytes[k] / world + kFlatAlign, false);
+      slot_bytes_ += slot->staging[k].nbytes();
+    }
+  }
+  const int64_t g = std::max<int64_t>(grad_bytes, 4);
+  slot->grad = alloc(g, false).view_as(DType::kF32, {g / 4});
+  const int64_t r = std::max<int64_t>(g / world + kFlatAlign, 4) / 4 * 4;
+  slot->reduced = alloc(r, false).view_as(DType::kF32, {r / 4});
+  slot_bytes_ += slot->grad.nbytes() + slot->reduced.nbytes();
+  return slot;
+}
+
 void ShardedParameterManager::finalize() {
   QS_CHECK(!finalized_, "finalize called twice");
   const int world = comm_.size(), rank = comm_.rank();
+  const int t = static_cast<int>(BufferKind::kTrainable);
   int64_t slot_bytes[kNumBufferKinds] = {0, 0, 0};
   for (auto& up : units_) {
     Unit& u = *up;
@@ -162,16 +193,15 @@ void ShardedParameterManager::finalize() {
       l.set_world(world);
       const Tensor flat = l.pack(u.pending[k]);
       u.pending[k].clear();
-      const bool host_side = options_.offload;
-      u.shard[k] = alloc(l.shard_bytes(), host_side).flat_slice(0, l.shard_bytes());
+      u.shard[k] = alloc(l.shard_bytes(), host_side(k)).flat_slice(0, l.shard_bytes());
       copy_bytes(u.shard[k].raw(), u.shard[k].device(), static_cast<const uint8_t*>(flat.raw()) + rank * l.shard_bytes(),
                  Device::kCpu, static_cast<size_t>(l.shard_bytes()));
       shard_bytes_ += l.shard_bytes();
-      slot_bytes[k] = std::max(slot_bytes[k], l.padded_bytes());
+      if (!u.own_slot) slot_bytes[k] = std::max(slot_bytes[k], l.padded_bytes());
       unit_bytes += l.padded_bytes();
     }
-    const int64_t t = static_cast<int>(BufferKind::kTrainable);
-    u.grad_shard = alloc(u.layout[t].shard_bytes(), options_.offload)
+    // Gradient shards live where the compute is (accumulated on the reduce stream).
+    u.grad_shard = alloc(u.layout[t].shard_bytes(), false)
                        .flat_slice(0, u.layout[t].shard_bytes())
                        .view_as(DType::kF32, {u.layout[t].shard_bytes() / 4});
     shard_bytes_ += u.layout[t].shard_bytes();
@@ -179,26 +209,28 @@ void ShardedParameterManager::finalize() {
     u.gathered_bytes = unit_bytes;
     unit_bytes_max_ = std::max<uint64_t>(unit_bytes_max_, unit_bytes);
   }
-  for (int k = 0; k < kNumBufferKinds; ++k) {
-    slot_bound_ += std::max<int64_t>(slot_bytes[k], 1);
-    if (options_.offload) slot_bound_ += slot_bytes[k] / world + kFlatAlign;  // staging
-  }
-  slot_bound_ += std::max<int64_t>(slot_bytes[static_cast<int>(BufferKind::kTrainable)], 4);  // gradients
-  slot_bound_ *= options_.gathered_slots;
-  for (int s = 0; s < options_.gathered_slots; ++s) {
-    auto slot = std::make_unique<Slot>();
+  // The bound: per shared slot the largest shared unit's buffers (+ staging, gradients, reduce
+  // output); per own-slot unit its own.
+  auto slot_cost = [&](const int64_t (&b)[3]) {
+    uint64_t c = 0;
     for (int k = 0; k < kNumBufferKinds; ++k) {
-      slot->flat[k] = alloc(slot_bytes[k], false);
-      slot_bytes_ += slot->flat[k].nbytes();
-      if (options_.offload) {  // the shard is copied next to the gather first (h2d on a GPU)
-        slot->staging[k] = alloc(slot_bytes[k] / world + kFlatAlign, false);
-        slot_bytes_ += slot->staging[k].nbytes();
-      }
+      c += std::max<int64_t>(b[k], 1);
+      if (host_side(k)) c += b[k] / world + kFlatAlign;
     }
-    const int64_t g = std::max<int64_t>(slot_bytes[static_cast<int>(BufferKind::kTrainable)], 4);
-    slot->grad = alloc(g, false).view_as(DType::kF32, {g / 4});
-    slot_bytes_ += slot->grad.nbytes();
-    slots_.push_back(std::move(slot));
+    const int64_t g = std::max<int64_t>(b[t], 4);
+    return c + g + std::max<int64_t>(g / world + kFlatAlign, 4);
+  };
+  slot_bound_ = slot_cost(slot_bytes) * options_.gathered_slots;
+  for (int s = 0; s < options_.gathered_slots; ++s) slots_.push_back(make_slot(slot_bytes, slot_bytes[t]));
+  for (auto& up : units_) {
+    Unit& u = *up;
+    if (!u.own_slot) continue;
+    int64_t own[kNumBufferKinds];
+    for (int k = 0; k < kNumBufferKinds; ++k) own[k] = u.layout[k].padded_bytes();
+    slot_bound_ += slot_cost(own);
+    slots_.push_back(make_slot(own, own[t]));
+    slots_.back()->shared = false;
+    u.own_slot_index = static_cast<int>(slots_.size()) - 1;
   }
   finalized_ = true;
 }
@@ -208,13 +240,17 @@ void ShardedParameterManager::prefetch(int unit) {
   Unit& u = unit_at(unit);
   if (u.state != UnitState::kSharded) return;
   int free_slot = -1;
-  for (size_t s = 0; s < slots_.size(); ++s)
-    if (slots_[s]->unit < 0) {
-      free_slot = static_cast<int>(s);
-      break;
-    }
+  if (u.own_slot) {
+    free_slot = u.own_slot_index;  // SHARDED implies its own slot is free
+  } else {
+    for (size_t s = 0; s < slots_.size(); ++s)
+      if (slots_[s]->shared && slots_[s]->unit < 0) {
+        free_slot = static_cast<int>(s);
+        break;
+      }
+  }
   if (free_slot < 0)
-    throw Error("FSDP unit '" + u.name + "': all " + std::to_string(slots_.size()) +
+    throw Error("FSDP unit '" + u.name + "': all " + std::to_string(options_.gathered_slots) +
                 " gathered slots are in use; release a unit before gathering another");
   transition(u, UnitState::kSharded, UnitState::kGathering);
   Slot& slot = *slots_[free_slot];
@@ -224,18 +260,22 @@ void ShardedParameterManager::prefetch(int unit) {
   h2d_->wait(slot.released);
   gather_->wait(slot.released);
   gather_->wait(slot.grads_read);
-  Event copied;
+  const void* src[kNumBufferKinds];
   for (int k = 0; k < kNumBufferKinds; ++k) {
-    const FlatLayout& l = u.layout[k];
-    const void* src = u.shard[k].raw();
+    src[k] = u.shard[k].raw();
     if (slot.staging[k].defined()) {  // offloaded: pinned host shard -> device staging (h2d)
-      copy_async(slot.staging[k].raw(), src, static_cast<size_t>(l.shard_bytes()), h2d_->handle());
-      src = slot.staging[k].raw();
+      copy_async(slot.staging[k].raw(), src[k], static_cast<size_t>(u.layout[k].shard_bytes()), h2d_->handle());
+      src[k] = slot.staging[k].raw();
     }
-    h2d_->record(copied);
-    gather_->wait(copied);
-    comm_.all_gather(src, slot.flat[k].raw(), static_cast<size_t>(l.shard_bytes()), DType::kU8, gather_->handle());
   }
+  h2d_->record(slot.copied);
+  gather_->wait(slot.copied);
+  // One grouped collective for the unit's kinds (fused by NCCL; MPI runs them one by one).
+  comm_.group_begin();
+  for (int k = 0; k < kNumBufferKinds; ++k)
+    comm_.all_gather(src[k], slot.flat[k].raw(), static_cast<size_t>(u.layout[k].shard_bytes()), DType::kU8,
+                     gather_->handle());
+  comm_.group_end();
   gather_->record(slot.gathered);
   ++gathered_now_;
   gathered_peak_ = std::max(gathered_peak_, gathered_now_);
@@ -243,13 +283,17 @@ void ShardedParameterManager::prefetch(int unit) {
   gathered_bytes_peak_ = std::max(gathered_bytes_peak_, gathered_bytes_now_);
 }
 
-void ShardedParameterManager::gather(int unit) {
+void ShardedParameterManager::gather(int unit, GatherFor purpose) {
   Unit& u = unit_at(unit);
   if (u.state == UnitState::kSharded) prefetch(unit);
   transition(u, UnitState::kGathering, UnitState::kGathered);
   Slot& slot = *slots_[u.slot];
-  compute_->wait(slot.gathered);
-  zero_async(slot.grad, compute_->handle());
+  compute_.wait(slot.gathered);
+  if (purpose == GatherFor::kBackward) {
+    // The previous reduce-scatter of this slot must have read its gradients.
+    compute_.wait(slot.grads_read);
+    zero_async(slot.grad, compute_.handle());
+  }
   for (auto& h : u.hooks) h(unit);
 }
 
@@ -257,7 +301,8 @@ void ShardedParameterManager::release(int unit) {
   Unit& u = unit_at(unit);
   transition(u, UnitState::kGathered, UnitState::kSharded);
   Slot& slot = *slots_[u.slot];
-  compute_->record(slot.released);
+  compute_.record(slot.released);
+  for (auto& h : u.release_hooks) h(unit);
   slot.unit = -1;
   u.slot = -1;
   --gathered_now_;
@@ -287,6 +332,13 @@ Tensor ShardedParameterManager::grad(int unit, const std::string& name) const {
   return l.view(bytes, *e);
 }
 
+float* ShardedParameterManager::grad_data(int unit, const FlatEntry& entry) const {
+  const Unit& u = unit_at(unit);
+  if (u.state != UnitState::kGathered)
+    throw Error("FSDP unit '" + u.name + "': gradient of '" + entry.name + "' in state " + unit_state_name(u.state));
+  return reinterpret_cast<float*>(static_cast<uint8_t*>(const_cast<void*>(slots_[u.slot]->grad.raw())) + entry.offset);
+}
+
 void ShardedParameterManager::reduce_scatter_grads(int unit, bool accumulate) {
   Unit& u = unit_at(unit);
   if (u.state != UnitState::kGathered)
@@ -295,36 +347,36 @@ void ShardedParameterManager::reduce_scatter_grads(int unit, bool accumulate) {
   const int64_t n = l.shard_bytes() / 4;
   if (n == 0) return;
   Slot& slot = *slots_[u.slot];
-  Event grads_ready;
-  compute_->record(grads_ready);
+  QS_CHECK(slot.reduced.numel() >= n, "reduce buffer smaller than the gradient shard");
+  Event& grads_ready = slot.grads_ready;
+  compute_.record(grads_ready);
   reduce_->wait(grads_ready);
-  const bool direct = !accumulate && on_device(u.grad_shard) == on_device(slot.grad);
-  if (direct) {
+  if (!accumulate) {
     comm_.reduce_scatter(slot.grad.raw(), u.grad_shard.raw(), static_cast<size_t>(n), DType::kF32, ReduceOp::kAvg,
                          reduce_->handle());
   } else {
-    // Reduce into a temporary next to the full gradients, then move/add into the shard.
-    Tensor tmp = Tensor::empty({n}, DType::kF32, slot.grad.device());
-    comm_.reduce_scatter(slot.grad.raw(), tmp.raw(), static_cast<size_t>(n), DType::kF32, ReduceOp::kAvg,
+    // Into the slot's reduce buffer, then added into the shard, both on the reduce stream.
+    comm_.reduce_scatter(slot.grad.raw(), slot.reduced.raw(), static_cast<size_t>(n), DType::kF32, ReduceOp::kAvg,
                          reduce_->handle());
-    if (on_device(tmp) != on_device(u.grad_shard)) {
-      Tensor host = Tensor::empty({n}, DType::kF32);
-      copy_async(host.raw(), tmp.raw(), tmp.nbytes(), reduce_->handle());
-      reduce_->synchronize();  // host-side accumulation below reads it (offloaded optimizer state)
-      tmp = host;
-    }
-    if (accumulate) {
-      accumulate_f32(u.grad_shard, tmp, reduce_->handle());
-    } else {
-      copy_async(u.grad_shard.raw(), tmp.raw(), tmp.nbytes(), reduce_->handle());
-    }
-    reduce_->synchronize();  // `tmp` is freed on return
+    Tensor reduced = slot.reduced.flat_slice(0, n);
+    accumulate_f32(u.grad_shard, reduced, reduce_->handle());
   }
   reduce_->record(slot.grads_read);
 }
 
 void ShardedParameterManager::on_gathered(int unit, std::function<void(int)> hook) {
   unit_at(unit).hooks.push_back(std::move(hook));
+}
+
+void ShardedParameterManager::on_released(int unit, std::function<void(int)> hook) {
+  unit_at(unit).release_hooks.push_back(std::move(hook));
+}
+
+void ShardedParameterManager::release_all_views() {
+  for (int u = 0; u < num_units(); ++u) {
+    QS_CHECK(units_[u]->state == UnitState::kSharded, "release_all_views with a unit gathered");
+    for (auto& h : units_[u]->release_hooks) h(u);
+  }
 }
 
 Tensor ShardedParameterManager::master_shard(int unit) const {
@@ -336,9 +388,8 @@ Tensor ShardedParameterManager::master_shard(int unit) const {
 Tensor ShardedParameterManager::grad_shard(int unit) const { return unit_at(unit).grad_shard; }
 
 void ShardedParameterManager::wait_for_gradients() {
-  Event done;
-  reduce_->record(done);
-  compute_->wait(done);
+  reduce_->record(grads_done_);
+  compute_.wait(grads_done_);
 }
 
 ShardMemoryStats ShardedParameterManager::memory() const {

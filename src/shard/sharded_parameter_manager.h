@@ -6,21 +6,32 @@
 //   kFrozenFloat  norms, embeddings, LM head (never quantized)
 //   kTrainable    LoRA A/B, fp32 master form
 // Each buffer is padded to a multiple of the world size (flat_layout.h); rank r keeps shard r.
-// With offload on, shards live in pinned host memory and are copied to the device before the
-// gather. Gathered buffers live in `gathered_slots` (default 2: the unit computing now and the one
-// prefetched) fixed-size slots, so a rank never holds more than its shards plus two units.
+// Offload: with offload_params the frozen shards, with offload_optimizer the trainable (master)
+// shards live in pinned host memory and are copied to the device (h2d stream) before the gather.
+// Gradient shards always live on the compute device (accumulated there on the reduce stream);
+// an optimizer on the host copies them out after wait_for_gradients().
+// Gathered buffers live in `gathered_slots` (default 2: the unit computing now and the one
+// prefetched) fixed-size slots sized by the largest shared-slot unit, so a rank never holds more
+// than its shards plus two units; a unit added with own_slot (the root unit: embeddings, final
+// norm, LM head) has a slot of its own, so it can stay gathered across the layers without
+// making every layer slot as large as itself.
 //
 // Unit states, asserted on every transition:
 //   SHARDED --prefetch()--> GATHERING --gather()--> GATHERED --release()--> SHARDED
 // Streams (stream.h): h2d (offloaded shard -> device), gather (all-gather of the next unit while
 // the current one computes), reduce (gradient reduce-scatter while backward moves on), compute
-// (the caller's kernels). Order across streams is event record + wait only; the only host waits
-// are in the MPI communicator (which completes its call before returning) and on the CPU backend.
-// Gradients: gather() zeroes the unit's full fp32 gradient buffer (in its slot); the caller fills
-// it through grad(); reduce_scatter_grads() averages it over ranks into this rank's fp32 gradient
-// shard (added to it when accumulate is true).
+// (the caller's kernels: the DeviceContext's stream, borrowed, not owned). Order across streams is
+// event record + wait only; the only host waits are in the MPI communicator (which completes its
+// call before returning) and on the CPU backend. Every buffer is allocated at finalize(): the
+// step (prefetch, gather, release, reduce_scatter_grads, wait_for_gradients) allocates nothing
+// and, over NCCL, never blocks the host.
+// Gradients: gather(unit, GatherFor::kBackward) zeroes the unit's full fp32 gradient buffer (in its
+// slot; a forward gather leaves it alone); the caller fills it through grad(); reduce_scatter_grads()
+// averages it over ranks into the slot's preallocated reduce buffer and then into this rank's fp32
+// gradient shard (written, or added when accumulate is true), all on the reduce stream.
 // Views: view() returns typed tensors into the gathered buffer, valid until release(); hooks
-// registered with on_gathered() run at gather() to bind them (e.g. as Params4bit into a tree).
+// registered with on_gathered() run at gather() to bind them (e.g. as Params4bit into a tree, or a
+// post-gather transform), hooks registered with on_released() at release() to unbind them.
 // Thread safety: one thread drives a manager; every rank makes the same calls in the same order.
 #pragma once
 
@@ -43,10 +54,14 @@ enum class UnitState { kSharded, kGathering, kGathered };
 const char* unit_state_name(UnitState s);
 
 struct ShardOptions {
-  bool offload = false;                 // parameter shards in pinned host memory
+  bool offload_params = false;     // frozen shards (4-bit, norms, embeddings) in pinned host memory
+  bool offload_optimizer = false;  // trainable master shards in pinned host memory (AdamW on the host)
   Device compute_device = Device::kCpu;
   int gathered_slots = 2;
 };
+
+// What a gather is for: a backward gather also zeroes the unit's gradient buffer.
+enum class GatherFor { kForward, kBackward };
 
 struct ShardMemoryStats {
   uint64_t shard_bytes = 0;          // this rank's parameter, master and gradient shards
@@ -63,13 +78,15 @@ struct ShardMemoryStats {
 
 class ShardedParameterManager {
  public:
-  ShardedParameterManager(Communicator& comm, const ShardOptions& options);
+  // `comm`: the data communicator; `compute`: the stream the caller's kernels run on.
+  ShardedParameterManager(Communicator& comm, Stream& compute, const ShardOptions& options);
   ~ShardedParameterManager();
   ShardedParameterManager(const ShardedParameterManager&) = delete;
   ShardedParameterManager& operator=(const ShardedParameterManager&) = delete;
 
   // ---- building (before finalize) ----
-  int add_unit(const std::string& name);
+  // own_slot: the unit gets a gathered slot of its own (the root unit).
+  int add_unit(const std::string& name, bool own_slot = false);
   // `full` is the whole tensor (every rank passes the same values); kTrainable must be f32.
   void add_tensor(int unit, BufferKind kind, const std::string& name, const Tensor& full);
   // Lays out every unit, keeps this rank's shards, allocates the gathered slots. Collective-free.
@@ -82,12 +99,20 @@ class ShardedParameterManager {
 
   // ---- the step ----
   void prefetch(int unit);  // SHARDED -> GATHERING (no-op when already gathering/gathered)
-  void gather(int unit);    // (prefetch) -> GATHERED; compute stream ordered after the gather
+  // (prefetch) -> GATHERED; compute stream ordered after the gather; kBackward zeroes gradients.
+  void gather(int unit, GatherFor purpose = GatherFor::kForward);
   void release(int unit);   // GATHERED -> SHARDED
   Tensor view(int unit, BufferKind kind, const std::string& name) const;  // REQUIRES GATHERED
   Tensor grad(int unit, const std::string& name) const;                    // REQUIRES GATHERED
+  // The gradient of a trainable entry of layout(unit, kTrainable), found once by the caller: the
+  // step's lookup without names. REQUIRES GATHERED.
+  float* grad_data(int unit, const FlatEntry& entry) const;
   void reduce_scatter_grads(int unit, bool accumulate);                    // REQUIRES GATHERED
   void on_gathered(int unit, std::function<void(int)> hook);
+  void on_released(int unit, std::function<void(int)> hook);
+  // Runs every unit's on_released hooks once (after finalize: the tree drops the full tensors it
+  // was built with and keeps shapes only until a unit is gathered).
+  void release_all_views();
 
   // ---- this rank's trainable state (the optimizer's view) ----
   Tensor master_shard(int unit) const;  // f32 [shard_bytes / 4] of kTrainable
@@ -95,7 +120,7 @@ class ShardedParameterManager {
   // The compute stream's view of reduce-scattered gradients: waits for the reduce stream.
   void wait_for_gradients();
 
-  Stream& compute_stream() { return *compute_; }
+  Stream& compute_stream() { return compute_; }
   ShardMemoryStats memory() const;
   Communicator& comm() { return comm_; }
 
@@ -106,13 +131,17 @@ class ShardedParameterManager {
   const Unit& unit_at(int unit) const;
   void transition(Unit& u, UnitState from, UnitState to);
   Tensor alloc(int64_t bytes, bool host_side);
+  bool host_side(int kind) const;
+  std::unique_ptr<Slot> make_slot(const int64_t (&flat_bytes)[3], int64_t grad_bytes);
 
   Communicator& comm_;
   ShardOptions options_;
   bool finalized_ = false;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<std::unique_ptr<Slot>> slots_;
-  std::unique_ptr<Stream> compute_, h2d_, gather_, reduce_;
+  Stream& compute_;
+  std::unique_ptr<Stream> h2d_, gather_, reduce_;
+  Event grads_done_;  // on the reduce stream: every reduce-scatter so far is done
   int gathered_now_ = 0, gathered_peak_ = 0;
   uint64_t shard_bytes_ = 0, slot_bytes_ = 0, slot_bound_ = 0, unit_bytes_max_ = 0;
   uint64_t gathered_bytes_now_ = 0, gathered_bytes_peak_ = 0;

@@ -30,7 +30,7 @@
 // Ownership: a PackedDataset views the TokenFile's mapping; the TokenFile must outlive it.
 #pragma once
 
-#include "model/llama_layers.h"
+#include "model/llama_ops.h"
 
 #include <cstdint>
 #include <span>
@@ -43,7 +43,7 @@
 
 namespace qshard {
 
-// kIgnoreIndex (-100, the target of padded positions) comes from model/llama_layers.h.
+// kIgnoreIndex (-100, the target of padded positions) comes from model/llama_ops.h.
 
 class PackedDataset {
  public:

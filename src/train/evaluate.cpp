@@ -1,5 +1,6 @@
 #include "train/evaluate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -7,7 +8,7 @@
 #include "checkpoint/llama_tree.h"
 #include "checkpoint/peft_adapter.h"
 #include "checkpoint/safetensors.h"
-#include "model/llama_layers.h"
+#include "train/eval_loss.h"
 #include "model/llama_model.h"
 #include "train/data_loader.h"
 #include "train/model_init.h"
@@ -68,7 +69,6 @@ EvalResult evaluate_model(const EvalOptions& o) {
   auto tree = build_llama_tree(cfg, to);
   load_base_weights(*tree, o.model_dir, quant);
   if (!o.adapter_dir.empty()) load_peft_adapter(*tree, o.adapter_dir);
-  LlamaModel model(cfg, *tree, mo);
 
   // Sequences and their aligned targets.
   std::vector<std::vector<int64_t>> seqs, targets;
@@ -103,18 +103,28 @@ EvalResult evaluate_model(const EvalOptions& o) {
         throw InputError("--dump-logits needs sequences of one length; " + o.data + " has lengths " +
                          std::to_string(seqs[0].size()) + " and " + std::to_string(s.size()));
 
+  // `qshard eval` runs in one process on the CPU reference backend.
+  DeviceContext ctx(Backend::kCpu, -1);
+  int64_t max_len = 0;
+  for (const auto& sq : seqs) max_len = std::max<int64_t>(max_len, static_cast<int64_t>(sq.size()));
+  mo.max_seq = max_len;
+  LlamaModel model(cfg, *tree, ctx, mo);
   EvalResult r;
-  double loss_sum = 0;
+  const LossTotals t = sequence_losses(model, static_cast<int64_t>(seqs.size()),
+                                       [&](int64_t k, std::vector<int64_t>& ids, std::vector<int64_t>& tg) {
+                                         ids = seqs[static_cast<size_t>(k)];
+                                         tg = targets[static_cast<size_t>(k)];
+                                         return true;
+                                       });
+  const double loss_sum = t.loss_sum;
+  r.tokens = t.tokens;
   std::vector<float> all_logits;
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    const int64_t T = static_cast<int64_t>(seqs[s].size());
-    std::vector<float> logits = model.forward(seqs[s], 1, T);
-    std::vector<float> dlogits(logits.size());
-    int64_t n = 0;
-    for (auto t : targets[s]) n += t != kIgnoreIndex;
-    loss_sum += cross_entropy_fwd_bwd(dlogits.data(), logits.data(), targets[s].data(), T, cfg.vocab_size, 1.0);
-    r.tokens += n;
-    if (!o.dump_logits.empty()) all_logits.insert(all_logits.end(), logits.begin(), logits.end());
+  if (!o.dump_logits.empty()) {
+    model.set_training(false);
+    for (const auto& sq : seqs) {
+      const std::vector<float> logits = model.forward_logits(sq, 1, static_cast<int64_t>(sq.size()));
+      all_logits.insert(all_logits.end(), logits.begin(), logits.end());
+    }
   }
   r.sequences = static_cast<int64_t>(seqs.size());
   r.loss = r.tokens > 0 ? loss_sum / static_cast<double>(r.tokens) : NAN;

@@ -21,7 +21,7 @@ LlamaConfig job_llama_config(const ModelConfig& model) {
   return LlamaConfig::from_json(j, "model.init");
 }
 
-std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Communicator& comm) {
+std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime& rt) {
   auto m = std::make_unique<QloraModel>();
   const QuantizeOptions quant{config.model.quant_type, config.model.blocksize, config.model.double_quant};
   m->config = job_llama_config(config.model);
@@ -37,10 +37,13 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Communi
   for (const auto& [k, t] : state_dict(*m->tree, {true, false, true})) m->trainable_parameters += t.numel();
 
   ShardOptions so;
-  so.offload = config.offload.params;
-  m->mgr = std::make_unique<ShardedParameterManager>(comm, so);
+  so.offload_params = config.offload.params;
+  so.offload_optimizer = config.offload.optimizer;
+  so.compute_device = rt.ctx.compute_device();
+  m->mgr = std::make_unique<ShardedParameterManager>(rt.data, rt.ctx.compute(), so);
   m->units = shard_module_tree(*m->tree, *m->mgr, "model.layers");
   m->mgr->finalize();
+  m->mgr->release_all_views();  // the full tensors go; each rank keeps its shards
   return m;
 }
 

@@ -1,11 +1,13 @@
 // qlora_model.h: the sharded QLoRA model of a training job, built the same way by `qshard train`
 // and `qshard export` (so a checkpoint's trainable state fits the model rebuilt from its config).
 //
-// build_qlora_model(config, comm): the Llama config (model.path's config.json, or model.init's
+// build_qlora_model(config, rt): the Llama config (model.path's config.json, or model.init's
 // sizes), the module tree (Linear4bit base weights: model.path's weights, quantized on load when
 // they are float, or a seeded random base; LoRA A/B in PEFT's init, seeded by name), sharded
-// through a ShardedParameterManager over `comm` (one unit per decoder layer + a root unit,
-// offload per config.offload.params), finalized. Identical on every rank and world size.
+// through a ShardedParameterManager over rt.data on rt.ctx's compute stream and device (one unit per
+// decoder layer + a root unit with a slot of its own; offload per config.offload.params /
+// .optimizer), finalized; the tree then keeps shapes only until a unit is gathered. Identical on
+// every rank and world size.
 // state_shards(): this rank's trainable state per unit for sharded_checkpoint.h: the master
 // shard ("master") and, when given, the optimizer's moments ("exp_avg", "exp_avg_sq").
 // Ownership: QloraModel owns the tree and the manager; the manager's hooks point into the tree.
@@ -19,6 +21,7 @@
 #include "checkpoint/module_tree.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "checkpoint/sharded_tree.h"
+#include "runtime/runtime.h"
 #include "shard/sharded_parameter_manager.h"
 #include "train/train_config.h"
 
@@ -36,7 +39,7 @@ struct QloraModel {
 // The Llama config a job trains: model.path's config.json, or one made from model.init.
 LlamaConfig job_llama_config(const ModelConfig& model);
 
-std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Communicator& comm);
+std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime& rt);
 
 // REQUIRES: exp_avg / exp_avg_sq empty or one f32 tensor per unit of the master shard's size.
 std::vector<UnitStateShard> state_shards(QloraModel& model, const std::vector<Tensor>& exp_avg = {},

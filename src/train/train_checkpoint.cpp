@@ -144,13 +144,14 @@ void check_resume_config(const TrainConfig& job, const TrainConfig& saved, const
   }
 }
 
-ExportReport export_checkpoint(const std::string& checkpoint, ExportOptions options, Communicator& comm) {
+ExportReport export_checkpoint(const std::string& checkpoint, ExportOptions options, Runtime& rt) {
+  Communicator& comm = rt.host;
   const CheckpointInfo info = read_checkpoint_metadata(checkpoint);
   const TrainConfig cfg = checkpoint_train_config(info);
   if (comm.rank() == 0)
     QS_LOG_INFO("export {} (step {}, saved by {} ranks) as {} to {}", info.dir, info.step, info.world_size,
                 export_format_name(options.format), options.out_dir);
-  std::unique_ptr<QloraModel> model = build_qlora_model(cfg, comm);
+  std::unique_ptr<QloraModel> model = build_qlora_model(cfg, rt);
   load_sharded_checkpoint(comm, info, state_shards(*model));
   options.r = cfg.lora.r;
   options.lora_alpha = cfg.lora.alpha;
@@ -158,7 +159,7 @@ ExportReport export_checkpoint(const std::string& checkpoint, ExportOptions opti
   options.lora_dropout = cfg.lora.dropout;
   options.target_modules = cfg.lora.target_modules;
   if (options.base_model_name_or_path.empty()) options.base_model_name_or_path = cfg.model.path;
-  return export_model(*model->tree, model->config, *model->mgr, model->units, options);
+  return export_model(comm, *model->tree, model->config, *model->mgr, model->units, options);
 }
 
 }  // namespace qshard

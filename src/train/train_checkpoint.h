@@ -42,6 +42,7 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "train/data_loader.h"
 #include "train/lr_schedule.h"
+#include "runtime/runtime.h"
 #include "train/train_config.h"
 
 namespace qshard {
@@ -66,6 +67,6 @@ void check_resume_config(const TrainConfig& job, const TrainConfig& saved, const
 
 // Collective. `options.out_dir`, `format`, `max_shard_bytes` and (optionally)
 // `base_model_name_or_path` are taken from `options`; the LoRA fields from the checkpoint.
-ExportReport export_checkpoint(const std::string& checkpoint, ExportOptions options, Communicator& comm);
+ExportReport export_checkpoint(const std::string& checkpoint, ExportOptions options, Runtime& rt);
 
 }  // namespace qshard

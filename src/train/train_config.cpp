@@ -86,8 +86,8 @@ void read_value(ScheduleType& out, const YAML::Node& n, const std::string& where
             {{"warmup_cosine", ScheduleType::kWarmupCosine}, {"linear", ScheduleType::kLinear},
              {"constant", ScheduleType::kConstant}});
 }
-void read_value(Device& out, const YAML::Node& n, const std::string& where) {
-  read_enum(out, n, where, {{"cpu", Device::kCpu}, {"cuda", Device::kCuda}});
+void read_value(DeviceChoice& out, const YAML::Node& n, const std::string& where) {
+  read_enum(out, n, where, {{"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}});
 }
 
 // Shortest decimal that reads back to the same double ("0.002", "1e-08").
@@ -106,7 +106,7 @@ YAML::Node write_value(const std::vector<std::string>& v) {
 }
 YAML::Node write_value(QuantType v) { return YAML::Node(quant_type_name(v)); }
 YAML::Node write_value(ScheduleType v) { return YAML::Node(schedule_type_name(v)); }
-YAML::Node write_value(Device v) { return YAML::Node(v == Device::kCpu ? "cpu" : "cuda"); }
+YAML::Node write_value(DeviceChoice v) { return YAML::Node(device_choice_name(v)); }
 
 template <class Access>
 Field make_field(std::string key, Access access) {
@@ -157,6 +157,7 @@ const std::vector<Field>& fields() {
       QS_FIELD("steps", steps),
       QS_FIELD("epochs", epochs),
       QS_FIELD("offload.params", offload.params),
+      QS_FIELD("offload.optimizer", offload.optimizer),
       QS_FIELD("checkpoint.dir", checkpoint.dir),
       QS_FIELD("checkpoint.every_steps", checkpoint.every_steps),
       QS_FIELD("checkpoint.keep_last", checkpoint.keep_last),

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "quant/codebook.h"
+#include "runtime/device_context.h"
 #include "runtime/tensor.h"
 #include "train/lr_schedule.h"
 
@@ -97,7 +98,8 @@ struct BatchConfig {
 };
 
 struct OffloadConfig {
-  bool params = false;  // frozen and trainable shards in pinned host memory
+  bool params = false;     // frozen parameter shards (4-bit base, norms, embeddings) in pinned host memory
+  bool optimizer = false;  // LoRA master shards and AdamW moments in host memory, AdamW on the host
 };
 
 // Resumable checkpoints (checkpoint/sharded_checkpoint.h) go to dir/step-N, the end-of-job
@@ -131,7 +133,9 @@ struct TrainConfig {
   CheckpointConfig checkpoint;
   LoggingConfig logging;
   uint64_t seed = 0;  // LoRA init, dropout
-  Device device = Device::kCpu;
+  // auto: the GPU World gave this rank, else the CPU; cuda without a GPU is an error
+  // (runtime/device_context.h). The default stays cpu until the CUDA training step exists.
+  DeviceChoice device = DeviceChoice::kCpu;
 
   // Where the values came from, for error messages: "configs/tiny.yaml", "<defaults>", "<string>".
   std::string source = "<defaults>";

@@ -15,7 +15,6 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "runtime/collective_status.h"
-#include "model/llama_layers.h"
 #include "model/llama_model.h"
 #include "runtime/log.h"
 #include "shard/sharded_parameter_manager.h"
@@ -25,7 +24,9 @@
 #include "train/metrics.h"
 #include "train/model_init.h"
 #include "train/qlora_model.h"
+#include "train/eval_loss.h"
 #include "train/train_checkpoint.h"
+#include "train/train_step.h"
 #include "train/token_file.h"
 
 namespace qshard {
@@ -85,32 +86,41 @@ void check_checkpoint_dir(const TrainConfig& config, bool resuming) {
                      "): choose another checkpoint.dir, or move it away");
 }
 
-int64_t layer_of(const std::string& fqn) {
-  static const std::string p = "model.layers.";
-  if (fqn.rfind(p, 0) != 0) return -1;
-  return std::stoll(fqn.substr(p.size(), fqn.find('.', p.size()) - p.size()));
-}
-
 int64_t peak_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
 
-double all_reduce_sum(Communicator& comm, double v) {
-  float f = static_cast<float>(v);
-  comm.all_reduce(&f, &f, 1, DType::kF32, ReduceOp::kSum, nullptr);
-  return f;
+double all_reduce_f64(Communicator& host, double v) {
+  host.all_reduce(&v, &v, 1, DType::kF64, ReduceOp::kSum, nullptr);
+  return v;
+}
+
+int64_t all_reduce_i64(Communicator& host, int64_t v) {
+  host.all_reduce(&v, &v, 1, DType::kI64, ReduceOp::kSum, nullptr);
+  return v;
 }
 
 }  // namespace
 
 TrainSummary train(const TrainConfig& config, Communicator& comm) {
+  DeviceContext ctx(Backend::kCpu, -1);
+  if (config.device == DeviceChoice::kCuda)
+    throw InputError(config.source + ": device 'cuda': train(config, comm) runs the CPU backend; "
+                     "use train(config, runtime)");
+  Runtime rt{ctx, comm, comm};
+  return train(config, rt);
+}
+
+TrainSummary train(const TrainConfig& config, Runtime& rt) {
+  Communicator& comm = rt.host;
   const int rank = comm.rank(), world = comm.size();
   config.validate(world);
-  if (config.device == Device::kCuda)
-    throw InputError(config.source + ": device 'cuda': the training step runs on the CPU reference backend for now "
-                     "(the CUDA kernels of the step are not built yet); use device: cpu");
+  if (rt.ctx.is_cuda())
+    throw InputError(config.source + ": device '" + device_choice_name(config.device) + "' chose the GPU (" +
+                     rt.ctx.describe() + "), but this build's training step has no CUDA ops yet (the CPU "
+                     "reference backend only); set device: cpu");
 
   // ---- resume or fresh start: rank 0 picks the checkpoint, every rank reads its metadata ----
   std::optional<CheckpointInfo> resume;
@@ -138,56 +148,36 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
   }
 
   // ---- model, sharded ----
-  std::unique_ptr<QloraModel> qm = build_qlora_model(config, comm);
+  std::unique_ptr<QloraModel> qm = build_qlora_model(config, rt);
   const LlamaConfig& mc = qm->config;
   Module* tree = qm->tree.get();
   ShardedParameterManager& mgr = *qm->mgr;
   const ShardedTree& sharded = qm->units;
   const uint64_t trainable = qm->trainable_parameters;
-  const int root_unit = qm->root_unit();
 
+  const int64_t L = mc.num_hidden_layers;
+  const int T = static_cast<int>(config.data.max_seq_len);
+  if (T > mc.max_position_embeddings)
+    throw InputError(config.source + ": data.max_seq_len " + std::to_string(T) + " is past the model's maximum of " +
+                     std::to_string(mc.max_position_embeddings) + " positions");
   LlamaModelOptions mo;
   mo.lora_alpha = config.lora.alpha;
   mo.use_rslora = config.lora.rslora;
   mo.lora_dropout = static_cast<float>(config.lora.dropout);
   mo.dropout_seed = config.seed;
-  LlamaModel model(mc, *tree, mo);
-  const int64_t L = mc.num_hidden_layers;
-  int micro_index = 0;
-  model.before_root = [&](Pass) { mgr.gather(root_unit); };
-  model.after_root = [&](Pass) { mgr.release(root_unit); };
-  model.before_layer = [&](int64_t l, Pass pass) {
-    mgr.gather(static_cast<int>(l));
-    const int64_t next = pass == Pass::kForward ? l + 1 : l - 1;
-    if (next >= 0 && next < L) mgr.prefetch(static_cast<int>(next));
-  };
-  model.after_layer = [&](int64_t l, Pass pass) {
-    if (pass == Pass::kBackward) mgr.reduce_scatter_grads(static_cast<int>(l), /*accumulate=*/micro_index > 0);
-    mgr.release(static_cast<int>(l));
-  };
-  const GradLookup grad_lookup = [&](const std::string& fqn) -> float* {
-    const int64_t l = layer_of(fqn);
-    if (l < 0) return nullptr;
-    return mgr.grad(static_cast<int>(l), fqn).data<float>();
-  };
+  mo.max_batch = config.batch.micro_batch_size;
+  mo.max_seq = T;
+  LlamaModel model(mc, *tree, rt.ctx, mo);
+  FsdpDriver fsdp(model, *qm);
 
-  // ---- optimizer state: this rank's shards ----
-  std::vector<Tensor> exp_avg, exp_avg_sq;  // AdamW m and v, f32 like the master shard
-  for (int u = 0; u < mgr.num_units(); ++u) {
-    const int64_t n = mgr.master_shard(u).numel();
-    exp_avg.push_back(Tensor::zeros({n}, DType::kF32));
-    exp_avg_sq.push_back(Tensor::zeros({n}, DType::kF32));
-  }
-  const std::vector<UnitStateShard> state = state_shards(*qm, exp_avg, exp_avg_sq);
+  // ---- optimizer state: this rank's shards, where the master shards live ----
+  OptimizerState opt = make_optimizer_state(*qm);
+  const std::vector<UnitStateShard> state = state_shards(*qm, opt.exp_avg, opt.exp_avg_sq);
 
   // ---- data ----
   if (config.data.train.empty()) throw InputError(config.source + ": data.train (a token file) is required");
   const TokenFile train_file = TokenFile::open(config.data.train);
   train_file.validate(static_cast<uint32_t>(mc.vocab_size));
-  const int T = static_cast<int>(config.data.max_seq_len);
-  if (T > mc.max_position_embeddings)
-    throw InputError(config.source + ": data.max_seq_len " + std::to_string(T) + " is past the model's maximum of " +
-                     std::to_string(mc.max_position_embeddings) + " positions");
   PackedDataset all(train_file, T);
   PackedDataset train_data = all;
   std::optional<PackedDataset> eval_data;
@@ -248,26 +238,19 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
     // Every forward gathers units (collectives), so every rank runs the same number of them:
     // ranks with a shorter slice repeat a sequence and do not count it.
     const int64_t rounds = (eval_data->num_sequences() + world - 1) / world;
-    model.set_training(false);  // no LoRA dropout in eval
-    double loss_sum = 0, tokens = 0;
     std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T));
-    std::vector<float> dlogits(static_cast<size_t>(T * mc.vocab_size));
-    for (int64_t k = 0; k < rounds; ++k) {
+    const LossTotals t = sequence_losses(model, rounds, [&](int64_t k, std::vector<int64_t>& ids,
+                                                            std::vector<int64_t>& targets) {
       const int64_t i = first + k;
       const bool counted = i < end;
       eval_data->get(counted ? i : std::min<int64_t>(first, eval_data->num_sequences() - 1), in.data(), tg.data());
-      std::vector<int64_t> ids(in.begin(), in.end()), targets(tg.begin(), tg.end());
-      const std::vector<float> logits = model.forward(ids, 1, T);
-      if (!counted) continue;
-      int64_t n = 0;
-      for (auto t : targets) n += t != kIgnoreIndex;
-      loss_sum += static_cast<double>(cross_entropy_fwd_bwd(dlogits.data(), logits.data(), targets.data(), T,
-                                                            mc.vocab_size, 1.0));
-      tokens += static_cast<double>(n);
-    }
-    model.set_training(true);
-    const double total_loss = all_reduce_sum(comm, loss_sum), total_tokens = all_reduce_sum(comm, tokens);
-    return total_tokens > 0 ? total_loss / total_tokens : NAN;
+      ids.assign(in.begin(), in.end());
+      targets.assign(tg.begin(), tg.end());
+      return counted;
+    });
+    const double total_loss = all_reduce_f64(comm, t.loss_sum);
+    const int64_t total_tokens = all_reduce_i64(comm, t.tokens);
+    return total_tokens > 0 ? total_loss / static_cast<double>(total_tokens) : NAN;
   };
 
   TrainSummary summary;
@@ -291,45 +274,21 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
   for (int64_t step = start_step; step < stop_step; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<Batch> batches;
-    double local_tokens = 0;
-    for (int64_t k = 0; k < micro_steps; ++k) {
-      batches.push_back(loader.next_batch(static_cast<int>(micro)));
-      for (auto t : batches.back().targets) local_tokens += t != kIgnoreIndex;
-    }
-    const double global_tokens = all_reduce_sum(comm, local_tokens);
-    // Averaging over ranks in the reduce-scatter divides by `world`: normalizing each rank's loss
-    // sum by (global tokens / world) makes the averaged gradient that of the global mean loss.
-    const double normalizer = std::max(global_tokens, 1.0) / world;
-    double local_loss = 0;
-    for (int64_t k = 0; k < micro_steps; ++k) {
-      micro_index = static_cast<int>(k);
-      const Batch& b = batches[k];
-      std::vector<int64_t> ids(b.inputs.begin(), b.inputs.end()), targets(b.targets.begin(), b.targets.end());
-      model.set_dropout_context(static_cast<uint64_t>(step), (rank * (G / world) + k * micro) * T);
-      local_loss += model.forward_backward(ids, targets, b.B, b.T, normalizer, grad_lookup);
-    }
-    mgr.wait_for_gradients();
-    const double loss = all_reduce_sum(comm, local_loss) / world;
-    // Global gradient norm over every rank's shards, then clipping and AdamW.
-    double sq = 0;
-    for (int u = 0; u < mgr.num_units(); ++u) {
-      const Tensor g = mgr.grad_shard(u);
-      sq += sum_squares(g.data<float>(), g.numel());
-    }
-    const double grad_norm = std::sqrt(all_reduce_sum(comm, sq));
-    AdamWParams ap;
-    ap.lr = sched.lr_at(step);
-    ap.beta1 = config.optimizer.beta1;
-    ap.beta2 = config.optimizer.beta2;
-    ap.eps = config.optimizer.eps;
-    ap.weight_decay = config.optimizer.weight_decay;
-    ap.grad_scale = config.optimizer.grad_clip > 0 ? clip_coefficient(grad_norm, config.optimizer.grad_clip) : 1.0;
-    for (int u = 0; u < mgr.num_units(); ++u) {
-      Tensor p = mgr.master_shard(u), g = mgr.grad_shard(u);
-      if (p.numel() == 0) continue;
-      adamw_step_cpu(p.data<float>(), g.data<float>(), exp_avg[u].data<float>(), exp_avg_sq[u].data<float>(), p.numel(),
-                     ap, step + 1);
-    }
+    for (int64_t k = 0; k < micro_steps; ++k) batches.push_back(loader.next_batch(static_cast<int>(micro)));
+    StepOptions so;
+    so.step = step;
+    so.adamw.lr = sched.lr_at(step);
+    so.adamw.beta1 = config.optimizer.beta1;
+    so.adamw.beta2 = config.optimizer.beta2;
+    so.adamw.eps = config.optimizer.eps;
+    so.adamw.weight_decay = config.optimizer.weight_decay;
+    so.grad_clip = config.optimizer.grad_clip;
+    so.rank_row_offset = rank * (G / world);
+    so.seq_len = T;
+    const StepStats st = train_step(rt, *qm, model, fsdp, opt, batches, so);
+    const double loss = st.loss, grad_norm = st.grad_norm;
+    const double global_tokens = static_cast<double>(st.tokens);
+    const AdamWParams& ap = so.adamw;
     summary.losses.push_back(loss);
     summary.steps = step + 1;
     const bool last = step + 1 == max_steps;
@@ -388,7 +347,7 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
     ExportOptions eo;
     eo.format = ExportFormat::kBnb4;
     eo.out_dir = base;
-    export_model(*tree, mc, mgr, sharded, eo);
+    export_model(comm, *tree, mc, mgr, sharded, eo);
     eo.format = ExportFormat::kPeft;
     eo.out_dir = adapter;
     eo.base_model_name_or_path = config.model.path.empty() ? base : config.model.path;
@@ -397,7 +356,7 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
     eo.use_rslora = config.lora.rslora;
     eo.lora_dropout = config.lora.dropout;
     eo.target_modules = config.lora.target_modules;
-    export_model(*tree, mc, mgr, sharded, eo);
+    export_model(comm, *tree, mc, mgr, sharded, eo);
     summary.exported_base = base;
     summary.exported_adapter = adapter;
     if (rank == 0) QS_LOG_INFO("exported the base model to {} and the LoRA adapter to {}", base, adapter);

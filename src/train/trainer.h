@@ -1,4 +1,4 @@
-// trainer.h: the QLoRA training loop (`qshard train`), CPU reference backend.
+// trainer.h: the QLoRA training job (`qshard train`): orchestration around train_step().
 //
 // One call of train() runs a whole job on the ranks of `comm`:
 //   model    an HF folder (float weights are quantized to 4-bit on load; a bitsandbytes folder
@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "runtime/communicator.h"
+#include "runtime/runtime.h"
 #include "train/train_config.h"
 
 namespace qshard {
@@ -48,6 +49,9 @@ struct TrainSummary {
   std::string last_checkpoint;  // the newest checkpoint this run saved, if any
 };
 
+// The job on `rt` (rt.ctx decides the backend; rt.host carries control, rt.data the parameters).
+TrainSummary train(const TrainConfig& config, Runtime& rt);
+// The CPU backend with `comm` as both communicators (tests and tools on the CPU).
 TrainSummary train(const TrainConfig& config, Communicator& comm);
 
 }  // namespace qshard

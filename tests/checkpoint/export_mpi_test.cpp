@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 
+#include "common/test_stream.h"
 #include "checkpoint/export.h"
 #include "checkpoint/llama_tree.h"
 #include "common/random_tree.h"
@@ -45,8 +46,8 @@ std::unique_ptr<Module> make_tree() {
 void export_all(Communicator& comm, bool offload, const fs::path& dir, uint64_t max_shard_bytes) {
   auto tree = make_tree();
   ShardOptions so;
-  so.offload = offload;
-  ShardedParameterManager mgr(comm, so);
+  so.offload_params = so.offload_optimizer = offload;
+  ShardedParameterManager mgr(comm, qshard_test_compute_stream(), so);
   const ShardedTree units = shard_module_tree(*tree, mgr, "model.layers");
   mgr.finalize();
   for (ExportFormat f : {ExportFormat::kBnb4, ExportFormat::kPeft, ExportFormat::kMerged}) {
@@ -57,7 +58,7 @@ void export_all(Communicator& comm, bool offload, const fs::path& dir, uint64_t 
     o.lora_alpha = 16;
     o.max_shard_bytes = max_shard_bytes;
     o.base_model_name_or_path = "tiny";
-    export_model(*tree, tiny_config(), mgr, units, o);
+    export_model(comm, *tree, tiny_config(), mgr, units, o);
   }
 }
 
@@ -110,14 +111,14 @@ TEST(ExportMpi, ByteIdenticalToOneRankAtEveryWorldSizeAndOffload) {
   // A non-empty out_dir: every rank throws InputError, before any gather.
   {
     auto tree = make_tree();
-    ShardedParameterManager mgr(all, {});
+    ShardedParameterManager mgr(all, qshard_test_compute_stream(), {});
     const ShardedTree units = shard_module_tree(*tree, mgr, "model.layers");
     mgr.finalize();
     ExportOptions o;
     o.out_dir = (base / "ref" / "bnb4").string();
     bool refused = false;
     try {
-      export_model(*tree, tiny_config(), mgr, units, o);
+      export_model(all, *tree, tiny_config(), mgr, units, o);
     } catch (const InputError& e) {
       refused = std::string(e.what()).find("not empty") != std::string::npos;
     }

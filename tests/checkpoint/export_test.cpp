@@ -22,6 +22,7 @@
 #include <fstream>
 #include <random>
 
+#include "common/test_stream.h"
 #include "checkpoint/bnb_folder.h"
 #include "checkpoint/export.h"
 #include "checkpoint/llama_tree.h"
@@ -81,14 +82,15 @@ struct Sharded {
   std::unique_ptr<Module> tree;
   std::unique_ptr<ShardedParameterManager> mgr;
   ShardedTree units;
-  Sharded(Communicator& comm, bool offload, std::unique_ptr<Module> t) : tree(std::move(t)) {
+  Communicator& comm;
+  Sharded(Communicator& c, bool offload, std::unique_ptr<Module> t) : tree(std::move(t)), comm(c) {
     ShardOptions so;
-    so.offload = offload;
-    mgr = std::make_unique<ShardedParameterManager>(comm, so);
+    so.offload_params = so.offload_optimizer = offload;
+    mgr = std::make_unique<ShardedParameterManager>(comm, qshard_test_compute_stream(), so);
     units = shard_module_tree(*tree, *mgr, "model.layers");
     mgr->finalize();
   }
-  ExportReport run(const ExportOptions& o) { return export_model(*tree, tiny_config(), *mgr, units, o); }
+  ExportReport run(const ExportOptions& o) { return export_model(comm, *tree, tiny_config(), *mgr, units, o); }
 };
 
 std::vector<uint8_t> bytes_of(const Tensor& t) {

@@ -66,14 +66,38 @@ float* param(Module& tree, const std::string& fqn) { return resolve(tree, fqn).t
 struct GradStore {
   Module& tree;
   std::map<std::string, std::vector<float>> grads;
-  GradLookup lookup() {
-    return [this](const std::string& fqn) -> float* {
-      auto it = grads.find(fqn);
-      if (it == grads.end()) it = grads.emplace(fqn, std::vector<float>(resolve(tree, fqn).tensor.numel(), 0.0f)).first;
-      return it->second.data();
-    };
+  float* lookup(const std::string& fqn) {
+    auto it = grads.find(fqn);
+    if (it == grads.end()) it = grads.emplace(fqn, std::vector<float>(resolve(tree, fqn).tensor.numel(), 0.0f)).first;
+    return it->second.data();
+  }
+  // The layer's LoRA gradient pointers (`skip` gets none).
+  LayerGrads layer(int64_t l, const std::string& skip = "") {
+    LayerGrads g;
+    for (size_t i = 0; i < kLlamaProjections.size(); ++i) {
+      const std::string p = "model.layers." + std::to_string(l) + "." + kLlamaProjections[i];
+      if (p + ".lora_A.weight" != skip) g.lora_A[i] = lookup(p + ".lora_A.weight");
+      if (p + ".lora_B.weight" != skip) g.lora_B[i] = lookup(p + ".lora_B.weight");
+    }
+    return g;
+  }
+  std::function<LayerGrads(int64_t)> hook(const std::string& skip = "") {
+    return [this, skip](int64_t l) { return layer(l, skip); };
   }
 };
+
+// The CPU context of the model tests.
+DeviceContext& ctx() {
+  static DeviceContext c(Backend::kCpu, -1);
+  return c;
+}
+
+// Mean cross entropy of logits [N,V] (the loss a training step reports).
+double ce_loss(std::vector<float> logits, const std::vector<int64_t>& targets, int64_t N, int64_t V, double normalizer) {
+  double sum = 0;
+  cpu::cross_entropy_fwd_bwd(logits.data(), &sum, targets.data(), N, V, 0.0f, ctx());
+  return sum / normalizer;
+}
 
 const char* kProjections[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                               "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
@@ -93,19 +117,23 @@ TEST(LlamaModel, DecoderLayerBackwardWithRecomputeAndDropout) {
   opt.lora_alpha = 4.0;
   opt.lora_dropout = 0.1f;  // the mask must be identical in the backward's recompute
   opt.dropout_seed = 77;
-  LlamaModel model(c, *tree, opt);
+  opt.max_batch = 2;
+  opt.max_seq = 4;
+  LlamaModel model(c, *tree, ctx(), opt);
   model.set_dropout_context(3, 8);
   const int64_t B = 2, T = 4, NC = B * T * c.hidden_size;
+  model.bind_layer(1);
   std::vector<float> x = random_vec(NC, 50);
   const std::vector<float> wout = random_vec(NC, 51);
   std::vector<float> y(NC);
   auto f = [&] {
-    model.layer_forward(1, x, y, B, T);
+    model.layer_forward(x.data(), y.data(), B, T);
     return dot(wout, y.data(), y.size());
   };
   GradStore gs{*tree, {}};
   std::vector<float> dx(NC, 123.0f);  // overwritten, whatever it held
-  model.layer_backward(1, x, wout, dx, B, T, gs.lookup());
+  model.bind_layer(1, gs.layer(1));
+  model.layer_backward(x.data(), wout.data(), dx.data(), B, T);
   EXPECT_EQ(gs.grads.size(), 14u);
   check_grad("layer dx", x.data(), x.size(), dx, f, kEps, kTol);
   for (const char* p : kProjections)
@@ -121,7 +149,9 @@ TEST(LlamaModel, TrainingStepBackwardHooksAndAccumulation) {
   LlamaModelOptions opt;
   opt.lora_dropout = 0.2f;
   opt.lora_alpha = 4.0;
-  LlamaModel model(c, *tree, opt);
+  opt.max_batch = 2;
+  opt.max_seq = 5;
+  LlamaModel model(c, *tree, ctx(), opt);
   const int64_t B = 2, T = 5;
   std::vector<int64_t> ids(B * T), targets(B * T);
   for (int64_t i = 0; i < B * T; ++i) ids[i] = (i * 7 + 3) % c.vocab_size, targets[i] = (i * 5 + 1) % c.vocab_size;
@@ -136,21 +166,25 @@ TEST(LlamaModel, TrainingStepBackwardHooksAndAccumulation) {
   model.after_layer = [&](int64_t l, Pass p) { calls.push_back("L" + std::to_string(l) + "-" + pass_name[int(p)]); };
 
   GradStore gs{*tree, {}};
-  const float loss = model.forward_backward(ids, targets, B, T, normalizer, gs.lookup());
+  model.layer_grads = gs.hook();
+  model.forward_backward(ids, targets, B, T, normalizer);
+  const double loss = model.take_loss_sum() / normalizer;
   const std::vector<std::string> want = {"root+f", "root-f", "L0+f", "L0-f", "L1+f", "L1-f",
                                          "root+b", "root-b", "L1+b", "L1-b", "L0+b", "L0-b"};
   EXPECT_EQ(calls, want);
   EXPECT_EQ(gs.grads.size(), 28u);
 
-  // The loss equals cross entropy of forward()'s logits (same dropout masks in both).
-  const std::vector<float> logits = model.forward(ids, B, T);
-  EXPECT_FLOAT_EQ(loss, cross_entropy_fwd_bwd(nullptr, logits.data(), targets.data(), B * T, c.vocab_size, normalizer));
+  // The loss equals cross entropy of forward_logits()'s logits (same dropout masks in both).
+  const std::vector<float> logits = model.forward_logits(ids, B, T);
+  EXPECT_DOUBLE_EQ(loss, ce_loss(logits, targets, B * T, c.vocab_size, normalizer));
+  // Eval's loss routine gives the same sum without the logits.
+  model.forward_loss(ids, targets, B, T);
+  EXPECT_DOUBLE_EQ(model.take_loss_sum() / normalizer, loss);
 
   // Finite differences of the whole step on two LoRA tensors (layer 0 gets its gradient through
   // layer 1, the final norm, the LM head and the loss).
   auto f = [&] {
-    const std::vector<float> lg = model.forward(ids, B, T);
-    return double(cross_entropy_fwd_bwd(nullptr, lg.data(), targets.data(), B * T, c.vocab_size, normalizer));
+    return ce_loss(model.forward_logits(ids, B, T), targets, B * T, c.vocab_size, normalizer);
   };
   for (const std::string fqn : {"model.layers.0.self_attn.q_proj.lora_A.weight", "model.layers.0.mlp.up_proj.lora_B.weight"})
     check_grad(fqn, param(*tree, fqn), gs.grads[fqn].size(), gs.grads[fqn], f, kEps, kTol);
@@ -158,10 +192,8 @@ TEST(LlamaModel, TrainingStepBackwardHooksAndAccumulation) {
   // Gradients accumulate: a second identical step doubles them; nullptr skips a tensor.
   const std::string skip = "model.layers.1.mlp.down_proj.lora_B.weight";
   std::map<std::string, std::vector<float>> first = gs.grads;
-  auto lookup = gs.lookup();
-  model.forward_backward(ids, targets, B, T, normalizer, [&](const std::string& fqn) -> float* {
-    return fqn == skip ? nullptr : lookup(fqn);
-  });
+  model.layer_grads = gs.hook(skip);
+  model.forward_backward(ids, targets, B, T, normalizer);
   for (auto& [k, g] : gs.grads)
     for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(g[i], (k == skip ? 1.0f : 2.0f) * first[k][i]) << k;
 }
@@ -169,17 +201,22 @@ TEST(LlamaModel, TrainingStepBackwardHooksAndAccumulation) {
 TEST(LlamaModel, LayerPiecesComposeToForward) {
   const LlamaConfig c = small_config();
   auto tree = random_tree(c, 200);
-  LlamaModel model(c, *tree);
+  LlamaModelOptions opt;
+  opt.max_seq = 6;
+  LlamaModel model(c, *tree, ctx(), opt);
   const int64_t B = 1, T = 6, NC = B * T * c.hidden_size;
   const std::vector<int64_t> ids = {1, 5, 2, 18, 0, 7};
   std::vector<float> x(NC), y(NC), logits(B * T * c.vocab_size);
-  model.embed(ids, x, B, T);
+  model.bind_root();
+  model.embed(ids, x.data(), B, T);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    model.layer_forward(l, x, y, B, T);
+    model.bind_layer(l);
+    model.layer_forward(x.data(), y.data(), B, T);
     std::swap(x, y);
   }
-  model.head_forward(x, logits, B, T);
-  EXPECT_EQ(logits, model.forward(ids, B, T));
+  model.bind_root();
+  model.head_forward(x.data(), logits.data(), B, T);
+  EXPECT_EQ(logits, model.forward_logits(ids, B, T));
 }
 
 // ---- parity with transformers + PEFT ----------------------------------------------------------
@@ -255,8 +292,10 @@ void golden_case(const std::string& name, const std::string& model_dir, bool exp
   EXPECT_EQ(shift_labels(labels.data(), B, T), targets);
   const double normalizer = static_cast<double>(g.get("normalizer").data<int64_t>()[0]);
 
-  LlamaModel model(m.config, *m.tree, m.options);
-  const std::vector<float> logits = model.forward(ids, B, T);
+  m.options.max_batch = B;
+  m.options.max_seq = T;
+  LlamaModel model(m.config, *m.tree, ctx(), m.options);
+  const std::vector<float> logits = model.forward_logits(ids, B, T);
   const std::vector<float> want_logits = g.get("logits").to_f32_vector();
   ASSERT_EQ(logits.size(), static_cast<size_t>(B * T * V));
   double worst = 0;
@@ -266,7 +305,9 @@ void golden_case(const std::string& name, const std::string& model_dir, bool exp
   EXPECT_LE(worst, kLogitTol);
 
   GradStore gs{*m.tree, {}};
-  const float loss = model.forward_backward(ids, targets, B, T, normalizer, gs.lookup());
+  model.layer_grads = gs.hook();
+  model.forward_backward(ids, targets, B, T, normalizer);
+  const double loss = model.take_loss_sum() / normalizer;
   const float want_loss = g.get("loss").to_f32_vector()[0];
   std::printf("  %s loss %.7f hf %.7f (normalizer %.0f)\n", name.c_str(), loss, want_loss, normalizer);
   EXPECT_NEAR(loss, want_loss, kLossTol);

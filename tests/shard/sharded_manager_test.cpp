@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/test_stream.h"
 #include "quant/params4bit.h"
 #include "runtime/mpi_communicator.h"
 #ifdef QSHARD_WITH_NCCL
@@ -70,9 +71,9 @@ FullModel make_model() {
 
 std::unique_ptr<ShardedParameterManager> build(Communicator& comm, const FullModel& m, bool offload) {
   ShardOptions o;
-  o.offload = offload;
+  o.offload_params = o.offload_optimizer = offload;
   o.compute_device = test_device();
-  auto mgr = std::make_unique<ShardedParameterManager>(comm, o);
+  auto mgr = std::make_unique<ShardedParameterManager>(comm, qshard_test_compute_stream(), o);
   for (size_t u = 0; u < m.units.size(); ++u) {
     const int id = mgr->add_unit(u < 3 ? "layers." + std::to_string(u) : "root");
     for (int k = 0; k < kNumBufferKinds; ++k)

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/test_stream.h"
 #include "checkpoint/llama_tree.h"
 #include "checkpoint/sharded_tree.h"
 #include "common/random_tree.h"
@@ -38,8 +39,8 @@ TEST(ShardedTree, GatheredUnitsResolveToTheOriginalBytes) {
   for (bool offload : {false, true}) {
     auto tree = make_tree();  // same seed: same values as `original`
     ShardOptions so;
-    so.offload = offload;
-    ShardedParameterManager mgr(comm, so);
+    so.offload_params = so.offload_optimizer = offload;
+    ShardedParameterManager mgr(comm, qshard_test_compute_stream(), so);
     const ShardedTree st = shard_module_tree(*tree, mgr, "model.layers");
     mgr.finalize();
     ASSERT_EQ(mgr.num_units(), 4);

@@ -62,7 +62,7 @@ TEST(TrainConfig, SetOverrides) {
   EXPECT_FALSE(c.model.double_quant);
   EXPECT_EQ(c.schedule.type, ScheduleType::kLinear);
   EXPECT_EQ(c.data.train, "other.tok");
-  EXPECT_EQ(c.device, Device::kCuda);
+  EXPECT_EQ(c.device, DeviceChoice::kCuda);
   EXPECT_EQ(error_of([] { parse_train_config(kMinimal, "x.yaml", {"optimizer.lrr=1"}); }),
             "--set optimizer.lrr=1: unknown key 'optimizer.lrr' (did you mean 'optimizer.lr'?)");
   EXPECT_NE(error_of([] { parse_train_config(kMinimal, "x.yaml", {"optimizer.lr"}); }).find("expected key=value"),

@@ -1,0 +1,191 @@
+// llama_ops.h: the ops of a Llama decoder, forward and backward, one set of names for every
+// backend.
+//
+// The twin rule: each op has the same name and parameter order in `namespace cpu` (the
+// reference: plain loops over row-major f32 arrays, fp32 accumulation, written to be read) and
+// in `namespace cuda` (kernels, bf16 activations; the CUDA backend's issue adds them), plus a
+// trailing DeviceContext& (stream, library handles, workspace). Ops never allocate: scratch comes
+// from the caller (the context's Workspace). `namespace ops` is the one dispatch: it takes
+// activation pointers as void* in ctx.activation_dtype() and calls the twin of ctx.backend().
+// Every formula follows transformers' LlamaForCausalLM (5.x) and PEFT's LoRA Linear in float32.
+//
+// Dimension legend: B batch, T sequence, N = B*T rows, C hidden, H heads, Hkv kv heads, D head
+// dim, I intermediate, V vocab, r LoRA rank, M/N/K a GEMM's sizes.
+// Conventions: forward ops overwrite their outputs; backward ops overwrite the gradients they
+// produce, except rmsnorm_bwd, which ADDS into dx (the residual stream's gradient arrives there
+// first). Outputs must not alias inputs unless an op says so. Frozen parameters get no gradient.
+// Tolerances of the CUDA twins against these references are declared in tests/model/op_harness.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "quant/blockwise.h"
+#include "runtime/device_context.h"
+#include "runtime/dtype.h"
+
+namespace qshard {
+
+constexpr int64_t kIgnoreIndex = -100;
+
+// C[M,N] = alpha * op(A)[M,K] . op(B)[K,N] + beta * C, row-major and contiguous.
+// op(A) = A stored [M,K], or with trans_a A stored [K,M]; op(B) = B stored [K,N], or with trans_b
+// B stored [N,K] (a Linear weight [out,in]: y = x W^T is trans_b). b_type: B's dtype (f32, bf16 or
+// f16: a frozen weight kept in its own dtype, widened per row on the CPU); A and C are f32 on the CPU. With beta == 0, C is
+// not read. CPU order: one f32 accumulator per output, k ascending, then alpha*acc + beta*C.
+struct GemmShape {
+  int64_t M = 0, N = 0, K = 0;
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.0f, beta = 0.0f;
+  DType b_type = DType::kF32;
+  DType a_type = DType::kF32, c_type = DType::kF32;  // the CPU twin: f32 only (CUDA: bf16 / f32)
+};
+
+// RoPE's parameters (HF rotate_half: dims [0, D/2) pair with [D/2, D)).
+// inv_freq[i] = 1 / theta^(2i / D) in f32, then llama3 scaling when `llama3`
+// (transformers' _compute_llama3_parameters, in f32).
+struct RopeParams {
+  double theta = 10000.0;
+  int64_t head_dim = 0;
+  bool llama3 = false;
+  double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 0;
+};
+std::vector<float> rope_inv_freq(const RopeParams& p);  // [D/2]
+
+// Deterministic dropout: the keep decision of one element is a pure function of (seed, step,
+// module_id, index), index = the element's position in the GLOBAL batch
+// ((row_offset + local row) * width + column), so a sample's mask does not depend on how the batch
+// is split over ranks. splitmix64 chain, top 24 bits -> u in [0, 1); kept when u >= p; kept
+// elements scaled by 1 / (1 - p). REQUIRES: 0 <= p < 1.
+struct DropoutKey {
+  float p = 0.0f;
+  uint64_t seed = 0;
+  uint64_t step = 0;
+  uint64_t module_id = 0;
+  int64_t row_offset = 0;
+};
+bool dropout_keep(const DropoutKey& key, int64_t global_index);
+
+// scaling = alpha / r, or alpha / sqrt(r) with rsLoRA; 0 when r == 0.
+float lora_scaling(double alpha, int64_t r, bool use_rslora);
+
+// HF causal-LM target alignment: targets[b, t] = labels[b, t + 1], targets[b, T-1] = kIgnoreIndex.
+std::vector<int64_t> shift_labels(const int64_t* labels /*[B,T]*/, int64_t B, int64_t T);
+
+// Bytes of attention's saved state for the backward on `backend`: the CPU keeps the
+// probabilities [B,H,T,T] f32; a fused kernel keeps row statistics.
+size_t attention_saved_bytes(Backend backend, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D);
+
+namespace cpu {
+
+void gemm(float* C, const float* A, const void* B, const GemmShape& s, DeviceContext& ctx);
+
+// out[n, :] = weight[ids[n], :] (weight in `weight_type`, widened). Throws InputError for an id
+// outside [0, V), naming it.
+void embedding_fwd(float* out /*[N,C]*/, const int64_t* ids /*[N]*/, const void* weight /*[V,C]*/, DType weight_type,
+                   int64_t N, int64_t C, int64_t V, DeviceContext& ctx);
+
+// rstd[n] = 1 / sqrt(mean_c(x^2) + eps); out = weight * (x * rstd) (transformers' LlamaRMSNorm).
+void rmsnorm_fwd(float* out /*[N,C]*/, float* rstd /*[N]*/, const float* x /*[N,C]*/, const float* weight /*[C]*/,
+                 int64_t N, int64_t C, float eps, DeviceContext& ctx);
+// dx += rstd * (g - xhat * mean_c(g * xhat)), g = dout * weight, xhat = x * rstd (rstd saved).
+void rmsnorm_bwd(float* dx /*[N,C]*/, const float* dout /*[N,C]*/, const float* x /*[N,C]*/,
+                 const float* weight /*[C]*/, const float* rstd /*[N]*/, int64_t N, int64_t C, DeviceContext& ctx);
+
+// out = a + b (the residual add). out may alias a or b.
+void add(float* out, const float* a, const float* b, int64_t n, DeviceContext& ctx);
+// out += b (accumulating a gradient).
+void accumulate(float* out, const float* b, int64_t n, DeviceContext& ctx);
+// out = x; x = 0.
+void copy(float* out, const float* x, int64_t n, DeviceContext& ctx);
+void zero(float* x, int64_t n, DeviceContext& ctx);
+// y[n, :] += bias (a Linear's bias, f32).
+void add_bias(float* y /*[N,W]*/, const float* bias /*[W]*/, int64_t N, int64_t W, DeviceContext& ctx);
+// out = f32(x) for x in `type` (a frozen norm weight or bias bound in its own dtype).
+void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx);
+
+// cos[t, i] = cos(t * inv_freq[i]), sin likewise, t = 0..T-1 (the angle a f32 product, as HF).
+void rope_tables(float* cos /*[T,D/2]*/, float* sin /*[T,D/2]*/, const RopeParams& p, int64_t T, DeviceContext& ctx);
+// x rotated in place by position t:  y[i] = x[i] cos - x[i+D/2] sin, y[i+D/2] = x[i+D/2] cos + x[i] sin.
+void rope_fwd(float* x /*[B,T,nh,D]*/, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh,
+              int64_t D, DeviceContext& ctx);
+// The transpose (rotation by -angle), in place on a gradient.
+void rope_bwd(float* dx /*[B,T,nh,D]*/, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh,
+              int64_t D, DeviceContext& ctx);
+
+// Causal grouped-query attention: query head h reads kv head h / (H / Hkv) (HF repeat_kv);
+// s[t, u] = (q_t . k_u) / sqrt(D) for u <= t; softmax over u (max subtracted); out_t = sum_u p v_u.
+// saved: attention_saved_bytes(kCpu, ...) bytes, written by the forward, read by the backward.
+// REQUIRES: H % Hkv == 0.
+void attention_fwd(float* out /*[B,T,H,D]*/, void* saved, const float* q /*[B,T,H,D]*/,
+                   const float* k /*[B,T,Hkv,D]*/, const float* v /*[B,T,Hkv,D]*/, int64_t B, int64_t T, int64_t H,
+                   int64_t Hkv, int64_t D, DeviceContext& ctx);
+// dq, dk, dv OVERWRITTEN from dout, given the forward's inputs, output and saved state.
+void attention_bwd(float* dq, float* dk, float* dv, const float* dout /*[B,T,H,D]*/, const float* q, const float* k,
+                   const float* v, const float* out, const void* saved, int64_t B, int64_t T, int64_t H,
+                   int64_t Hkv, int64_t D, DeviceContext& ctx);
+
+// h = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
+void swiglu_fwd(float* h /*[n]*/, const float* gate, const float* up, int64_t n, DeviceContext& ctx);
+// dgate, dup OVERWRITTEN (silu(g) recomputed from the saved gate).
+void swiglu_bwd(float* dgate, float* dup, const float* dh, const float* gate, const float* up, int64_t n,
+                DeviceContext& ctx);
+
+// out = x * mask / (1 - p); with p == 0 an exact copy. out may alias x.
+void dropout_fwd(float* out /*[N,W]*/, const float* x /*[N,W]*/, const DropoutKey& key, int64_t N, int64_t W,
+                 DeviceContext& ctx);
+
+// Cross entropy over n rows of logits (one chunk of the LM head's rows): for each row whose
+// target is not kIgnoreIndex, *loss_sum += lse(logits) - logits[target] (in double, on the
+// device). With grad_scale != 0 the logits are OVERWRITTEN by their gradient
+// (softmax - onehot) * grad_scale, 0 on ignored rows. Throws InputError for a target outside
+// [0, V) that is not kIgnoreIndex. The caller chunks the rows so that no [N,V] buffer exists.
+void cross_entropy_fwd_bwd(float* logits /*[n,V]*/, double* loss_sum, const int64_t* targets /*[n]*/, int64_t n,
+                           int64_t V, float grad_scale, DeviceContext& ctx);
+
+// x[i] = float(dtype(x[i])): rounds f32 values to what `dtype` holds (a 4-bit weight dequantized
+// "into its QuantState's dtype" as bitsandbytes does, kept in f32 for the CPU GEMM).
+void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx);
+
+}  // namespace cpu
+
+// ---- the dispatch: activations as void* in ctx.activation_dtype(); the twin of ctx.backend() ----
+namespace ops {
+void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx);
+void embedding_fwd(void* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
+                   int64_t V, DeviceContext& ctx);
+void rmsnorm_fwd(void* out, float* rstd, const void* x, const float* weight, int64_t N, int64_t C, float eps,
+                 DeviceContext& ctx);
+void rmsnorm_bwd(void* dx, const void* dout, const void* x, const float* weight, const float* rstd, int64_t N,
+                 int64_t C, DeviceContext& ctx);
+void add(void* out, const void* a, const void* b, int64_t n, DeviceContext& ctx);
+void accumulate(void* out, const void* b, int64_t n, DeviceContext& ctx);
+void copy(void* out, const void* x, int64_t n, DeviceContext& ctx);
+void zero(void* x, int64_t n, DeviceContext& ctx);
+void add_bias(void* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx);
+void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx);
+void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceContext& ctx);
+void rope_fwd(void* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
+              DeviceContext& ctx);
+void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
+              DeviceContext& ctx);
+void attention_fwd(void* out, void* saved, const void* q, const void* k, const void* v, int64_t B, int64_t T,
+                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx);
+void attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
+                   const void* out, const void* saved, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                   DeviceContext& ctx);
+void swiglu_fwd(void* h, const void* gate, const void* up, int64_t n, DeviceContext& ctx);
+void swiglu_bwd(void* dgate, void* dup, const void* dh, const void* gate, const void* up, int64_t n,
+                DeviceContext& ctx);
+void dropout_fwd(void* out, const void* x, const DropoutKey& key, int64_t N, int64_t W, DeviceContext& ctx);
+void cross_entropy_fwd_bwd(void* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
+                           float grad_scale, DeviceContext& ctx);
+void round_to_dtype(void* x, int64_t n, DType dtype, DeviceContext& ctx);
+// A 4-bit weight dequantized into its QuantState's dtype `dtype` (bitsandbytes' dequantize_4bit),
+// written as the GEMM's B operand: f32 values on the CPU (rounded through `dtype`), `dtype` on CUDA.
+void dequantize_4bit(void* out, const Dequant4bitArgs& args, DType dtype, DeviceContext& ctx);
+}  // namespace ops
+
+}  // namespace qshard

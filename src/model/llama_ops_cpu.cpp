@@ -1,0 +1,424 @@
+// CPU reference of llama_ops.h: plain loops, f32 accumulation.
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <string>
+
+#include "model/llama_ops.h"
+#include "runtime/error.h"
+
+namespace qshard {
+
+namespace {
+
+uint64_t splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+float widen(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default: throw Error(std::string("CPU op: unsupported operand dtype ") + dtype_torch_name(t));
+  }
+}
+
+// Row `row` of a [rows, n] matrix of dtype t as f32: a pointer into it (f32) or into `buf` (widened).
+const float* row_f32(const void* m, DType t, int64_t row, int64_t n, float* buf) {
+  if (t == DType::kF32) return static_cast<const float*>(m) + row * n;
+  for (int64_t i = 0; i < n; ++i) buf[i] = widen(m, t, row * n + i);
+  return buf;
+}
+
+// Rotates every head vector of x by +angle (sign = 1) or -angle (sign = -1).
+void rope_rotate(float* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
+                 float sign) {
+  const int64_t half = D / 2;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < nh; ++h) {
+        float* v = x + ((b * T + t) * nh + h) * D;
+        for (int64_t i = 0; i < half; ++i) {
+          const float c = cos[t * half + i], s = sign * sin[t * half + i];
+          const float x1 = v[i], x2 = v[i + half];
+          v[i] = x1 * c - x2 * s;
+          v[i + half] = x2 * c + x1 * s;
+        }
+      }
+}
+
+}  // namespace
+
+// ---- backend-independent helpers --------------------------------------------------------------
+
+std::vector<float> rope_inv_freq(const RopeParams& p) {
+  const int64_t D = p.head_dim;
+  QS_CHECK(D > 0 && D % 2 == 0, "RoPE head_dim must be positive and even");
+  const float base = static_cast<float>(p.theta);
+  std::vector<float> inv(D / 2);
+  for (int64_t i = 0; i < D / 2; ++i)
+    inv[i] = 1.0f / std::pow(base, static_cast<float>(2 * i) / static_cast<float>(D));
+  if (p.llama3) {
+    // transformers' _compute_llama3_parameters, each op in f32 as torch does on a f32 tensor.
+    const float factor = static_cast<float>(p.factor);
+    const float low = static_cast<float>(p.low_freq_factor), high = static_cast<float>(p.high_freq_factor);
+    const double old_len = static_cast<double>(p.original_max_position_embeddings);
+    const float low_freq_wavelen = static_cast<float>(old_len / p.low_freq_factor);
+    const float high_freq_wavelen = static_cast<float>(old_len / p.high_freq_factor);
+    for (float& f : inv) {
+      const float wavelen = static_cast<float>(2.0 * std::numbers::pi) / f;
+      float scaled = wavelen > low_freq_wavelen ? f / factor : f;
+      const float smooth = (static_cast<float>(old_len) / wavelen - low) / (high - low);
+      const float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
+      const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+      f = medium ? smoothed : scaled;
+    }
+  }
+  return inv;
+}
+
+bool dropout_keep(const DropoutKey& key, int64_t global_index) {
+  if (key.p <= 0.0f) return true;
+  uint64_t z = splitmix64(key.seed);
+  z = splitmix64(z ^ key.step);
+  z = splitmix64(z ^ key.module_id);
+  z = splitmix64(z ^ static_cast<uint64_t>(global_index));
+  const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // top 24 bits -> [0, 1)
+  return u >= key.p;
+}
+
+float lora_scaling(double alpha, int64_t r, bool use_rslora) {
+  if (r <= 0) return 0.0f;
+  return static_cast<float>(use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r));
+}
+
+std::vector<int64_t> shift_labels(const int64_t* labels, int64_t B, int64_t T) {
+  std::vector<int64_t> t(B * T, kIgnoreIndex);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s + 1 < T; ++s) t[b * T + s] = labels[b * T + s + 1];
+  return t;
+}
+
+size_t attention_saved_bytes(Backend backend, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+  (void)Hkv;
+  (void)D;
+  if (backend == Backend::kCpu) return static_cast<size_t>(B * H * T * T) * sizeof(float);  // probabilities
+  return static_cast<size_t>(B * H * T) * sizeof(float);  // a fused kernel's row statistics (log-sum-exp)
+}
+
+namespace cpu {
+
+// ---- GEMM -------------------------------------------------------------------------------------
+void gemm(float* C, const float* A, const void* B, const GemmShape& s, DeviceContext& ctx) {
+  QS_CHECK(s.a_type == DType::kF32 && s.c_type == DType::kF32, "CPU gemm: A and C must be f32");
+  const int64_t M = s.M, N = s.N, K = s.K;
+  Workspace& ws = ctx.workspace();
+  const size_t mark = ws.used();
+  float* acc = ws.take<float>(N, "gemm row");
+  float* brow = s.b_type == DType::kF32 ? nullptr : ws.take<float>(std::max(N, K), "gemm B row");
+  auto store = [&](int64_t m) {
+    float* c = C + m * N;
+    for (int64_t n = 0; n < N; ++n) c[n] = s.beta == 0.0f ? s.alpha * acc[n] : s.alpha * acc[n] + s.beta * c[n];
+  };
+  if (!s.trans_a && s.trans_b) {  // C = A B^T: dot products of rows (B stored [N,K])
+    for (int64_t m = 0; m < M; ++m) {
+      const float* a = A + m * K;
+      for (int64_t n = 0; n < N; ++n) {
+        const float* b = row_f32(B, s.b_type, n, K, brow);
+        float sum = 0.0f;
+        for (int64_t k = 0; k < K; ++k) sum += a[k] * b[k];
+        acc[n] = sum;
+      }
+      store(m);
+    }
+  } else if (!s.trans_b) {  // B stored [K,N]: accumulate rows of B, k ascending per output
+    for (int64_t m = 0; m < M; ++m) {
+      std::fill(acc, acc + N, 0.0f);
+      for (int64_t k = 0; k < K; ++k) {
+        const float a = s.trans_a ? A[k * M + m] : A[m * K + k];
+        const float* b = row_f32(B, s.b_type, k, N, brow);
+        for (int64_t n = 0; n < N; ++n) acc[n] += a * b[n];
+      }
+      store(m);
+    }
+  } else {  // A^T B^T (not used by the model; kept for completeness of the op)
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        float sum = 0.0f;
+        for (int64_t k = 0; k < K; ++k) sum += A[k * M + m] * widen(B, s.b_type, n * K + k);
+        acc[n] = sum;
+      }
+      store(m);
+    }
+  }
+  ws.rewind(mark);
+}
+
+// ---- embedding --------------------------------------------------------------------------------
+void embedding_fwd(float* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
+                   int64_t V, DeviceContext& ctx) {
+  (void)ctx;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t id = ids[n];
+    if (id < 0 || id >= V)
+      throw InputError("token id " + std::to_string(id) + " at position " + std::to_string(n) +
+                       " is outside the vocabulary [0, " + std::to_string(V) + ")");
+    for (int64_t c = 0; c < C; ++c) out[n * C + c] = widen(weight, weight_type, id * C + c);
+  }
+}
+
+// ---- RMSNorm ----------------------------------------------------------------------------------
+void rmsnorm_fwd(float* out, float* rstd, const float* x, const float* weight, int64_t N, int64_t C, float eps,
+                 DeviceContext& ctx) {
+  (void)ctx;
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xr = x + n * C;
+    float ss = 0.0f;
+    for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
+    const float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+    rstd[n] = r;
+    for (int64_t c = 0; c < C; ++c) out[n * C + c] = weight[c] * (xr[c] * r);
+  }
+}
+
+void rmsnorm_bwd(float* dx, const float* dout, const float* x, const float* weight, const float* rstd, int64_t N,
+                 int64_t C, DeviceContext& ctx) {
+  (void)ctx;
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xr = x + n * C;
+    const float* gr = dout + n * C;
+    const float r = rstd[n];
+    float dot = 0.0f;  // sum_c g * xhat
+    for (int64_t c = 0; c < C; ++c) dot += gr[c] * weight[c] * (xr[c] * r);
+    const float mean_dot = dot / static_cast<float>(C);
+    for (int64_t c = 0; c < C; ++c) dx[n * C + c] += r * (gr[c] * weight[c] - (xr[c] * r) * mean_dot);
+  }
+}
+
+void add(float* out, const float* a, const float* b, int64_t n, DeviceContext& ctx) {
+  (void)ctx;
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void accumulate(float* out, const float* b, int64_t n, DeviceContext& ctx) {
+  (void)ctx;
+  for (int64_t i = 0; i < n; ++i) out[i] += b[i];
+}
+
+void copy(float* out, const float* x, int64_t n, DeviceContext& ctx) {
+  (void)ctx;
+  std::copy(x, x + n, out);
+}
+
+void zero(float* x, int64_t n, DeviceContext& ctx) {
+  (void)ctx;
+  std::fill(x, x + n, 0.0f);
+}
+
+void add_bias(float* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx) {
+  (void)ctx;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < W; ++o) y[n * W + o] += bias[o];
+}
+
+void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx) {
+  (void)ctx;
+  for (int64_t i = 0; i < n; ++i) out[i] = widen(x, type, i);
+}
+
+// ---- RoPE -------------------------------------------------------------------------------------
+void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceContext& ctx) {
+  (void)ctx;
+  const std::vector<float> inv = rope_inv_freq(p);
+  const int64_t half = static_cast<int64_t>(inv.size());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(t) * inv[i];  // f32 product, as HF
+      cos[t * half + i] = std::cos(angle);
+      sin[t * half + i] = std::sin(angle);
+    }
+}
+
+void rope_fwd(float* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
+              DeviceContext& ctx) {
+  (void)ctx;
+  rope_rotate(x, cos, sin, B, T, nh, D, 1.0f);
+}
+
+void rope_bwd(float* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
+              DeviceContext& ctx) {
+  (void)ctx;
+  rope_rotate(dx, cos, sin, B, T, nh, D, -1.0f);
+}
+
+// ---- attention --------------------------------------------------------------------------------
+void attention_fwd(float* out, void* saved, const float* q, const float* k, const float* v, int64_t B, int64_t T,
+                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx) {
+  (void)ctx;
+  QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
+  float* att = static_cast<float*>(saved);  // [B,H,T,T] probabilities, 0 above the diagonal
+  const int64_t group = H / Hkv;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));  // HF: head_dim ** -0.5
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t hk = h / group;
+      for (int64_t t = 0; t < T; ++t) {
+        const float* qt = q + ((b * T + t) * H + h) * D;
+        float* a = att + ((b * H + h) * T + t) * T;
+        float maxv = -INFINITY;
+        for (int64_t u = 0; u <= t; ++u) {
+          const float* ku = k + ((b * T + u) * Hkv + hk) * D;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < D; ++d) dot += qt[d] * ku[d];
+          a[u] = dot * scale;
+          maxv = std::max(maxv, a[u]);
+        }
+        float sum = 0.0f;
+        for (int64_t u = 0; u <= t; ++u) {
+          a[u] = std::exp(a[u] - maxv);
+          sum += a[u];
+        }
+        for (int64_t u = 0; u <= t; ++u) a[u] /= sum;
+        for (int64_t u = t + 1; u < T; ++u) a[u] = 0.0f;
+        float* ot = out + ((b * T + t) * H + h) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          float acc = 0.0f;
+          for (int64_t u = 0; u <= t; ++u) acc += a[u] * v[((b * T + u) * Hkv + hk) * D + d];
+          ot[d] = acc;
+        }
+      }
+    }
+}
+
+void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                   const float* v, const float* out, const void* saved, int64_t B, int64_t T, int64_t H,
+                   int64_t Hkv, int64_t D, DeviceContext& ctx) {
+  (void)out;  // the CPU keeps the probabilities; a fused kernel needs out for its row sums
+  const float* att = static_cast<const float*>(saved);
+  const int64_t group = H / Hkv;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  std::fill(dq, dq + B * T * H * D, 0.0f);
+  std::fill(dk, dk + B * T * Hkv * D, 0.0f);
+  std::fill(dv, dv + B * T * Hkv * D, 0.0f);
+  Workspace& ws = ctx.workspace();
+  const size_t mark = ws.used();
+  float* dp = ws.take<float>(T, "attention dp");
+  float* ds = ws.take<float>(T, "attention ds");
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t hk = h / group;
+      for (int64_t t = 0; t < T; ++t) {
+        const float* a = att + ((b * H + h) * T + t) * T;
+        const float* go = dout + ((b * T + t) * H + h) * D;
+        // dp[u] = dout_t . v_u ; dv_u += a[u] * dout_t
+        float sum_adp = 0.0f;
+        for (int64_t u = 0; u <= t; ++u) {
+          const float* vu = v + ((b * T + u) * Hkv + hk) * D;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < D; ++d) dot += go[d] * vu[d];
+          dp[u] = dot;
+          sum_adp += a[u] * dot;
+          float* dvu = dv + ((b * T + u) * Hkv + hk) * D;
+          for (int64_t d = 0; d < D; ++d) dvu[d] += a[u] * go[d];
+        }
+        // softmax backward: ds[u] = a[u] * (dp[u] - sum_w a[w] dp[w]), then through the scale
+        for (int64_t u = 0; u <= t; ++u) ds[u] = a[u] * (dp[u] - sum_adp) * scale;
+        const float* qt = q + ((b * T + t) * H + h) * D;
+        float* dqt = dq + ((b * T + t) * H + h) * D;
+        for (int64_t u = 0; u <= t; ++u) {
+          const float* ku = k + ((b * T + u) * Hkv + hk) * D;
+          for (int64_t d = 0; d < D; ++d) dqt[d] += ds[u] * ku[d];
+          float* dku = dk + ((b * T + u) * Hkv + hk) * D;
+          for (int64_t d = 0; d < D; ++d) dku[d] += ds[u] * qt[d];
+        }
+      }
+    }
+  ws.rewind(mark);
+}
+
+// ---- SwiGLU -----------------------------------------------------------------------------------
+void swiglu_fwd(float* h, const float* gate, const float* up, int64_t n, DeviceContext& ctx) {
+  (void)ctx;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    h[i] = (g / (1.0f + std::exp(-g))) * up[i];
+  }
+}
+
+void swiglu_bwd(float* dgate, float* dup, const float* dh, const float* gate, const float* up, int64_t n,
+                DeviceContext& ctx) {
+  (void)ctx;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float sig = 1.0f / (1.0f + std::exp(-g));
+    const float silu = g * sig;
+    dup[i] = dh[i] * silu;
+    // d silu / dg = sig * (1 + g * (1 - sig))
+    dgate[i] = dh[i] * up[i] * sig * (1.0f + g * (1.0f - sig));
+  }
+}
+
+// ---- dropout ----------------------------------------------------------------------------------
+void dropout_fwd(float* out, const float* x, const DropoutKey& key, int64_t N, int64_t W, DeviceContext& ctx) {
+  (void)ctx;
+  QS_CHECK(key.p >= 0.0f && key.p < 1.0f, "dropout probability must be in [0, 1)");
+  if (key.p == 0.0f) {
+    if (out != x) std::copy(x, x + N * W, out);
+    return;
+  }
+  const float keep_scale = 1.0f / (1.0f - key.p);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < W; ++i) {
+      const int64_t global = (key.row_offset + n) * W + i;
+      out[n * W + i] = dropout_keep(key, global) ? x[n * W + i] * keep_scale : 0.0f;
+    }
+}
+
+// ---- cross entropy ----------------------------------------------------------------------------
+void cross_entropy_fwd_bwd(float* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
+                           float grad_scale, DeviceContext& ctx) {
+  (void)ctx;
+  for (int64_t row = 0; row < n; ++row) {
+    float* l = logits + row * V;
+    const int64_t y = targets[row];
+    if (y == kIgnoreIndex) {
+      if (grad_scale != 0.0f) std::fill(l, l + V, 0.0f);
+      continue;
+    }
+    if (y < 0 || y >= V)
+      throw InputError("target " + std::to_string(y) + " at row " + std::to_string(row) +
+                       " is outside the vocabulary [0, " + std::to_string(V) + ") and not -100");
+    float maxv = -INFINITY;
+    for (int64_t v = 0; v < V; ++v) maxv = std::max(maxv, l[v]);
+    float sum = 0.0f;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(l[v] - maxv);
+    const float lse = maxv + std::log(sum);
+    *loss_sum += static_cast<double>(lse - l[y]);
+    if (grad_scale != 0.0f)
+      for (int64_t v = 0; v < V; ++v) {
+        const float prob = std::exp(l[v] - lse);
+        l[v] = (prob - (v == y ? 1.0f : 0.0f)) * grad_scale;
+      }
+  }
+}
+
+void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx) {
+  (void)ctx;
+  switch (dtype) {
+    case DType::kF32: return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) x[i] = f16_to_f32(f32_to_f16(x[i]));
+      return;
+    default: throw Error(std::string("round_to_dtype: not a float dtype: ") + dtype_torch_name(dtype));
+  }
+}
+
+}  // namespace cpu
+}  // namespace qshard
