@@ -102,9 +102,9 @@ int main(int argc, char** argv) {
                                              out.nbytes());
     auto time_ms = [&](int units_per_thread) {
       a.units_per_thread = units_per_thread;
-      for (int i = 0; i < 3; ++i) dequantize_4bit_cuda(a, out.raw(), DType::kBF16, nullptr);
+      for (int i = 0; i < 3; ++i) cuda::dequantize_4bit(a, out.raw(), DType::kBF16, nullptr);
       t.start();
-      for (int i = 0; i < iters; ++i) dequantize_4bit_cuda(a, out.raw(), DType::kBF16, nullptr);
+      for (int i = 0; i < iters; ++i) cuda::dequantize_4bit(a, out.raw(), DType::kBF16, nullptr);
       return t.stop_ms() / iters;
     };
     std::string sweep;

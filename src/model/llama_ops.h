@@ -153,6 +153,8 @@ void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx);
 
 // ---- the dispatch: activations as void* in ctx.activation_dtype(); the twin of ctx.backend() ----
 namespace ops {
+// True when this build has the twins of `backend` (the op harness runs every backend that has).
+bool has_backend(Backend backend);
 void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx);
 void embedding_fwd(void* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
                    int64_t V, DeviceContext& ctx);

@@ -20,6 +20,8 @@ void require_cpu(const DeviceContext& ctx, const char* op) {
 
 }  // namespace
 
+bool has_backend(Backend backend) { return backend == Backend::kCpu; }
+
 void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx) {
   require_cpu(ctx, "gemm");
   cpu::gemm(f(C), f(A), B, s, ctx);

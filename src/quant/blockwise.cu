@@ -341,11 +341,11 @@ void dequantize_4bit_batch_cuda(const Dequant4bitArgs* args, void* const* outs, 
     case DType::kF32: launch_dequant<float>(args, outs, count, s); break;
     case DType::kBF16: launch_dequant<__nv_bfloat16>(args, outs, count, s); break;
     case DType::kF16: launch_dequant<__half>(args, outs, count, s); break;
-    default: throw Error(std::string("dequantize_4bit_cuda: unsupported output dtype ") + dtype_torch_name(out_dtype));
+    default: throw Error(std::string("cuda::dequantize_4bit: unsupported output dtype ") + dtype_torch_name(out_dtype));
   }
 }
 
-void dequantize_4bit_cuda(const Dequant4bitArgs& a, void* out, DType out_dtype, void* stream) {
+void cuda::dequantize_4bit(const Dequant4bitArgs& a, void* out, DType out_dtype, void* stream) {
   dequantize_4bit_batch_cuda(&a, &out, 1, out_dtype, stream);
 }
 

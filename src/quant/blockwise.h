@@ -69,14 +69,21 @@ struct Dequant4bitArgs {
   float offset = 0.0f;
   int units_per_thread = 0;  // CUDA tuning knob (1, 2, 4, 8, 16; 0 = automatic), for bench/dequant
 };
-// out: [n] of out_dtype (f32, bf16, f16), converted with round-to-nearest-even.
-void dequantize_4bit_cuda(const Dequant4bitArgs& args, void* out, DType out_dtype, void* stream);
+// Twins: out [n] of out_dtype (f32, bf16, f16), converted with round-to-nearest-even; trailing
+// stream (the CPU ignores it). The CPU one is the oracle in tests: it decodes the nested absmax
+// if present, then each value table[code] * absmax in f32, then the rounding.
+namespace cpu {
+void dequantize_4bit(const Dequant4bitArgs& args, void* out, DType out_dtype, void* stream = nullptr);
+}  // namespace cpu
+namespace cuda {
+void dequantize_4bit(const Dequant4bitArgs& args, void* out, DType out_dtype, void* stream);
+}  // namespace cuda
 // Dequantizes `count` tensors (outs[i] receives args[i]) with as few launches as possible: one per
 // 8 tensors, plus a small one for any tail or unaligned tensor. Used for a decoder layer's
 // projections, which are dequantized together.
 void dequantize_4bit_batch_cuda(const Dequant4bitArgs* args, void* const* outs, int count, DType out_dtype,
                                 void* stream);
-// CPU twin of dequantize_4bit_cuda (the oracle in tests): decodes the nested absmax if present.
+// f32 output of cpu::dequantize_4bit (out [n] f32).
 void dequantize_4bit_args_cpu(const Dequant4bitArgs& args, float* out);
 
 }  // namespace qshard

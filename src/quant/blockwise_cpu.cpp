@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "quant/blockwise.h"
+#include "runtime/error.h"
 
 namespace qshard {
 namespace {
@@ -80,6 +81,20 @@ void dequantize_4bit_args_cpu(const Dequant4bitArgs& a, float* out) {
   } else {
     dequantize_4bit_cpu(a.packed, a.absmax, a.code, a.n, a.blocksize, out);
   }
+}
+
+void cpu::dequantize_4bit(const Dequant4bitArgs& a, void* out, DType out_dtype, void* stream) {
+  (void)stream;
+  if (out_dtype == DType::kF32) {
+    dequantize_4bit_args_cpu(a, static_cast<float*>(out));
+    return;
+  }
+  if (out_dtype != DType::kBF16 && out_dtype != DType::kF16)
+    throw Error(std::string("cpu::dequantize_4bit: unsupported output dtype ") + dtype_torch_name(out_dtype));
+  std::vector<float> f(static_cast<size_t>(a.n));
+  dequantize_4bit_args_cpu(a, f.data());
+  uint16_t* o = static_cast<uint16_t*>(out);
+  for (int64_t i = 0; i < a.n; ++i) o[i] = out_dtype == DType::kBF16 ? f32_to_bf16(f[i]) : f32_to_f16(f[i]);
 }
 
 }  // namespace qshard

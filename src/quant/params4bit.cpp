@@ -166,7 +166,7 @@ Tensor dequantize_4bit(const Params4bit& p, std::optional<DType> out_dtype) {
   }
 #ifdef QSHARD_WITH_CUDA
   Tensor out = Tensor::empty(st.shape, dt, Device::kCuda);
-  dequantize_4bit_cuda(a, out.raw(), dt, nullptr);
+  cuda::dequantize_4bit(a, out.raw(), dt, nullptr);
   return out;
 #else
   throw Error("dequantize_4bit: CUDA tensor in a CPU-only build");

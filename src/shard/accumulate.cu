@@ -13,7 +13,7 @@ __global__ void accumulate_f32_kernel(float* __restrict__ out, const float* __re
 }
 }  // namespace
 
-void accumulate_f32_cuda(float* out, const float* in, int64_t n, void* stream) {
+void cuda::accumulate_f32(float* out, const float* in, int64_t n, void* stream) {
   if (n == 0) return;
   const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65535);
   accumulate_f32_kernel<<<static_cast<int>(blocks), 256, 0, static_cast<cudaStream_t>(stream)>>>(out, in, n);

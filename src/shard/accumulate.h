@@ -8,8 +8,13 @@
 
 namespace qshard {
 
-void accumulate_f32_cpu(float* out, const float* in, int64_t n);
-void accumulate_f32_cuda(float* out, const float* in, int64_t n, void* stream);  // CUDA builds only
+// Twins (same name and parameters, trailing stream; the CPU ignores it).
+namespace cpu {
+void accumulate_f32(float* out, const float* in, int64_t n, void* stream = nullptr);
+}  // namespace cpu
+namespace cuda {
+void accumulate_f32(float* out, const float* in, int64_t n, void* stream);  // CUDA builds only
+}  // namespace cuda
 // Dispatches on the tensors' device.
 void accumulate_f32(Tensor& out, const Tensor& in, void* stream);
 

@@ -2,7 +2,8 @@
 
 namespace qshard {
 
-void accumulate_f32_cpu(float* out, const float* in, int64_t n) {
+void cpu::accumulate_f32(float* out, const float* in, int64_t n, void* stream) {
+  (void)stream;
   for (int64_t i = 0; i < n; ++i) out[i] += in[i];
 }
 
@@ -11,11 +12,11 @@ void accumulate_f32(Tensor& out, const Tensor& in, void* stream) {
            "accumulate_f32: f32 tensors of equal size");
   QS_CHECK(out.device() == in.device(), "accumulate_f32: tensors on one device");
   if (out.device() == Device::kCpu) {
-    accumulate_f32_cpu(out.data<float>(), in.data<float>(), out.numel());
+    cpu::accumulate_f32(out.data<float>(), in.data<float>(), out.numel());
     return;
   }
 #ifdef QSHARD_WITH_CUDA
-  accumulate_f32_cuda(out.data<float>(), in.data<float>(), out.numel(), stream);
+  cuda::accumulate_f32(out.data<float>(), in.data<float>(), out.numel(), stream);
 #else
   (void)stream;
   throw Error("accumulate_f32: device tensors in a CPU-only build");

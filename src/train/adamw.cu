@@ -35,9 +35,9 @@ __global__ void adamw_step_kernel(float* p, const float* g, float* m, float* v, 
 
 }  // namespace
 
-void adamw_step_cuda(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, int64_t step,
-                     void* stream) {
-  QS_CHECK(n >= 0 && step >= 1, "adamw_step_cuda: n >= 0 and step >= 1");
+void cuda::adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, int64_t step,
+                      void* stream) {
+  QS_CHECK(n >= 0 && step >= 1, "cuda::adamw_step: n >= 0 and step >= 1");
   if (n == 0) return;
   const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(step));

@@ -36,12 +36,16 @@ struct AdamWParams {
   double grad_scale = 1.0;     // multiplies g first (global-norm clipping)
 };
 
-void adamw_step_cpu(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& params,
-                    int64_t step);
-
+// Twins (same name and parameters, trailing stream; the CPU ignores it).
+namespace cpu {
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& params, int64_t step,
+                void* stream = nullptr);
+}  // namespace cpu
 #ifdef QSHARD_WITH_CUDA
-void adamw_step_cuda(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& params,
-                     int64_t step, void* stream);
+namespace cuda {
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& params, int64_t step,
+                void* stream);
+}  // namespace cuda
 #endif
 
 // Sum of squares of x[0..n) accumulated in double (a rank's part of the squared global norm; the

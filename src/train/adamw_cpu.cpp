@@ -5,8 +5,10 @@
 
 namespace qshard {
 
-void adamw_step_cpu(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, int64_t step) {
-  QS_CHECK(n >= 0 && step >= 1, "adamw_step_cpu: n >= 0 and step >= 1");
+void cpu::adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, int64_t step,
+                     void* stream) {
+  (void)stream;
+  QS_CHECK(n >= 0 && step >= 1, "cpu::adamw_step: n >= 0 and step >= 1");
   const float decay = static_cast<float>(1.0 - a.lr * a.weight_decay);
   const float one_minus_b1 = static_cast<float>(1.0 - a.beta1);
   const float b2 = static_cast<float>(a.beta2);

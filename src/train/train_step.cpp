@@ -92,11 +92,11 @@ void adamw_where_it_lives(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, cons
   if (p.device() == Device::kCpu) {
     // Master on the host (CPU backend, or offload.optimizer): the gradient shard comes to it.
     const Tensor gh = g.device() == Device::kCpu ? g : g.to(Device::kCpu);
-    adamw_step_cpu(p.data<float>(), gh.data<float>(), m.data<float>(), v.data<float>(), p.numel(), ap, step);
+    cpu::adamw_step(p.data<float>(), gh.data<float>(), m.data<float>(), v.data<float>(), p.numel(), ap, step);
     return;
   }
 #if QSHARD_WITH_CUDA
-  adamw_step_cuda(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(), ap, step,
+  cuda::adamw_step(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(), ap, step,
                   compute.handle());
 #else
   (void)compute;

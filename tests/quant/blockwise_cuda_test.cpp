@@ -106,7 +106,7 @@ TEST(CudaDequant, EveryUnitsPerThreadVariantAgrees) {
     for (int u : {0, 1, 2, 4, 8, 16}) {
       a.units_per_thread = u;
       Tensor out = Tensor::empty({c.n}, DType::kBF16, Device::kCuda);
-      dequantize_4bit_cuda(a, out.raw(), DType::kBF16, nullptr);
+      cuda::dequantize_4bit(a, out.raw(), DType::kBF16, nullptr);
       expect_same(expect, out.to(Device::kCpu), "units_per_thread " + std::to_string(u) + (dq ? " dq" : ""));
     }
   }

@@ -37,8 +37,8 @@ TEST(AdamWCuda, MatchesCpu) {
     std::vector<float> g(n);
     for (auto& x : g) x = d(rng);
     Tensor tg = Tensor::from_vector({n}, DType::kF32, g).to(Device::kCuda);
-    adamw_step_cpu(p.data(), g.data(), m.data(), v.data(), n, a, step);
-    adamw_step_cuda(tp.data<float>(), tg.data<float>(), tm.data<float>(), tv.data<float>(), n, a, step, nullptr);
+    cpu::adamw_step(p.data(), g.data(), m.data(), v.data(), n, a, step);
+    cuda::adamw_step(tp.data<float>(), tg.data<float>(), tm.data<float>(), tv.data<float>(), n, a, step, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
   const auto check = [](const std::vector<float>& cpu, const Tensor& dev, const char* what) {

@@ -59,7 +59,7 @@ void run_case(const Ref& ref) {
   std::vector<float> p = {0.5f, -1.25f, 0.003f, 2.0f, -0.75f, 0.1f}, m(6, 0.0f), v(6, 0.0f);
   for (int s = 1; s <= ref.steps; ++s) {
     const auto g = grads(s);
-    adamw_step_cpu(p.data(), g.data(), m.data(), v.data(), 6, ref.params, s);
+    cpu::adamw_step(p.data(), g.data(), m.data(), v.data(), 6, ref.params, s);
   }
   expect_close(p, ref.p, "p");
   expect_close(m, ref.m, "m");
@@ -86,7 +86,7 @@ TEST(AdamW, MatchesTorchWithClipScaleAndStrongDecay) {
   run_case(r);
 }
 
-TEST(AdamW, EmptyArrayIsANoOp) { adamw_step_cpu(nullptr, nullptr, nullptr, nullptr, 0, AdamWParams{}, 1); }
+TEST(AdamW, EmptyArrayIsANoOp) { cpu::adamw_step(nullptr, nullptr, nullptr, nullptr, 0, AdamWParams{}, 1); }
 
 TEST(GradClip, SumSquaresAndCoefficient) {
   const std::vector<float> g = {3.0f, -4.0f, 0.0f};

@@ -1,0 +1,351 @@
+// The op harness: every op of llama_ops.h, through its dispatch (ops::), on every backend this
+// build has and this machine can run (the CPU always; CUDA once its twins exist and a GPU is
+// visible), on fresh random inputs and on adversarial ones, against an independent oracle in
+// double precision (or an exact rule). Inputs travel to the backend's device in its activation
+// dtype; outputs come back widened to f32. The tolerance of each op is declared next to it with
+// its reason, per backend: the CPU column is f32 arithmetic against the double oracle; the CUDA
+// column (bf16 activations) is added with the CUDA ops.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/llama_ops.h"
+#include "runtime/tensor.h"
+
+namespace qshard {
+namespace {
+
+// ---- backends and transport -------------------------------------------------------------------
+
+std::vector<std::unique_ptr<DeviceContext>> backends() {
+  std::vector<std::unique_ptr<DeviceContext>> out;
+  out.push_back(std::make_unique<DeviceContext>(Backend::kCpu, -1));
+  if (ops::has_backend(Backend::kCuda) && cuda_available()) out.push_back(std::make_unique<DeviceContext>(Backend::kCuda, 0));
+  for (auto& c : out) c->workspace().reserve(8 << 20);
+  return out;
+}
+
+// f32 values -> a tensor in the context's activation dtype on its device.
+Tensor to_act(DeviceContext& ctx, const std::vector<float>& v) {
+  const Tensor host = Tensor::from_f32({static_cast<int64_t>(v.size())}, ctx.activation_dtype(), v);
+  return host.to(ctx.compute_device());
+}
+Tensor to_f32_dev(DeviceContext& ctx, const std::vector<float>& v) {
+  return Tensor::from_vector({static_cast<int64_t>(v.size())}, DType::kF32, v).to(ctx.compute_device());
+}
+std::vector<float> back(DeviceContext& ctx, const Tensor& t) {
+  ctx.compute().synchronize();
+  return t.to(Device::kCpu).to_f32_vector();
+}
+
+struct Inputs {
+  std::mt19937 rng;
+  bool adversarial;
+  Inputs(uint32_t seed, bool adv) : rng(seed), adversarial(adv) {}
+  // N(0, scale); adversarial: x100 magnitudes and a few huge outliers.
+  std::vector<float> vec(size_t n, float scale = 1.0f) {
+    std::normal_distribution<float> d(0.f, scale * (adversarial ? 100.f : 1.f));
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    if (adversarial && n > 4) v[n / 3] *= 50.f, v[n / 2] = -v[n / 2] * 30.f;
+    return v;
+  }
+  std::vector<float> bounded(size_t n, float scale = 1.0f) {  // never blown up (norm weights, ...)
+    std::normal_distribution<float> d(0.f, scale);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+  }
+};
+
+// max |got - want| / max(1, max |want|): the error relative to the output's scale.
+double scaled_error(const std::vector<float>& got, const std::vector<double>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double scale = 1.0, err = 0.0;
+  for (double w : want) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) err = std::max(err, std::fabs(got[i] - want[i]));
+  return err / scale;
+}
+
+void report(const DeviceContext& ctx, const char* op, bool adv, const std::vector<float>& got,
+            const std::vector<double>& want, double tol) {
+  const double e = scaled_error(got, want);
+  std::printf("  %-22s %-4s %-11s got %+.6e want %+.6e ... scaled max err %.2e (tol %.0e)\n", op,
+              backend_name(ctx.backend()), adv ? "adversarial" : "random", got.empty() ? 0.0 : got[0],
+              want.empty() ? 0.0 : want[0], e, tol);
+  EXPECT_LE(e, tol) << op << " on " << backend_name(ctx.backend()) << (adv ? " (adversarial)" : "");
+}
+
+// Runs `body` on every backend, on random then adversarial inputs, with a fresh seed each time.
+void for_each_case(const std::function<void(DeviceContext&, Inputs&)>& body) {
+  uint32_t seed = 1000;
+  for (auto& ctx : backends())
+    for (bool adv : {false, true}) {
+      Inputs in(++seed, adv);
+      body(*ctx, in);
+      ctx->workspace().reset();
+    }
+}
+
+// ---- the ops ----------------------------------------------------------------------------------
+
+// GEMM. CPU tol 2e-6 x sqrt-ish growth: f32 accumulation over K = 67 terms, each rounding ~6e-8
+// relative to the running sum: K * 6e-8 ~ 4e-6 of the output scale.
+TEST(OpHarness, Gemm) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        const int64_t M = 13, N = 9, K = 67;
+        const auto A = in.vec(M * K), B = in.bounded(K * N), C0 = in.bounded(M * N);
+        GemmShape s{M, N, K, ta == 1, tb == 1, 1.5f, 0.5f};
+        Tensor a = to_act(ctx, A), b = to_act(ctx, B), c = to_act(ctx, C0);
+        ops::gemm(c.raw(), a.raw(), b.raw(), s, ctx);
+        std::vector<double> want(M * N);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) {
+            double acc = 0;
+            for (int64_t k = 0; k < K; ++k) acc += double(ta ? A[k * M + m] : A[m * K + k]) * (tb ? B[n * K + k] : B[k * N + n]);
+            want[m * N + n] = 1.5 * acc + 0.5 * C0[m * N + n];
+          }
+        report(ctx, ta ? (tb ? "gemm TT" : "gemm TN") : (tb ? "gemm NT" : "gemm NN"), in.adversarial, back(ctx, c), want, 1e-5);
+      }
+  });
+}
+
+// RMSNorm forward and backward. CPU tol 1e-5: a mean of C = 96 squares in f32, one rsqrt.
+TEST(OpHarness, RmsNorm) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    const int64_t N = 7, C = 96;
+    const float eps = 1e-5f;
+    const auto X = in.vec(N * C), W = in.bounded(C, 0.2f), G = in.vec(N * C);
+    std::vector<float> w1(W);
+    for (auto& w : w1) w += 1.0f;
+    Tensor x = to_act(ctx, X), g = to_act(ctx, G), out = to_act(ctx, std::vector<float>(N * C)),
+           dx = to_act(ctx, std::vector<float>(N * C, 0.0f)), w = to_f32_dev(ctx, w1),
+           rstd = to_f32_dev(ctx, std::vector<float>(N));
+    ops::rmsnorm_fwd(out.raw(), rstd.data<float>(), x.raw(), w.data<float>(), N, C, eps, ctx);
+    ops::rmsnorm_bwd(dx.raw(), g.raw(), x.raw(), w.data<float>(), rstd.data<float>(), N, C, ctx);
+    std::vector<double> want(N * C), dwant(N * C);
+    for (int64_t n = 0; n < N; ++n) {
+      double ss = 0;
+      for (int64_t c = 0; c < C; ++c) ss += double(X[n * C + c]) * X[n * C + c];
+      const double r = 1.0 / std::sqrt(ss / C + eps);
+      double dot = 0;
+      for (int64_t c = 0; c < C; ++c) dot += double(G[n * C + c]) * w1[c] * X[n * C + c] * r;
+      for (int64_t c = 0; c < C; ++c) {
+        want[n * C + c] = w1[c] * X[n * C + c] * r;
+        dwant[n * C + c] = r * (double(G[n * C + c]) * w1[c] - X[n * C + c] * r * dot / C);
+      }
+    }
+    report(ctx, "rmsnorm_fwd", in.adversarial, back(ctx, out), want, 1e-5);
+    report(ctx, "rmsnorm_bwd", in.adversarial, back(ctx, dx), dwant, 1e-5);
+  });
+}
+
+// SwiGLU forward and backward. CPU tol 1e-6: one exp and a few products per element.
+TEST(OpHarness, SwiGlu) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    const int64_t n = 517;
+    const auto Gt = in.vec(n), U = in.vec(n), D = in.vec(n);
+    Tensor g = to_act(ctx, Gt), u = to_act(ctx, U), d = to_act(ctx, D), h = to_act(ctx, std::vector<float>(n)),
+           dg = to_act(ctx, std::vector<float>(n)), du = to_act(ctx, std::vector<float>(n));
+    ops::swiglu_fwd(h.raw(), g.raw(), u.raw(), n, ctx);
+    ops::swiglu_bwd(dg.raw(), du.raw(), d.raw(), g.raw(), u.raw(), n, ctx);
+    std::vector<double> hw(n), dgw(n), duw(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = Gt[i], sig = 1.0 / (1.0 + std::exp(-x));
+      hw[i] = x * sig * U[i];
+      duw[i] = D[i] * x * sig;
+      dgw[i] = D[i] * U[i] * sig * (1.0 + x * (1.0 - sig));
+    }
+    report(ctx, "swiglu_fwd", in.adversarial, back(ctx, h), hw, 1e-6);
+    report(ctx, "swiglu_bwd dgate", in.adversarial, back(ctx, dg), dgw, 1e-6);
+    report(ctx, "swiglu_bwd dup", in.adversarial, back(ctx, du), duw, 1e-6);
+  });
+}
+
+// RoPE with llama3 scaling, T = 67 (not a multiple of 64), forward then backward = identity.
+// CPU tol 1e-5: f32 angles t * inv_freq (HF computes them in f32 too; the oracle uses the same
+// f32 inv_freq, then double trig).
+TEST(OpHarness, Rope) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    const int64_t B = 2, T = 67, nh = 3, D = 16;
+    RopeParams p;
+    p.theta = 500000.0;
+    p.head_dim = D;
+    p.llama3 = true;
+    p.factor = 8;
+    p.low_freq_factor = 1;
+    p.high_freq_factor = 4;
+    p.original_max_position_embeddings = 32;
+    const auto X = in.vec(B * T * nh * D);
+    Tensor cs = to_f32_dev(ctx, std::vector<float>(T * D / 2)), sn = to_f32_dev(ctx, std::vector<float>(T * D / 2));
+    Tensor x = to_act(ctx, X);
+    ops::rope_tables(cs.data<float>(), sn.data<float>(), p, T, ctx);
+    ops::rope_fwd(x.raw(), cs.data<float>(), sn.data<float>(), B, T, nh, D, ctx);
+    const std::vector<float> inv = rope_inv_freq(p);
+    std::vector<double> want(X.size());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < nh; ++h)
+          for (int64_t i = 0; i < D / 2; ++i) {
+            const size_t o = ((b * T + t) * nh + h) * D;
+            const double a = static_cast<float>(t) * inv[i], c = std::cos(a), s = std::sin(a);
+            want[o + i] = X[o + i] * c - X[o + i + D / 2] * s;
+            want[o + i + D / 2] = X[o + i + D / 2] * c + X[o + i] * s;
+          }
+    report(ctx, "rope_fwd", in.adversarial, back(ctx, x), want, 1e-5);
+    ops::rope_bwd(x.raw(), cs.data<float>(), sn.data<float>(), B, T, nh, D, ctx);
+    report(ctx, "rope_bwd(rope_fwd(x))", in.adversarial, back(ctx, x), std::vector<double>(X.begin(), X.end()), 1e-5);
+  });
+}
+
+// Causal GQA attention forward, GQA ratios 1, 3 and 4, T = 67; adversarial inputs give rows of
+// very negative scores and saturated softmaxes. CPU tol: 1e-5 (softmax with the max subtracted in
+// f32, T-term f32 sums), widened by the conditioning of large scores: a score of magnitude S is
+// known to f32's ~6e-8 * S, which moves its probability by that much relative, so
+// tol = max(1e-5, 4 * 6e-8 * max|S|) (the adversarial rows reach |S| ~ 1e3).
+TEST(OpHarness, Attention) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    for (int64_t ratio : {1, 3, 4}) {
+      const int64_t B = 1, T = 67, Hkv = 2, H = Hkv * ratio, D = 8;
+      const auto Q = in.vec(B * T * H * D, 0.5f), K = in.vec(B * T * Hkv * D, 0.5f), V = in.bounded(B * T * Hkv * D);
+      Tensor q = to_act(ctx, Q), k = to_act(ctx, K), v = to_act(ctx, V), out = to_act(ctx, std::vector<float>(Q.size()));
+      Tensor saved = Tensor::zeros({static_cast<int64_t>(attention_saved_bytes(ctx.backend(), B, T, H, Hkv, D))},
+                                   DType::kU8, ctx.compute_device());
+      ops::attention_fwd(out.raw(), saved.raw(), q.raw(), k.raw(), v.raw(), B, T, H, Hkv, D, ctx);
+      std::vector<double> want(Q.size());
+      const double scale = 1.0 / std::sqrt(double(D));
+      double max_score = 0;
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < T; ++t) {
+          std::vector<double> sc(t + 1);
+          double mx = -1e300;
+          for (int64_t u = 0; u <= t; ++u) {
+            double dot = 0;
+            for (int64_t d = 0; d < D; ++d) dot += double(Q[(t * H + h) * D + d]) * K[(u * Hkv + h / ratio) * D + d];
+            sc[u] = dot * scale;
+            mx = std::max(mx, sc[u]);
+            max_score = std::max(max_score, std::fabs(sc[u]));
+          }
+          double sum = 0;
+          for (auto& s : sc) sum += (s = std::exp(s - mx));
+          for (int64_t d = 0; d < D; ++d) {
+            double acc = 0;
+            for (int64_t u = 0; u <= t; ++u) acc += sc[u] / sum * V[(u * Hkv + h / ratio) * D + d];
+            want[(t * H + h) * D + d] = acc;
+          }
+        }
+      const std::string name = "attention_fwd gqa " + std::to_string(ratio);
+      report(ctx, name.c_str(), in.adversarial, back(ctx, out), want, std::max(1e-5, 4 * 6e-8 * max_score));
+    }
+  });
+}
+
+// Cross entropy in row chunks, with ignored rows; loss sum on the device, logits overwritten by
+// their gradient. CPU tol 1e-5: log-sum-exp over V = 301 in f32.
+TEST(OpHarness, CrossEntropy) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    const int64_t N = 11, V = 301;
+    const auto L = in.vec(N * V, 2.0f);
+    std::vector<int64_t> tg(N);
+    for (int64_t n = 0; n < N; ++n) tg[n] = n % 4 == 2 ? kIgnoreIndex : (n * 37) % V;
+    Tensor logits = Tensor::from_vector({N * V}, DType::kF32, L).to(ctx.compute_device());  // f32 chunks
+    Tensor targets = Tensor::from_vector({N}, DType::kI64, tg).to(ctx.compute_device());
+    Tensor loss = Tensor::zeros({1}, DType::kF64, ctx.compute_device());
+    const float scale = 1.0f / 8.0f;
+    for (int64_t r0 = 0; r0 < N; r0 += 4)  // chunks of 4 rows, the last one short
+      ops::cross_entropy_fwd_bwd(static_cast<float*>(logits.raw()) + r0 * V, loss.data<double>(),
+                                 targets.data<int64_t>() + r0, std::min<int64_t>(4, N - r0), V, scale, ctx);
+    std::vector<double> gwant(N * V, 0.0);
+    double lwant = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      if (tg[n] == kIgnoreIndex) continue;
+      double mx = -1e300, s = 0;
+      for (int64_t v = 0; v < V; ++v) mx = std::max<double>(mx, L[n * V + v]);
+      for (int64_t v = 0; v < V; ++v) s += std::exp(L[n * V + v] - mx);
+      const double lse = mx + std::log(s);
+      lwant += lse - L[n * V + tg[n]];
+      for (int64_t v = 0; v < V; ++v) gwant[n * V + v] = (std::exp(L[n * V + v] - lse) - (v == tg[n])) * scale;
+    }
+    ctx.compute().synchronize();
+    const double lgot = loss.to(Device::kCpu).data<double>()[0];
+    std::printf("  cross_entropy loss sum %s: %.9f want %.9f\n", in.adversarial ? "adversarial" : "random", lgot, lwant);
+    EXPECT_NEAR(lgot, lwant, 1e-5 * std::max(1.0, std::fabs(lwant)));
+    std::vector<float> g(N * V);
+    ctx.compute().synchronize();
+    const Tensor gh = logits.to(Device::kCpu);
+    std::copy(gh.data<float>(), gh.data<float>() + N * V, g.begin());
+    report(ctx, "cross_entropy dlogits", in.adversarial, g, gwant, 1e-5);
+  });
+}
+
+// Embedding (a bf16 table, widened) and dropout: exact rules, tolerance 0.
+TEST(OpHarness, EmbeddingAndDropoutAreExact) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    const int64_t V = 50, C = 24, N = 9;
+    const auto Wf = in.vec(V * C);
+    const Tensor table = Tensor::from_f32({V, C}, DType::kBF16, Wf).to(ctx.compute_device());
+    std::vector<int64_t> ids(N);
+    for (int64_t n = 0; n < N; ++n) ids[n] = (n * 13 + 5) % V;
+    Tensor idt = Tensor::from_vector({N}, DType::kI64, ids).to(ctx.compute_device());
+    Tensor out = to_act(ctx, std::vector<float>(N * C));
+    ops::embedding_fwd(out.raw(), idt.data<int64_t>(), table.raw(), DType::kBF16, N, C, V, ctx);
+    const std::vector<float> th = table.to(Device::kCpu).to_f32_vector();
+    std::vector<double> want(N * C);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c) want[n * C + c] = th[ids[n] * C + c];
+    report(ctx, "embedding_fwd", in.adversarial, back(ctx, out), want, 0.0);
+
+    const auto X = in.vec(N * C);
+    const DropoutKey key{0.3f, 11, 2, 5, 40};
+    Tensor x = to_act(ctx, X), y = to_act(ctx, std::vector<float>(N * C));
+    ops::dropout_fwd(y.raw(), x.raw(), key, N, C, ctx);
+    const std::vector<float> xa = back(ctx, x);  // the inputs as the backend holds them
+    std::vector<double> dw(N * C);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t i = n * C + c;
+        dw[i] = dropout_keep(key, (key.row_offset + n) * C + c) ? double(xa[i] * (1.0f / 0.7f)) : 0.0;
+      }
+    report(ctx, "dropout_fwd", in.adversarial, back(ctx, y), dw, 0.0);
+  });
+}
+
+// The 4-bit dequantization into the QuantState's dtype, as the GEMM's operand: values equal
+// bf16(table[code] * absmax) exactly (tolerance 0).
+TEST(OpHarness, DequantizeIntoQuantStateDtype) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    const int64_t n = 64 * 5;
+    std::vector<uint8_t> packed(n / 2);
+    for (size_t i = 0; i < packed.size(); ++i) packed[i] = static_cast<uint8_t>(in.rng() & 0xff);
+    std::vector<float> absmax = in.bounded(5);
+    for (auto& a : absmax) a = std::fabs(a) + 0.1f;
+    Dequant4bitArgs a;
+    const Tensor pk = Tensor::from_vector({n / 2}, DType::kU8, packed).to(ctx.compute_device());
+    const Tensor am = Tensor::from_vector({5}, DType::kF32, absmax).to(ctx.compute_device());
+    a.packed = pk.data<uint8_t>();
+    a.n = n;
+    a.blocksize = 64;
+    for (int i = 0; i < 16; ++i) a.code[i] = -1.0f + i / 7.5f;
+    a.absmax = am.data<float>();
+    Tensor out = Tensor::zeros({n}, DType::kF32, ctx.compute_device());  // the CPU GEMM operand is f32
+    ops::dequantize_4bit(out.raw(), a, DType::kBF16, ctx);
+    std::vector<double> want(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int code = i % 2 == 0 ? packed[i / 2] >> 4 : packed[i / 2] & 0xf;
+      want[i] = bf16_to_f32(f32_to_bf16(a.code[code] * absmax[i / 64]));
+    }
+    ctx.compute().synchronize();
+    report(ctx, "dequantize_4bit bf16", in.adversarial, out.to(Device::kCpu).to_f32_vector(), want, 0.0);
+  });
+}
+
+}  // namespace
+}  // namespace qshard
