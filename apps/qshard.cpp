@@ -80,7 +80,8 @@ int run(int argc, char** argv) {
   std::string i_out, i_dtype = "bfloat16";
   std::string i_config;
   init->add_option("--out", i_out, "output folder (must not exist or be empty)")->required();
-  init->add_option("--config", i_config, "take the sizes from a train YAML's model.init instead of the size flags");
+  init->add_option("--config", i_config,
+                  "take the sizes and seed from a train YAML's model.init (float32 unless --dtype): the model it trains");
   init->add_option("--vocab-size", ro.vocab_size);
   init->add_option("--hidden-size", ro.hidden_size);
   init->add_option("--intermediate-size", ro.intermediate_size);
@@ -245,21 +246,18 @@ int run(int argc, char** argv) {
     if (!dt || !dtype_is_float(*dt)) throw InputError("--dtype '" + i_dtype + "' is not bfloat16, float16 or float32");
     ro.dtype = *dt;
     if (!i_config.empty()) {
+      // The model model.init trains from: its sizes, its seed, and (unless --dtype says
+      // otherwise) float32, the dtype model.init draws in: the same values as training gets.
       const ModelInitConfig m = load_train_config(i_config).model.init;
-      ro.vocab_size = m.vocab_size;
-      ro.hidden_size = m.hidden_size;
-      ro.intermediate_size = m.intermediate_size;
-      ro.num_hidden_layers = m.num_hidden_layers;
-      ro.num_attention_heads = m.num_attention_heads;
-      ro.num_key_value_heads = m.num_key_value_heads;
-      ro.max_position_embeddings = m.max_position_embeddings;
-      ro.seed = m.seed;
+      static_cast<LlamaSizes&>(ro) = m;
+      if (init->count("--seed") == 0) ro.seed = m.seed;
+      if (init->count("--dtype") == 0) ro.dtype = DType::kF32;
     }
     const LlamaConfig c = write_random_llama_folder(i_out, ro);
     int64_t params = 0;
     for (const auto& [name, shape] : llama_expected_weights(c)) params += shape_numel(shape);
     std::printf("wrote a random Llama (%lld layers, hidden %lld, %.2f M parameters, %s) to %s\n",
-                (long long)c.num_hidden_layers, (long long)c.hidden_size, params / 1e6, i_dtype.c_str(), i_out.c_str());
+                (long long)c.num_hidden_layers, (long long)c.hidden_size, params / 1e6, dtype_torch_name(ro.dtype), i_out.c_str());
     return 0;
   }
   if (dequantize->parsed()) {

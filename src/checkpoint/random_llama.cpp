@@ -11,7 +11,7 @@
 namespace qshard {
 namespace fs = std::filesystem;
 
-LlamaConfig write_random_llama_folder(const std::string& dir, const RandomLlamaOptions& o) {
+nlohmann::json llama_config_json(const LlamaSizes& o, DType dtype, double init_std) {
   nlohmann::json j;
   j["architectures"] = {"LlamaForCausalLM"};
   j["model_type"] = "llama";
@@ -29,10 +29,29 @@ LlamaConfig write_random_llama_folder(const std::string& dir, const RandomLlamaO
   j["tie_word_embeddings"] = o.tie_word_embeddings;
   j["attention_bias"] = false;
   j["mlp_bias"] = false;
-  j["initializer_range"] = o.init_std;
+  j["initializer_range"] = init_std;
   j["bos_token_id"] = 1;
   j["eos_token_id"] = 2;
-  j["torch_dtype"] = dtype_torch_name(o.dtype);
+  j["torch_dtype"] = dtype_torch_name(dtype);
+  return j;
+}
+
+std::vector<float> random_normal(uint64_t seed, const std::string& fqn, int64_t n, double std) {
+  uint64_t h = 1469598103934665603ull ^ seed;  // FNV-1a over the name, mixed with the seed
+  for (unsigned char c : fqn) h = (h ^ c) * 1099511628211ull;
+  std::mt19937_64 g(h);
+  auto uniform = [&g] { return (static_cast<double>(g() >> 11) + 0.5) * (1.0 / 9007199254740992.0); };
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; i += 2) {  // Box-Muller: two normals from two uniforms
+    const double r = std::sqrt(-2.0 * std::log(uniform())), t = 2.0 * M_PI * uniform();
+    v[i] = static_cast<float>(std * r * std::cos(t));
+    if (i + 1 < n) v[i + 1] = static_cast<float>(std * r * std::sin(t));
+  }
+  return v;
+}
+
+LlamaConfig write_random_llama_folder(const std::string& dir, const RandomLlamaOptions& o) {
+  const nlohmann::json j = llama_config_json(o, o.dtype, o.init_std);
   const LlamaConfig cfg = LlamaConfig::from_json(j, "random llama config");
 
   if (fs::exists(dir) && (!fs::is_directory(dir) || !fs::is_empty(dir)))
@@ -45,18 +64,11 @@ LlamaConfig write_random_llama_folder(const std::string& dir, const RandomLlamaO
     SafetensorsWriter w((partial / "model.safetensors").string());
     for (const auto& [name, shape] : weights) w.declare(name, o.dtype, shape);
     w.begin({{"format", "pt"}});
-    std::mt19937_64 rng(o.seed);
-    auto uniform = [&rng] { return (static_cast<double>(rng() >> 11) + 0.5) * (1.0 / 9007199254740992.0); };
     for (const auto& [name, shape] : weights) {
       const int64_t n = shape_numel(shape);
-      std::vector<float> v(static_cast<size_t>(n));
       const bool norm = name.find("norm.weight") != std::string::npos;
-      for (int64_t i = 0; i < n; i += 2) {
-        // Box-Muller: two normals from two uniforms.
-        const double r = std::sqrt(-2.0 * std::log(uniform())), t = 2.0 * M_PI * uniform();
-        v[i] = norm ? 1.0f : static_cast<float>(o.init_std * r * std::cos(t));
-        if (i + 1 < n) v[i + 1] = norm ? 1.0f : static_cast<float>(o.init_std * r * std::sin(t));
-      }
+      const std::vector<float> v = norm ? std::vector<float>(static_cast<size_t>(n), 1.0f)
+                                        : random_normal(o.seed, name, n, o.init_std);
       w.write(name, Tensor::from_f32(shape, o.dtype, v).bytes());
     }
     w.finish();

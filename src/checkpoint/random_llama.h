@@ -2,19 +2,25 @@
 // (config.json + model.safetensors), for demos, benchmarks and tests.
 //
 // Weights: projections and embeddings ~ N(0, init_std) (transformers' initializer_range,
-// default 0.02), norm weights 1. Deterministic for a seed (std::mt19937_64 + Box-Muller, so
-// the bytes are the same on every platform). Streams one tensor at a time. The folder is
-// written as "DIR.partial-<pid>" and renamed; DIR must not exist or be empty.
+// default 0.02), norm weights 1. One generator for every random Llama qshard makes:
+// random_normal(seed, fqn, ...) draws each tensor from its own std::mt19937_64 seeded by the seed
+// and an FNV-1a hash of its name, with Box-Muller (the same bytes on every platform, in any visiting
+// order, on any rank): `qshard init-model --seed s` writes the model that `model.init.seed: s`
+// trains from (train/model_init.h), value for value in the same dtype. Streams one tensor at a
+// time. The folder is written as "DIR.partial-<pid>" and renamed; DIR must not exist or be empty.
+// LlamaSizes is the one struct of a Llama's sizes (init-model's flags and the train YAML's
+// model.init both extend it); llama_config_json() the one place sizes become a config.json.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "checkpoint/hf_config.h"
 
 namespace qshard {
 
-struct RandomLlamaOptions {
+struct LlamaSizes {
   int64_t vocab_size = 256;
   int64_t hidden_size = 128;
   int64_t intermediate_size = 352;
@@ -23,6 +29,16 @@ struct RandomLlamaOptions {
   int64_t num_key_value_heads = 2;
   int64_t max_position_embeddings = 512;
   bool tie_word_embeddings = false;
+};
+
+// config.json of a Llama of these sizes (rms_norm_eps 1e-5, rope_theta 1e4, no rope scaling,
+// bos 1 / eos 2), with torch_dtype `dtype` and initializer_range `init_std`.
+nlohmann::json llama_config_json(const LlamaSizes& sizes, DType dtype, double init_std = 0.02);
+
+// n values ~ N(0, std) for the tensor named `fqn` under `seed` (the one generator, see above).
+std::vector<float> random_normal(uint64_t seed, const std::string& fqn, int64_t n, double std);
+
+struct RandomLlamaOptions : LlamaSizes {
   DType dtype = DType::kBF16;
   double init_std = 0.02;
   uint64_t seed = 0;

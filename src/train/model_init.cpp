@@ -5,13 +5,14 @@
 #include <random>
 #include <string>
 
+#include "checkpoint/random_llama.h"
 #include "checkpoint/safetensors_index.h"
 
 namespace qshard {
 namespace {
 
-// A generator per tensor: seed mixed with a stable hash of the name (FNV-1a), so the values do
-// not depend on visiting order, rank or world size.
+// LoRA A's generator per tensor: seed mixed with an FNV-1a hash of the name (as random_normal),
+// so the values do not depend on visiting order, rank or world size.
 std::mt19937_64 rng_for(uint64_t seed, const std::string& fqn) {
   uint64_t h = 1469598103934665603ull ^ seed;
   for (unsigned char c : fqn) h = (h ^ c) * 1099511628211ull;
@@ -19,16 +20,6 @@ std::mt19937_64 rng_for(uint64_t seed, const std::string& fqn) {
 }
 
 double uniform01(std::mt19937_64& g) { return (static_cast<double>(g() >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
-
-std::vector<float> normal(std::mt19937_64& g, int64_t n, double std) {
-  std::vector<float> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; i += 2) {
-    const double r = std::sqrt(-2.0 * std::log(uniform01(g))), t = 2.0 * M_PI * uniform01(g);
-    v[i] = static_cast<float>(std * r * std::cos(t));
-    if (i + 1 < n) v[i + 1] = static_cast<float>(std * r * std::sin(t));
-  }
-  return v;
-}
 
 void visit(Module& m, const std::string& prefix, const std::function<void(Module::Slot&, const std::string&)>& f) {
   for (const auto& s : m.slots()) f(const_cast<Module::Slot&>(s), prefix + s.name);
@@ -68,16 +59,15 @@ void load_base_weights(Module& tree, const std::string& dir, const QuantizeOptio
 void init_random_base(Module& root, uint64_t seed, double init_std) {
   visit(root, "", [&](Module::Slot& s, const std::string& fqn) {
     if (s.trainable) return;
-    auto g = rng_for(seed, fqn);
     if (s.kind == Module::SlotKind::kParams4bit) {
       const QuantState& st = s.params4bit->quant_state;
-      const Tensor w = Tensor::from_f32(st.shape, st.dtype, normal(g, st.numel(), init_std));
+      const Tensor w = Tensor::from_f32(st.shape, st.dtype, random_normal(seed, fqn, st.numel(), init_std));
       *s.params4bit = quantize_4bit(w, {st.quant_type, st.blocksize, st.nested()});
       return;
     }
     const bool norm = fqn.find("norm.weight") != std::string::npos;
     std::vector<float> v = norm ? std::vector<float>(static_cast<size_t>(s.tensor.numel()), 1.0f)
-                                : normal(g, s.tensor.numel(), init_std);
+                                : random_normal(seed, fqn, s.tensor.numel(), init_std);
     s.tensor.copy_from(Tensor::from_f32(s.tensor.shape(), s.tensor.dtype(), v));
   });
 }

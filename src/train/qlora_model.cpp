@@ -1,23 +1,14 @@
 #include "train/qlora_model.h"
 
 #include "checkpoint/llama_tree.h"
+#include "checkpoint/random_llama.h"
 #include "train/model_init.h"
 
 namespace qshard {
 
 LlamaConfig job_llama_config(const ModelConfig& model) {
   if (!model.path.empty()) return LlamaConfig::load(model.path);
-  const ModelInitConfig& m = model.init;
-  nlohmann::json j = {{"model_type", "llama"},
-                      {"vocab_size", m.vocab_size},
-                      {"hidden_size", m.hidden_size},
-                      {"intermediate_size", m.intermediate_size},
-                      {"num_hidden_layers", m.num_hidden_layers},
-                      {"num_attention_heads", m.num_attention_heads},
-                      {"num_key_value_heads", m.num_key_value_heads},
-                      {"max_position_embeddings", m.max_position_embeddings},
-                      {"rms_norm_eps", 1e-5},
-                      {"tie_word_embeddings", false}};
+  nlohmann::json j = llama_config_json(model.init, DType::kF32);
   return LlamaConfig::from_json(j, "model.init");
 }
 

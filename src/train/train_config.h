@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/random_llama.h"
 #include "quant/codebook.h"
 #include "runtime/device_context.h"
 #include "runtime/tensor.h"
@@ -39,15 +40,19 @@
 
 namespace qshard {
 
-// Sizes of a Llama made from scratch (used when model.path is empty). Defaults = configs/tiny.yaml.
-struct ModelInitConfig {
-  int64_t vocab_size = 258;  // the byte tokenizer (train/byte_tokenizer.h)
-  int64_t hidden_size = 128;
-  int64_t intermediate_size = 352;
-  int64_t num_hidden_layers = 4;
-  int64_t num_attention_heads = 4;
-  int64_t num_key_value_heads = 2;
-  int64_t max_position_embeddings = 512;
+// Sizes of a Llama made from scratch (used when model.path is empty): the one LlamaSizes struct
+// (checkpoint/random_llama.h) with configs/tiny.yaml's defaults, plus the seed of the one
+// generator (`qshard init-model --seed s` writes the same weights).
+struct ModelInitConfig : LlamaSizes {
+  ModelInitConfig() {
+    vocab_size = 258;  // the byte tokenizer (train/byte_tokenizer.h)
+    hidden_size = 128;
+    intermediate_size = 352;
+    num_hidden_layers = 4;
+    num_attention_heads = 4;
+    num_key_value_heads = 2;
+    max_position_embeddings = 512;
+  }
   uint64_t seed = 0;  // weight init
 };
 

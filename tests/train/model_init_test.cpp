@@ -1,0 +1,61 @@
+// One generator and one size struct: `qshard init-model` (write_random_llama_folder) with the sizes
+// and seed of a train YAML's model.init writes the model that model.init trains from: quantized
+// on load, the tree is byte for byte the one init_random_base makes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "checkpoint/llama_tree.h"
+#include "checkpoint/random_llama.h"
+#include "train/model_init.h"
+#include "train/qlora_model.h"
+#include "train/train_config.h"
+
+namespace qshard {
+namespace {
+namespace fs = std::filesystem;
+
+TEST(ModelInit, InitModelFolderEqualsModelInitBase) {
+  TrainConfig cfg;
+  cfg.model.init.vocab_size = 40;
+  cfg.model.init.hidden_size = 32;
+  cfg.model.init.intermediate_size = 48;
+  cfg.model.init.num_hidden_layers = 2;
+  cfg.model.init.seed = 9;
+  const LlamaConfig mc = job_llama_config(cfg.model);
+  const QuantizeOptions quant{cfg.model.quant_type, cfg.model.blocksize, cfg.model.double_quant};
+  LlamaTreeOptions to;
+  to.dtype = DType::kF32;
+  to.quant = quant;
+
+  auto from_init = build_llama_tree(mc, to);
+  init_random_base(*from_init, cfg.model.init.seed);
+
+  const fs::path dir = fs::temp_directory_path() / ("qshard_init_model_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  RandomLlamaOptions ro;
+  static_cast<LlamaSizes&>(ro) = cfg.model.init;
+  ro.seed = cfg.model.init.seed;
+  ro.dtype = DType::kF32;
+  write_random_llama_folder(dir.string(), ro);
+  auto from_folder = build_llama_tree(LlamaConfig::load(dir.string()), to);
+  load_base_weights(*from_folder, dir.string(), quant);
+  fs::remove_all(dir);
+
+  const NamedTensors a = state_dict(*from_init), b = state_dict(*from_folder);
+  ASSERT_EQ(a.size(), b.size());
+  size_t checked = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].first, b[i].first);
+    EXPECT_TRUE(bitwise_equal(a[i].second, b[i].second)) << a[i].first;
+    ++checked;
+  }
+  EXPECT_GT(checked, 20u);
+  // Another seed gives another model.
+  auto other = build_llama_tree(mc, to);
+  init_random_base(*other, cfg.model.init.seed + 1);
+  EXPECT_FALSE(bitwise_equal(state_dict(*other)[0].second, a[0].second));
+}
+
+}  // namespace
+}  // namespace qshard
