@@ -31,11 +31,13 @@ void Workspace::reserve(size_t bytes) {
   QS_CHECK(used_ == 0, "Workspace::reserve while pieces are taken");
   if (bytes <= capacity()) return;
   buffer_ = Tensor();  // give the old block back first
-  buffer_ = Tensor::empty({static_cast<int64_t>(bytes)}, DType::kU8, device_);
+  buffer_ = Tensor::empty({static_cast<int64_t>(bytes + kAlign)}, DType::kU8, device_);
 }
 
 void* Workspace::take(size_t bytes, const char* what) {
-  const size_t begin = (used_ + kAlign - 1) / kAlign * kAlign;
+  // Aligned in the address space (host storage is only 64-byte aligned at its base).
+  const uintptr_t base = reinterpret_cast<uintptr_t>(buffer_.raw());
+  const size_t begin = static_cast<size_t>((base + used_ + kAlign - 1) / kAlign * kAlign - base);
   if (begin + bytes > capacity())
     throw Error(std::string("workspace: ") + what + " needs " + std::to_string(bytes) + " bytes at offset " +
                 std::to_string(begin) + ", past the capacity of " + std::to_string(capacity()) +
@@ -44,6 +46,7 @@ void* Workspace::take(size_t bytes, const char* what) {
   high_water_ = std::max(high_water_, used_);
   return static_cast<uint8_t*>(buffer_.raw()) + begin;
 }
+
 
 DeviceContext::DeviceContext(Backend backend, int device_id)
     : backend_(backend),

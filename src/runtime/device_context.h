@@ -57,6 +57,7 @@ class Workspace {
   explicit Workspace(Device device) : device_(device) {}
   // Makes the capacity at least `bytes` (one new allocation; the old pieces are invalid).
   // REQUIRES: outside a step, nothing taken (used() == 0).
+  // Reserves kAlign bytes more than asked, so that `bytes` fit after aligning the base.
   void reserve(size_t bytes);
   // A piece of `bytes` bytes (kAlign aligned). Throws Error when the capacity would be passed.
   void* take(size_t bytes, const char* what = "scratch");

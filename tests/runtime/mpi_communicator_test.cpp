@@ -205,6 +205,21 @@ TEST_F(MpiComm, IntegerSumAndMax) {
   }
 }
 
+// f64 sums (loss sums, squared gradient norms) keep what f32 would lose: 1e8 + 1e-3 * rank.
+TEST_F(MpiComm, Float64SumAndAvgInRankOrder) {
+  std::vector<double> s(3), r(3), a(3);
+  for (size_t j = 0; j < s.size(); ++j) s[j] = 1e8 + 1e-3 * (me_ + 1) + static_cast<double>(j);
+  comm_.all_reduce(s.data(), r.data(), s.size(), DType::kF64, ReduceOp::kSum, nullptr);
+  comm_.all_reduce(s.data(), a.data(), s.size(), DType::kF64, ReduceOp::kAvg, nullptr);
+  for (size_t j = 0; j < s.size(); ++j) {
+    double want = 0;
+    for (int q = 0; q < P_; ++q) want += 1e8 + 1e-3 * (q + 1) + static_cast<double>(j);
+    EXPECT_EQ(r[j], want) << j;
+    EXPECT_EQ(a[j], want / P_) << j;
+  }
+  if (P_ > 1) EXPECT_NE(static_cast<float>(r[0]), r[0]) << "the sum needs more than f32";
+}
+
 TEST_F(MpiComm, BroadcastFromEveryRoot) {
   for (int root = 0; root < P_; ++root) {
     for (size_t count : {size_t{1}, size_t{7}, size_t{100003}}) {
