@@ -3,7 +3,8 @@
 //
 // build_qlora_model(config, comm): the Llama config (model.path's config.json, or model.init's
 // sizes), the module tree (Linear4bit base weights: model.path's weights, quantized on load when
-// they are float, or a seeded random base; LoRA A/B in PEFT's init, seeded by name), sharded
+// they are float, or a seeded random base; the frozen float tensors in model.path's stored dtypes,
+// f32 for a random base; LoRA A/B in PEFT's init, seeded by name), sharded
 // through a ShardedParameterManager over `comm` (one unit per decoder layer + a root unit,
 // offload per config.offload.params), finalized. Identical on every rank and world size.
 // state_shards(): this rank's trainable state per unit for sharded_checkpoint.h: the master
