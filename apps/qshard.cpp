@@ -1,7 +1,8 @@
 // qshard: the command-line entry point. Subcommands:
 //   version                         build and backend information
 //   quantize IN_DIR OUT_DIR         HF Llama folder -> bitsandbytes 4-bit folder
-//   dequantize IN_DIR OUT_DIR       bitsandbytes 4-bit folder -> bf16 (or f16/f32) folder
+//   dequantize IN_DIR OUT_DIR       bitsandbytes 4-bit folder -> float folder (each weight in the
+//                                   dtype it was quantized from, or --dtype)
 //   init-model --out DIR [sizes]    a random tiny Llama as a Hugging Face folder
 //   inspect PATH [--check]          keys, dtypes, shapes, bytes and the node each key resolves to
 //   tokenize IN... --out FILE       text / jsonl -> token file with the byte-level tokenizer
@@ -13,6 +14,7 @@
 // Exit codes: 0 success, 2 bad input (the message names the file, key or value), 1 other errors.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "checkpoint/bnb_folder.h"
@@ -55,7 +57,7 @@ int run(int argc, char** argv) {
   auto* version = app.add_subcommand("version", "print version and backends");
 
   auto* quantize = app.add_subcommand("quantize", "quantize a Hugging Face Llama folder to bitsandbytes 4-bit");
-  std::string q_in, q_out, q_type = "nf4";
+  std::string q_in, q_out, q_type = "nf4", q_compute = "float32";
   int64_t q_blocksize = 64;
   bool q_no_dq = false, q_cpu = false;
   double q_shard_gb = 5.0;
@@ -64,15 +66,18 @@ int run(int argc, char** argv) {
   quantize->add_option("--quant-type", q_type, "nf4 | fp4");
   quantize->add_option("--blocksize", q_blocksize, "elements per absmax block (power of two, 32..4096)");
   quantize->add_flag("--no-double-quant", q_no_dq, "keep absmax in float32 (no double quantization)");
+  quantize->add_option("--compute-dtype", q_compute,
+                       "quantization_config.bnb_4bit_compute_dtype: float32 (transformers' default) | bfloat16 | float16");
   quantize->add_flag("--cpu", q_cpu, "quantize on the CPU even when a GPU is present");
   quantize->add_option("--max-shard-size-gb", q_shard_gb, "split the output into files of at most this size");
 
   auto* dequantize = app.add_subcommand("dequantize", "dequantize a bitsandbytes 4-bit folder");
-  std::string d_in, d_out, d_dtype = "bfloat16";
+  std::string d_in, d_out, d_dtype;
   double d_shard_gb = 5.0;
   dequantize->add_option("IN_DIR", d_in, "bitsandbytes 4-bit folder")->required();
   dequantize->add_option("OUT_DIR", d_out, "output folder (must not exist or be empty)")->required();
-  dequantize->add_option("--dtype", d_dtype, "bfloat16 | float16 | float32");
+  dequantize->add_option("--dtype", d_dtype,
+                         "bfloat16 | float16 | float32 (default: the dtype each weight was quantized from)");
   dequantize->add_option("--max-shard-size-gb", d_shard_gb, "split the output into files of at most this size");
 
   auto* init = app.add_subcommand("init-model", "write a randomly initialised Llama as a Hugging Face folder");
@@ -156,6 +161,10 @@ int run(int argc, char** argv) {
     o.quant.blocksize = q_blocksize;
     o.quant.compress_statistics = !q_no_dq;
     o.use_cuda = !q_cpu;
+    const auto compute = parse_dtype(q_compute);
+    if (!compute || !dtype_is_float(*compute))
+      throw InputError("--compute-dtype '" + q_compute + "' is not float32, bfloat16 or float16");
+    o.compute_dtype = *compute;
     o.max_shard_bytes = static_cast<uint64_t>(q_shard_gb * 1e9);
     FolderReport r = quantize_model_folder(q_in, q_out, o);
     print_report("quantized", r, q_out);
@@ -261,9 +270,12 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (dequantize->parsed()) {
-    auto dt = parse_dtype(d_dtype);
-    if (!dt || !dtype_is_float(*dt)) throw InputError("--dtype '" + d_dtype + "' is not bfloat16, float16 or float32");
-    FolderReport r = dequantize_model_folder(d_in, d_out, *dt, static_cast<uint64_t>(d_shard_gb * 1e9));
+    std::optional<DType> dt;
+    if (!d_dtype.empty()) {
+      dt = parse_dtype(d_dtype);
+      if (!dt || !dtype_is_float(*dt)) throw InputError("--dtype '" + d_dtype + "' is not bfloat16, float16 or float32");
+    }
+    FolderReport r = dequantize_model_folder(d_in, d_out, dt, static_cast<uint64_t>(d_shard_gb * 1e9));
     print_report("dequantized", r, d_out);
     return 0;
   }

@@ -6,9 +6,10 @@ writes tests/data/model/eval_golden.safetensors with, under these keys, logits [
   f32_plain        tests/data/model/tiny_llama3_tied (a float32 folder), no adapter
   f32_adapter      the same + tests/data/model/llama3_adapter (PEFT)
   bnb_plain        tests/data/hf/tiny_llama_bnb4_nf4_dq as bitsandbytes computes it in float32: its
-                   weights dequantized (flat reference, scripts/make_hf_dequant_golden.py) in a
-                   float32 LlamaForCausalLM (bitsandbytes' CPU forward cannot run these 96-column
-                   weights, see docs/FORMATS_NOTES.md)
+                   4-bit weights dequantized by bitsandbytes in their stored dtype (bf16,
+                   scripts/bnb_reference.py), widened to float32, in a float32 LlamaForCausalLM
+                   (bitsandbytes' CPU forward cannot run these 96-column weights, see
+                   docs/FORMATS_NOTES.md)
   bnb_adapter      the same + tests/data/model/nf4_adapter
 and the token ids as JSON lists (tests/data/model/eval_ids_{f32,bnb}.json) for `qshard eval --data`.
 Run from the repo root: python3 scripts/make_eval_golden.py
@@ -21,6 +22,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoConfig, LlamaForCausalLM
 from peft import PeftModel
+
+from bnb_reference import dequantize_folder  # scripts/, the script's own folder
 
 D = "tests/data/model"
 
@@ -38,11 +41,11 @@ def bnb_as_f32():
         del cfg.quantization_config
     cfg._attn_implementation = "eager"
     model = LlamaForCausalLM(cfg).float().eval()
-    deq = safe_open("tests/data/hf/tiny_llama_bnb4_nf4_dq.dequant_f32.safetensors", "pt")
+    deq = dequantize_folder(folder)  # bf16, as bitsandbytes' dequantize_4bit gives it
     stored = safe_open(os.path.join(folder, "model.safetensors"), "pt")
     sd = {}
     for name, _ in model.state_dict().items():
-        sd[name] = deq.get_tensor(name) if name in deq.keys() else stored.get_tensor(name).float()
+        sd[name] = deq[name].float() if name in deq else stored.get_tensor(name).float()
     model.load_state_dict(sd, strict=True)
     return model
 

@@ -10,6 +10,10 @@ Produces (under --out, default tests/data/hf):
   tiny_llama_bnb4_nf4_dq/      tiny_llama_bf16 loaded with BitsAndBytesConfig(load_in_4bit, nf4,
                                double quant, compute dtype bf16) on CPU, then save_pretrained
   tiny_llama_bnb4_fp4/         likewise, fp4 without double quant
+  tiny_llama_f32_bnb4_nf4_dq/  tiny_llama_f32 loaded (dtype float32) with BitsAndBytesConfig(load_in_4bit,
+                               nf4, double quant) and transformers' default compute dtype (float32)
+  tiny_llama_f32_bnb4_fp4/     tiny_llama_f32 loaded (dtype float32) with fp4, no double quant and
+                               compute dtype bfloat16 (a compute dtype that differs from the weights')
   layout.json                  for every folder: config.json quantization_config (if any) and the
                                safetensors key order with dtype and shape, as read from the files;
                                for the 4-bit folders also the in-memory state_dict order of one
@@ -91,6 +95,7 @@ def main():
     d_f32 = os.path.join(args.out, "tiny_llama_f32")
     fresh(d_f32)
     model.to(torch.float32).save_pretrained(d_f32, safe_serialization=True)
+    f32_sd = {k: v.clone() for k, v in model.state_dict().items()}
 
     d_bf16 = os.path.join(args.out, "tiny_llama_bf16")
     fresh(d_bf16)
@@ -103,24 +108,32 @@ def main():
     model_bf16.save_pretrained(d_shard, safe_serialization=True, max_shard_size="70KB")
     bf16_sd = {k: v.clone() for k, v in model_bf16.state_dict().items()}
 
-    # 2. 4-bit folders: load the bf16 folder through transformers' bitsandbytes integration
+    # 2. 4-bit folders: load the bf16 or f32 folder through transformers' bitsandbytes integration
+    # (folder, source folder, load dtype, source weights, BitsAndBytesConfig arguments); a
+    # compute dtype left out is transformers' default (float32).
     variants = [
-        ("tiny_llama_bnb4_nf4_dq", dict(bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)),
-        ("tiny_llama_bnb4_fp4", dict(bnb_4bit_quant_type="fp4", bnb_4bit_use_double_quant=False)),
+        ("tiny_llama_bnb4_nf4_dq", d_bf16, torch.bfloat16, bf16_sd,
+         dict(bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)),
+        ("tiny_llama_bnb4_fp4", d_bf16, torch.bfloat16, bf16_sd,
+         dict(bnb_4bit_quant_type="fp4", bnb_4bit_use_double_quant=False, bnb_4bit_compute_dtype=torch.bfloat16)),
+        ("tiny_llama_f32_bnb4_nf4_dq", d_f32, torch.float32, f32_sd,
+         dict(bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)),
+        ("tiny_llama_f32_bnb4_fp4", d_f32, torch.float32, f32_sd,
+         dict(bnb_4bit_quant_type="fp4", bnb_4bit_use_double_quant=False, bnb_4bit_compute_dtype=torch.bfloat16)),
     ]
     extra = {}
-    for name, kw in variants:
-        qcfg = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16, **kw)
+    for name, src, dtype, src_sd, kw in variants:
+        qcfg = BitsAndBytesConfig(load_in_4bit=True, **kw)
         torch.manual_seed(0)
         qmodel = AutoModelForCausalLM.from_pretrained(
-            d_bf16, quantization_config=qcfg, device_map="cpu", dtype=torch.bfloat16)
+            src, quantization_config=qcfg, device_map="cpu", dtype=dtype)
         d = os.path.join(args.out, name)
         fresh(d)
         qmodel.save_pretrained(d, safe_serialization=True)
 
         # Record the in-memory state_dict order of one 4-bit layer (the file order differs:
         # the safetensors writer sorts by dtype size, then name) and check that transformers'
-        # bytes equal a direct bitsandbytes.functional.quantize_4bit of the bf16 weight.
+        # bytes equal a direct bitsandbytes.functional.quantize_4bit of the source weight.
         sd = qmodel.state_dict()
         prefix = "model.layers.0.self_attn.q_proj."
         info = {"state_dict_order_q_proj": [
@@ -130,7 +143,7 @@ def main():
         for k in sd:
             if k.endswith("_proj.weight"):
                 p, st = bitsandbytes.functional.quantize_4bit(
-                    bf16_sd[k], blocksize=64, quant_type=kw["bnb_4bit_quant_type"],
+                    src_sd[k], blocksize=64, quant_type=kw["bnb_4bit_quant_type"],
                     compress_statistics=kw["bnb_4bit_use_double_quant"])
                 same = torch.equal(p, sd[k])
                 for qk, qv in st.as_dict(packed=True).items():

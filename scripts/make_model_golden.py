@@ -6,7 +6,8 @@ Run from the repo root:  python3 scripts/make_model_golden.py [--out tests/data/
 
 Two cases (see tests/data/model/README.md):
   nf4    : the architecture of tests/data/hf/tiny_llama_bnb4_nf4_dq (GQA 4 heads / 2 kv heads, untied),
-           projections = the exact f32 dequantized NF4 values (tiny_llama_bnb4_nf4_dq.dequant_f32.safetensors),
+           projections = bitsandbytes' dequantize_4bit of its NF4 weights in their stored dtype (bf16,
+           scripts/bnb_reference.py) widened to f32, as bitsandbytes' forward sees them;
            embeddings / norms / lm_head = that folder's bf16 tensors widened to f32.
   llama3 : a fresh random f32 model saved here as an HF folder (tiny_llama3_tied/): tied embeddings,
            GQA 4 heads / 1 kv head, head_dim 16 != hidden/heads, llama3 rope scaling with all three
@@ -34,6 +35,8 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 from peft import LoraConfig, get_peft_model
 
+from bnb_reference import dequantize_folder  # scripts/, the script's own folder
+
 HF = "tests/data/hf"
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 B, T = 2, 11
@@ -52,9 +55,8 @@ def nf4_base():
             t = f.get_tensor(k)
             if t.dtype == torch.bfloat16:
                 sd[k] = t.float()
-    with safe_open(f"{HF}/tiny_llama_bnb4_nf4_dq.dequant_f32.safetensors", "pt") as f:
-        for k in f.keys():
-            sd[k] = f.get_tensor(k)
+    for k, w in dequantize_folder(f"{HF}/tiny_llama_bnb4_nf4_dq").items():  # bf16, as dequantize_4bit gives it
+        sd[k] = w.float()
     model.load_state_dict(sd, strict=True)
     return model
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -51,15 +52,6 @@ void finish_out_dir(const fs::path& partial, const std::string& out_dir) {
   if (fs::exists(out_dir)) fs::remove(out_dir, ec);  // an empty directory (checked before)
   fs::rename(partial, out_dir, ec);
   if (ec) throw InputError("cannot move " + partial.string() + " to " + out_dir + ": " + ec.message());
-}
-
-void copy_side_files(const std::string& in_dir, const fs::path& out) {
-  for (const auto& e : fs::directory_iterator(in_dir)) {
-    if (!e.is_regular_file()) continue;
-    const std::string name = e.path().filename().string();
-    if (name == "config.json" || name == kSafetensorsIndexName || e.path().extension() == ".safetensors") continue;
-    fs::copy_file(e.path(), out / name);
-  }
 }
 
 void write_json(const fs::path& path, const nlohmann::json& j) {
@@ -113,7 +105,7 @@ void write_output_folder(const std::string& in_dir, const std::string& out_dir, 
   try {
     rep.files_written = write_groups(partial, groups, max_shard_bytes, rep);
     write_json(partial / "config.json", config);
-    copy_side_files(in_dir, partial);
+    copy_model_side_files(in_dir, partial.string());
     finish_out_dir(partial, out_dir);
   } catch (...) {
     std::error_code ec;
@@ -145,6 +137,28 @@ bool is_stat_suffix(const std::string& name, std::string* base) {
 }
 
 }  // namespace
+
+std::vector<std::string> model_side_files(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file()) continue;
+    const std::string name = e.path().filename().string();
+    if (name == "config.json" || name == kSafetensorsIndexName || e.path().extension() == ".safetensors") continue;
+    out.push_back(name);
+  }
+  if (ec) throw InputError("cannot list model folder " + dir + ": " + ec.message());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void copy_model_side_files(const std::string& in_dir, const std::string& out_dir) {
+  for (const std::string& name : model_side_files(in_dir)) {
+    std::error_code ec;
+    fs::copy_file(fs::path(in_dir) / name, fs::path(out_dir) / name, ec);
+    if (ec) throw InputError("cannot copy " + (fs::path(in_dir) / name).string() + " to " + out_dir + ": " + ec.message());
+  }
+}
 
 nlohmann::json bnb_quantization_config(const QuantizeOptions& o, DType compute_dtype) {
   nlohmann::json q;  // std::map-backed: keys come out sorted
@@ -231,14 +245,15 @@ FolderReport quantize_model_folder(const std::string& in_dir, const std::string&
                       }});
   }
   nlohmann::json config = cfg.raw;
-  config["quantization_config"] = bnb_quantization_config(opt.quant, cfg.dtype.value_or(DType::kBF16));
+  config["quantization_config"] = bnb_quantization_config(opt.quant, opt.compute_dtype);
   write_output_folder(in_dir, out_dir, groups, opt.max_shard_bytes, config, rep);
   return rep;
 }
 
-FolderReport dequantize_model_folder(const std::string& in_dir, const std::string& out_dir, DType out_dtype,
-                                     uint64_t max_shard_bytes) {
-  if (!dtype_is_float(out_dtype)) throw InputError(std::string("dequantize: output dtype ") + dtype_torch_name(out_dtype) + " is not a float type");
+FolderReport dequantize_model_folder(const std::string& in_dir, const std::string& out_dir,
+                                     std::optional<DType> out_dtype, uint64_t max_shard_bytes) {
+  if (out_dtype && !dtype_is_float(*out_dtype))
+    throw InputError(std::string("dequantize: output dtype ") + dtype_torch_name(*out_dtype) + " is not a float type");
   const LlamaConfig cfg = LlamaConfig::load(in_dir);
   if (!cfg.quantized) throw InputError(in_dir + "/config.json: no bitsandbytes quantization_config; nothing to dequantize");
   const SafetensorsFolder in = SafetensorsFolder::open(in_dir);
@@ -261,17 +276,22 @@ FolderReport dequantize_model_folder(const std::string& in_dir, const std::strin
   }
   FolderReport rep;
   std::vector<OutGroup> groups;
+  std::optional<DType> weights_dtype;  // the 4-bit weights' output dtype, if they all share one
+  bool mixed = false;
   for (const std::string& name : in.names()) {
     rep.bytes_in += in.find(name)->nbytes();
     std::string base;
     if (is_stat_suffix(name, &base) && is_4bit_weight(base, lookup)) continue;  // consumed with its weight
     if (is_4bit_weight(name, lookup)) {
-      const Shape shape = params4bit_from_state_dict(name, lookup, label).quant_state.shape;
-      groups.push_back({{{name, out_dtype, shape}}, [name, lookup, label, out_dtype, &rep] {
+      const QuantState st = params4bit_from_state_dict(name, lookup, label).quant_state;
+      const DType dt = out_dtype.value_or(st.dtype);  // bitsandbytes' dequantize_4bit gives st.dtype
+      if (weights_dtype && *weights_dtype != dt) mixed = true;
+      weights_dtype = dt;
+      groups.push_back({{{name, dt, st.shape}}, [name, lookup, label, dt, &rep] {
                           Params4bit p = params4bit_from_state_dict(name, lookup, label);
                           ++rep.converted_tensors;
                           rep.converted_elements += p.quant_state.numel();
-                          return NamedTensors{{name, dequantize_4bit(p, out_dtype)}};
+                          return NamedTensors{{name, dequantize_4bit(p, dt)}};
                         }});
       continue;
     }
@@ -284,8 +304,10 @@ FolderReport dequantize_model_folder(const std::string& in_dir, const std::strin
   }
   nlohmann::json config = cfg.raw;
   config.erase("quantization_config");
-  for (const char* k : {"torch_dtype", "dtype"})
-    if (config.contains(k)) config[k] = dtype_torch_name(out_dtype);
+  if (mixed) QS_LOG_WARN("{}: the 4-bit weights were quantized from several dtypes; config.json's dtype is kept as read", in_dir);
+  if (weights_dtype && !mixed)
+    for (const char* k : {"torch_dtype", "dtype"})
+      if (config.contains(k)) config[k] = dtype_torch_name(*weights_dtype);
   write_output_folder(in_dir, out_dir, groups, max_shard_bytes, config, rep);
   return rep;
 }

@@ -4,8 +4,13 @@
 // quantize_model_folder(IN, OUT): the q/k/v/o and gate/up/down projection weights become 4-bit
 // (weight + absmax + quant_map [+ nested_absmax + nested_quant_map] + packed quant state, in
 // bitsandbytes' state-dict order); every other tensor is copied unchanged; config.json gains
-// transformers' quantization_config; other files (tokenizer, generation config) are copied.
-// dequantize_model_folder(IN, OUT): the reverse, 4-bit weights to `out_dtype` (bf16 default).
+// transformers' quantization_config (compute dtype: options.compute_dtype, float32 by default as
+// in BitsAndBytesConfig), every other field as read; other files (tokenizer, generation config)
+// are copied.
+// dequantize_model_folder(IN, OUT): the reverse: each 4-bit weight in `out_dtype`, or when none is
+// given in the dtype it was quantized from (its quant state's "dtype"); config.json without
+// quantization_config, its torch_dtype / dtype set to that dtype (when the 4-bit weights disagree
+// and no out_dtype is given, the dtype field stays as read); other tensors and files copied.
 // Streaming: one tensor at a time is converted; the output is written with the streaming
 // safetensors writer (split into shards with an index past max_shard_bytes).
 // Atomicity: everything is written into "OUT.partial-<pid>" and renamed to OUT at the end; OUT
@@ -15,7 +20,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -26,6 +33,7 @@ namespace qshard {
 
 struct QuantizeFolderOptions {
   QuantizeOptions quant;
+  DType compute_dtype = DType::kF32;  // quantization_config.bnb_4bit_compute_dtype (transformers' default)
   uint64_t max_shard_bytes = 5'000'000'000ULL;  // transformers' default max_shard_size "5GB"
   bool use_cuda = true;  // quantize on the GPU when one is present (bitwise identical results)
 };
@@ -44,10 +52,19 @@ struct FolderReport {
 FolderReport quantize_model_folder(const std::string& in_dir, const std::string& out_dir,
                                    const QuantizeFolderOptions& options = {});
 FolderReport dequantize_model_folder(const std::string& in_dir, const std::string& out_dir,
-                                     DType out_dtype = DType::kBF16,
+                                     std::optional<DType> out_dtype = std::nullopt,
                                      uint64_t max_shard_bytes = 5'000'000'000ULL);
 
-// transformers' quantization_config for these options (keys sorted, as in FORMATS.md).
-nlohmann::json bnb_quantization_config(const QuantizeOptions& o, DType compute_dtype);
+// transformers' quantization_config for these options (keys sorted, as in FORMATS.md), as
+// BitsAndBytesConfig(load_in_4bit=True, ...).to_dict() writes it (transformers 5.24): the compute
+// dtype defaults to float32, BitsAndBytesConfig's default; quant storage uint8.
+nlohmann::json bnb_quantization_config(const QuantizeOptions& o, DType compute_dtype = DType::kF32);
+
+// The files of a model folder that are neither weights nor config.json (generation_config.json,
+// tokenizer files, ...): every regular file except config.json, *.safetensors and
+// model.safetensors.index.json, sorted by name. Quantize, dequantize and the bnb4 / merged exports
+// copy them unchanged (InputError naming the file when a copy fails).
+std::vector<std::string> model_side_files(const std::string& dir);
+void copy_model_side_files(const std::string& in_dir, const std::string& out_dir);
 
 }  // namespace qshard

@@ -274,28 +274,56 @@ nlohmann::json peft_config_json(const ExportOptions& o) {
   return j;
 }
 
+// config.json of a bnb4 or merged export.
+//   bnb4, the config read from a 4-bit folder: that config.json as read (quantization_config with
+//     its compute dtype and quant storage, dtype, every other field), once the tree's 4-bit weights
+//     are checked against its bnb_4bit_quant_type / bnb_4bit_use_double_quant;
+//   bnb4 otherwise (a float folder quantized on load, a random base): the config as read plus
+//     transformers' default quantization_config for the weights' quant type and double quant
+//     (bnb_quantization_config: compute dtype float32); dtype as read, or the embedding's dtype
+//     when the config has none;
+//   merged: no quantization_config, dtype bfloat16.
 nlohmann::json model_config_json(const Module& tree, const LlamaConfig& c, const ExportOptions& o) {
   nlohmann::json j = c.raw;
-  j.erase("quantization_config");
-  DType float_dtype = DType::kBF16;
-  if (const auto e = try_resolve(tree, "model.embed_tokens.weight")) float_dtype = e->tensor.dtype();
-  if (o.format == ExportFormat::kBnb4) {
-    const Params4bit* p = nullptr;
-    for (const auto& [k, t] : state_dict(tree))
-      if (const auto r = try_resolve(tree, k); r && r->kind == NodeKind::kParams4bit) { p = r->params4bit; break; }
-    if (!p) throw InputError(o.out_dir + ": the model has no 4-bit weights; a bnb4 export needs a quantized tree");
-    const QuantizeOptions q{p->quant_state.quant_type, p->quant_state.blocksize, p->quant_state.nested()};
-    j["quantization_config"] = bnb_quantization_config(q, c.dtype.value_or(float_dtype));
-  } else {
-    float_dtype = DType::kBF16;
+  auto set_dtype = [&j](DType dt) {
+    bool has_dtype = false;
+    for (const char* k : {"torch_dtype", "dtype"})
+      if (j.contains(k)) {
+        j[k] = dtype_torch_name(dt);
+        has_dtype = true;
+      }
+    if (!has_dtype) j["torch_dtype"] = dtype_torch_name(dt);
+  };
+  if (o.format == ExportFormat::kMerged) {
+    j.erase("quantization_config");
+    set_dtype(DType::kBF16);
+    return j;
   }
-  bool has_dtype = false;
-  for (const char* k : {"torch_dtype", "dtype"})
-    if (j.contains(k)) {
-      j[k] = dtype_torch_name(float_dtype);
-      has_dtype = true;
+  std::vector<std::pair<std::string, const Params4bit*>> weights;
+  for (const auto& [k, t] : state_dict(tree))
+    if (const auto r = try_resolve(tree, k); r && r->kind == NodeKind::kParams4bit) weights.emplace_back(k, r->params4bit);
+  if (weights.empty()) throw InputError(o.out_dir + ": the model has no 4-bit weights; a bnb4 export needs a quantized tree");
+  if (c.quantized) {
+    const nlohmann::json& q = j["quantization_config"];
+    const std::string label = c.source_dir.empty() ? std::string("the model's config") : c.source_dir + "/config.json";
+    for (const auto& [k, p] : weights) {
+      const QuantState& st = p->quant_state;
+      if (q.contains("bnb_4bit_quant_type") && q["bnb_4bit_quant_type"] != quant_type_name(st.quant_type))
+        throw InputError(o.out_dir + ": 4-bit weight '" + k + "' is " + quant_type_name(st.quant_type) + " but " + label +
+                         " has quantization_config.bnb_4bit_quant_type " + q["bnb_4bit_quant_type"].dump());
+      if (q.contains("bnb_4bit_use_double_quant") && q["bnb_4bit_use_double_quant"] != st.nested())
+        throw InputError(o.out_dir + ": 4-bit weight '" + k + "' is " + (st.nested() ? "" : "not ") +
+                         "double-quantized but " + label + " has quantization_config.bnb_4bit_use_double_quant " +
+                         q["bnb_4bit_use_double_quant"].dump());
     }
-  if (!has_dtype) j["torch_dtype"] = dtype_torch_name(float_dtype);
+    return j;
+  }
+  const QuantState& st = weights.front().second->quant_state;
+  j["quantization_config"] = bnb_quantization_config({st.quant_type, st.blocksize, st.nested()});
+  if (!j.contains("torch_dtype") && !j.contains("dtype")) {
+    const auto e = try_resolve(tree, "model.embed_tokens.weight");
+    j["torch_dtype"] = dtype_torch_name(e ? e->tensor.dtype() : DType::kBF16);
+  }
   return j;
 }
 
@@ -428,6 +456,11 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
   rep.tensors = static_cast<int64_t>(L.tensors.size());
   if (L.files.size() > 1) rep.files.push_back(kSafetensorsIndexName);
   rep.files.push_back(o.format == ExportFormat::kPeft ? "adapter_config.json" : "config.json");
+  // A model folder's other files (generation_config.json, tokenizer) come along, unchanged.
+  const std::vector<std::string> side_files = o.format != ExportFormat::kPeft && !config.source_dir.empty()
+                                                  ? model_side_files(config.source_dir)
+                                                  : std::vector<std::string>{};
+  rep.files.insert(rep.files.end(), side_files.begin(), side_files.end());
 
   // ---- output folder: rank 0 decides, every rank learns the outcome before any gather ----
   const fs::path partial = o.out_dir + ".partial-" + std::to_string(::getpid());
@@ -500,6 +533,7 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
         check_peft_folder(tree, L, partial.string(), o);
       } else {
         write_file_atomic((partial / "config.json").string(), model_config.dump(2) + "\n");
+        if (!side_files.empty()) copy_model_side_files(config.source_dir, partial.string());
         check_model_folder(o.format == ExportFormat::kBnb4 ? &tree : nullptr, L, partial.string(),
                            o.format == ExportFormat::kBnb4);
       }

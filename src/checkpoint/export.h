@@ -14,13 +14,20 @@
 // (ExportReport::peak_unit_bytes, measured), plus for kMerged one projection's f32 work buffers.
 //
 // Formats (shared/FORMATS.md):
-//   kBnb4    config.json (+ quantization_config, bnb_quantization_config) and model.safetensors, or
+//   kBnb4    config.json and model.safetensors, or
 //            model-0000i-of-0000n.safetensors + model.safetensors.index.json past max_shard_bytes
 //            (a 4-bit weight stays in the file of its statistics): every non-LoRA key of the tree's
-//            state dict, bitsandbytes' key order and bytes (packed + absmax + quant_map
-//            [+ nested_absmax + nested_quant_map] + quant_state.bitsandbytes__nf4|fp4).
+//            state dict in its dtype and bytes, bitsandbytes' key order (packed + absmax + quant_map
+//            [+ nested_absmax + nested_quant_map] + quant_state.bitsandbytes__nf4|fp4); frozen float
+//            tensors exactly as the tree holds them. config.json: for a config read from a 4-bit
+//            folder, that config.json as read (quantization_config with its compute dtype and quant
+//            storage, dtype, every field), after checking the weights' quant type and double quant
+//            against it; otherwise the config as read + bnb_quantization_config (transformers'
+//            defaults: compute dtype float32), dtype as read (the embedding's when absent).
 //   kPeft    adapter_model.safetensors (base_model.model.<path>.lora_A.weight [r, in] f32,
 //            .lora_B.weight [out, r] f32) + adapter_config.json with the fields PEFT writes.
+//   kBnb4 and kMerged also copy the other files of config.source_dir (the folder the config was
+//            loaded from, if any: generation_config.json, tokenizer; bnb_folder.h model_side_files).
 //   kMerged  config.json (no quantization_config, torch_dtype bfloat16) + bf16 weights: each
 //            projection W' = bf16(f32(dequantize(W)) + float(scaling) * (B @ A)), where dequantize
 //            gives W's original dtype (as bitsandbytes' forward and PEFT's merge see it) and

@@ -151,7 +151,9 @@ LlamaConfig LlamaConfig::load(const std::string& dir) {
   } catch (const json::exception& e) {
     throw InputError(path + ": not valid JSON (" + e.what() + ")");
   }
-  return from_json(j, path);
+  LlamaConfig c = from_json(j, path);
+  c.source_dir = dir;
+  return c;
 }
 
 const std::vector<std::string>& llama_projection_names() {

@@ -3,7 +3,9 @@
 // What: the fields of transformers' LlamaConfig that qshard uses (shared/FORMATS.md, "HF Llama
 // folder"): sizes, heads (GQA), RoPE (rope_theta and rope_scaling of type "llama3", or the newer
 // single rope_parameters field), norms, tied embeddings, biases, token ids, dtype. The parsed
-// JSON is kept as well, so a folder rewritten by qshard keeps every field it does not know.
+// JSON is kept as well (raw, as read: quantization_config and dtype included), so a folder
+// rewritten by qshard keeps every field it does not know, and load() remembers the folder, so an
+// export can carry its other files (generation_config.json, tokenizer) along.
 // Errors: InputError naming the file, the key and what was expected (missing file, bad JSON, a
 // missing or mistyped field, a non-positive size, heads that do not divide, unsupported act).
 #pragma once
@@ -46,6 +48,7 @@ struct LlamaConfig {
   std::optional<DType> dtype;  // "torch_dtype" or "dtype"
   bool quantized = false;      // has a bitsandbytes quantization_config
   nlohmann::json raw;          // the whole config.json as read
+  std::string source_dir;      // the folder load() read it from; empty for from_json()
 
   // Reads and validates DIR/config.json.
   static LlamaConfig load(const std::string& dir);

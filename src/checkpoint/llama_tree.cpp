@@ -5,38 +5,61 @@
 #include "checkpoint/safetensors_index.h"
 
 namespace qshard {
+namespace {
+
+std::map<std::string, DType> float_dtypes_of(const SafetensorsFolder& folder) {
+  std::map<std::string, DType> out;
+  for (const std::string& name : folder.names())
+    if (const SafetensorsEntry* e = folder.find(name); e->dtype && dtype_is_float(*e->dtype)) out.emplace(name, *e->dtype);
+  return out;
+}
+
+}  // namespace
 
 std::unique_ptr<Module> build_llama_tree(const LlamaConfig& c, const LlamaTreeOptions& o) {
+  auto dtype = [&o](const std::string& fqn) {
+    const auto it = o.float_dtypes.find(fqn);
+    return it == o.float_dtypes.end() ? o.dtype : it->second;
+  };
   auto root = std::make_unique<Module>("LlamaForCausalLM");
   Module& model = root->add_child("model", "LlamaModel");
-  model.add_child("embed_tokens", "Embedding").add_parameter("weight", Tensor::zeros({c.vocab_size, c.hidden_size}, o.dtype));
+  model.add_child("embed_tokens", "Embedding")
+      .add_parameter("weight", Tensor::zeros({c.vocab_size, c.hidden_size}, dtype("model.embed_tokens.weight")));
   Module& layers = model.add_child("layers", "ModuleList");
+  std::string layer_prefix;  // "model.layers.<l>."
   auto projection = [&](Module& parent, const std::string& full_name, const std::string& short_name) {
     const Shape shape = llama_projection_shape(c, full_name);
+    const std::string fqn = layer_prefix + full_name;
     Module& lin = parent.add_child(short_name, o.quant ? "Linear4bit" : "Linear");
-    if (o.quant) lin.add_params4bit("weight", std::make_shared<Params4bit>(empty_params4bit(shape, o.dtype, *o.quant)));
-    else lin.add_parameter("weight", Tensor::zeros(shape, o.dtype));
+    if (o.quant) lin.add_params4bit("weight", std::make_shared<Params4bit>(empty_params4bit(shape, dtype(fqn + ".weight"), *o.quant)));
+    else lin.add_parameter("weight", Tensor::zeros(shape, dtype(fqn + ".weight")));
     const bool bias = full_name.rfind("self_attn.", 0) == 0 ? c.attention_bias : c.mlp_bias;
-    if (bias) lin.add_parameter("bias", Tensor::zeros({shape[0]}, o.dtype));
+    if (bias) lin.add_parameter("bias", Tensor::zeros({shape[0]}, dtype(fqn + ".bias")));
     if (o.lora.r > 0 && std::find(o.lora.targets.begin(), o.lora.targets.end(), short_name) != o.lora.targets.end()) {
       lin.add_child("lora_A", "Linear").add_parameter("weight", Tensor::zeros({o.lora.r, shape[1]}, DType::kF32), true);
       lin.add_child("lora_B", "Linear").add_parameter("weight", Tensor::zeros({shape[0], o.lora.r}, DType::kF32), true);
     }
   };
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    layer_prefix = "model.layers." + std::to_string(l) + ".";
     Module& layer = layers.add_child(std::to_string(l), "LlamaDecoderLayer");
     Module& attn = layer.add_child("self_attn", "LlamaAttention");
     for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"}) projection(attn, std::string("self_attn.") + p, p);
     Module& mlp = layer.add_child("mlp", "LlamaMLP");
     for (const char* p : {"gate_proj", "up_proj", "down_proj"}) projection(mlp, std::string("mlp.") + p, p);
-    layer.add_child("input_layernorm", "LlamaRMSNorm").add_parameter("weight", Tensor::zeros({c.hidden_size}, o.dtype));
-    layer.add_child("post_attention_layernorm", "LlamaRMSNorm")
-        .add_parameter("weight", Tensor::zeros({c.hidden_size}, o.dtype));
+    for (const char* norm : {"input_layernorm", "post_attention_layernorm"})
+      layer.add_child(norm, "LlamaRMSNorm")
+          .add_parameter("weight", Tensor::zeros({c.hidden_size}, dtype(layer_prefix + norm + ".weight")));
   }
-  model.add_child("norm", "LlamaRMSNorm").add_parameter("weight", Tensor::zeros({c.hidden_size}, o.dtype));
+  model.add_child("norm", "LlamaRMSNorm").add_parameter("weight", Tensor::zeros({c.hidden_size}, dtype("model.norm.weight")));
   Module& head = root->add_child("lm_head", "Linear");
-  if (!c.tie_word_embeddings) head.add_parameter("weight", Tensor::zeros({c.vocab_size, c.hidden_size}, o.dtype));
+  if (!c.tie_word_embeddings)
+    head.add_parameter("weight", Tensor::zeros({c.vocab_size, c.hidden_size}, dtype("lm_head.weight")));
   return root;
+}
+
+std::map<std::string, DType> folder_float_dtypes(const std::string& dir) {
+  return float_dtypes_of(SafetensorsFolder::open(dir));
 }
 
 LoadedLlama load_llama_folder(const std::string& dir) {
@@ -49,6 +72,7 @@ LoadedLlama load_llama_folder(const std::string& dir) {
   if (!emb->dtype || !dtype_is_float(*emb->dtype))
     throw InputError(dir + ": tensor 'model.embed_tokens.weight' has dtype " + emb->dtype_name + " (expected F32, BF16 or F16)");
   o.dtype = *emb->dtype;
+  o.float_dtypes = float_dtypes_of(folder);
   if (out.config.quantized) {
     const auto& q = out.config.raw["quantization_config"];
     QuantizeOptions qo;

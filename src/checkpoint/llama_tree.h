@@ -17,6 +17,7 @@
 // Legend: V vocab, C hidden, L layers, r LoRA rank.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +35,7 @@ struct LoraSpec {
 
 struct LlamaTreeOptions {
   DType dtype = DType::kBF16;               // float weights and the 4-bit weights' original dtype
+  std::map<std::string, DType> float_dtypes;  // FQN -> dtype for these weights instead of `dtype`
   std::optional<QuantizeOptions> quant;     // projections in 4-bit when set
   LoraSpec lora;
 };
@@ -41,9 +43,14 @@ struct LlamaTreeOptions {
 // A tree with zero-filled placeholder tensors of the right shapes and dtypes.
 std::unique_ptr<Module> build_llama_tree(const LlamaConfig& config, const LlamaTreeOptions& options);
 
+// The dtype each float tensor of DIR's safetensors is stored in (headers only, no data read), for
+// LlamaTreeOptions::float_dtypes: a tree built with it holds the folder's frozen tensors
+// (embeddings, norms, lm_head) in their stored dtypes, so they are written back as they came in.
+std::map<std::string, DType> folder_float_dtypes(const std::string& dir);
+
 // Reads DIR/config.json and the folder's weights into a tree (strict: every tensor the config
-// implies must be there with its shape, nothing else may be). A bitsandbytes folder gives
-// Params4bit projections with the statistics as stored.
+// implies must be there with its shape, nothing else may be), each float tensor in its stored
+// dtype. A bitsandbytes folder gives Params4bit projections with the statistics as stored.
 struct LoadedLlama {
   LlamaConfig config;
   std::unique_ptr<Module> tree;

@@ -17,7 +17,11 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
   const QuantizeOptions quant{config.model.quant_type, config.model.blocksize, config.model.double_quant};
   m->config = job_llama_config(config.model);
   LlamaTreeOptions to;
-  to.dtype = DType::kF32;  // the CPU reference computes in f32
+  // Frozen float tensors keep the dtype they have in model.path's folder (bf16 stays bf16), so
+  // exports write them back as they came in; the model widens them to f32 when it binds them.
+  // A random base (model.init) is f32.
+  to.dtype = DType::kF32;
+  if (!config.model.path.empty()) to.float_dtypes = folder_float_dtypes(config.model.path);
   to.quant = quant;
   to.lora.r = config.lora.r;
   to.lora.targets = config.lora.target_modules;

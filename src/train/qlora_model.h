@@ -3,8 +3,9 @@
 //
 // build_qlora_model(config, rt): the Llama config (model.path's config.json, or model.init's
 // sizes), the module tree (Linear4bit base weights: model.path's weights, quantized on load when
-// they are float, or a seeded random base; LoRA A/B in PEFT's init, seeded by name), sharded
-// through a ShardedParameterManager over rt.data on rt.ctx's compute stream and device (one unit per
+// they are float, or a seeded random base; the frozen float tensors in model.path's stored dtypes,
+// f32 for a random base; LoRA A/B in PEFT's init, seeded by name), sharded through a
+// ShardedParameterManager over rt.data on rt.ctx's compute stream and device (one unit per
 // decoder layer + a root unit with a slot of its own; offload per config.offload.params /
 // .optimizer), finalized; the tree then keeps shapes only until a unit is gathered. Identical on
 // every rank and world size.

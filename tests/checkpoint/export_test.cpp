@@ -158,13 +158,42 @@ TEST_F(ExportTest, Bnb4BytesEqualTheUnshardedStateDict) {
       const LoadedLlama loaded = load_llama_folder(out);
       EXPECT_TRUE(loaded.config.quantized);
       const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(fs::path(out) / "config.json"));
-      EXPECT_EQ(cfg["quantization_config"], bnb_quantization_config({QuantType::kNf4, 64, true}, DType::kBF16));
+      // The config was made in memory (no quantization_config): transformers' defaults for these
+      // weights (compute dtype float32); dtype as the config has it.
+      EXPECT_EQ(cfg["quantization_config"], bnb_quantization_config({QuantType::kNf4, 64, true}, DType::kF32));
+      EXPECT_EQ(cfg["quantization_config"]["bnb_4bit_compute_dtype"], "float32");
+      EXPECT_EQ(cfg["torch_dtype"], "bfloat16");
       EXPECT_EQ(cfg["model_type"], "llama");
       for (const auto& [k, t] : state_dict(*loaded.tree)) EXPECT_TRUE(f.contains(k)) << k;
       EXPECT_FALSE(fs::exists(out + ".partial-" + std::to_string(::getpid())));
     }
   }
   (void)lora;
+}
+
+// A config read from a 4-bit folder is exported as read, so its quantization_config must describe
+// the tree's weights; a mismatch names the key and both values, and leaves no folder.
+TEST_F(ExportTest, Bnb4ConfigMustDescribeTheWeights) {
+  Sharded s(comm_, false, make_tree());  // NF4 with double quant
+  nlohmann::json j = tiny_config().raw;
+  j["quantization_config"] = bnb_quantization_config({QuantType::kFp4, 64, true});
+  const std::string out = dir("bnb4_mismatch");
+  try {
+    export_model(comm_, *s.tree, LlamaConfig::from_json(j, "mismatch"), *s.mgr, s.units, options(out, ExportFormat::kBnb4));
+    ADD_FAILURE() << "expected InputError";
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    for (const char* needle : {"bnb_4bit_quant_type", "\"fp4\"", "is nf4", out.c_str()})
+      EXPECT_NE(msg.find(needle), std::string::npos) << needle << " not in: " << msg;
+  }
+  EXPECT_FALSE(fs::exists(out));
+  j["quantization_config"] = bnb_quantization_config({QuantType::kNf4, 64, false});
+  EXPECT_THROW(export_model(comm_, *s.tree, LlamaConfig::from_json(j, "mismatch"), *s.mgr, s.units, options(out, ExportFormat::kBnb4)),
+               InputError);
+  // Matching: written as read, compute dtype included.
+  j["quantization_config"] = bnb_quantization_config({QuantType::kNf4, 64, true}, DType::kF16);
+  export_model(comm_, *s.tree, LlamaConfig::from_json(j, "match"), *s.mgr, s.units, options(out, ExportFormat::kBnb4));
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(fs::path(out) / "config.json")), j);
 }
 
 TEST_F(ExportTest, PeftAdapterLoadsBackIdentically) {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
 #include "runtime/error.h"
@@ -52,6 +53,51 @@ TEST(Eval, LogitsMatchTransformers) {
     EXPECT_LE(worst, kLogitTol);
     fs::remove(o.dump_logits);
   }
+}
+
+// Acceptance: `qshard eval` of a 4-bit folder quantized from a bf16 model matches transformers +
+// bitsandbytes on that folder (scripts/make_bnb_logits_golden.py: each 4-bit weight is
+// bitsandbytes' dequantize_4bit in its stored dtype, bf16, then a float32 model) within 1e-5
+// relative: max |logit - reference| / max |reference logit|. The reference's own float32 noise is
+// 3e-7 of that scale (the script reruns it in float64); skipping the rounding of the dequantized
+// weights to bf16 moves the logits by 2.3e-3 (nf4_dq) / 1.2e-3 (fp4) of it, so this fails on a
+// model that dequantizes to float32 instead of to the quant state's dtype.
+constexpr double kBnbRelTol = 1e-5;
+
+TEST(Eval, Bnb4FoldersMatchBitsandbytes) {
+  const SafetensorsFile golden = SafetensorsFile::open(kData + "/model/bnb4_bf16_logits.golden.safetensors");
+  const Tensor ids = golden.get("input_ids");  // I64 [B, T]
+  const int64_t B = ids.dim(0), T = ids.dim(1);
+  const std::string ids_json = (fs::temp_directory_path() / "qshard_eval_bnb4_ids.json").string();
+  {
+    nlohmann::json j = nlohmann::json::array();
+    for (int64_t b = 0; b < B; ++b) j.push_back(std::vector<int64_t>(ids.data<int64_t>() + b * T, ids.data<int64_t>() + (b + 1) * T));
+    std::ofstream(ids_json) << j.dump();
+  }
+  for (const auto& [key, folder] : {std::pair{"nf4_dq", "tiny_llama_bnb4_nf4_dq"}, std::pair{"fp4", "tiny_llama_bnb4_fp4"}}) {
+    SCOPED_TRACE(folder);
+    EvalOptions o;
+    o.model_dir = kData + "/hf/" + folder;
+    o.data = ids_json;
+    o.dump_logits = (fs::temp_directory_path() / (std::string("qshard_eval_bnb4_") + key + ".safetensors")).string();
+    const EvalResult r = evaluate_model(o);
+    EXPECT_EQ(r.sequences, B);
+    const auto mine = SafetensorsFile::open(o.dump_logits).get("logits").to_f32_vector();
+    const auto theirs = golden.get(std::string(key) + ".logits").to_f32_vector();
+    ASSERT_EQ(mine.size(), theirs.size());
+    double worst = 0, scale = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const double d = std::fabs(static_cast<double>(mine[i]) - theirs[i]);
+      if (d > worst) worst = d, at = i;
+      scale = std::max(scale, static_cast<double>(std::fabs(theirs[i])));
+    }
+    std::printf("%s: max |logit - bitsandbytes| = %.3e at %zu (%.7f vs %.7f), max |logit| %.4f: relative %.2e (tolerance %.0e)\n",
+                folder, worst, at, mine[at], theirs[at], scale, worst / scale, kBnbRelTol);
+    EXPECT_LE(worst / scale, kBnbRelTol);
+    fs::remove(o.dump_logits);
+  }
+  fs::remove(ids_json);
 }
 
 TEST(Eval, BadInputIsNamed) {
