@@ -539,22 +539,12 @@ double LlamaModel::take_loss_sum() {
 
 void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B,
                                   int64_t T, double normalizer) {
-  check_sizes(B, T);
   const int64_t L = config_.num_hidden_layers, NC = B * T * config_.hidden_size;
   Activations& a = *act_;
-  if (before_root) before_root(Pass::kForward);
-  bind_root();
-  embed(ids, a.xs, B, T);
-  if (after_root) after_root(Pass::kForward);
-  for (int64_t l = 0; l < L; ++l) {
-    if (before_layer) before_layer(l, Pass::kForward);
-    bind_layer(l);
-    layer_forward(act(a.xs, l * NC), act(a.xs, (l + 1) * NC), B, T);
-    if (after_layer) after_layer(l, Pass::kForward);
-  }
+  const void* x_final = forward_layers(ids, B, T, /*keep_checkpoints=*/true);
   if (before_root) before_root(Pass::kBackward);
   bind_root();
-  head_forward_backward(act(a.xs, L * NC), targets, a.dx, B, T, normalizer);
+  head_forward_backward(x_final, targets, a.dx, B, T, normalizer);
   if (after_root) after_root(Pass::kBackward);
   void* dx = a.dx;
   void* dprev = a.dprev;
@@ -567,9 +557,12 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
   }
 }
 
-void LlamaModel::forward_loss(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B, int64_t T) {
+// Embedding and every decoder layer (forward hooks). Training keeps every layer's input
+// (x_l in checkpoint l, activation checkpointing); eval alternates between two buffers.
+// Returns the final hidden state [B,T,C].
+const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, int64_t T, bool keep_checkpoints) {
+  auto slot = [&](int64_t l) { return keep_checkpoints ? l : l % 2; };
   check_sizes(B, T);
-  QS_CHECK(static_cast<int64_t>(targets.size()) == B * T, "forward_loss: bad sizes");
   const int64_t L = config_.num_hidden_layers, NC = B * T * config_.hidden_size;
   Activations& a = *act_;
   if (before_root) before_root(Pass::kForward);
@@ -579,34 +572,28 @@ void LlamaModel::forward_loss(std::span<const int64_t> ids, std::span<const int6
   for (int64_t l = 0; l < L; ++l) {
     if (before_layer) before_layer(l, Pass::kForward);
     bind_layer(l);
-    layer_forward(act(a.xs, (l % 2) * NC), act(a.xs, ((l + 1) % 2) * NC), B, T);
+    layer_forward(act(a.xs, slot(l) * NC), act(a.xs, slot(l + 1) * NC), B, T);
     if (after_layer) after_layer(l, Pass::kForward);
   }
+  return act(a.xs, slot(L) * NC);
+}
+
+void LlamaModel::forward_loss(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B, int64_t T) {
+  QS_CHECK(static_cast<int64_t>(targets.size()) == B * T, "forward_loss: bad sizes");
+  const void* x = forward_layers(ids, B, T, false);
   if (before_root) before_root(Pass::kForward);
   bind_root();
-  copy_bytes(a.targets, ctx_.compute_device(), targets.data(), Device::kCpu, targets.size_bytes());
-  head_chunks(act(a.xs, (L % 2) * NC), a.targets, nullptr, B * T, 0.0f, nullptr);
+  copy_bytes(act_->targets, ctx_.compute_device(), targets.data(), Device::kCpu, targets.size_bytes());
+  head_chunks(x, act_->targets, nullptr, B * T, 0.0f, nullptr);
   if (after_root) after_root(Pass::kForward);
 }
 
 std::vector<float> LlamaModel::forward_logits(std::span<const int64_t> ids, int64_t B, int64_t T) {
-  check_sizes(B, T);
-  const int64_t L = config_.num_hidden_layers, NC = B * T * config_.hidden_size;
-  Activations& a = *act_;
   std::vector<float> logits(static_cast<size_t>(B * T * config_.vocab_size));
+  const void* x = forward_layers(ids, B, T, false);
   if (before_root) before_root(Pass::kForward);
   bind_root();
-  embed(ids, a.xs, B, T);
-  if (after_root) after_root(Pass::kForward);
-  for (int64_t l = 0; l < L; ++l) {
-    if (before_layer) before_layer(l, Pass::kForward);
-    bind_layer(l);
-    layer_forward(act(a.xs, (l % 2) * NC), act(a.xs, ((l + 1) % 2) * NC), B, T);
-    if (after_layer) after_layer(l, Pass::kForward);
-  }
-  if (before_root) before_root(Pass::kForward);
-  bind_root();
-  head_forward(act(a.xs, (L % 2) * NC), logits.data(), B, T);
+  head_forward(x, logits.data(), B, T);
   if (after_root) after_root(Pass::kForward);
   return logits;
 }

@@ -175,6 +175,7 @@ class LlamaModel {
   struct Activations;  // buffers sized once
 
   void check_sizes(int64_t B, int64_t T) const;
+  const void* forward_layers(std::span<const int64_t> ids, int64_t B, int64_t T, bool keep_checkpoints);
   void upload(std::span<const int64_t> ids, std::span<const int64_t> targets);
   void run_layer(const void* x, void* x_out, int64_t B, int64_t T);
   void dequantize_layer();

@@ -26,4 +26,14 @@ void throw_if_any_failed(Communicator& comm, const std::string& error, void* str
   throw InputError("rank " + std::to_string(failed) + ": " + msg);
 }
 
+double sum_over_ranks(Communicator& comm, double value) {
+  comm.all_reduce(&value, &value, 1, DType::kF64, ReduceOp::kSum, nullptr);
+  return value;
+}
+
+int64_t sum_over_ranks(Communicator& comm, int64_t value) {
+  comm.all_reduce(&value, &value, 1, DType::kI64, ReduceOp::kSum, nullptr);
+  return value;
+}
+
 }  // namespace qshard

@@ -9,6 +9,7 @@
 // REQUIRES: every rank of `comm` makes the same calls in the same order.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "runtime/communicator.h"
@@ -17,5 +18,9 @@ namespace qshard {
 
 std::string broadcast_string(Communicator& comm, const std::string& value, int root, void* stream = nullptr);
 void throw_if_any_failed(Communicator& comm, const std::string& error, void* stream = nullptr);
+// The sum of a host scalar over the ranks, in its own precision (f64 for loss sums and squared
+// norms, i64 for token counts): the same bits on every rank.
+double sum_over_ranks(Communicator& comm, double value);
+int64_t sum_over_ranks(Communicator& comm, int64_t value);
 
 }  // namespace qshard

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "runtime/collective_status.h"
 #include "runtime/error.h"
 #if QSHARD_WITH_CUDA
 #include "runtime/cuda_check.h"
@@ -66,16 +67,6 @@ OptimizerState make_optimizer_state(const QloraModel& qm) {
 
 namespace {
 
-double all_reduce_f64(Communicator& host, double v) {
-  host.all_reduce(&v, &v, 1, DType::kF64, ReduceOp::kSum, nullptr);
-  return v;
-}
-
-int64_t all_reduce_i64(Communicator& host, int64_t v) {
-  host.all_reduce(&v, &v, 1, DType::kI64, ReduceOp::kSum, nullptr);
-  return v;
-}
-
 // Sum of squares of a gradient shard wherever it lives (read back to the host on a GPU: after
 // wait_for_gradients, at the step's end).
 double shard_sum_squares(const Tensor& g, Stream& compute) {
@@ -115,7 +106,7 @@ StepStats train_step(Runtime& rt, QloraModel& qm, LlamaModel& model, FsdpDriver&
   int64_t local_tokens = 0;
   for (const Batch& b : micro_batches)
     for (auto t : b.targets) local_tokens += t != kIgnoreIndex;
-  st.tokens = all_reduce_i64(rt.host, local_tokens);
+  st.tokens = sum_over_ranks(rt.host, local_tokens);
   // The reduce-scatter averages over ranks: normalizing each rank's loss sum by
   // (global tokens / world) makes the averaged gradient that of the global mean loss.
   const double normalizer = std::max<double>(static_cast<double>(st.tokens), 1.0) / world;
@@ -138,7 +129,7 @@ StepStats train_step(Runtime& rt, QloraModel& qm, LlamaModel& model, FsdpDriver&
   // Global gradient norm over every rank's shards (f64), clipping, AdamW where the masters live.
   double sq = 0;
   for (int u = 0; u < mgr.num_units(); ++u) sq += shard_sum_squares(mgr.grad_shard(u), rt.ctx.compute());
-  st.grad_norm = std::sqrt(all_reduce_f64(rt.host, sq));
+  st.grad_norm = std::sqrt(sum_over_ranks(rt.host, sq));
   AdamWParams ap = o.adamw;
   ap.grad_scale = o.grad_clip > 0 ? clip_coefficient(st.grad_norm, o.grad_clip) : 1.0;
   st.grad_scale = ap.grad_scale;
@@ -146,7 +137,7 @@ StepStats train_step(Runtime& rt, QloraModel& qm, LlamaModel& model, FsdpDriver&
     Tensor p = mgr.master_shard(u);
     adamw_where_it_lives(p, mgr.grad_shard(u), opt.exp_avg[u], opt.exp_avg_sq[u], ap, o.step + 1, rt.ctx.compute());
   }
-  st.loss = all_reduce_f64(rt.host, model.take_loss_sum()) / std::max<double>(static_cast<double>(st.tokens), 1.0);
+  st.loss = sum_over_ranks(rt.host, model.take_loss_sum()) / std::max<double>(static_cast<double>(st.tokens), 1.0);
   return st;
 }
 

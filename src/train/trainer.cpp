@@ -92,16 +92,6 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
 
-double all_reduce_f64(Communicator& host, double v) {
-  host.all_reduce(&v, &v, 1, DType::kF64, ReduceOp::kSum, nullptr);
-  return v;
-}
-
-int64_t all_reduce_i64(Communicator& host, int64_t v) {
-  host.all_reduce(&v, &v, 1, DType::kI64, ReduceOp::kSum, nullptr);
-  return v;
-}
-
 }  // namespace
 
 TrainSummary train(const TrainConfig& config, Communicator& comm) {
@@ -248,8 +238,8 @@ TrainSummary train(const TrainConfig& config, Runtime& rt) {
       targets.assign(tg.begin(), tg.end());
       return counted;
     });
-    const double total_loss = all_reduce_f64(comm, t.loss_sum);
-    const int64_t total_tokens = all_reduce_i64(comm, t.tokens);
+    const double total_loss = sum_over_ranks(comm, t.loss_sum);
+    const int64_t total_tokens = sum_over_ranks(comm, t.tokens);
     return total_tokens > 0 ? total_loss / static_cast<double>(total_tokens) : NAN;
   };
 
