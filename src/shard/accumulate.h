@@ -1,4 +1,5 @@
-// accumulate.h: out[i] += in[i] over fp32 shards (gradient accumulation across micro-batches).
+// accumulate.h: out[i] += in[i] over fp32 shards (gradient accumulation across micro-batches), and
+// the f32 -> bf16/f16 conversion of gathered LoRA weights into their compute copies.
 //
 // Shapes: out, in [n] f32, same device. CPU: a plain loop (the reference). CUDA: a grid-stride
 // kernel on `stream` (cudaStream_t as void*). Tolerance CPU vs CUDA: none (one float add each).
@@ -17,5 +18,15 @@ void accumulate_f32(float* out, const float* in, int64_t n, void* stream);  // C
 }  // namespace cuda
 // Dispatches on the tensors' device.
 void accumulate_f32(Tensor& out, const Tensor& in, void* stream);
+
+// out[i] = dtype(in[i]) (round to nearest even): the compute copy of f32 master weights in bf16 or
+// f16 (the sharded manager's post-gather transform). Tolerance CPU vs CUDA: none (one rounding).
+namespace cpu {
+void convert_f32(void* out, DType out_dtype, const float* in, int64_t n, void* stream = nullptr);
+}  // namespace cpu
+namespace cuda {
+void convert_f32(void* out, DType out_dtype, const float* in, int64_t n, void* stream);  // CUDA builds only
+}  // namespace cuda
+void convert_f32(Tensor& out, const Tensor& in, void* stream);
 
 }  // namespace qshard

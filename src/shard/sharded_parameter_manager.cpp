@@ -51,6 +51,7 @@ struct ShardedParameterManager::Slot {
   Tensor staging[kNumBufferKinds];
   Tensor grad;     // f32, largest trainable padded size
   Tensor reduced;  // f32, largest trainable shard: reduce-scatter output before accumulation
+  Tensor compute_copy;  // trainable_compute_dtype copy of flat[kTrainable] (undefined for f32)
   int unit = -1;
   bool shared = true;  // one of the gathered_slots (not a unit's own slot)
   Event copied;    // on the h2d stream: the offloaded shards are staged on the device
@@ -177,6 +178,12 @@ std::unique_ptr<ShardedParameterManager::Slot> ShardedParameterManager::make_slo
   const int64_t r = std::max<int64_t>(g / world + kFlatAlign, 4) / 4 * 4;
   slot->reduced = alloc(r, false).view_as(DType::kF32, {r / 4});
   slot_bytes_ += slot->grad.nbytes() + slot->reduced.nbytes();
+  if (options_.trainable_compute_dtype != DType::kF32) {
+    const int64_t n = std::max<int64_t>(flat_bytes[static_cast<int>(BufferKind::kTrainable)] / 4, 1);
+    slot->compute_copy = alloc(n * static_cast<int64_t>(dtype_size(options_.trainable_compute_dtype)), false)
+                             .view_as(options_.trainable_compute_dtype, {n});
+    slot_bytes_ += slot->compute_copy.nbytes();
+  }
   return slot;
 }
 
@@ -218,7 +225,10 @@ void ShardedParameterManager::finalize() {
       if (host_side(k)) c += b[k] / world + kFlatAlign;
     }
     const int64_t g = std::max<int64_t>(b[t], 4);
-    return c + g + std::max<int64_t>(g / world + kFlatAlign, 4);
+    c += g + std::max<int64_t>(g / world + kFlatAlign, 4);
+    if (options_.trainable_compute_dtype != DType::kF32)  // the LoRA compute copy
+      c += std::max<int64_t>(b[t] / 4, 1) * dtype_size(options_.trainable_compute_dtype);
+    return c;
   };
   slot_bound_ = slot_cost(slot_bytes) * options_.gathered_slots;
   for (int s = 0; s < options_.gathered_slots; ++s) slots_.push_back(make_slot(slot_bytes, slot_bytes[t]));
@@ -276,6 +286,15 @@ void ShardedParameterManager::prefetch(int unit) {
     comm_.all_gather(src[k], slot.flat[k].raw(), static_cast<size_t>(u.layout[k].shard_bytes()), DType::kU8,
                      gather_->handle());
   comm_.group_end();
+  if (slot.compute_copy.defined()) {  // post-gather transform: the LoRA weights' compute copy
+    const int t = static_cast<int>(BufferKind::kTrainable);
+    const int64_t n = u.layout[t].padded_bytes() / 4;
+    if (n > 0) {
+      Tensor in = slot.flat[t].flat_slice(0, n * 4).view_as(DType::kF32, {n});
+      Tensor out = slot.compute_copy.flat_slice(0, n);
+      convert_f32(out, in, gather_->handle());
+    }
+  }
   gather_->record(slot.gathered);
   ++gathered_now_;
   gathered_peak_ = std::max(gathered_peak_, gathered_now_);
@@ -330,6 +349,18 @@ Tensor ShardedParameterManager::grad(int unit, const std::string& name) const {
                                                                        ? static_cast<int64_t>(slots_[u.slot]->grad.nbytes())
                                                                        : 0});
   return l.view(bytes, *e);
+}
+
+Tensor ShardedParameterManager::compute_view(int unit, const std::string& name) const {
+  const Unit& u = unit_at(unit);
+  if (u.state != UnitState::kGathered)
+    throw Error("FSDP unit '" + u.name + "': compute copy of '" + name + "' in state " + unit_state_name(u.state));
+  const Slot& slot = *slots_[u.slot];
+  if (!slot.compute_copy.defined())
+    throw Error("FSDP unit '" + u.name + "': no compute copy (trainable_compute_dtype is float32)");
+  const FlatEntry* e = u.layout[static_cast<int>(BufferKind::kTrainable)].find(name);
+  if (!e) throw Error("FSDP unit '" + u.name + "' has no trainable tensor '" + name + "'");
+  return slot.compute_copy.flat_slice(e->offset / 4, e->nbytes / 4).reshape(e->shape);
 }
 
 float* ShardedParameterManager::grad_data(int unit, const FlatEntry& entry) const {

@@ -58,6 +58,10 @@ struct ShardOptions {
   bool offload_optimizer = false;  // trainable master shards in pinned host memory (AdamW on the host)
   Device compute_device = Device::kCpu;
   int gathered_slots = 2;
+  // bf16 / f16: every gather also writes a compute copy of the unit's trainable (f32) buffer in
+  // this dtype, on the gather stream after the all-gather (the post-gather transform the CUDA
+  // GEMMs read LoRA A/B from); f32: no copy.
+  DType trainable_compute_dtype = DType::kF32;
 };
 
 // What a gather is for: a backward gather also zeroes the unit's gradient buffer.
@@ -104,6 +108,9 @@ class ShardedParameterManager {
   void release(int unit);   // GATHERED -> SHARDED
   Tensor view(int unit, BufferKind kind, const std::string& name) const;  // REQUIRES GATHERED
   Tensor grad(int unit, const std::string& name) const;                    // REQUIRES GATHERED
+  // The compute copy (trainable_compute_dtype) of a trainable entry. REQUIRES GATHERED and a
+  // trainable_compute_dtype other than f32.
+  Tensor compute_view(int unit, const std::string& name) const;
   // The gradient of a trainable entry of layout(unit, kTrainable), found once by the caller: the
   // step's lookup without names. REQUIRES GATHERED.
   float* grad_data(int unit, const FlatEntry& entry) const;

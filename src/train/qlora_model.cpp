@@ -35,6 +35,8 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
   so.offload_params = config.offload.params;
   so.offload_optimizer = config.offload.optimizer;
   so.compute_device = rt.ctx.compute_device();
+  // The GEMMs read LoRA A/B in the activation dtype: bf16 compute copies on CUDA, none on the CPU.
+  so.trainable_compute_dtype = rt.ctx.activation_dtype();
   m->mgr = std::make_unique<ShardedParameterManager>(rt.data, rt.ctx.compute(), so);
   m->units = shard_module_tree(*m->tree, *m->mgr, "model.layers");
   m->mgr->finalize();

@@ -225,6 +225,54 @@ TEST_F(Sharded, MasterShardIsThisRanksSlice) {
             0);
 }
 
+// The post-gather transform: with trainable_compute_dtype bf16 every gather also writes the
+// LoRA weights' bf16 compute copy (round to nearest even of the gathered f32 values).
+TEST_F(Sharded, GatherWritesTheBf16ComputeCopyOfTrainables) {
+  const FullModel m = make_model();
+  ShardOptions o;
+  o.compute_device = test_device();
+  o.trainable_compute_dtype = DType::kBF16;
+  ShardedParameterManager mgr(*comm_, qshard_test_compute_stream(), o);
+  for (size_t u = 0; u < m.units.size(); ++u) {
+    const int id = mgr.add_unit(u < 3 ? "layers." + std::to_string(u) : "root", u == 3);
+    for (int k = 0; k < kNumBufferKinds; ++k)
+      for (const auto& [name, t] : m.units[u][k]) mgr.add_tensor(id, static_cast<BufferKind>(k), name, t);
+  }
+  mgr.finalize();
+  size_t checked = 0;
+  for (int u = 0; u < mgr.num_units(); ++u) {
+    mgr.gather(u);
+    mgr.compute_stream().synchronize();
+    for (const auto& [name, t] : m.units[u][static_cast<int>(BufferKind::kTrainable)]) {
+      const Tensor c = mgr.compute_view(u, name).to(Device::kCpu);
+      ASSERT_EQ(c.dtype(), DType::kBF16);
+      ASSERT_EQ(c.shape(), t.shape());
+      const std::vector<float> want = t.to_f32_vector();
+      for (int64_t i = 0; i < c.numel(); ++i)
+        ASSERT_EQ(c.data<uint16_t>()[i], f32_to_bf16(want[i])) << name << "[" << i << "]";
+      ++checked;
+    }
+    mgr.release(u);
+  }
+  EXPECT_EQ(checked, 12u);  // 3 layers x 2 projections x (A, B)
+  EXPECT_LE(mgr.memory().slot_bytes, mgr.memory().slot_bytes_bound);
+  // Without a compute dtype there is no copy to view.
+  auto plain = build(*comm_, m, false);
+  plain->gather(0);
+  EXPECT_THROW(plain->compute_view(0, "q_proj.lora_A.weight"), Error);
+  plain->release(0);
+}
+
+TEST(Accumulate, ConvertCudaMatchesCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Tensor a = randn({100003}, DType::kF32, 3);
+  Tensor ref = Tensor::zeros({100003}, DType::kBF16), dev = Tensor::zeros({100003}, DType::kBF16, Device::kCuda);
+  convert_f32(ref, a, nullptr);
+  Tensor da = a.to(Device::kCuda);
+  convert_f32(dev, da, nullptr);
+  EXPECT_TRUE(bitwise_equal(ref, dev.to(Device::kCpu)));
+}
+
 TEST(Accumulate, CudaMatchesCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   Tensor a = randn({100003}, DType::kF32, 1), b = randn({100003}, DType::kF32, 2);
