@@ -223,6 +223,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   rp.low_freq_factor = c.rope_scaling.low_freq_factor;
   rp.high_freq_factor = c.rope_scaling.high_freq_factor;
   rp.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
+  ops::prepare(ctx_);
   ops::rope_tables(a.rope_cos, a.rope_sin, rp, max_seq_, ctx_);
 
   // ---- workspace: the larger of a layer's and the head's scratch ----
@@ -345,20 +346,23 @@ void LlamaModel::dequantize_layer() {
   for (size_t i = 0; i < layer_.proj.size(); ++i) {
     const ProjectionBinding& p = layer_.proj[i];
     if (p.quantized) {
-      float* w = ws.take<float>(p.in * p.out, "dequantized projection");
+      void* w = ws.take(static_cast<size_t>(p.in * p.out) * dtype_size(ctx_.activation_dtype()),
+                        "dequantized projection");
       ops::dequantize_4bit(w, p.q, p.weight_dtype, ctx_);
       weights_[i] = w;
     } else {
-      weights_[i] = p.weight_dtype == DType::kF32 ? static_cast<const float*>(p.dense) : nullptr;
+      weights_[i] = p.weight_dtype == ctx_.activation_dtype() ? p.dense : nullptr;
     }
   }
 }
 
 void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N) {
   const ProjectionBinding& p = layer_.proj[idx];
+  const DType act_t = ctx_.activation_dtype();
   GemmShape s{N, p.out, p.in, false, true};
-  s.b_type = weights_[idx] ? DType::kF32 : p.weight_dtype;
-  ops::gemm(y, x, weights_[idx] ? static_cast<const void*>(weights_[idx]) : p.dense, s, ctx_);  // y = x W^T
+  s.a_type = s.c_type = act_t;
+  s.b_type = weights_[idx] ? act_t : p.weight_dtype;  // dequantized into the workspace: the GEMM's dtype
+  ops::gemm(y, x, weights_[idx] ? weights_[idx] : p.dense, s, ctx_);  // y = x W^T
   if (p.bias) ops::add_bias(y, p.bias, N, p.out, ctx_);
   if (p.r == 0) return;
   Workspace& ws = ctx_.workspace();
@@ -378,9 +382,11 @@ void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N) {
 
 void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N) {
   const ProjectionBinding& p = layer_.proj[idx];
+  const DType act_t = ctx_.activation_dtype();
   GemmShape s{N, p.in, p.out, false, false, 1.0f, accumulate_dx ? 1.0f : 0.0f};
-  s.b_type = weights_[idx] ? DType::kF32 : p.weight_dtype;
-  ops::gemm(dx, dy, weights_[idx] ? static_cast<const void*>(weights_[idx]) : p.dense, s, ctx_);  // dx (+)= dy W
+  s.a_type = s.c_type = act_t;
+  s.b_type = weights_[idx] ? act_t : p.weight_dtype;
+  ops::gemm(dx, dy, weights_[idx] ? weights_[idx] : p.dense, s, ctx_);  // dx (+)= dy W
   if (p.r == 0) return;
   Workspace& ws = ctx_.workspace();
   const size_t mark = ws.used();

@@ -196,7 +196,9 @@ class LlamaModel {
   std::unique_ptr<Activations> act_;
   LayerBinding layer_;
   RootBinding root_binding_;
-  std::array<const float*, 7> weights_{};  // the bound layer's projections as f32 [out,in] (or null: dense non-f32)
+  // The bound layer's projections as GEMM operands [out,in] in the activation dtype (dequantized
+  // into the workspace, or a dense weight of that dtype); null: a dense weight in its own dtype.
+  std::array<const void*, 7> weights_{};
   uint64_t step_ = 0;
   int64_t row_offset_ = 0;
   bool training_ = true;

@@ -66,7 +66,27 @@ struct DropoutKey {
   uint64_t module_id = 0;
   int64_t row_offset = 0;
 };
-bool dropout_keep(const DropoutKey& key, int64_t global_index);
+#if defined(__CUDACC__)
+#define QS_OPS_HD __host__ __device__
+#else
+#define QS_OPS_HD
+#endif
+QS_OPS_HD inline uint64_t dropout_splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+// The keep decision (host and device: the CPU and CUDA twins draw the same mask).
+QS_OPS_HD inline bool dropout_keep(const DropoutKey& key, int64_t global_index) {
+  if (key.p <= 0.0f) return true;
+  uint64_t z = dropout_splitmix64(key.seed);
+  z = dropout_splitmix64(z ^ key.step);
+  z = dropout_splitmix64(z ^ key.module_id);
+  z = dropout_splitmix64(z ^ static_cast<uint64_t>(global_index));
+  const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // top 24 bits -> [0, 1)
+  return u >= key.p;
+}
 
 // scaling = alpha / r, or alpha / sqrt(r) with rsLoRA; 0 when r == 0.
 float lora_scaling(double alpha, int64_t r, bool use_rslora);
@@ -151,10 +171,52 @@ void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx);
 
 }  // namespace cpu
 
+// ---- CUDA twins (CUDA builds): activations bf16 (uint16_t bits), device pointers, work on
+// ctx.compute(); no allocation, no host synchronization. Ids and targets must be in range: they
+// are validated on the host where the data is read (a kernel cannot throw; an out-of-range id
+// reads a zero row, an out-of-range target is skipped). Reductions in f32 (RMSNorm, softmax,
+// log-sum-exp), outputs rounded to bf16 once. prepare() creates the cuBLASLt handle and its
+// workspace (called once, outside the step, by the model's constructor).
+namespace cuda {
+void prepare(DeviceContext& ctx);
+// A, B, C of the types in `s` (bf16 or f32; A and B of one type), f32 accumulation (cuBLASLt,
+// CUBLAS_COMPUTE_32F). The algorithm is chosen once per shape and cached, so a resumed run is
+// bitwise the straight one on the same GPU.
+void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx);
+void embedding_fwd(uint16_t* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
+                   int64_t V, DeviceContext& ctx);
+void rmsnorm_fwd(uint16_t* out, float* rstd, const uint16_t* x, const float* weight, int64_t N, int64_t C, float eps,
+                 DeviceContext& ctx);
+void rmsnorm_bwd(uint16_t* dx, const uint16_t* dout, const uint16_t* x, const float* weight, const float* rstd,
+                 int64_t N, int64_t C, DeviceContext& ctx);
+void add(uint16_t* out, const uint16_t* a, const uint16_t* b, int64_t n, DeviceContext& ctx);
+void accumulate(uint16_t* out, const uint16_t* b, int64_t n, DeviceContext& ctx);
+void copy(uint16_t* out, const uint16_t* x, int64_t n, DeviceContext& ctx);
+void zero(uint16_t* x, int64_t n, DeviceContext& ctx);
+void add_bias(uint16_t* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx);
+void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx);
+// The tables are computed on the host (the CPU's cos/sin, bit for bit) and copied: a start-up op.
+void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceContext& ctx);
+void rope_fwd(uint16_t* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
+              DeviceContext& ctx);
+void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
+              DeviceContext& ctx);
+void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx);
+void swiglu_bwd(uint16_t* dgate, uint16_t* dup, const uint16_t* dh, const uint16_t* gate, const uint16_t* up,
+                int64_t n, DeviceContext& ctx);
+void dropout_fwd(uint16_t* out, const uint16_t* x, const DropoutKey& key, int64_t N, int64_t W, DeviceContext& ctx);
+void cross_entropy_fwd_bwd(float* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
+                           float grad_scale, DeviceContext& ctx);
+void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx);
+}  // namespace cuda
+
 // ---- the dispatch: activations as void* in ctx.activation_dtype(); the twin of ctx.backend() ----
 namespace ops {
-// True when this build has the twins of `backend` (the op harness runs every backend that has).
-bool has_backend(Backend backend);
+// True when this build has the twin of `op` (e.g. "gemm") on `backend`, or with op null, the
+// backend's twins at all (the op harness runs every backend and op there is).
+bool has_backend(Backend backend, const char* op = nullptr);
+// Start-up work of the backend (library handles, their workspaces); once per context.
+void prepare(DeviceContext& ctx);
 void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx);
 void embedding_fwd(void* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
                    int64_t V, DeviceContext& ctx);

@@ -11,13 +11,6 @@ namespace qshard {
 
 namespace {
 
-uint64_t splitmix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 float widen(const void* p, DType t, int64_t i) {
   switch (t) {
     case DType::kF32: return static_cast<const float*>(p)[i];
@@ -79,16 +72,6 @@ std::vector<float> rope_inv_freq(const RopeParams& p) {
     }
   }
   return inv;
-}
-
-bool dropout_keep(const DropoutKey& key, int64_t global_index) {
-  if (key.p <= 0.0f) return true;
-  uint64_t z = splitmix64(key.seed);
-  z = splitmix64(z ^ key.step);
-  z = splitmix64(z ^ key.module_id);
-  z = splitmix64(z ^ static_cast<uint64_t>(global_index));
-  const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // top 24 bits -> [0, 1)
-  return u >= key.p;
 }
 
 float lora_scaling(double alpha, int64_t r, bool use_rslora) {

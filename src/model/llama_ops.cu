@@ -1,0 +1,431 @@
+// CUDA twins of llama_ops.h (activations bf16). Each kernel follows its CPU reference's formula
+// with f32 arithmetic and rounds its output to bf16 once; tolerances against the CPU are declared
+// in tests/model/op_harness_test.cpp. Everything is enqueued on ctx.compute(); nothing allocates.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "model/llama_ops.h"
+#include "runtime/cuda_check.h"
+
+namespace qshard::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+cudaStream_t st(DeviceContext& ctx) { return static_cast<cudaStream_t>(ctx.stream()); }
+const bf16* B16(const uint16_t* p) { return reinterpret_cast<const bf16*>(p); }
+bf16* B16(uint16_t* p) { return reinterpret_cast<bf16*>(p); }
+
+int grid_for(int64_t n, int block = 256) { return static_cast<int>(std::min<int64_t>((n + block - 1) / block, 65535 * 4)); }
+
+#define QS_GRID_STRIDE(i, n)                                                                  \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ float block_sum(float v) {
+  __shared__ float part[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x >> 5;
+  float t = lane < warps ? part[lane] : 0.0f;
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  return t;
+}
+
+__device__ float block_max(float v) {
+  __shared__ float part[32];
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x >> 5;
+  float t = lane < warps ? part[lane] : -INFINITY;
+  for (int o = 16; o > 0; o >>= 1) t = fmaxf(t, __shfl_xor_sync(0xffffffffu, t, o));
+  return t;
+}
+
+__device__ float load_any(const void* p, int dtype, int64_t i) {
+  switch (dtype) {
+    case 0: return static_cast<const float*>(p)[i];
+    case 1: return __bfloat162float(static_cast<const bf16*>(p)[i]);
+    default: return __half2float(static_cast<const __half*>(p)[i]);
+  }
+}
+int dtype_code(DType t) {
+  switch (t) {
+    case DType::kF32: return 0;
+    case DType::kBF16: return 1;
+    case DType::kF16: return 2;
+    default: throw Error(std::string("CUDA op: unsupported dtype ") + dtype_torch_name(t));
+  }
+}
+
+// ---- kernels ------------------------------------------------------------------------------------
+
+// Ids are validated on the host where the data is read (token files, eval input): an id outside
+// [0, V) that got here anyway reads as a zero row instead of memory out of bounds.
+__global__ void embedding_kernel(bf16* out, const int64_t* ids, const void* w, int dt, int64_t N, int64_t C,
+                                 int64_t V) {
+  QS_GRID_STRIDE(i, N * C) {
+    const int64_t n = i / C, c = i % C, id = ids[n];
+    if (id < 0 || id >= V) {
+      out[i] = __float2bfloat16_rn(0.0f);
+      continue;
+    }
+    out[i] = __float2bfloat16_rn(load_any(w, dt, id * C + c));
+  }
+}
+
+__global__ void rmsnorm_fwd_kernel(bf16* out, float* rstd, const bf16* x, const float* w, int64_t C, float eps) {
+  const int64_t n = blockIdx.x;
+  const bf16* xr = x + n * C;
+  float ss = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const float v = __bfloat162float(xr[c]);
+    ss += v * v;
+  }
+  ss = block_sum(ss);
+  const float r = 1.0f / sqrtf(ss / static_cast<float>(C) + eps);
+  if (threadIdx.x == 0) rstd[n] = r;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+    out[n * C + c] = __float2bfloat16_rn(w[c] * (__bfloat162float(xr[c]) * r));
+}
+
+__global__ void rmsnorm_bwd_kernel(bf16* dx, const bf16* dout, const bf16* x, const float* w, const float* rstd,
+                                   int64_t C) {
+  const int64_t n = blockIdx.x;
+  const float r = rstd[n];
+  float dot = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+    dot += __bfloat162float(dout[n * C + c]) * w[c] * (__bfloat162float(x[n * C + c]) * r);
+  dot = block_sum(dot);
+  const float mean_dot = dot / static_cast<float>(C);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const float xh = __bfloat162float(x[n * C + c]) * r;
+    const float g = __bfloat162float(dout[n * C + c]) * w[c];
+    dx[n * C + c] = __float2bfloat16_rn(__bfloat162float(dx[n * C + c]) + r * (g - xh * mean_dot));
+  }
+}
+
+__global__ void add_kernel(bf16* out, const bf16* a, const bf16* b, int64_t n) {
+  QS_GRID_STRIDE(i, n) out[i] = __float2bfloat16_rn(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+}
+
+__global__ void add_bias_kernel(bf16* y, const float* bias, int64_t N, int64_t W) {
+  QS_GRID_STRIDE(i, N * W) y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + bias[i % W]);
+}
+
+__global__ void to_f32_kernel(float* out, const void* x, int dt, int64_t n) {
+  QS_GRID_STRIDE(i, n) out[i] = load_any(x, dt, i);
+}
+
+__global__ void rope_kernel(bf16* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
+                            float sign) {
+  const int64_t half = D / 2;
+  QS_GRID_STRIDE(i, B * T * nh * half) {
+    const int64_t k = i % half, row = i / half;  // row = (b*T + t)*nh + h
+    const int64_t t = (row / nh) % T;
+    bf16* v = x + row * D;
+    const float c = cos[t * half + k], s = sign * sin[t * half + k];
+    const float x1 = __bfloat162float(v[k]), x2 = __bfloat162float(v[k + half]);
+    v[k] = __float2bfloat16_rn(x1 * c - x2 * s);
+    v[k + half] = __float2bfloat16_rn(x2 * c + x1 * s);
+  }
+}
+
+__global__ void swiglu_fwd_kernel(bf16* h, const bf16* gate, const bf16* up, int64_t n) {
+  QS_GRID_STRIDE(i, n) {
+    const float g = __bfloat162float(gate[i]);
+    h[i] = __float2bfloat16_rn((g / (1.0f + expf(-g))) * __bfloat162float(up[i]));
+  }
+}
+
+__global__ void swiglu_bwd_kernel(bf16* dgate, bf16* dup, const bf16* dh, const bf16* gate, const bf16* up, int64_t n) {
+  QS_GRID_STRIDE(i, n) {
+    const float g = __bfloat162float(gate[i]), d = __bfloat162float(dh[i]);
+    const float sig = 1.0f / (1.0f + expf(-g));
+    dup[i] = __float2bfloat16_rn(d * g * sig);
+    dgate[i] = __float2bfloat16_rn(d * __bfloat162float(up[i]) * sig * (1.0f + g * (1.0f - sig)));
+  }
+}
+
+__global__ void dropout_kernel(bf16* out, const bf16* x, DropoutKey key, int64_t N, int64_t W) {
+  const float keep_scale = 1.0f / (1.0f - key.p);
+  QS_GRID_STRIDE(i, N * W) {
+    const int64_t n = i / W, c = i % W;
+    const bool keep = dropout_keep(key, (key.row_offset + n) * W + c);
+    out[i] = keep ? __float2bfloat16_rn(__bfloat162float(x[i]) * keep_scale) : __float2bfloat16_rn(0.0f);
+  }
+}
+
+// One block per row: max, sum of exp, log-sum-exp; the loss into *loss_sum (f64 atomics), the
+// gradient over the logits.
+// Targets are validated on the host like ids; one outside [0, V) that got here is skipped.
+__global__ void cross_entropy_kernel(float* logits, double* loss_sum, const int64_t* targets, int64_t V,
+                                     float grad_scale) {
+  const int64_t row = blockIdx.x;
+  float* l = logits + row * V;
+  const int64_t y = targets[row];
+  if (y == kIgnoreIndex) {
+    if (grad_scale != 0.0f)
+      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) l[v] = 0.0f;
+    return;
+  }
+  if (y < 0 || y >= V) return;
+  float mx = -INFINITY;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
+  mx = block_max(mx);
+  float sum = 0.0f;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) sum += expf(l[v] - mx);
+  sum = block_sum(sum);
+  const float lse = mx + logf(sum);
+  const float ly = l[y];
+  __syncthreads();  // every thread read l[y] before any overwrites it
+  if (threadIdx.x == 0) atomicAdd(loss_sum, static_cast<double>(lse - ly));
+  if (grad_scale != 0.0f)
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
+      l[v] = (expf(l[v] - lse) - (v == y ? 1.0f : 0.0f)) * grad_scale;
+}
+
+__global__ void round_kernel(float* x, int64_t n, int dt) {
+  QS_GRID_STRIDE(i, n) x[i] = dt == 1 ? __bfloat162float(__float2bfloat16_rn(x[i])) : __half2float(__float2half_rn(x[i]));
+}
+
+// ---- cuBLASLt -----------------------------------------------------------------------------------
+
+constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
+
+struct LtState {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::mutex mu;
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, bool>;
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  std::map<Key, Plan> plans;
+  ~LtState() {
+    for (auto& [k, p] : plans) {
+      cublasLtMatrixLayoutDestroy(p.a);
+      cublasLtMatrixLayoutDestroy(p.b);
+      cublasLtMatrixLayoutDestroy(p.c);
+      cublasLtMatmulDescDestroy(p.op);
+    }
+    if (workspace) cudaFree(workspace);
+    if (handle) cublasLtDestroy(handle);
+  }
+};
+
+LtState& lt(DeviceContext& ctx) {
+  if (!ctx.gemm_handle()) prepare(ctx);
+  return *static_cast<LtState*>(ctx.gemm_handle());
+}
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+    default: throw Error(std::string("gemm: unsupported dtype ") + dtype_torch_name(t));
+  }
+}
+
+}  // namespace
+
+void prepare(DeviceContext& ctx) {
+  if (ctx.gemm_handle()) return;
+  auto* s = new LtState();
+  try {
+    QS_CUBLAS_CHECK(cublasLtCreate(&s->handle));
+    QS_CUDA_CHECK(cudaMalloc(&s->workspace, kLtWorkspaceBytes));
+  } catch (...) {
+    delete s;
+    throw;
+  }
+  ctx.set_gemm_handle(s, [](void* p) { delete static_cast<LtState*>(p); });
+}
+
+// Row-major C[M,N] = alpha op(A) op(B) + beta C is column-major C^T[N,M] = alpha op(B)^T op(A)^T
+// + beta C^T: cuBLASLt's "A" is our B, its "B" our A, each described as the column-major matrix
+// its row-major storage is.
+void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx) {
+  QS_CHECK(s.a_type == s.b_type, "gemm: A and B must have one dtype on CUDA");
+  LtState& L = lt(ctx);
+  const LtState::Key key{s.M, s.N, s.K, s.trans_a, s.trans_b, static_cast<int>(s.a_type), static_cast<int>(s.c_type),
+                         s.beta != 0.0f};
+  LtState::Plan* plan;
+  {
+    std::lock_guard<std::mutex> lock(L.mu);
+    auto it = L.plans.find(key);
+    if (it == L.plans.end()) {
+      LtState::Plan p;
+      QS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      const cublasOperation_t ta = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A = our B
+      const cublasOperation_t tb = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's B = our A
+      QS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+      QS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+      const cudaDataType_t ab = cuda_type(s.a_type), ct = cuda_type(s.c_type);
+      // Our B: row-major [K,N] = column-major N x K (ld N); with trans_b row-major [N,K] = col-major K x N (ld K).
+      if (s.trans_b) QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, s.K, s.N, s.K));
+      else QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, s.N, s.K, s.N));
+      // Our A: row-major [M,K] = col-major K x M (ld K); with trans_a row-major [K,M] = col-major M x K (ld M).
+      if (s.trans_a) QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, s.M, s.K, s.M));
+      else QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, s.K, s.M, s.K));
+      QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, ct, s.N, s.M, s.N));
+      cublasLtMatmulPreference_t pref;
+      QS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      QS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                           &kLtWorkspaceBytes, sizeof(kLtWorkspaceBytes)));
+      cublasLtMatmulHeuristicResult_t heur{};
+      int found = 0;
+      const cublasStatus_t hs =
+          cublasLtMatmulAlgoGetHeuristic(L.handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &heur, &found);
+      cublasLtMatmulPreferenceDestroy(pref);
+      QS_CUBLAS_CHECK(hs);
+      if (found == 0)
+        throw Error("gemm: cuBLASLt has no algorithm for M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) +
+                    " K=" + std::to_string(s.K));
+      p.algo = heur.algo;
+      it = L.plans.emplace(key, p).first;
+    }
+    plan = &it->second;
+  }
+  const float alpha = s.alpha, beta = s.beta;
+  QS_CUBLAS_CHECK(cublasLtMatmul(L.handle, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c,
+                                 &plan->algo, L.workspace, kLtWorkspaceBytes, st(ctx)));
+}
+
+// ---- elementwise --------------------------------------------------------------------------------
+
+
+void embedding_fwd(uint16_t* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
+                   int64_t V, DeviceContext& ctx) {
+  if (N * C == 0) return;
+  embedding_kernel<<<grid_for(N * C), 256, 0, st(ctx)>>>(B16(out), ids, weight, dtype_code(weight_type), N, C, V);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm_fwd(uint16_t* out, float* rstd, const uint16_t* x, const float* weight, int64_t N, int64_t C, float eps,
+                 DeviceContext& ctx) {
+  if (N == 0) return;
+  rmsnorm_fwd_kernel<<<static_cast<unsigned>(N), 256, 0, st(ctx)>>>(B16(out), rstd, B16(x), weight, C, eps);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm_bwd(uint16_t* dx, const uint16_t* dout, const uint16_t* x, const float* weight, const float* rstd,
+                 int64_t N, int64_t C, DeviceContext& ctx) {
+  if (N == 0) return;
+  rmsnorm_bwd_kernel<<<static_cast<unsigned>(N), 256, 0, st(ctx)>>>(B16(dx), B16(dout), B16(x), weight, rstd, C);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void add(uint16_t* out, const uint16_t* a, const uint16_t* b, int64_t n, DeviceContext& ctx) {
+  if (n == 0) return;
+  add_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(out), B16(a), B16(b), n);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void accumulate(uint16_t* out, const uint16_t* b, int64_t n, DeviceContext& ctx) { add(out, out, b, n, ctx); }
+
+void copy(uint16_t* out, const uint16_t* x, int64_t n, DeviceContext& ctx) {
+  if (n == 0 || out == x) return;
+  QS_CUDA_CHECK(cudaMemcpyAsync(out, x, static_cast<size_t>(n) * 2, cudaMemcpyDeviceToDevice, st(ctx)));
+}
+
+void zero(uint16_t* x, int64_t n, DeviceContext& ctx) {
+  if (n == 0) return;
+  QS_CUDA_CHECK(cudaMemsetAsync(x, 0, static_cast<size_t>(n) * 2, st(ctx)));
+}
+
+void add_bias(uint16_t* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx) {
+  if (N * W == 0) return;
+  add_bias_kernel<<<grid_for(N * W), 256, 0, st(ctx)>>>(B16(y), bias, N, W);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx) {
+  if (n == 0) return;
+  to_f32_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(out, x, dtype_code(type), n);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceContext& ctx) {
+  DeviceContext host(Backend::kCpu, -1);
+  const int64_t half = p.head_dim / 2;
+  std::vector<float> c(static_cast<size_t>(T * half)), s(c.size());
+  qshard::cpu::rope_tables(c.data(), s.data(), p, T, host);
+  QS_CUDA_CHECK(cudaMemcpyAsync(cos, c.data(), c.size() * 4, cudaMemcpyHostToDevice, st(ctx)));
+  QS_CUDA_CHECK(cudaMemcpyAsync(sin, s.data(), s.size() * 4, cudaMemcpyHostToDevice, st(ctx)));
+  ctx.compute().synchronize();  // the host vectors go out of scope (a start-up op, not in a step)
+}
+
+void rope_fwd(uint16_t* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
+              DeviceContext& ctx) {
+  const int64_t n = B * T * nh * (D / 2);
+  if (n == 0) return;
+  rope_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(x), cos, sin, B, T, nh, D, 1.0f);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
+              DeviceContext& ctx) {
+  const int64_t n = B * T * nh * (D / 2);
+  if (n == 0) return;
+  rope_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(dx), cos, sin, B, T, nh, D, -1.0f);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx) {
+  if (n == 0) return;
+  swiglu_fwd_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(h), B16(gate), B16(up), n);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_bwd(uint16_t* dgate, uint16_t* dup, const uint16_t* dh, const uint16_t* gate, const uint16_t* up,
+                int64_t n, DeviceContext& ctx) {
+  if (n == 0) return;
+  swiglu_bwd_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(dgate), B16(dup), B16(dh), B16(gate), B16(up), n);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void dropout_fwd(uint16_t* out, const uint16_t* x, const DropoutKey& key, int64_t N, int64_t W, DeviceContext& ctx) {
+  QS_CHECK(key.p >= 0.0f && key.p < 1.0f, "dropout probability must be in [0, 1)");
+  if (key.p == 0.0f) {
+    copy(out, x, N * W, ctx);
+    return;
+  }
+  if (N * W == 0) return;
+  dropout_kernel<<<grid_for(N * W), 256, 0, st(ctx)>>>(B16(out), B16(x), key, N, W);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_fwd_bwd(float* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
+                           float grad_scale, DeviceContext& ctx) {
+  if (n == 0) return;
+  cross_entropy_kernel<<<static_cast<unsigned>(n), 512, 0, st(ctx)>>>(logits, loss_sum, targets, V, grad_scale);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx) {
+  if (dtype == DType::kF32 || n == 0) return;
+  round_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(x, n, dtype_code(dtype));
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace qshard::cuda
