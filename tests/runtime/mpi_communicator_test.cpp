@@ -217,7 +217,9 @@ TEST_F(MpiComm, Float64SumAndAvgInRankOrder) {
     EXPECT_EQ(r[j], want) << j;
     EXPECT_EQ(a[j], want / P_) << j;
   }
-  if (P_ > 1) EXPECT_NE(static_cast<float>(r[0]), r[0]) << "the sum needs more than f32";
+  if (P_ > 1) {
+    EXPECT_NE(static_cast<float>(r[0]), r[0]) << "the sum needs more than f32";
+  }
 }
 
 TEST_F(MpiComm, BroadcastFromEveryRoot) {

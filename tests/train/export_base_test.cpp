@@ -78,9 +78,11 @@ void expect_same_folder(const std::string& got, const std::string& want) {
   const nlohmann::json gc = nlohmann::json::parse(read_file(fs::path(got) / "config.json"));
   const nlohmann::json wc = nlohmann::json::parse(read_file(fs::path(want) / "config.json"));
   EXPECT_EQ(gc, wc) << "config.json differs:\n" << nlohmann::json::diff(wc, gc).dump(1);
-  for (const std::string& f : file_names(want))
-    if (f != "config.json" && !f.ends_with(".safetensors"))
+  for (const std::string& f : file_names(want)) {
+    if (f != "config.json" && !f.ends_with(".safetensors")) {
       EXPECT_EQ(read_file(fs::path(got) / f), read_file(fs::path(want) / f)) << f;
+    }
+  }
   std::printf("%s: %zu tensors (%llu bytes) equal to %s; config.json equal (dtype %s, compute dtype %s)\n",
               got.c_str(), wn.size(), static_cast<unsigned long long>(bytes), want.c_str(), wc["dtype"].dump().c_str(),
               wc["quantization_config"]["bnb_4bit_compute_dtype"].dump().c_str());
