@@ -224,6 +224,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   rp.high_freq_factor = c.rope_scaling.high_freq_factor;
   rp.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
   ops::prepare(ctx_);
+  ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D);
   ops::rope_tables(a.rope_cos, a.rope_sin, rp, max_seq_, ctx_);
 
   // ---- workspace: the larger of a layer's and the head's scratch ----

@@ -208,6 +208,15 @@ void dropout_fwd(uint16_t* out, const uint16_t* x, const DropoutKey& key, int64_
 void cross_entropy_fwd_bwd(float* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
                            float grad_scale, DeviceContext& ctx);
 void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx);
+// Fused attention (cuDNN SDPA, builds with QSHARD_WITH_CUDNN): saved = row statistics
+// (attention_saved_bytes(kCuda, ...)); the backward OVERWRITES dq, dk, dv. prepare_attention builds
+// and caches the graphs of one shape (start-up work: a build takes ~0.4 s and may allocate).
+void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D);
+void attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
+                   int64_t T, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx);
+void attention_bwd(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
+                   const uint16_t* k, const uint16_t* v, const uint16_t* out, const void* saved, int64_t B, int64_t T,
+                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx);
 }  // namespace cuda
 
 // ---- the dispatch: activations as void* in ctx.activation_dtype(); the twin of ctx.backend() ----
@@ -217,6 +226,8 @@ namespace ops {
 bool has_backend(Backend backend, const char* op = nullptr);
 // Start-up work of the backend (library handles, their workspaces); once per context.
 void prepare(DeviceContext& ctx);
+// Start-up work of attention for one shape (the fused kernels' graphs); a no-op on the CPU.
+void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D);
 void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx);
 void embedding_fwd(void* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
                    int64_t V, DeviceContext& ctx);

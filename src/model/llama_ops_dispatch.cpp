@@ -1,6 +1,7 @@
 // The one dispatch of llama_ops.h: activation pointers in ctx.activation_dtype(), the twin of
-// ctx.backend(). CUDA builds have the CUDA twins of every op but attention, whose fused cuDNN
-// kernel comes with the CUDA training step; has_backend() says which exist.
+// ctx.backend(). CUDA builds have the CUDA twins of every op; attention's (cuDNN's fused SDPA)
+// needs cuDNN and the cudnn-frontend headers at build time (QSHARD_WITH_CUDNN); has_backend() says
+// which exist.
 #include <cstring>
 #include <string>
 
@@ -17,17 +18,21 @@ uint16_t* h(void* p) { return static_cast<uint16_t*>(p); }
 const uint16_t* h(const void* p) { return static_cast<const uint16_t*>(p); }
 #endif
 
-[[noreturn]] void missing(const DeviceContext& ctx, const char* op) {
+[[noreturn, maybe_unused]] void missing(const DeviceContext& ctx, const char* op) {
   throw Error(std::string("op ") + op + ": no " + backend_name(ctx.backend()) + " implementation in this build");
 }
 
-bool is_attention(const char* op) { return op && std::strncmp(op, "attention", 9) == 0; }
+[[maybe_unused]] bool is_attention(const char* op) { return op && std::strncmp(op, "attention", 9) == 0; }
 
 }  // namespace
 
 bool has_backend(Backend backend, const char* op) {
   if (backend == Backend::kCpu) return true;
-#if QSHARD_WITH_CUDA
+#if QSHARD_WITH_CUDA && QSHARD_WITH_CUDNN
+  (void)is_attention;
+  (void)op;
+  return true;
+#elif QSHARD_WITH_CUDA
   return !is_attention(op);
 #else
   (void)op;
@@ -104,16 +109,30 @@ void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T
   QS_DISPATCH("rope_bwd", cpu::rope_bwd(f(dx), cos, sin, B, T, nh, D, ctx),
               cuda::rope_bwd(h(dx), cos, sin, B, T, nh, D, ctx));
 }
+#if QSHARD_WITH_CUDA && QSHARD_WITH_CUDNN
+#define QS_DISPATCH_ATTENTION QS_DISPATCH
+#else
+#define QS_DISPATCH_ATTENTION(op, cpu_call, cuda_call) \
+  do {                                                 \
+    if (ctx.backend() != Backend::kCpu) missing(ctx, op); \
+    cpu_call;                                          \
+  } while (0)
+#endif
+void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+  QS_DISPATCH_ATTENTION("prepare_attention", (void)0, cuda::prepare_attention(ctx, B, T, H, Hkv, D));
+}
 void attention_fwd(void* out, void* saved, const void* q, const void* k, const void* v, int64_t B, int64_t T,
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx) {
-  if (ctx.backend() != Backend::kCpu) missing(ctx, "attention_fwd");
-  cpu::attention_fwd(f(out), saved, f(q), f(k), f(v), B, T, H, Hkv, D, ctx);
+  QS_DISPATCH_ATTENTION("attention_fwd", cpu::attention_fwd(f(out), saved, f(q), f(k), f(v), B, T, H, Hkv, D, ctx),
+                        cuda::attention_fwd(h(out), saved, h(q), h(k), h(v), B, T, H, Hkv, D, ctx));
 }
 void attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
                    const void* out, const void* saved, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                    DeviceContext& ctx) {
-  if (ctx.backend() != Backend::kCpu) missing(ctx, "attention_bwd");
-  cpu::attention_bwd(f(dq), f(dk), f(dv), f(dout), f(q), f(k), f(v), f(out), saved, B, T, H, Hkv, D, ctx);
+  QS_DISPATCH_ATTENTION(
+      "attention_bwd",
+      cpu::attention_bwd(f(dq), f(dk), f(dv), f(dout), f(q), f(k), f(v), f(out), saved, B, T, H, Hkv, D, ctx),
+      cuda::attention_bwd(h(dq), h(dk), h(dv), h(dout), h(q), h(k), h(v), h(out), saved, B, T, H, Hkv, D, ctx));
 }
 void swiglu_fwd(void* hh, const void* gate, const void* up, int64_t n, DeviceContext& ctx) {
   QS_DISPATCH("swiglu_fwd", cpu::swiglu_fwd(f(hh), f(gate), f(up), n, ctx),

@@ -221,48 +221,123 @@ TEST(OpHarness, Rope) {
   });
 }
 
-// Causal GQA attention forward, GQA ratios 1, 3 and 4, T = 67; adversarial inputs give rows of
-// very negative scores and saturated softmaxes. CPU tol: 1e-5 (softmax with the max subtracted in
-// f32, T-term f32 sums), widened by the conditioning of large scores: a score of magnitude S is
-// known to f32's ~6e-8 * S, which moves its probability by that much relative, so
-// tol = max(1e-5, 4 * 6e-8 * max|S|) (the adversarial rows reach |S| ~ 1e3).
+// Double oracle of causal GQA attention: out and, given dout, dq/dk/dv.
+struct AttentionOracle {
+  std::vector<double> out, dq, dk, dv;
+  double max_score = 0;
+};
+AttentionOracle attention_oracle(const std::vector<float>& Q, const std::vector<float>& K, const std::vector<float>& V,
+                                 const std::vector<float>& dO, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+  AttentionOracle r;
+  r.out.assign(Q.size(), 0.0);
+  r.dq.assign(Q.size(), 0.0);
+  r.dk.assign(K.size(), 0.0);
+  r.dv.assign(V.size(), 0.0);
+  const int64_t ratio = H / Hkv;
+  const double scale = 1.0 / std::sqrt(double(D));
+  auto qi = [&](int64_t b, int64_t t, int64_t h) { return ((b * T + t) * H + h) * D; };
+  auto ki = [&](int64_t b, int64_t t, int64_t h) { return ((b * T + t) * Hkv + h) * D; };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t hk = h / ratio;
+        std::vector<double> p(t + 1), dp(t + 1);
+        double mx = -1e300;
+        for (int64_t u = 0; u <= t; ++u) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += double(Q[qi(b, t, h) + d]) * K[ki(b, u, hk) + d];
+          p[u] = dot * scale;
+          mx = std::max(mx, p[u]);
+          r.max_score = std::max(r.max_score, std::fabs(p[u]));
+        }
+        double sum = 0;
+        for (auto& x : p) sum += (x = std::exp(x - mx));
+        for (auto& x : p) x /= sum;
+        double pdp = 0;
+        for (int64_t u = 0; u <= t; ++u) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) {
+            r.out[qi(b, t, h) + d] += p[u] * V[ki(b, u, hk) + d];
+            r.dv[ki(b, u, hk) + d] += p[u] * dO[qi(b, t, h) + d];
+            dot += double(dO[qi(b, t, h) + d]) * V[ki(b, u, hk) + d];
+          }
+          dp[u] = dot;
+          pdp += p[u] * dot;
+        }
+        for (int64_t u = 0; u <= t; ++u) {
+          const double ds = p[u] * (dp[u] - pdp) * scale;
+          for (int64_t d = 0; d < D; ++d) {
+            r.dq[qi(b, t, h) + d] += ds * K[ki(b, u, hk) + d];
+            r.dk[ki(b, u, hk) + d] += ds * Q[qi(b, t, h) + d];
+          }
+        }
+      }
+  return r;
+}
+
+// Causal GQA attention forward and backward, GQA ratios 1, 3 and 4, T = 67 (not a multiple of
+// 64); adversarial inputs give large scores and saturated softmaxes, and a third kind gives every
+// row very negative scores (all keys equal, q = -40 k: the Hopper fused-backward trap). T 128 and
+// 200 too for the negative rows.
+// CPU tol: 1e-5 (softmax with the max subtracted in f32, T-term f32 sums), widened by the
+// conditioning of large scores: a score of magnitude S is known to f32's ~6e-8 * S, which moves
+// its probability by that much relative: tol = max(1e-5, 4 * 6e-8 * max|S|).
+// Adversarial inputs here: v and dout x100, scores up to ~|70| (saturated rows); not x100 scores,
+// which only measure f32's conditioning.
+// CUDA tol (cuDNN flash attention: bf16 in and out, S in f32 from the held bf16 inputs, P rounded
+// to bf16 before P.V and in the backward, 2^-9 relative each): 1e-2 of the output scale for out,
+// 2e-2 for the gradients (two such products each).
 TEST(OpHarness, Attention) {
   for_each_case([](DeviceContext& ctx, Inputs& in) {
     if (!ops::has_backend(ctx.backend(), "attention_fwd")) {
-      std::printf("  attention_fwd: no %s twin in this build yet\n", backend_name(ctx.backend()));
+      std::printf("  attention: no %s twin in this build\n", backend_name(ctx.backend()));
       return;
     }
-    for (int64_t ratio : {1, 3, 4}) {
-      const int64_t B = 1, T = 67, Hkv = 2, H = Hkv * ratio, D = 8;
-      const auto Q = in.vec(B * T * H * D, 0.5f), K = in.vec(B * T * Hkv * D, 0.5f), V = in.bounded(B * T * Hkv * D);
-      Tensor q = to_act(ctx, Q), k = to_act(ctx, K), v = to_act(ctx, V), out = to_act(ctx, std::vector<float>(Q.size()));
+    struct Shape {
+      int64_t T, ratio;
+      bool negative_rows;
+    };
+    std::vector<Shape> shapes = {{67, 1, false}, {67, 3, false}, {67, 4, false}, {67, 4, true}};
+    if (in.adversarial) shapes.push_back({128, 2, true}), shapes.push_back({200, 4, true});
+    for (const Shape& sh : shapes) {
+      const int64_t B = 2, T = sh.T, Hkv = 2, H = Hkv * sh.ratio, D = 64;
+      const float qk = in.adversarial ? 3.0f : 0.5f;
+      std::vector<float> Qf = in.bounded(B * T * H * D, qk), Kf = in.bounded(B * T * Hkv * D, qk);
+      if (sh.negative_rows) {  // every score of every row about -40 * |w|^2 / sqrt(D)
+        std::vector<float> w = in.bounded(D, 1.0f);
+        for (auto& x : w) x = std::fabs(x) + 0.5f;
+        for (int64_t i = 0; i < B * T * Hkv; ++i)
+          for (int64_t d = 0; d < D; ++d) Kf[i * D + d] = w[d];
+        for (int64_t i = 0; i < B * T * H; ++i)
+          for (int64_t d = 0; d < D; ++d) Qf[i * D + d] = -40.0f * w[d];
+      }
+      // (Negative rows: v and dout of unit scale; dq is then a sum of terms that cancel to 0,
+      // whose f32 noise grows with their magnitude, not with the output's.)
+      auto vals = [&](size_t n) { return sh.negative_rows ? in.bounded(n) : in.vec(n); };
+      Tensor q = to_act(ctx, Qf), k = to_act(ctx, Kf), v = to_act(ctx, vals(B * T * Hkv * D)),
+             dout = to_act(ctx, vals(B * T * H * D)), out = to_act(ctx, std::vector<float>(Qf.size()));
+      Tensor dq = to_act(ctx, std::vector<float>(Qf.size(), 9.0f)), dk = to_act(ctx, std::vector<float>(Kf.size(), 9.0f)),
+             dv = to_act(ctx, std::vector<float>(Kf.size(), 9.0f));  // overwritten
       Tensor saved = Tensor::zeros({static_cast<int64_t>(attention_saved_bytes(ctx.backend(), B, T, H, Hkv, D))},
                                    DType::kU8, ctx.compute_device());
       ops::attention_fwd(out.raw(), saved.raw(), q.raw(), k.raw(), v.raw(), B, T, H, Hkv, D, ctx);
-      std::vector<double> want(Q.size());
-      const double scale = 1.0 / std::sqrt(double(D));
-      double max_score = 0;
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t t = 0; t < T; ++t) {
-          std::vector<double> sc(t + 1);
-          double mx = -1e300;
-          for (int64_t u = 0; u <= t; ++u) {
-            double dot = 0;
-            for (int64_t d = 0; d < D; ++d) dot += double(Q[(t * H + h) * D + d]) * K[(u * Hkv + h / ratio) * D + d];
-            sc[u] = dot * scale;
-            mx = std::max(mx, sc[u]);
-            max_score = std::max(max_score, std::fabs(sc[u]));
-          }
-          double sum = 0;
-          for (auto& s : sc) sum += (s = std::exp(s - mx));
-          for (int64_t d = 0; d < D; ++d) {
-            double acc = 0;
-            for (int64_t u = 0; u <= t; ++u) acc += sc[u] / sum * V[(u * Hkv + h / ratio) * D + d];
-            want[(t * H + h) * D + d] = acc;
-          }
-        }
-      const std::string name = "attention_fwd gqa " + std::to_string(ratio);
-      report(ctx, name.c_str(), in.adversarial, back(ctx, out), want, std::max(1e-5, 4 * 6e-8 * max_score));
+      ops::attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(), saved.raw(),
+                         B, T, H, Hkv, D, ctx);
+      const AttentionOracle o =
+          attention_oracle(back(ctx, q), back(ctx, k), back(ctx, v), back(ctx, dout), B, T, H, Hkv, D);
+      const double cond = o.max_score;
+      const double t_cpu = std::max(1e-5, 4 * 6e-8 * cond);
+      const double t_out = tol(ctx, t_cpu, 1e-2), t_grad = tol(ctx, t_cpu, 2e-2);
+      const std::string name = "attention T" + std::to_string(T) + " gqa " + std::to_string(sh.ratio) +
+                               (sh.negative_rows ? " neg-rows" : "");
+      for (const auto& [what, got, want, t] :
+           {std::tuple{" out", back(ctx, out), o.out, t_out}, std::tuple{" dq", back(ctx, dq), o.dq, t_grad},
+            std::tuple{" dk", back(ctx, dk), o.dk, t_grad}, std::tuple{" dv", back(ctx, dv), o.dv, t_grad}}) {
+        bool finite = true;
+        for (float x : got) finite = finite && std::isfinite(x);
+        EXPECT_TRUE(finite) << name << what << ": NaN or Inf";
+        report(ctx, (name + what).c_str(), in.adversarial, got, want, t);
+      }
     }
   });
 }
