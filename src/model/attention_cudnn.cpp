@@ -74,6 +74,15 @@ fe::graph::Tensor_attributes bthd(const char* name, int64_t uid, int64_t B, int6
       .set_stride({T * heads * D, D, heads * D, 1});
 }
 
+// A graph with bf16 inputs and outputs, f32 intermediates and compute.
+std::shared_ptr<fe::graph::Graph> bf16_graph() {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
 void finish(fe::graph::Graph& g, cudnnHandle_t h, int64_t& ws, const char* what) {
   check(g.validate(), what);
   check(g.build_operation_graph(h), what);
@@ -93,10 +102,7 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));  // HF: head_dim ** -0.5
   Graphs gr;
   {
-    auto g = std::make_shared<fe::graph::Graph>();
-    g->set_io_data_type(fe::DataType_t::BFLOAT16)
-        .set_intermediate_data_type(fe::DataType_t::FLOAT)
-        .set_compute_data_type(fe::DataType_t::FLOAT);
+    auto g = bf16_graph();
     TensorPtr q = g->tensor(bthd("Q", kQ, B, T, H, D));
     TensorPtr k = g->tensor(bthd("K", kK, B, T, Hkv, D));
     TensorPtr v = g->tensor(bthd("V", kV, B, T, Hkv, D));
@@ -109,10 +115,7 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
     gr.fwd = g;
   }
   {
-    auto g = std::make_shared<fe::graph::Graph>();
-    g->set_io_data_type(fe::DataType_t::BFLOAT16)
-        .set_intermediate_data_type(fe::DataType_t::FLOAT)
-        .set_compute_data_type(fe::DataType_t::FLOAT);
+    auto g = bf16_graph();
     TensorPtr q = g->tensor(bthd("Q", kQ, B, T, H, D));
     TensorPtr k = g->tensor(bthd("K", kK, B, T, Hkv, D));
     TensorPtr v = g->tensor(bthd("V", kV, B, T, Hkv, D));

@@ -413,6 +413,36 @@ TEST(OpHarness, EmbeddingAndDropoutAreExact) {
   });
 }
 
+// The small ops the skeleton composes with: residual accumulate, bias add, widening a bf16 norm
+// weight to f32, rounding f32 values through bf16. CPU tol 0 (one exact-or-rounded operation, as
+// the oracle); CUDA 8e-3 for the bf16 activation (rounded after each of the two ops), 0 for f32.
+TEST(OpHarness, AccumulateBiasWidenRound) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    const int64_t N = 5, W = 37, n = N * W;
+    Tensor a = to_act(ctx, in.vec(n)), b = to_act(ctx, in.vec(n));
+    const auto A = back(ctx, a), Bv = back(ctx, b);
+    const std::vector<float> bias = in.bounded(W);
+    Tensor bias_d = to_f32_dev(ctx, bias);
+    ops::accumulate(a.raw(), b.raw(), n, ctx);
+    ops::add_bias(a.raw(), bias_d.data<float>(), N, W, ctx);
+    std::vector<double> want(n);
+    for (int64_t i = 0; i < n; ++i) want[i] = double(A[i]) + Bv[i] + bias[i % W];
+    report(ctx, "accumulate + add_bias", in.adversarial, back(ctx, a), want, tol(ctx, 1e-6, 8e-3));  // CUDA: two bf16 roundings
+
+    const std::vector<float> X = in.vec(n);
+    const Tensor xb = Tensor::from_f32({n}, DType::kBF16, X).to(ctx.compute_device());
+    Tensor wide = to_f32_dev(ctx, std::vector<float>(n));
+    ops::to_f32(wide.data<float>(), xb.raw(), DType::kBF16, n, ctx);
+    Tensor r = to_f32_dev(ctx, X);
+    ops::round_to_dtype(r.data<float>(), n, DType::kBF16, ctx);
+    std::vector<double> rw(n);
+    for (int64_t i = 0; i < n; ++i) rw[i] = bf16_to_f32(f32_to_bf16(X[i]));
+    ctx.compute().synchronize();
+    report(ctx, "to_f32 bf16", in.adversarial, wide.to(Device::kCpu).to_f32_vector(), rw, 0.0);
+    report(ctx, "round_to_dtype bf16", in.adversarial, r.to(Device::kCpu).to_f32_vector(), rw, 0.0);
+  });
+}
+
 // The 4-bit dequantization into the QuantState's dtype, as the GEMM's operand: values equal
 // bf16(table[code] * absmax) exactly (tolerance 0).
 TEST(OpHarness, DequantizeIntoQuantStateDtype) {
