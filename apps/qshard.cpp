@@ -142,6 +142,9 @@ int run(int argc, char** argv) {
   evalc->add_option("--data", eo.data, "token file, or .json list of token-id lists")->required();
   evalc->add_option("--dump-logits", eo.dump_logits, "write float32 logits [batch, seq, vocab] (key 'logits')");
   evalc->add_option("--seq-len", eo.seq_len, "sequence length for token files (default min(512, max positions))");
+  std::string eval_device = "auto";
+  evalc->add_option("--device", eval_device, "auto (the GPU when there is one), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
   CLI11_PARSE(app, argc, argv);
   set_log_level(log_level);
@@ -174,6 +177,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (evalc->parsed()) {
+    eo.device = *parse_device_choice(eval_device);
     const EvalResult r = evaluate_model(eo);
     std::printf("eval: %lld sequences, %lld tokens: loss %.6f, perplexity %.4f\n", (long long)r.sequences,
                 (long long)r.tokens, r.loss, r.perplexity);

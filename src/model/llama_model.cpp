@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "quant/params4bit.h"
+#include "runtime/allocator.h"
 #include "runtime/error.h"
 
 namespace qshard {
@@ -14,6 +15,8 @@ enum { kQ, kK, kV, kO, kGate, kUp, kDown };
 
 // Rows of LM-head logits per chunk: at most this many bytes of f32 logits at a time.
 constexpr int64_t kHeadChunkBytes = int64_t{16} << 20;
+// Pinned staging slots for ids/targets: uploads in flight before the ring laps one.
+constexpr int kStagingSlots = 16;
 
 std::string layer_prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + "."; }
 
@@ -27,6 +30,14 @@ Module::Slot* require_slot(Module* m, const std::string& fqn_module, const char*
 void check_shape(const std::string& fqn, const Shape& got, const Shape& want) {
   if (got != want)
     throw InputError("parameter '" + fqn + "' has shape " + shape_str(got) + ", expected " + shape_str(want));
+}
+
+// A GEMM shape with its operand types.
+GemmShape typed(GemmShape s, DType a, DType b, DType c) {
+  s.a_type = a;
+  s.b_type = b;
+  s.c_type = c;
+  return s;
 }
 
 const Shape& slot_shape(const Module::Slot& s) {
@@ -103,6 +114,22 @@ struct LlamaModel::Activations {
   double* loss_sum = nullptr;// [1] f64 accumulator
   float* norms = nullptr;    // [3, C] f32: the bound layer's two norms, the root's final norm
   float* biases = nullptr;   // [7, max_out] f32: the bound layer's biases
+  void* lora_cvt = nullptr;  // the bound layer's LoRA A/B in the activation dtype (when not f32
+                             // and no compute copies were handed over)
+  void* head_cvt = nullptr;  // [V, C] the LM head in the activation dtype (when the GEMM does not
+                             // take the head's own dtype with activations)
+  bool head_converted = false;  // head_cvt holds the bound root's head
+};
+
+struct LlamaModel::Staging {
+  PinnedHostAllocator pinned;
+  int64_t* base = nullptr;  // [kStagingSlots, max_rows]
+  std::vector<Event> done;  // per slot: recorded on the compute stream after its copy
+  int next = 0;
+  ~Staging() {
+    for (const Event& e : done) e.synchronize();
+    if (base) pinned.release(base);
+  }
 };
 
 LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& ctx, const LlamaModelOptions& options)
@@ -119,11 +146,12 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim, N = max_rows_;
 
   // ---- find every slot once ----
-  int64_t max_in = 0, max_out = 0, max_r = 0, dequant_floats = 0;
+  const DType act_t = ctx_.activation_dtype();
+  int64_t max_in = 0, max_out = 0, max_r = 0, dequant_floats = 0, lora_elems = 0;
   for (int64_t l = 0; l < L; ++l) {
     LayerSlots ls;
     ls.prefix = layer_prefix(l);
-    int64_t layer_dequant = 0;
+    int64_t layer_dequant = 0, layer_lora = 0;
     for (size_t i = 0; i < kLlamaProjections.size(); ++i) {
       ProjSlots& ps = ls.proj[i];
       ps.fqn = ls.prefix + kLlamaProjections[i];
@@ -151,9 +179,12 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
       max_in = std::max(max_in, ps.in);
       max_out = std::max(max_out, ps.out);
       max_r = std::max(max_r, ps.r);
-      const bool dense_f32 = ps.weight->kind != Module::SlotKind::kParams4bit && ps.weight->tensor.dtype() == DType::kF32;
-      if (!dense_f32 && ps.weight->kind == Module::SlotKind::kParams4bit) layer_dequant += ps.in * ps.out;
+      layer_lora += ps.r * (ps.in + ps.out);
+      // Workspace operands: dequantized 4-bit weights, dense weights the GEMM does not take as they are.
+      if (ps.weight->kind == Module::SlotKind::kParams4bit || !ops::gemm_supports(ctx_, act_t, ps.weight->tensor.dtype()))
+        layer_dequant += ps.in * ps.out;
     }
+    lora_elems = std::max(lora_elems, layer_lora);
     ls.input_norm = require_slot(root_.find_module(ls.prefix + "input_layernorm"), ls.prefix + "input_layernorm", "weight");
     ls.post_norm = require_slot(root_.find_module(ls.prefix + "post_attention_layernorm"),
                                 ls.prefix + "post_attention_layernorm", "weight");
@@ -207,6 +238,9 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   add(reinterpret_cast<void**>(&a.loss_sum), 8);
   addf(&a.norms, 3 * C);
   addf(&a.biases, 7 * max_out);
+  if (act_t != DType::kF32) add(&a.lora_cvt, lora_elems * esz);
+  const bool head_cvt = !ops::gemm_supports(ctx_, act_t, slots_->head->tensor.dtype());
+  if (head_cvt) add(&a.head_cvt, V * C * esz);
   size_t total = 0;
   for (const Piece& p : pieces) total += (p.bytes + 255) / 256 * 256;
   a.storage = Tensor::zeros({static_cast<int64_t>(total)}, DType::kU8, ctx_.compute_device());
@@ -231,8 +265,14 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   head_rows_ = std::clamp<int64_t>(kHeadChunkBytes / (V * 4), 1, N);
   const int64_t gemm_scratch = 2 * std::max({N, V, I, C, max_in, max_out}) + 2 * max_seq_;
   const int64_t layer_ws = dequant_floats + 2 * N * max_in + 2 * N * max_r + gemm_scratch;
-  const int64_t head_ws = head_rows_ * V + gemm_scratch;
+  // f32 logits, and their gradient in the activation dtype when the GEMM does not take f32 with the head
+  const int64_t head_ws = head_rows_ * V * 2 + gemm_scratch;
   ctx_.workspace().reserve(static_cast<size_t>(std::max(layer_ws, head_ws)) * 4 + 64 * Workspace::kAlign);
+
+  // ---- pinned staging for ids / targets ----
+  staging_ = std::make_unique<Staging>();
+  staging_->base = static_cast<int64_t*>(staging_->pinned.allocate(static_cast<size_t>(kStagingSlots * N) * 8));
+  for (int i = 0; i < kStagingSlots; ++i) staging_->done.emplace_back();
 }
 
 LlamaModel::~LlamaModel() = default;
@@ -247,9 +287,17 @@ void LlamaModel::check_sizes(int64_t B, int64_t T) const {
                std::to_string(options_.max_batch) + " x " + std::to_string(max_seq_) + ")");
 }
 
-void LlamaModel::upload(std::span<const int64_t> ids, std::span<const int64_t> targets) {
-  copy_bytes(act_->ids, ctx_.compute_device(), ids.data(), Device::kCpu, ids.size_bytes());
-  if (!targets.empty()) copy_bytes(act_->targets, ctx_.compute_device(), targets.data(), Device::kCpu, targets.size_bytes());
+void LlamaModel::upload(int64_t* device_dst, std::span<const int64_t> values) {
+  QS_CHECK(static_cast<int64_t>(values.size()) <= max_rows_, "upload: more values than rows");
+  Staging& sg = *staging_;
+  const int slot = sg.next;
+  sg.next = (sg.next + 1) % kStagingSlots;
+  Event& done = sg.done[static_cast<size_t>(slot)];
+  if (!done.query()) done.synchronize();  // the ring lapped a copy still queued (rare: a long queue)
+  int64_t* host = sg.base + slot * max_rows_;
+  std::copy(values.begin(), values.end(), host);
+  ops::upload_async(device_dst, host, values.size_bytes(), ctx_);
+  ctx_.compute().record(done);
 }
 
 // ---- binding --------------------------------------------------------------------------------------
@@ -278,16 +326,18 @@ void LlamaModel::bind_root() {
   const Tensor& h = bound_tensor(*slots_->head, "lm_head.weight", dev);
   r.head = h.raw();
   r.head_dtype = h.dtype();
+  act_->head_converted = false;
 }
 
-void LlamaModel::bind_layer(int64_t layer, const LayerGrads& grads) {
+void LlamaModel::bind_layer(int64_t layer, const LayerLora& lora) {
   QS_CHECK(layer >= 0 && layer < config_.num_hidden_layers, "layer index out of range");
   const Device dev = ctx_.compute_device();
   const LayerSlots& ls = slots_->layers[static_cast<size_t>(layer)];
   const int64_t C = config_.hidden_size;
   LayerBinding& b = layer_;
   b.layer = layer;
-  int64_t bias_off = 0;
+  const DType act_t = ctx_.activation_dtype();
+  int64_t bias_off = 0, lora_off = 0;
   const int64_t max_out = std::max({config_.hidden_size, config_.intermediate_size,
                                     config_.num_attention_heads * config_.head_dim});
   for (size_t i = 0; i < ls.proj.size(); ++i) {
@@ -319,11 +369,27 @@ void LlamaModel::bind_layer(int64_t layer, const LayerGrads& grads) {
     bias_off += max_out;
     if (ps.r > 0) {
       pb.r = ps.r;
-      pb.lora_A = bound_tensor(*ps.lora_A, ps.fqn + ".lora_A.weight", dev).data<float>();
-      pb.lora_B = bound_tensor(*ps.lora_B, ps.fqn + ".lora_B.weight", dev).data<float>();
+      const Tensor& ta = bound_tensor(*ps.lora_A, ps.fqn + ".lora_A.weight", dev);
+      const Tensor& tb = bound_tensor(*ps.lora_B, ps.fqn + ".lora_B.weight", dev);
+      if (lora.A[i] && lora.B[i]) {  // compute copies in the activation dtype
+        pb.lora_A = lora.A[i];
+        pb.lora_B = lora.B[i];
+      } else if (act_t == DType::kF32) {
+        pb.lora_A = ta.raw();
+        pb.lora_B = tb.raw();
+      } else {
+        const int64_t na = ps.r * ps.in, nb = ps.out * ps.r;
+        void* ca = act(act_->lora_cvt, lora_off);
+        void* cb = act(act_->lora_cvt, lora_off + na);
+        ops::convert(ca, act_t, ta.raw(), DType::kF32, na, ctx_);
+        ops::convert(cb, act_t, tb.raw(), DType::kF32, nb, ctx_);
+        lora_off += na + nb;
+        pb.lora_A = ca;
+        pb.lora_B = cb;
+      }
       pb.scaling = lora_scaling(options_.lora_alpha, ps.r, options_.use_rslora);
-      pb.grad_A = grads.lora_A[i];
-      pb.grad_B = grads.lora_B[i];
+      pb.grad_A = lora.grad_A[i];
+      pb.grad_B = lora.grad_B[i];
     }
   }
   const Tensor& n1 = bound_tensor(*ls.input_norm, ls.prefix + "input_layernorm.weight", dev);
@@ -351,8 +417,14 @@ void LlamaModel::dequantize_layer() {
                         "dequantized projection");
       ops::dequantize_4bit(w, p.q, p.weight_dtype, ctx_);
       weights_[i] = w;
+    } else if (p.weight_dtype == ctx_.activation_dtype()) {
+      weights_[i] = p.dense;
+    } else if (ops::gemm_supports(ctx_, ctx_.activation_dtype(), p.weight_dtype)) {
+      weights_[i] = nullptr;  // read in its own dtype
     } else {
-      weights_[i] = p.weight_dtype == ctx_.activation_dtype() ? p.dense : nullptr;
+      void* w = ws.take(static_cast<size_t>(p.in * p.out) * dtype_size(ctx_.activation_dtype()), "converted projection");
+      ops::convert(w, ctx_.activation_dtype(), p.dense, p.weight_dtype, p.in * p.out, ctx_);
+      weights_[i] = w;
     }
   }
 }
@@ -371,13 +443,14 @@ void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N) {
   const DropoutKey key = dropout_key(idx);
   const void* xd = x;
   if (key.p > 0.0f) {
-    void* buf = ws.take(N * p.in * dtype_size(ctx_.activation_dtype()), "LoRA dropout input");
+    void* buf = ws.take(N * p.in * dtype_size(act_t), "LoRA dropout input");
     ops::dropout_fwd(buf, x, key, N, p.in, ctx_);
     xd = buf;
   }
-  void* t = ws.take(N * p.r * dtype_size(ctx_.activation_dtype()), "LoRA x A^T");
-  ops::gemm(t, xd, p.lora_A, GemmShape{N, p.r, p.in, false, true}, ctx_);                        // t = xd A^T
-  ops::gemm(y, t, p.lora_B, GemmShape{N, p.out, p.r, false, true, p.scaling, 1.0f}, ctx_);      // y += s t B^T
+  void* t = ws.take(N * p.r * dtype_size(act_t), "LoRA x A^T");
+  ops::gemm(t, xd, p.lora_A, typed({N, p.r, p.in, false, true}, act_t, act_t, act_t), ctx_);  // t = xd A^T
+  ops::gemm(y, t, p.lora_B, typed({N, p.out, p.r, false, true, p.scaling, 1.0f}, act_t, act_t, act_t),
+            ctx_);  // y += s t B^T
   ws.rewind(mark);
 }
 
@@ -391,7 +464,7 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
   if (p.r == 0) return;
   Workspace& ws = ctx_.workspace();
   const size_t mark = ws.used();
-  const size_t esz = dtype_size(ctx_.activation_dtype());
+  const size_t esz = dtype_size(act_t);
   const DropoutKey key = dropout_key(idx);
   const void* xd = x;
   if (key.p > 0.0f) {  // recomputed: the same mask
@@ -399,16 +472,18 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
     ops::dropout_fwd(buf, x, key, N, p.in, ctx_);
     xd = buf;
   }
+  const DType f32 = DType::kF32;
   void* t = ws.take(N * p.r * esz, "LoRA x A^T");
-  ops::gemm(t, xd, p.lora_A, GemmShape{N, p.r, p.in, false, true}, ctx_);  // t = xd A^T  [N,r]
-  if (p.grad_B)  // dB += s dy^T t
-    ops::gemm(p.grad_B, dy, t, GemmShape{p.out, p.r, N, true, false, p.scaling, 1.0f}, ctx_);
+  ops::gemm(t, xd, p.lora_A, typed({N, p.r, p.in, false, true}, act_t, act_t, act_t), ctx_);  // t = xd A^T  [N,r]
+  if (p.grad_B)  // dB += s dy^T t  (f32 gradient)
+    ops::gemm(p.grad_B, dy, t, typed({p.out, p.r, N, true, false, p.scaling, 1.0f}, act_t, act_t, f32), ctx_);
   void* dt = ws.take(N * p.r * esz, "LoRA dy B");
-  ops::gemm(dt, dy, p.lora_B, GemmShape{N, p.r, p.out, false, false}, ctx_);  // dt = dy B  [N,r]
+  ops::gemm(dt, dy, p.lora_B, typed({N, p.r, p.out, false, false}, act_t, act_t, act_t), ctx_);  // dt = dy B  [N,r]
   if (p.grad_A)  // dA += s dt^T xd
-    ops::gemm(p.grad_A, dt, xd, GemmShape{p.r, p.in, N, true, false, p.scaling, 1.0f}, ctx_);
+    ops::gemm(p.grad_A, dt, xd, typed({p.r, p.in, N, true, false, p.scaling, 1.0f}, act_t, act_t, f32), ctx_);
   void* dxd = ws.take(N * p.in * esz, "LoRA dx");
-  ops::gemm(dxd, dt, p.lora_A, GemmShape{N, p.in, p.r, false, false, p.scaling, 0.0f}, ctx_);  // s dt A
+  ops::gemm(dxd, dt, p.lora_A, typed({N, p.in, p.r, false, false, p.scaling, 0.0f}, act_t, act_t, act_t),
+            ctx_);  // s dt A
   ops::dropout_fwd(dxd, dxd, key, N, p.in, ctx_);  // the mask's transpose is itself
   ops::accumulate(dx, dxd, N * p.in, ctx_);
   ws.rewind(mark);
@@ -481,7 +556,7 @@ void LlamaModel::layer_backward(const void* x_in, const void* dout, void* dx, in
 void LlamaModel::embed(std::span<const int64_t> ids, void* x, int64_t B, int64_t T) {
   check_sizes(B, T);
   QS_CHECK(static_cast<int64_t>(ids.size()) == B * T, "embed: bad sizes");
-  upload(ids, {});
+  upload(act_->ids, ids);
   ops::embedding_fwd(x, act_->ids, root_binding_.embed, root_binding_.embed_dtype, B * T, config_.hidden_size,
                      config_.vocab_size, ctx_);
 }
@@ -491,26 +566,39 @@ void LlamaModel::head_chunks(const void* x, const int64_t* targets, void* dx, in
   const int64_t C = config_.hidden_size, V = config_.vocab_size;
   Activations& a = *act_;
   const RootBinding& r = root_binding_;
+  const DType act_t = ctx_.activation_dtype();
+  // The head as a GEMM operand: its own dtype, or converted once per bind into the model's buffer.
+  const void* head = r.head;
+  DType head_t = r.head_dtype;
+  if (!ops::gemm_supports(ctx_, act_t, head_t)) {
+    if (!a.head_converted) ops::convert(a.head_cvt, act_t, r.head, r.head_dtype, V * C, ctx_);
+    a.head_converted = true;
+    head = a.head_cvt;
+    head_t = act_t;
+  }
+  // The logit gradient (f32) in the activation dtype when the GEMM does not take f32 with the head.
+  const bool dlogits_cvt = !ops::gemm_supports(ctx_, DType::kF32, head_t);
   ops::rmsnorm_fwd(a.xf, a.rstdf, x, r.norm, N, C, static_cast<float>(config_.rms_norm_eps), ctx_);
   Workspace& ws = ctx_.workspace();
   ws.reset();
   void* logits = ws.take(head_rows_ * V * 4, "LM-head logits chunk");  // f32 [rows, V]
+  void* dlogits = dlogits_cvt ? ws.take(head_rows_ * V * dtype_size(act_t), "LM-head logit gradient") : logits;
+  if (logits_out) ctx_.compute().synchronize();  // the host copies below read device results
   for (int64_t r0 = 0; r0 < N; r0 += head_rows_) {
     const int64_t rows = std::min(head_rows_, N - r0);
-    GemmShape s{rows, V, C, false, true};
-    s.b_type = r.head_dtype;
-    s.c_type = DType::kF32;
-    ops::gemm(logits, act(a.xf, r0 * C), r.head, s, ctx_);  // [rows, V] = xf W^T
+    ops::gemm(logits, act(a.xf, r0 * C), head, typed({rows, V, C, false, true}, act_t, head_t, DType::kF32),
+              ctx_);  // [rows, V] = xf W^T
     if (logits_out) {
+      ctx_.compute().synchronize();
       copy_bytes(logits_out + r0 * V, Device::kCpu, logits, ctx_.compute_device(), static_cast<size_t>(rows * V) * 4);
       continue;
     }
     ops::cross_entropy_fwd_bwd(logits, a.loss_sum, targets + r0, rows, V, grad_scale, ctx_);
     if (grad_scale != 0.0f) {
-      GemmShape sb{rows, C, V, false, false};
-      sb.b_type = r.head_dtype;
-      sb.a_type = DType::kF32;
-      ops::gemm(act(a.dxf, r0 * C), logits, r.head, sb, ctx_);  // dxf = dlogits W (the head is frozen)
+      const DType dl_t = dlogits_cvt ? act_t : DType::kF32;
+      if (dlogits_cvt) ops::convert(dlogits, act_t, logits, DType::kF32, rows * V, ctx_);
+      ops::gemm(act(a.dxf, r0 * C), dlogits, head, typed({rows, C, V, false, false}, dl_t, head_t, act_t),
+                ctx_);  // dxf = dlogits W (the head is frozen)
     }
   }
   ws.reset();
@@ -530,11 +618,12 @@ void LlamaModel::head_forward_backward(const void* x, std::span<const int64_t> t
   check_sizes(B, T);
   QS_CHECK(normalizer > 0, "cross entropy normalizer must be positive");
   QS_CHECK(static_cast<int64_t>(targets.size()) == B * T, "head_forward_backward: bad sizes");
-  copy_bytes(act_->targets, ctx_.compute_device(), targets.data(), Device::kCpu, targets.size_bytes());
+  upload(act_->targets, targets);
   head_chunks(x, act_->targets, dx, B * T, static_cast<float>(1.0 / normalizer), nullptr);
 }
 
 double LlamaModel::take_loss_sum() {
+  ctx_.compute().synchronize();
   double v = 0;
   copy_bytes(&v, Device::kCpu, act_->loss_sum, ctx_.compute_device(), sizeof(double));
   const double zero = 0;
@@ -557,7 +646,7 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
   void* dprev = a.dprev;
   for (int64_t l = L - 1; l >= 0; --l) {
     if (before_layer) before_layer(l, Pass::kBackward);
-    bind_layer(l, layer_grads ? layer_grads(l) : LayerGrads{});
+    bind_layer(l, layer_lora ? layer_lora(l, Pass::kBackward) : LayerLora{});
     layer_backward(act(a.xs, l * NC), dx, dprev, B, T);
     if (after_layer) after_layer(l, Pass::kBackward);
     std::swap(dx, dprev);
@@ -578,7 +667,7 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
   if (after_root) after_root(Pass::kForward);
   for (int64_t l = 0; l < L; ++l) {
     if (before_layer) before_layer(l, Pass::kForward);
-    bind_layer(l);
+    bind_layer(l, layer_lora ? layer_lora(l, Pass::kForward) : LayerLora{});
     layer_forward(act(a.xs, slot(l) * NC), act(a.xs, slot(l + 1) * NC), B, T);
     if (after_layer) after_layer(l, Pass::kForward);
   }
@@ -590,7 +679,7 @@ void LlamaModel::forward_loss(std::span<const int64_t> ids, std::span<const int6
   const void* x = forward_layers(ids, B, T, false);
   if (before_root) before_root(Pass::kForward);
   bind_root();
-  copy_bytes(act_->targets, ctx_.compute_device(), targets.data(), Device::kCpu, targets.size_bytes());
+  upload(act_->targets, targets);
   head_chunks(x, act_->targets, nullptr, B * T, 0.0f, nullptr);
   if (after_root) after_root(Pass::kForward);
 }

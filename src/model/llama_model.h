@@ -12,7 +12,7 @@
 // name the fqn); afterwards binding is typed: bind_layer(l) / bind_root() read the current
 // tensors of the pre-resolved slots (the sharded tree re-points them at gathered views at each
 // gather) into a LayerBinding: 4-bit kernel arguments per projection, norm weights, LoRA
-// pointers and - in the backward - LoRA gradient pointers from the `layer_grads` hook. The step
+// operands and - in the backward - LoRA gradient pointers from the `layer_lora` hook. The step
 // does no FQN lookups, no string work and no copies of weight tables. 4-bit weights are
 // dequantized just in time into the workspace, into their QuantState's dtype as bitsandbytes does
 // (a bf16 model's weights dequantize to bf16 values; held in f32 on the CPU).
@@ -30,8 +30,15 @@
 //   before_root(kBackward) final norm, LM head, loss, their backward   after_root(kBackward)
 //   before_layer(l, kBackward) recompute + backward of layer l    after_layer(l, kBackward)  l = L-1..0
 // The model binds a unit right after its before_* hook (where a sharded trainer gathers it).
-// Gradients: only LoRA A/B, ADDED into the buffers layer_grads(l) returns (f32, the parameter's
-// shape; null skips); nothing is zeroed. Loss: the sum over non-ignored targets of -log p is
+// Gradients: only LoRA A/B, ADDED into the buffers layer_lora(l, kBackward) returns (f32, the
+// parameter's shape; null skips); nothing is zeroed.
+// Operand dtypes: every GEMM reads activations in the activation dtype; an operand of another
+// dtype that the backend's GEMM does not take with it (ops::gemm_supports: on CUDA a dense f32
+// weight, an f32 LM head, f32 LoRA weights, the f32 logit gradient) is converted first: a dense
+// weight into the workspace per bind, the head into a model-owned buffer at bind_root, LoRA
+// weights into a model-owned buffer unless layer_lora hands compute copies.
+// Host data: ids and targets go up through a ring of pinned staging slots on the compute stream
+// (no host wait unless the ring laps a copy that is still queued). Loss: the sum over non-ignored targets of -log p is
 // added to a device-side double accumulator (take_loss_sum() reads and clears it); gradients are
 // those of sum / normalizer (normalizer: non-ignored targets over all ranks and micro-batches).
 // Targets are aligned with the logits (row t predicts targets[t]; shift_labels() for HF labels).
@@ -75,10 +82,14 @@ inline constexpr std::array<const char*, 7> kLlamaProjections = {
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
     "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
 
-// LoRA gradient buffers of one layer, per projection (f32 [r,in] and [out,r]); null: skip.
-struct LayerGrads {
-  std::array<float*, 7> lora_A{};
-  std::array<float*, 7> lora_B{};
+// The LoRA operands of one layer for a bind, per projection. A/B: the weights in the activation
+// dtype (e.g. the sharded manager's bf16 compute copies, [r,in] and [out,r]); null: the model
+// reads the tree's f32 tensors (converted into a buffer of its own when the activation dtype is
+// not f32). grad_A/grad_B: f32 gradient buffers of the parameters' shapes (backward only); null:
+// skip.
+struct LayerLora {
+  std::array<const void*, 7> A{}, B{};
+  std::array<float*, 7> grad_A{}, grad_B{};
 };
 
 // One projection, bound: the frozen base weight (4-bit kernel arguments, or a dense tensor in its
@@ -91,8 +102,8 @@ struct ProjectionBinding {
   const void* dense = nullptr;         // when not quantized: [out,in] in weight_dtype
   const float* bias = nullptr;         // [out] f32 (converted at bind) or null
   int64_t r = 0;
-  const float* lora_A = nullptr;       // [r,in]
-  const float* lora_B = nullptr;       // [out,r]
+  const void* lora_A = nullptr;        // [r,in] in the activation dtype
+  const void* lora_B = nullptr;        // [out,r] in the activation dtype
   float* grad_A = nullptr;             // backward only
   float* grad_B = nullptr;
   float scaling = 0.0f;
@@ -109,8 +120,8 @@ struct RootBinding {
   const void* embed = nullptr;  // [V,C]
   DType embed_dtype = DType::kF32;
   const float* norm = nullptr;  // [C] f32
-  const void* head = nullptr;   // [V,C] (the embedding when tied)
-  DType head_dtype = DType::kF32;
+  const void* head = nullptr;   // [V,C] (the embedding when tied), a dtype the GEMM takes with
+  DType head_dtype = DType::kF32;  // activations (converted into the model's buffer otherwise)
 };
 
 class LlamaModel {
@@ -124,8 +135,9 @@ class LlamaModel {
   std::function<void(int64_t layer, Pass pass)> after_layer;
   std::function<void(Pass pass)> before_root;
   std::function<void(Pass pass)> after_root;
-  // LoRA gradient buffers of a layer for its backward (called once per backward bind).
-  std::function<LayerGrads(int64_t layer)> layer_grads;
+  // LoRA operands of a layer (called once per bind, after before_layer; gradients are read in the
+  // backward only). Default: the tree's tensors, no gradients.
+  std::function<LayerLora(int64_t layer, Pass pass)> layer_lora;
 
   // Dropout keys of the next calls: the optimizer step, and the global row index of local row 0.
   void set_dropout_context(uint64_t step, int64_t row_offset) { step_ = step; row_offset_ = row_offset; }
@@ -135,20 +147,21 @@ class LlamaModel {
 
   // ---- whole passes (hooks called) ----
   // One training micro-step on ids/targets [B*T] (host): loss sum into the accumulator, LoRA
-  // gradients of (sum / normalizer) added through layer_grads.
+  // gradients of (sum / normalizer) added through layer_lora's buffers.
   void forward_backward(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B, int64_t T,
                         double normalizer);
   // Eval: adds the loss sum of ids/targets to the accumulator; no gradients, no dropout state
   // changes. The same routine serves the trainer's eval and `qshard eval`.
   void forward_loss(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B, int64_t T);
-  // Reads the loss accumulator and clears it (waits for the compute stream).
+  // Reads the loss accumulator and clears it (waits for the compute stream: the one host wait of
+  // a step).
   double take_loss_sum();
   // logits [B,T,V] f32 on the host (for --dump-logits and tests; written chunk by chunk).
   std::vector<float> forward_logits(std::span<const int64_t> ids, int64_t B, int64_t T);
 
   // ---- the pieces, for tests and trainers that drive the loop (hooks NOT called) ----
   void bind_root();
-  void bind_layer(int64_t layer, const LayerGrads& grads = {});
+  void bind_layer(int64_t layer, const LayerLora& lora = {});
   const LayerBinding& layer_binding() const { return layer_; }
   // Activation pointers below are in ctx.activation_dtype(), on ctx's device.
   // x [B,T,C] = embed_tokens.weight[ids]. REQUIRES bind_root().
@@ -176,7 +189,8 @@ class LlamaModel {
 
   void check_sizes(int64_t B, int64_t T) const;
   const void* forward_layers(std::span<const int64_t> ids, int64_t B, int64_t T, bool keep_checkpoints);
-  void upload(std::span<const int64_t> ids, std::span<const int64_t> targets);
+  // ids or targets -> a device buffer, through the next pinned staging slot (asynchronous).
+  void upload(int64_t* device_dst, std::span<const int64_t> values);
   void run_layer(const void* x, void* x_out, int64_t B, int64_t T);
   void dequantize_layer();
   void linear_fwd(int idx, void* y, const void* x, int64_t N);
@@ -199,6 +213,8 @@ class LlamaModel {
   // The bound layer's projections as GEMM operands [out,in] in the activation dtype (dequantized
   // into the workspace, or a dense weight of that dtype); null: a dense weight in its own dtype.
   std::array<const void*, 7> weights_{};
+  struct Staging;  // pinned host slots for ids/targets uploads
+  std::unique_ptr<Staging> staging_;
   uint64_t step_ = 0;
   int64_t row_offset_ = 0;
   bool training_ = true;

@@ -201,6 +201,17 @@ __global__ void cross_entropy_kernel(float* logits, double* loss_sum, const int6
       l[v] = (expf(l[v] - lse) - (v == y ? 1.0f : 0.0f)) * grad_scale;
 }
 
+__global__ void convert_kernel(void* out, int out_dt, const void* x, int dt, int64_t n) {
+  QS_GRID_STRIDE(i, n) {
+    const float v = load_any(x, dt, i);
+    switch (out_dt) {
+      case 0: static_cast<float*>(out)[i] = v; break;
+      case 1: static_cast<bf16*>(out)[i] = __float2bfloat16_rn(v); break;
+      default: static_cast<__half*>(out)[i] = __float2half_rn(v); break;
+    }
+  }
+}
+
 __global__ void round_kernel(float* x, int64_t n, int dt) {
   QS_GRID_STRIDE(i, n) x[i] = dt == 1 ? __bfloat162float(__float2bfloat16_rn(x[i])) : __half2float(__float2half_rn(x[i]));
 }
@@ -425,6 +436,12 @@ void cross_entropy_fwd_bwd(float* logits, double* loss_sum, const int64_t* targe
 void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx) {
   if (dtype == DType::kF32 || n == 0) return;
   round_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(x, n, dtype_code(dtype));
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, DeviceContext& ctx) {
+  if (n == 0) return;
+  convert_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(out, dtype_code(out_type), x, dtype_code(x_type), n);
   QS_CUDA_CHECK_LAUNCH();
 }
 

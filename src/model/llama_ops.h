@@ -168,6 +168,8 @@ void cross_entropy_fwd_bwd(float* logits /*[n,V]*/, double* loss_sum, const int6
 // x[i] = float(dtype(x[i])): rounds f32 values to what `dtype` holds (a 4-bit weight dequantized
 // "into its QuantState's dtype" as bitsandbytes does, kept in f32 for the CPU GEMM).
 void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx);
+// out[i] = x[i] converted (f32, bf16 or f16 each way; round to nearest even when narrowing).
+void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, DeviceContext& ctx);
 
 }  // namespace cpu
 
@@ -208,6 +210,7 @@ void dropout_fwd(uint16_t* out, const uint16_t* x, const DropoutKey& key, int64_
 void cross_entropy_fwd_bwd(float* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
                            float grad_scale, DeviceContext& ctx);
 void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx);
+void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, DeviceContext& ctx);
 // Fused attention (cuDNN SDPA, builds with QSHARD_WITH_CUDNN): saved = row statistics
 // (attention_saved_bytes(kCuda, ...)); the backward OVERWRITES dq, dk, dv. prepare_attention builds
 // and caches the graphs of one shape (start-up work: a build takes ~0.4 s and may allocate).
@@ -258,6 +261,14 @@ void dropout_fwd(void* out, const void* x, const DropoutKey& key, int64_t N, int
 void cross_entropy_fwd_bwd(void* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
                            float grad_scale, DeviceContext& ctx);
 void round_to_dtype(void* x, int64_t n, DType dtype, DeviceContext& ctx);
+// out[i] = x[i] converted between f32, bf16 and f16 (device memory on CUDA).
+void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, DeviceContext& ctx);
+// True when gemm() on ctx's backend takes A of a_type with B of b_type (the CPU widens any float
+// B per row; cuBLASLt here wants one type): the model converts an operand when it does not.
+bool gemm_supports(const DeviceContext& ctx, DType a_type, DType b_type);
+// Host -> device copy of `bytes` on the compute stream (`src` pinned host memory on CUDA, so the
+// host does not wait; the caller keeps it unchanged until the copy is done). A memcpy on the CPU.
+void upload_async(void* dst, const void* src, size_t bytes, DeviceContext& ctx);
 // A 4-bit weight dequantized into its QuantState's dtype `dtype` (bitsandbytes' dequantize_4bit),
 // written as the GEMM's B operand: f32 values on the CPU (rounded through `dtype`), `dtype` on CUDA.
 void dequantize_4bit(void* out, const Dequant4bitArgs& args, DType dtype, DeviceContext& ctx);

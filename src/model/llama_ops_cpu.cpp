@@ -403,5 +403,21 @@ void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx) {
   }
 }
 
+void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, DeviceContext& ctx) {
+  (void)ctx;
+  switch (out_type) {
+    case DType::kF32:
+      for (int64_t i = 0; i < n; ++i) static_cast<float*>(out)[i] = widen(x, x_type, i);
+      return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(out)[i] = f32_to_bf16(widen(x, x_type, i));
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(out)[i] = f32_to_f16(widen(x, x_type, i));
+      return;
+    default: throw Error(std::string("convert: not a float dtype: ") + dtype_torch_name(out_type));
+  }
+}
+
 }  // namespace cpu
 }  // namespace qshard

@@ -156,6 +156,22 @@ void round_to_dtype(void* x, int64_t n, DType dtype, DeviceContext& ctx) {
   QS_DISPATCH("round_to_dtype", cpu::round_to_dtype(f(x), n, dtype, ctx),
               cuda::round_to_dtype(f(x), n, dtype, ctx));
 }
+void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, DeviceContext& ctx) {
+  QS_DISPATCH("convert", cpu::convert(out, out_type, x, x_type, n, ctx),
+              cuda::convert(out, out_type, x, x_type, n, ctx));
+}
+bool gemm_supports(const DeviceContext& ctx, DType a_type, DType b_type) {
+  if (ctx.backend() == Backend::kCpu) return a_type == DType::kF32;
+  return a_type == b_type;
+}
+void upload_async(void* dst, const void* src, size_t bytes, DeviceContext& ctx) {
+  if (bytes == 0) return;
+  if (ctx.backend() == Backend::kCpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  copy_bytes_async(dst, Device::kCuda, src, Device::kCpu, bytes, ctx.stream());
+}
 // The CPU GEMM reads f32 values rounded through `dtype`; the CUDA GEMM reads the activation
 // dtype (bf16) directly, dequantized with one rounding.
 void dequantize_4bit(void* out, const Dequant4bitArgs& args, DType dtype, DeviceContext& ctx) {

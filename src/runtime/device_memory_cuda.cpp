@@ -38,4 +38,23 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   QS_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
+int64_t device_memory_in_use() {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return static_cast<int64_t>(total_b - free_b);
+}
+
+void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes,
+                      void* stream) {
+  if (nbytes == 0) return;
+  if (dst_device == Device::kCpu && src_device == Device::kCpu) {
+    std::memmove(dst, src, nbytes);
+    return;
+  }
+  QS_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
+}
+
 }  // namespace qshard

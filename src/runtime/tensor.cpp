@@ -202,6 +202,10 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     throw Error("device copy requested, but qshard was built without CUDA");
   std::memmove(dst, src, nbytes);
 }
+int64_t device_memory_in_use() { return 0; }
+void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes, void*) {
+  copy_bytes(dst, dst_device, src, src_device, nbytes);
+}
 #endif
 
 }  // namespace qshard

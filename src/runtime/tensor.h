@@ -137,5 +137,12 @@ void* device_malloc(size_t nbytes);
 void device_free(void* p);
 // Synchronous copy between any two locations.
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
+// Bytes of the current GPU's memory in use (cudaMemGetInfo: total - free, every process on the
+// device); 0 in a build without CUDA or without a GPU.
+int64_t device_memory_in_use();
+// Asynchronous copy enqueued on `stream` (a cudaStream_t): the host does not wait, and must keep
+// `src` unchanged (and pinned, for a true DMA) until the stream passes the copy. Host to host
+// is a plain memmove.
+void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes, void* stream);
 
 }  // namespace qshard

@@ -370,6 +370,16 @@ float* ShardedParameterManager::grad_data(int unit, const FlatEntry& entry) cons
   return reinterpret_cast<float*>(static_cast<uint8_t*>(const_cast<void*>(slots_[u.slot]->grad.raw())) + entry.offset);
 }
 
+const void* ShardedParameterManager::compute_data(int unit, const FlatEntry& entry) const {
+  const Unit& u = unit_at(unit);
+  if (u.state != UnitState::kGathered)
+    throw Error("FSDP unit '" + u.name + "': compute copy of '" + entry.name + "' in state " + unit_state_name(u.state));
+  const Slot& slot = *slots_[u.slot];
+  if (!slot.compute_copy.defined()) return nullptr;
+  return static_cast<const uint8_t*>(slot.compute_copy.raw()) +
+         entry.offset / 4 * static_cast<int64_t>(dtype_size(options_.trainable_compute_dtype));
+}
+
 void ShardedParameterManager::reduce_scatter_grads(int unit, bool accumulate) {
   Unit& u = unit_at(unit);
   if (u.state != UnitState::kGathered)

@@ -114,6 +114,9 @@ class ShardedParameterManager {
   // The gradient of a trainable entry of layout(unit, kTrainable), found once by the caller: the
   // step's lookup without names. REQUIRES GATHERED.
   float* grad_data(int unit, const FlatEntry& entry) const;
+  // Likewise the compute copy of an entry (trainable_compute_dtype), or null when there is none
+  // (trainable_compute_dtype f32). REQUIRES GATHERED.
+  const void* compute_data(int unit, const FlatEntry& entry) const;
   void reduce_scatter_grads(int unit, bool accumulate);                    // REQUIRES GATHERED
   void on_gathered(int unit, std::function<void(int)> hook);
   void on_released(int unit, std::function<void(int)> hook);

@@ -44,6 +44,27 @@ std::vector<std::vector<int64_t>> read_json_ids(const std::string& path, int64_t
   return out;
 }
 
+// Every tensor of the tree (parameters, buffers, 4-bit data and statistics) onto `device`.
+void move_tree_to(Module& m, Device device) {
+  auto move = [device](Tensor& t) {
+    if (t.defined() && t.device() != device) t = t.to(device);
+  };
+  for (const Module::Slot& cs : m.slots()) {
+    Module::Slot& s = *m.slot(cs.name);
+    move(s.tensor);
+    if (s.params4bit) {
+      move(s.params4bit->data);
+      move(s.params4bit->quant_state.absmax);
+      move(s.params4bit->quant_state.code);
+      if (s.params4bit->quant_state.state2) {
+        move(s.params4bit->quant_state.state2->absmax);
+        move(s.params4bit->quant_state.state2->code);
+      }
+    }
+  }
+  for (const auto& [name, child] : m.children()) move_tree_to(*child, device);
+}
+
 }  // namespace
 
 EvalResult evaluate_model(const EvalOptions& o) {
@@ -103,8 +124,13 @@ EvalResult evaluate_model(const EvalOptions& o) {
         throw InputError("--dump-logits needs sequences of one length; " + o.data + " has lengths " +
                          std::to_string(seqs[0].size()) + " and " + std::to_string(s.size()));
 
-  // `qshard eval` runs in one process on the CPU reference backend.
-  DeviceContext ctx(Backend::kCpu, -1);
+  // `qshard eval` runs in one process: on the first GPU (bf16 activations) or the CPU reference.
+  const int gpu = cuda_available() ? 0 : -1;
+  std::unique_ptr<DeviceContext> ctx_ptr = make_device_context(o.device, gpu, "eval --device");
+  DeviceContext& ctx = *ctx_ptr;
+  if (ctx.is_cuda() && !ops::has_backend(Backend::kCuda, "attention_fwd"))
+    throw InputError("eval --device: this build has no fused attention on CUDA (built without cuDNN); use --device cpu");
+  move_tree_to(*tree, ctx.compute_device());
   int64_t max_len = 0;
   for (const auto& sq : seqs) max_len = std::max<int64_t>(max_len, static_cast<int64_t>(sq.size()));
   mo.max_seq = max_len;

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/device_context.h"
+
 namespace qshard {
 
 struct EvalOptions {
@@ -19,6 +21,7 @@ struct EvalOptions {
   std::string data;          // token file, or .json list of token-id lists
   std::string dump_logits;   // optional output .safetensors
   int64_t seq_len = 0;       // token files: 0 = min(512, max_position_embeddings)
+  DeviceChoice device = DeviceChoice::kAuto;  // auto: the GPU when this build and machine have one
 };
 
 struct EvalResult {

@@ -44,12 +44,18 @@ FsdpDriver::FsdpDriver(LlamaModel& model, QloraModel& qm) : qm_(qm) {
     if (pass == Pass::kBackward) mgr.reduce_scatter_grads(static_cast<int>(l), /*accumulate=*/micro_index_ > 0);
     mgr.release(static_cast<int>(l));
   };
-  model.layer_grads = [this, &mgr](int64_t l) {
-    LayerGrads g;
+  model.layer_lora = [this, &mgr](int64_t l, Pass pass) {
+    LayerLora g;
+    const int unit = static_cast<int>(l);
     for (size_t i = 0; i < kLlamaProjections.size(); ++i) {
       const ProjGrad& e = grads_[static_cast<size_t>(l)][i];
-      if (e.a) g.lora_A[i] = mgr.grad_data(static_cast<int>(l), *e.a);
-      if (e.b) g.lora_B[i] = mgr.grad_data(static_cast<int>(l), *e.b);
+      if (!e.a || !e.b) continue;
+      g.A[i] = mgr.compute_data(unit, *e.a);  // the gathered bf16 copies on CUDA; null on the CPU
+      g.B[i] = mgr.compute_data(unit, *e.b);
+      if (pass == Pass::kBackward) {
+        g.grad_A[i] = mgr.grad_data(unit, *e.a);
+        g.grad_B[i] = mgr.grad_data(unit, *e.b);
+      }
     }
     return g;
   };

@@ -7,8 +7,9 @@
 //   backward  layer l gathered with its gradients zeroed, layer l-1 prefetched; after the layer,
 //             its LoRA gradients reduce-scattered (averaged over ranks) into this rank's fp32
 //             gradient shards on the reduce stream (added from the second micro-batch on);
-//   grads     the model's LoRA gradient pointers come from flat-layout entries found once here,
-//             so a gather binds them with pointer arithmetic only.
+//   LoRA      the model's LoRA operands (on CUDA the manager's bf16 compute copies, written at
+//             gather) and gradient pointers come from flat-layout entries found once here, so a
+//             gather binds them with pointer arithmetic only.
 // train_step(): the micro-batches of one step (this rank's slice of the global batch), the token
 // count agreed over the host communicator in i64 (the loss normalizer), forward_backward per
 // micro-batch (loss summed on the device), waiting for the gradients, the global gradient norm
@@ -34,7 +35,7 @@ namespace qshard {
 
 class FsdpDriver {
  public:
-  // Installs the hooks and layer_grads on `model`. Both must outlive the driver.
+  // Installs the hooks and layer_lora on `model`. Both must outlive the driver.
   FsdpDriver(LlamaModel& model, QloraModel& qm);
   // Micro-batch index of the current forward_backward (0: gradients written, >0: added).
   void set_micro_index(int k) { micro_index_ = k; }

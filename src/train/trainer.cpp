@@ -25,6 +25,7 @@
 #include "train/model_init.h"
 #include "train/qlora_model.h"
 #include "train/eval_loss.h"
+#include "train/flops.h"
 #include "train/train_checkpoint.h"
 #include "train/train_step.h"
 #include "train/token_file.h"
@@ -107,10 +108,10 @@ TrainSummary train(const TrainConfig& config, Runtime& rt) {
   Communicator& comm = rt.host;
   const int rank = comm.rank(), world = comm.size();
   config.validate(world);
-  if (rt.ctx.is_cuda())
+  if (rt.ctx.is_cuda() && !ops::has_backend(Backend::kCuda, "attention_fwd"))
     throw InputError(config.source + ": device '" + device_choice_name(config.device) + "' chose the GPU (" +
-                     rt.ctx.describe() + "), but this build's training step has no CUDA ops yet (the CPU "
-                     "reference backend only); set device: cpu");
+                     rt.ctx.describe() + "), but this build has no fused attention (it was built without cuDNN "
+                     "or the cudnn-frontend headers: rerun scripts/setup.sh); set device: cpu");
 
   // ---- resume or fresh start: rank 0 picks the checkpoint, every rank reads its metadata ----
   std::optional<CheckpointInfo> resume;
@@ -219,8 +220,15 @@ TrainSummary train(const TrainConfig& config, Runtime& rt) {
     drop_metrics_after(config.logging.metrics_jsonl, start_step);
   if (rank == 0) logger = std::make_unique<MetricsLogger>(config.logging.metrics_jsonl, max_steps, resume.has_value());
   if (rank == 0)
-    QS_LOG_INFO("model: {} layers, hidden {}, vocab {}; {} trainable LoRA parameters; {} units over {} ranks; {} steps",
-                L, mc.hidden_size, mc.vocab_size, trainable, mgr.num_units(), world, max_steps);
+    QS_LOG_INFO("model: {} layers, hidden {}, vocab {}; {} trainable LoRA parameters; {} units over {} ranks; {} steps "
+                "on {}",
+                L, mc.hidden_size, mc.vocab_size, trainable, mgr.num_units(), world, max_steps, rt.ctx.describe());
+  // MFU's denominator: this GPU's bf16 GEMM rate, measured now (0 on the CPU: no MFU reported).
+  const double gemm_flops = measure_gemm_flops(rt.ctx);
+  const double flops_per_token = useful_flops_per_token(mc, T, trainable);
+  if (rank == 0 && gemm_flops > 0)
+    QS_LOG_INFO("bf16 GEMM rate measured on {}: {:.0f} TFLOP/s; useful work {:.2f} GFLOP per token", rt.ctx.describe(),
+                gemm_flops * 1e-12, flops_per_token * 1e-9);
 
   auto evaluate = [&]() -> double {
     if (!eval_data) return NAN;
@@ -276,6 +284,7 @@ TrainSummary train(const TrainConfig& config, Runtime& rt) {
     so.rank_row_offset = rank * (G / world);
     so.seq_len = T;
     const StepStats st = train_step(rt, *qm, model, fsdp, opt, batches, so);
+    const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double loss = st.loss, grad_norm = st.grad_norm;
     const double global_tokens = static_cast<double>(st.tokens);
     const AdamWParams& ap = so.adamw;
@@ -297,7 +306,14 @@ TrainSummary train(const TrainConfig& config, Runtime& rt) {
       m.lr = ap.lr;
       m.grad_norm = grad_norm;
       m.tokens_per_s = dt > 0 ? global_tokens / dt : 0.0;
+      m.step_time_s = step_s;
       m.peak_mem_bytes = peak_rss_bytes();
+      if (rt.ctx.is_cuda()) {
+        m.peak_gpu_mem_bytes = device_memory_in_use();
+        // Every rank's tokens over the step time, over every rank's GPU rate.
+        if (gemm_flops > 0 && step_s > 0)
+          m.mfu = flops_per_token * global_tokens / step_s / (gemm_flops * world);
+      }
       logger->log(m);
     }
     const bool stopping = step + 1 == stop_step;

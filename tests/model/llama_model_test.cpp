@@ -72,17 +72,17 @@ struct GradStore {
     return it->second.data();
   }
   // The layer's LoRA gradient pointers (`skip` gets none).
-  LayerGrads layer(int64_t l, const std::string& skip = "") {
-    LayerGrads g;
+  LayerLora layer(int64_t l, const std::string& skip = "") {
+    LayerLora g;
     for (size_t i = 0; i < kLlamaProjections.size(); ++i) {
       const std::string p = "model.layers." + std::to_string(l) + "." + kLlamaProjections[i];
-      if (p + ".lora_A.weight" != skip) g.lora_A[i] = lookup(p + ".lora_A.weight");
-      if (p + ".lora_B.weight" != skip) g.lora_B[i] = lookup(p + ".lora_B.weight");
+      if (p + ".lora_A.weight" != skip) g.grad_A[i] = lookup(p + ".lora_A.weight");
+      if (p + ".lora_B.weight" != skip) g.grad_B[i] = lookup(p + ".lora_B.weight");
     }
     return g;
   }
-  std::function<LayerGrads(int64_t)> hook(const std::string& skip = "") {
-    return [this, skip](int64_t l) { return layer(l, skip); };
+  std::function<LayerLora(int64_t, Pass)> hook(const std::string& skip = "") {
+    return [this, skip](int64_t l, Pass) { return layer(l, skip); };
   }
 };
 
@@ -166,7 +166,7 @@ TEST(LlamaModel, TrainingStepBackwardHooksAndAccumulation) {
   model.after_layer = [&](int64_t l, Pass p) { calls.push_back("L" + std::to_string(l) + "-" + pass_name[int(p)]); };
 
   GradStore gs{*tree, {}};
-  model.layer_grads = gs.hook();
+  model.layer_lora = gs.hook();
   model.forward_backward(ids, targets, B, T, normalizer);
   const double loss = model.take_loss_sum() / normalizer;
   const std::vector<std::string> want = {"root+f", "root-f", "L0+f", "L0-f", "L1+f", "L1-f",
@@ -192,7 +192,7 @@ TEST(LlamaModel, TrainingStepBackwardHooksAndAccumulation) {
   // Gradients accumulate: a second identical step doubles them; nullptr skips a tensor.
   const std::string skip = "model.layers.1.mlp.down_proj.lora_B.weight";
   std::map<std::string, std::vector<float>> first = gs.grads;
-  model.layer_grads = gs.hook(skip);
+  model.layer_lora = gs.hook(skip);
   model.forward_backward(ids, targets, B, T, normalizer);
   for (auto& [k, g] : gs.grads)
     for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(g[i], (k == skip ? 1.0f : 2.0f) * first[k][i]) << k;
@@ -305,7 +305,7 @@ void golden_case(const std::string& name, const std::string& model_dir, bool exp
   EXPECT_LE(worst, kLogitTol);
 
   GradStore gs{*m.tree, {}};
-  model.layer_grads = gs.hook();
+  model.layer_lora = gs.hook();
   model.forward_backward(ids, targets, B, T, normalizer);
   const double loss = model.take_loss_sum() / normalizer;
   const float want_loss = g.get("loss").to_f32_vector()[0];

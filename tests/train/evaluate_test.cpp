@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
+#include "model/llama_ops.h"
 #include "runtime/error.h"
 
 namespace qshard {
@@ -36,6 +37,7 @@ TEST(Eval, LogitsMatchTransformers) {
                         Case{"bnb_adapter", "/hf/tiny_llama_bnb4_nf4_dq", "/model/nf4_adapter", "bnb"}}) {
     SCOPED_TRACE(c.key);
     EvalOptions o;
+    o.device = DeviceChoice::kCpu;  // the f32 reference; the GPU's bf16 run is EvalGpu below
     o.model_dir = kData + c.model;
     if (*c.adapter) o.adapter_dir = kData + c.adapter;
     o.data = kData + "/model/eval_ids_" + c.ids + ".json";
@@ -77,6 +79,7 @@ TEST(Eval, Bnb4FoldersMatchBitsandbytes) {
   for (const auto& [key, folder] : {std::pair{"nf4_dq", "tiny_llama_bnb4_nf4_dq"}, std::pair{"fp4", "tiny_llama_bnb4_fp4"}}) {
     SCOPED_TRACE(folder);
     EvalOptions o;
+    o.device = DeviceChoice::kCpu;
     o.model_dir = kData + "/hf/" + folder;
     o.data = ids_json;
     o.dump_logits = (fs::temp_directory_path() / (std::string("qshard_eval_bnb4_") + key + ".safetensors")).string();
@@ -98,6 +101,42 @@ TEST(Eval, Bnb4FoldersMatchBitsandbytes) {
     fs::remove(o.dump_logits);
   }
   fs::remove(ids_json);
+}
+
+// `qshard eval --device cuda` (bf16 activations, cuBLASLt, cuDNN attention) against the CPU's
+// f32 reference on the same folders: logits within 3% of the largest logit (bf16 keeps 8 bits of
+// mantissa; the tiny models' logits are ~1), the mean loss within 1% relative. Runs where there is
+// a GPU (label cuda); skipped elsewhere.
+TEST(EvalGpu, MatchesCpu) {
+  if (!cuda_available() || !ops::has_backend(Backend::kCuda, "attention_fwd")) GTEST_SKIP() << "no GPU / CUDA attention";
+  for (const Case& c : {Case{"f32_adapter", "/model/tiny_llama3_tied", "/model/llama3_adapter", "f32"},
+                        Case{"bnb_adapter", "/hf/tiny_llama_bnb4_nf4_dq", "/model/nf4_adapter", "bnb"}}) {
+    SCOPED_TRACE(c.key);
+    EvalResult res[2];
+    std::vector<float> logits[2];
+    for (int d = 0; d < 2; ++d) {
+      EvalOptions o;
+      o.device = d == 0 ? DeviceChoice::kCpu : DeviceChoice::kCuda;
+      o.model_dir = kData + c.model;
+      o.adapter_dir = kData + c.adapter;
+      o.data = kData + "/model/eval_ids_" + c.ids + ".json";
+      o.dump_logits = (fs::temp_directory_path() / (std::string("qshard_evalgpu_") + c.key + ".safetensors")).string();
+      res[d] = evaluate_model(o);
+      logits[d] = SafetensorsFile::open(o.dump_logits).get("logits").to_f32_vector();
+      fs::remove(o.dump_logits);
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < logits[0].size(); ++i) {
+      worst = std::max(worst, std::fabs(double(logits[0][i]) - logits[1][i]));
+      scale = std::max(scale, std::fabs(double(logits[0][i])));
+    }
+    std::printf("%s: GPU vs CPU max |logit diff| %.3e (largest logit %.3f); loss %.6f vs %.6f\n", c.key, worst, scale,
+                res[1].loss, res[0].loss);
+    EXPECT_LE(worst, 0.03 * scale);
+    EXPECT_NEAR(res[1].loss, res[0].loss, 0.01 * res[0].loss);
+    EXPECT_EQ(res[1].tokens, res[0].tokens);
+  }
 }
 
 TEST(Eval, BadInputIsNamed) {

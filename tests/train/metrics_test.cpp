@@ -19,15 +19,19 @@ TEST(Metrics, JsonLineFormat) {
   m.lr = 3e-4;
   m.grad_norm = 1.5;
   m.tokens_per_s = 1234.5;
+  m.step_time_s = 0.5;
   m.peak_mem_bytes = 12345678;
   m.elapsed_s = 83.25;
   EXPECT_EQ(metrics_json_line(m),
-            R"({"step":12,"loss":3.25,"lr":0.0003,"grad_norm":1.5,"tokens_per_s":1234.5,"peak_mem_bytes":12345678,)"
-            R"("elapsed_s":83.25})");
+            R"({"step":12,"loss":3.25,"lr":0.0003,"grad_norm":1.5,"tokens_per_s":1234.5,"step_time_s":0.5,)"
+            R"("peak_mem_bytes":12345678,"elapsed_s":83.25})");
   m.eval_loss = 3.5;
+  m.peak_gpu_mem_bytes = 2000000000;
+  m.mfu = 0.25;
   EXPECT_EQ(metrics_json_line(m),
             R"({"step":12,"loss":3.25,"eval_loss":3.5,"lr":0.0003,"grad_norm":1.5,"tokens_per_s":1234.5,)"
-            R"("peak_mem_bytes":12345678,"elapsed_s":83.25})");
+            R"("step_time_s":0.5,"peak_mem_bytes":12345678,"peak_gpu_mem_bytes":2000000000,"mfu":0.25,)"
+            R"("elapsed_s":83.25})");
 }
 
 TEST(Metrics, ProgressLine) {
@@ -38,11 +42,15 @@ TEST(Metrics, ProgressLine) {
   m.grad_norm = 1.234;
   m.tokens_per_s = 1234.4;
   m.peak_mem_bytes = static_cast<int64_t>(12.3 * 1024 * 1024);
+  m.step_time_s = 0.4441;
   m.elapsed_s = 12 * 0.4441;  // eta = 188 * 0.4441 s = 83.5 s
   EXPECT_EQ(progress_line(m, 200),
-            "step 12/200 | loss 3.1234 | lr 3.0e-04 | grad 1.23 | 1234 tok/s | mem 12.3 MB | eta 1m23s");
+            "step 12/200 | loss 3.1234 | lr 3.0e-04 | grad 1.23 | 1234 tok/s | 0.44 s/step | mem 12.3 MB | eta 1m23s");
   m.eval_loss = 3.21;
   EXPECT_NE(progress_line(m, 200).find("loss 3.1234 | eval 3.2100 | lr"), std::string::npos);
+  m.peak_gpu_mem_bytes = int64_t{20} << 30;
+  m.mfu = 0.4123;
+  EXPECT_NE(progress_line(m, 200).find("| mem 12.3 MB | gpu 20.0 GB | mfu 41.2% | eta 1m23s"), std::string::npos);
   EXPECT_EQ(format_duration(45), "45s");
   EXPECT_EQ(format_duration(3600 * 2 + 5 * 60 + 3), "2h05m");
   EXPECT_EQ(format_duration(-1), "?");

@@ -1,0 +1,37 @@
+#include "train/flops.h"
+
+#include "model/llama_ops.h"
+
+namespace qshard {
+
+double useful_flops_per_token(const LlamaConfig& c, int64_t T, uint64_t lora_parameters) {
+  const double C = static_cast<double>(c.hidden_size), I = static_cast<double>(c.intermediate_size);
+  const double H = static_cast<double>(c.num_attention_heads), Hkv = static_cast<double>(c.num_key_value_heads);
+  const double D = static_cast<double>(c.head_dim), L = static_cast<double>(c.num_hidden_layers);
+  const double per_layer = C * H * D * 2 + C * Hkv * D * 2 + 3 * C * I;  // q, o; k, v; gate, up, down
+  const double base = L * per_layer + static_cast<double>(c.vocab_size) * C;
+  const double attention = 12.0 * L * H * D * static_cast<double>(T);
+  return 4.0 * base + attention + 6.0 * static_cast<double>(lora_parameters);
+}
+
+double measure_gemm_flops(DeviceContext& ctx) {
+  if (!ctx.is_cuda()) return 0.0;
+  constexpr int64_t n = 8192;
+  const Device dev = ctx.compute_device();
+  Tensor a = Tensor::zeros({n, n}, DType::kBF16, dev), b = Tensor::zeros({n, n}, DType::kBF16, dev);
+  Tensor c = Tensor::zeros({n, n}, DType::kBF16, dev);
+  GemmShape s{n, n, n, false, true};
+  s.a_type = s.b_type = s.c_type = DType::kBF16;
+  ops::prepare(ctx);
+  for (int i = 0; i < 3; ++i) ops::gemm(c.raw(), a.raw(), b.raw(), s, ctx);
+  Event start(true), stop(true);
+  constexpr int kRuns = 10;
+  ctx.compute().record(start);
+  for (int i = 0; i < kRuns; ++i) ops::gemm(c.raw(), a.raw(), b.raw(), s, ctx);
+  ctx.compute().record(stop);
+  stop.synchronize();
+  const double ms = stop.elapsed_ms_since(start);
+  return ms > 0 ? 2.0 * n * n * n * kRuns / (ms * 1e-3) : 0.0;
+}
+
+}  // namespace qshard
