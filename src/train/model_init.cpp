@@ -1,6 +1,13 @@
 #include "train/model_init.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
 #include <functional>
 #include <random>
 #include <string>
@@ -57,8 +64,13 @@ void load_base_weights(Module& tree, const std::string& dir, const QuantizeOptio
 }
 
 void init_random_base(Module& root, uint64_t seed, double init_std) {
+  // Every tensor has its own generator (random_normal), so tensors are filled in parallel and the
+  // values do not depend on the thread count.
+  std::vector<std::pair<Module::Slot*, std::string>> todo;
   visit(root, "", [&](Module::Slot& s, const std::string& fqn) {
-    if (s.trainable) return;
+    if (!s.trainable) todo.emplace_back(&s, fqn);
+  });
+  auto fill = [&](Module::Slot& s, const std::string& fqn) {
     if (s.kind == Module::SlotKind::kParams4bit) {
       const QuantState& st = s.params4bit->quant_state;
       const Tensor w = Tensor::from_f32(st.shape, st.dtype, random_normal(seed, fqn, st.numel(), init_std));
@@ -69,7 +81,26 @@ void init_random_base(Module& root, uint64_t seed, double init_std) {
     std::vector<float> v = norm ? std::vector<float>(static_cast<size_t>(s.tensor.numel()), 1.0f)
                                 : random_normal(seed, fqn, s.tensor.numel(), init_std);
     s.tensor.copy_from(Tensor::from_f32(s.tensor.shape(), s.tensor.dtype(), v));
-  });
+  };
+  const unsigned threads = std::clamp(std::thread::hardware_concurrency(), 1u, 32u);
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::exception_ptr failure;
+  auto worker = [&] {
+    for (size_t i = next++; i < todo.size(); i = next++) {
+      try {
+        fill(*todo[i].first, todo[i].second);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(mu);
+        if (!failure) failure = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
 }
 
 void init_lora(Module& root, uint64_t seed) {

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The CUDA training step's acceptance runs on a GPU machine (issue 11), results under $OUT
+# (default build/gpu_out). Stages (default: build test tiny):
+#   build     scripts/setup.sh + a Ninja build in build/ (CUDA backend, cuDNN attention)
+#   test      every CTest test (the `cuda` label runs here) -> test.log
+#   tiny      configs/tiny.yaml, 50 steps, losses logged every step: CPU 1 rank (the reference), GPU
+#             1 rank, GPU with offload.params + offload.optimizer, GPU 2 ranks sharing the GPU
+#             (MPI with pinned staging); then a GPU run stopped at step 25 resumed on the CPU to
+#             50, and a CPU run stopped at 25 resumed on the GPU; exports of the GPU run's final
+#             checkpoint made on the CPU (qshard export) compared byte for byte with the GPU run's
+#             own; loss curves compared with scripts/compare_loss_curves.py -> tiny.log, *.jsonl
+#   big       bench/configs/llama31_8b_shape.yaml: 20 steps at 4 x 2048, offload off, then on
+#             -> big.log, big_*.jsonl
+#   sanitize  compute-sanitizer memcheck / racecheck / synccheck on the op harness and on 3 steps
+#             of the tiny job -> sanitize.log
+# Usage: scripts/gpu_train_check.sh [stage...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/gpu_out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(build test tiny)
+Q=build/apps/qshard
+root=""; [ "$(id -u)" = 0 ] && root="--allow-run-as-root"
+MPI="mpirun $root --oversubscribe --bind-to none"
+W=build/gpu_work
+rc_all=0
+
+train() {  # name np device [--set ...]: trains the tiny job, metrics to $OUT/name.jsonl
+  local name=$1 np=$2 dev=$3
+  shift 3
+  $MPI -np "$np" $Q train --config configs/tiny.yaml --set data.train=$W/tiny.tok --set steps=50 \
+    --set logging.every_steps=1 --set logging.eval_every_steps=0 --set device="$dev" \
+    --set logging.metrics_jsonl="$OUT/$name.jsonl" --set checkpoint.dir="$W/$name" "$@" > "$W/$name.log" 2>&1
+  local rc=$?
+  echo "== $name (np $np, $dev $*): exit $rc" | tee -a "$OUT/tiny.log"
+  grep -E "^step (1|25|50)/|trained|GEMM rate|error|Error" "$W/$name.log" | head -8 | tee -a "$OUT/tiny.log"
+  return $rc
+}
+
+for stage in "${stages[@]}"; do
+  case "$stage" in
+    build)
+      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+      scripts/setup.sh > "$OUT/build.log" 2>&1
+      [ -f build/build.ninja ] || cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >> "$OUT/build.log" 2>&1
+      cmake --build build -j "$(nproc)" >> "$OUT/build.log" 2>&1
+      rc=$?; echo "build exit $rc"; [ $rc = 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+      ;;
+    test)
+      ctest --test-dir build --output-on-failure -j "$(nproc)" > "$OUT/test.log" 2>&1
+      rc=$?; echo "ctest exit $rc"; grep -E "tests passed|Failed|\(Failed\)|Timeout" "$OUT/test.log" | head -20
+      ctest --test-dir build -R "EvalGpu|OpHarness" -V 2>&1 | grep -E "GPU vs CPU|max \||tol" | head -20 > "$OUT/evalgpu.log"
+      cat "$OUT/evalgpu.log" | head -8
+      [ $rc = 0 ] || rc_all=1
+      ;;
+    tiny)
+      rm -rf $W && mkdir -p $W && : > "$OUT/tiny.log"
+      $Q tokenize data/*.txt --out $W/tiny.tok > /dev/null
+      train cpu1 1 cpu
+      train gpu1 1 cuda
+      train gpu1_offload 1 cuda --set offload.params=true --set offload.optimizer=true
+      train gpu2_mpi 2 cuda
+      train cpu2 2 cpu
+      python3 scripts/compare_loss_curves.py "$OUT/cpu1.jsonl" "$OUT/gpu1.jsonl" "$OUT/gpu1_offload.jsonl" \
+        "$OUT/gpu2_mpi.jsonl" "$OUT/cpu2.jsonl" --tol "${TINY_TOL:-0.02}" --json "$OUT/tiny_compare.json" \
+        | tee -a "$OUT/tiny.log" || rc_all=1
+      # GPU -> CPU and CPU -> GPU resume at step 25 (same checkpoint folder, --resume auto).
+      train gpu_then_cpu 1 cuda --set checkpoint.stop_after_steps=25
+      train gpu_then_cpu 1 cpu --resume auto
+      train cpu_then_gpu 1 cpu --set checkpoint.stop_after_steps=25
+      train cpu_then_gpu 1 cuda --resume auto
+      python3 scripts/compare_loss_curves.py "$OUT/cpu1.jsonl" "$OUT/gpu_then_cpu.jsonl" "$OUT/cpu_then_gpu.jsonl" \
+        --tol "${TINY_TOL:-0.02}" | tee -a "$OUT/tiny.log" || rc_all=1
+      # Exports of the GPU run's final checkpoint, made again on the CPU: byte-identical?
+      ck=$(ls -d $W/gpu1/step-* 2>/dev/null | sort -V | tail -1)
+      if [ -n "$ck" ]; then
+        $Q export "$ck" --format bnb4 --out $W/cpu_export_bnb4 > $W/export.log 2>&1
+        $Q export "$ck" --format peft --out $W/cpu_export_peft --base-model "$W/gpu1/final/base_bnb4" >> $W/export.log 2>&1
+        for pair in "base_bnb4 cpu_export_bnb4" "adapter cpu_export_peft"; do
+          set -- $pair
+          if diff -r "$W/gpu1/final/$1" "$W/$2" > /dev/null; then echo "export $1: GPU run == CPU export of $ck (byte-identical)";
+          else echo "export $1: DIFFERS"; diff -r "$W/gpu1/final/$1" "$W/$2" | head -5; rc_all=1; fi
+        done | tee -a "$OUT/tiny.log"
+        tail -3 $W/export.log
+      fi
+      ;;
+    big)
+      mkdir -p $W && [ -f $W/tiny.tok ] || $Q tokenize data/*.txt --out $W/tiny.tok > /dev/null
+      : > "$OUT/big.log"
+      for off in false true; do
+        name=big_offload_$off
+        /usr/bin/time -v $Q train --config bench/configs/llama31_8b_shape.yaml --set data.train=$W/tiny.tok \
+          --set offload.params=$off --set offload.optimizer=$off --set logging.metrics_jsonl="$OUT/$name.jsonl" \
+          > "$W/$name.log" 2>&1
+        echo "== $name: exit $?" | tee -a "$OUT/big.log"
+        grep -E "GEMM rate|^step|trained|rror|Maximum resident|Elapsed" "$W/$name.log" | tail -14 | tee -a "$OUT/big.log"
+      done
+      ;;
+    sanitize)
+      : > "$OUT/sanitize.log"
+      for tool in memcheck racecheck synccheck; do
+        compute-sanitizer --tool $tool --error-exitcode 9 build/tests/model/op_harness_test \
+          > "$W/san_ops_$tool.log" 2>&1
+        echo "op harness $tool: exit $? $(grep -E 'ERROR SUMMARY' $W/san_ops_$tool.log | tail -1)" | tee -a "$OUT/sanitize.log"
+        compute-sanitizer --tool $tool --error-exitcode 9 $Q train --config configs/tiny.yaml --set data.train=$W/tiny.tok \
+          --set steps=3 --set device=cuda --set checkpoint.dir="" --set logging.metrics_jsonl="" --set data.eval_fraction=0 \
+          > "$W/san_step_$tool.log" 2>&1
+        echo "3 tiny steps $tool: exit $? $(grep -E 'ERROR SUMMARY' $W/san_step_$tool.log | tail -1)" | tee -a "$OUT/sanitize.log"
+      done
+      ;;
+    *) echo "unknown stage $stage" >&2; exit 2 ;;
+  esac
+done
+exit $rc_all
