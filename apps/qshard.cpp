@@ -86,7 +86,7 @@ int run(int argc, char** argv) {
   std::string i_config;
   init->add_option("--out", i_out, "output folder (must not exist or be empty)")->required();
   init->add_option("--config", i_config,
-                  "take the sizes and seed from a train YAML's model.init (float32 unless --dtype): the model it trains");
+                  "take the sizes and seed from a train YAML's model.init (model.init.dtype unless --dtype): the model it trains");
   init->add_option("--vocab-size", ro.vocab_size);
   init->add_option("--hidden-size", ro.hidden_size);
   init->add_option("--intermediate-size", ro.intermediate_size);
@@ -260,11 +260,11 @@ int run(int argc, char** argv) {
     ro.dtype = *dt;
     if (!i_config.empty()) {
       // The model model.init trains from: its sizes, its seed, and (unless --dtype says
-      // otherwise) float32, the dtype model.init draws in: the same values as training gets.
+      // otherwise) model.init.dtype, the dtype model.init draws in: the same values as training gets.
       const ModelInitConfig m = load_train_config(i_config).model.init;
       static_cast<LlamaSizes&>(ro) = m;
       if (init->count("--seed") == 0) ro.seed = m.seed;
-      if (init->count("--dtype") == 0) ro.dtype = DType::kF32;
+      if (init->count("--dtype") == 0) ro.dtype = m.dtype;
     }
     const LlamaConfig c = write_random_llama_folder(i_out, ro);
     int64_t params = 0;

@@ -13,8 +13,6 @@ namespace {
 
 enum { kQ, kK, kV, kO, kGate, kUp, kDown };
 
-// Rows of LM-head logits per chunk: at most this many bytes of f32 logits at a time.
-constexpr int64_t kHeadChunkBytes = int64_t{16} << 20;
 // Pinned staging slots for ids/targets: uploads in flight before the ring laps one.
 constexpr int kStagingSlots = 16;
 
@@ -119,6 +117,27 @@ struct LlamaModel::Activations {
   void* head_cvt = nullptr;  // [V, C] the LM head in the activation dtype (when the GEMM does not
                              // take the head's own dtype with activations)
   bool head_converted = false;  // head_cvt holds the bound root's head
+};
+
+const char* step_part_name(StepPart p) {
+  switch (p) {
+    case StepPart::kDequant: return "dequant";
+    case StepPart::kGemm: return "base GEMM";
+    case StepPart::kLora: return "LoRA";
+    case StepPart::kAttention: return "attention";
+    case StepPart::kHead: return "LM head + loss";
+    case StepPart::kOther: return "other kernels";
+    case StepPart::kWait: return "waits (gather / h2d)";
+    default: return "?";
+  }
+}
+
+// A pool of timing events recorded on the compute stream at each mark (made once).
+struct LlamaModel::Timing {
+  static constexpr size_t kEvents = 32768;
+  std::vector<Event> events;
+  std::vector<StepPart> part;  // the part the interval after events[i] belongs to
+  size_t used = 0;
 };
 
 struct LlamaModel::Staging {
@@ -262,12 +281,21 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   ops::rope_tables(a.rope_cos, a.rope_sin, rp, max_seq_, ctx_);
 
   // ---- workspace: the larger of a layer's and the head's scratch ----
-  head_rows_ = std::clamp<int64_t>(kHeadChunkBytes / (V * 4), 1, N);
+  // LM-head chunks: large enough that the head's GEMMs have hundreds of rows at a 128k vocabulary
+  // (~510 rows at the default 256 MiB: the weight read per chunk is amortised), far below [N, V].
+  head_rows_ = std::clamp<int64_t>(options.head_chunk_bytes / (V * 4), 1, N);
   const int64_t gemm_scratch = 2 * std::max({N, V, I, C, max_in, max_out}) + 2 * max_seq_;
   const int64_t layer_ws = dequant_floats + 2 * N * max_in + 2 * N * max_r + gemm_scratch;
   // f32 logits, and their gradient in the activation dtype when the GEMM does not take f32 with the head
   const int64_t head_ws = head_rows_ * V * 2 + gemm_scratch;
   ctx_.workspace().reserve(static_cast<size_t>(std::max(layer_ws, head_ws)) * 4 + 64 * Workspace::kAlign);
+
+  if (options.profile && ctx_.is_cuda()) {
+    timing_ = std::make_unique<Timing>();
+    timing_->events.reserve(Timing::kEvents);
+    for (size_t i = 0; i < Timing::kEvents; ++i) timing_->events.emplace_back(true);
+    timing_->part.resize(Timing::kEvents);
+  }
 
   // ---- pinned staging for ids / targets ----
   staging_ = std::make_unique<Staging>();
@@ -409,6 +437,7 @@ DropoutKey LlamaModel::dropout_key(int idx) const {
 
 // The bound layer's projections as GEMM operands: 4-bit ones dequantized into the workspace.
 void LlamaModel::dequantize_layer() {
+  mark(StepPart::kDequant);
   Workspace& ws = ctx_.workspace();
   for (size_t i = 0; i < layer_.proj.size(); ++i) {
     const ProjectionBinding& p = layer_.proj[i];
@@ -435,11 +464,14 @@ void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N) {
   GemmShape s{N, p.out, p.in, false, true};
   s.a_type = s.c_type = act_t;
   s.b_type = weights_[idx] ? act_t : p.weight_dtype;  // dequantized into the workspace: the GEMM's dtype
+  mark(StepPart::kGemm);
   ops::gemm(y, x, weights_[idx] ? weights_[idx] : p.dense, s, ctx_);  // y = x W^T
+  mark(StepPart::kOther);
   if (p.bias) ops::add_bias(y, p.bias, N, p.out, ctx_);
   if (p.r == 0) return;
+  mark(StepPart::kLora);
   Workspace& ws = ctx_.workspace();
-  const size_t mark = ws.used();
+  const size_t ws_mark = ws.used();
   const DropoutKey key = dropout_key(idx);
   const void* xd = x;
   if (key.p > 0.0f) {
@@ -451,7 +483,8 @@ void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N) {
   ops::gemm(t, xd, p.lora_A, typed({N, p.r, p.in, false, true}, act_t, act_t, act_t), ctx_);  // t = xd A^T
   ops::gemm(y, t, p.lora_B, typed({N, p.out, p.r, false, true, p.scaling, 1.0f}, act_t, act_t, act_t),
             ctx_);  // y += s t B^T
-  ws.rewind(mark);
+  ws.rewind(ws_mark);
+  mark(StepPart::kOther);
 }
 
 void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N) {
@@ -460,10 +493,13 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
   GemmShape s{N, p.in, p.out, false, false, 1.0f, accumulate_dx ? 1.0f : 0.0f};
   s.a_type = s.c_type = act_t;
   s.b_type = weights_[idx] ? act_t : p.weight_dtype;
+  mark(StepPart::kGemm);
   ops::gemm(dx, dy, weights_[idx] ? weights_[idx] : p.dense, s, ctx_);  // dx (+)= dy W
+  mark(StepPart::kOther);
   if (p.r == 0) return;
+  mark(StepPart::kLora);
   Workspace& ws = ctx_.workspace();
-  const size_t mark = ws.used();
+  const size_t ws_mark = ws.used();
   const size_t esz = dtype_size(act_t);
   const DropoutKey key = dropout_key(idx);
   const void* xd = x;
@@ -486,7 +522,8 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
             ctx_);  // s dt A
   ops::dropout_fwd(dxd, dxd, key, N, p.in, ctx_);  // the mask's transpose is itself
   ops::accumulate(dx, dxd, N * p.in, ctx_);
-  ws.rewind(mark);
+  ws.rewind(ws_mark);
+  mark(StepPart::kOther);
 }
 
 void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T) {
@@ -501,7 +538,9 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T) {
   linear_fwd(kV, a.v, a.h1, N);
   ops::rope_fwd(a.q, a.rope_cos, a.rope_sin, B, T, H, D, ctx_);
   ops::rope_fwd(a.k, a.rope_cos, a.rope_sin, B, T, Hkv, D, ctx_);
+  mark(StepPart::kAttention);
   ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_);
+  mark(StepPart::kOther);
   linear_fwd(kO, a.x2, a.a, N);
   ops::add(a.x2, x, a.x2, N * C, ctx_);  // residual + attention (HF order)
   ops::rmsnorm_fwd(a.h2, a.rstd2, a.x2, layer_.post_norm, N, C, eps, ctx_);
@@ -541,7 +580,9 @@ void LlamaModel::layer_backward(const void* x_in, const void* dout, void* dx, in
   // Attention: x2 = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = norm(x).
   ops::copy(dx, a.dx2, N * C, ctx_);  // residual
   linear_bwd(kO, a.da, false, a.dx2, a.a, N);
+  mark(StepPart::kAttention);
   ops::attention_bwd(a.dq, a.dk, a.dv, a.da, a.q, a.k, a.v, a.a, a.att_saved, B, T, H, Hkv, D, ctx_);
+  mark(StepPart::kOther);
   ops::rope_bwd(a.dq, a.rope_cos, a.rope_sin, B, T, H, D, ctx_);
   ops::rope_bwd(a.dk, a.rope_cos, a.rope_sin, B, T, Hkv, D, ctx_);
   linear_bwd(kQ, a.dh1, false, a.dq, a.h1, N);
@@ -567,6 +608,7 @@ void LlamaModel::head_chunks(const void* x, const int64_t* targets, void* dx, in
   Activations& a = *act_;
   const RootBinding& r = root_binding_;
   const DType act_t = ctx_.activation_dtype();
+  mark(StepPart::kHead);
   // The head as a GEMM operand: its own dtype, or converted once per bind into the model's buffer.
   const void* head = r.head;
   DType head_t = r.head_dtype;
@@ -602,6 +644,7 @@ void LlamaModel::head_chunks(const void* x, const int64_t* targets, void* dx, in
     }
   }
   ws.reset();
+  mark(StepPart::kOther);
   if (grad_scale != 0.0f) {
     ops::zero(dx, N * C, ctx_);
     ops::rmsnorm_bwd(dx, a.dxf, x, r.norm, a.rstdf, N, C, ctx_);
@@ -622,8 +665,31 @@ void LlamaModel::head_forward_backward(const void* x, std::span<const int64_t> t
   head_chunks(x, act_->targets, dx, B * T, static_cast<float>(1.0 / normalizer), nullptr);
 }
 
+void LlamaModel::mark(StepPart part) {
+  if (!timing_) return;
+  Timing& t = *timing_;
+  if (t.used == t.events.size()) {
+    profile_.truncated = true;
+    return;
+  }
+  ctx_.compute().record(t.events[t.used]);
+  t.part[t.used++] = part;
+}
+
+void LlamaModel::collect_profile() {
+  if (!timing_) return;
+  Timing& t = *timing_;
+  for (size_t i = 1; i < t.used; ++i) {
+    profile_.ms[static_cast<size_t>(t.part[i - 1])] += t.events[i].elapsed_ms_since(t.events[i - 1]);
+    ++profile_.intervals;
+  }
+  t.used = 0;
+}
+
 double LlamaModel::take_loss_sum() {
+  mark(StepPart::kOther);
   ctx_.compute().synchronize();
+  collect_profile();
   double v = 0;
   copy_bytes(&v, Device::kCpu, act_->loss_sum, ctx_.compute_device(), sizeof(double));
   const double zero = 0;
@@ -638,14 +704,18 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
   const int64_t L = config_.num_hidden_layers, NC = B * T * config_.hidden_size;
   Activations& a = *act_;
   const void* x_final = forward_layers(ids, B, T, /*keep_checkpoints=*/true);
+  mark(StepPart::kWait);
   if (before_root) before_root(Pass::kBackward);
+  mark(StepPart::kOther);
   bind_root();
   head_forward_backward(x_final, targets, a.dx, B, T, normalizer);
   if (after_root) after_root(Pass::kBackward);
   void* dx = a.dx;
   void* dprev = a.dprev;
   for (int64_t l = L - 1; l >= 0; --l) {
+    mark(StepPart::kWait);
     if (before_layer) before_layer(l, Pass::kBackward);
+    mark(StepPart::kOther);
     bind_layer(l, layer_lora ? layer_lora(l, Pass::kBackward) : LayerLora{});
     layer_backward(act(a.xs, l * NC), dx, dprev, B, T);
     if (after_layer) after_layer(l, Pass::kBackward);
@@ -661,12 +731,16 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
   check_sizes(B, T);
   const int64_t L = config_.num_hidden_layers, NC = B * T * config_.hidden_size;
   Activations& a = *act_;
+  mark(StepPart::kWait);
   if (before_root) before_root(Pass::kForward);
+  mark(StepPart::kOther);
   bind_root();
   embed(ids, a.xs, B, T);
   if (after_root) after_root(Pass::kForward);
   for (int64_t l = 0; l < L; ++l) {
+    mark(StepPart::kWait);
     if (before_layer) before_layer(l, Pass::kForward);
+    mark(StepPart::kOther);
     bind_layer(l, layer_lora ? layer_lora(l, Pass::kForward) : LayerLora{});
     layer_forward(act(a.xs, slot(l) * NC), act(a.xs, slot(l + 1) * NC), B, T);
     if (after_layer) after_layer(l, Pass::kForward);

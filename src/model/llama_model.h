@@ -65,6 +65,17 @@
 
 namespace qshard {
 
+// Where the compute stream's time goes (LlamaModelOptions::profile): the stream time between
+// consecutive marks, attributed to the part the earlier mark opened. kWait: from a hook's start
+// to the model's next op (the gather's event waits: exposed communication and h2d copies).
+enum class StepPart : int { kDequant, kGemm, kLora, kAttention, kHead, kOther, kWait, kCount };
+const char* step_part_name(StepPart p);
+struct StepProfile {
+  std::array<double, static_cast<size_t>(StepPart::kCount)> ms{};
+  int64_t intervals = 0;
+  bool truncated = false;  // more marks than the event pool holds: later ones were not timed
+};
+
 struct LlamaModelOptions {
   double lora_alpha = 16.0;   // scaling = alpha / r (alpha / sqrt(r) with use_rslora)
   bool use_rslora = false;
@@ -72,6 +83,8 @@ struct LlamaModelOptions {
   uint64_t dropout_seed = 0;
   int64_t max_batch = 1;      // activation buffers: B <= max_batch,
   int64_t max_seq = 0;        //   T <= max_seq (0: max_position_embeddings)
+  int64_t head_chunk_bytes = int64_t{256} << 20;  // f32 LM-head logits per chunk (rows = this / (4 V))
+  bool profile = false;       // time the step's parts with CUDA events (StepProfile; none on the CPU)
 };
 
 // Which half of the step a hook is called for.
@@ -154,8 +167,11 @@ class LlamaModel {
   // changes. The same routine serves the trainer's eval and `qshard eval`.
   void forward_loss(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B, int64_t T);
   // Reads the loss accumulator and clears it (waits for the compute stream: the one host wait of
-  // a step).
+  // a step). With options.profile, also adds the timed intervals so far into profile().
   double take_loss_sum();
+  // The time split accumulated since the last reset (options.profile on CUDA).
+  const StepProfile& profile() const { return profile_; }
+  void reset_profile() { profile_ = StepProfile{}; }
   // logits [B,T,V] f32 on the host (for --dump-logits and tests; written chunk by chunk).
   std::vector<float> forward_logits(std::span<const int64_t> ids, int64_t B, int64_t T);
 
@@ -213,6 +229,11 @@ class LlamaModel {
   // The bound layer's projections as GEMM operands [out,in] in the activation dtype (dequantized
   // into the workspace, or a dense weight of that dtype); null: a dense weight in its own dtype.
   std::array<const void*, 7> weights_{};
+  struct Timing;   // the profile's event pool
+  std::unique_ptr<Timing> timing_;
+  StepProfile profile_;
+  void mark(StepPart part);
+  void collect_profile();
   struct Staging;  // pinned host slots for ids/targets uploads
   std::unique_ptr<Staging> staging_;
   uint64_t step_ = 0;

@@ -1,5 +1,7 @@
 #include "train/flops.h"
 
+#include <vector>
+
 #include "model/llama_ops.h"
 
 namespace qshard {
@@ -18,7 +20,15 @@ double measure_gemm_flops(DeviceContext& ctx) {
   if (!ctx.is_cuda()) return 0.0;
   constexpr int64_t n = 8192;
   const Device dev = ctx.compute_device();
-  Tensor a = Tensor::zeros({n, n}, DType::kBF16, dev), b = Tensor::zeros({n, n}, DType::kBF16, dev);
+  // Random operands (zeros run faster than real data: the tensor cores draw less power).
+  std::vector<float> host(static_cast<size_t>(n * n));
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (float& v : host) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    v = static_cast<float>(static_cast<double>(x >> 40) / 16777216.0 - 0.5);
+  }
+  const Tensor r = Tensor::from_f32({n, n}, DType::kBF16, host);
+  Tensor a = r.to(dev), b = r.to(dev);
   Tensor c = Tensor::zeros({n, n}, DType::kBF16, dev);
   GemmShape s{n, n, n, false, true};
   s.a_type = s.b_type = s.c_type = DType::kBF16;

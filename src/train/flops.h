@@ -8,7 +8,8 @@
 // For Llama-3.1-8B at T = 2048 with r = 16 on all seven projections this is 33.5 GFLOP per token.
 // MFU = useful_flops_per_token * tokens per second / measured bf16 GEMM FLOP/s.
 // measure_gemm_flops: bf16 x bf16 -> bf16 8192^3 GEMMs with f32 accumulation through ops::gemm on
-// ctx's stream (3 warm-up, 10 timed with events); 0 on the CPU backend. Start-up work: allocates.
+// ctx's stream on random operands (3 warm-up, 10 timed with events; zeros would run faster than
+// real data); 0 on the CPU backend. Start-up work: allocates.
 #pragma once
 
 #include <cstdint>

@@ -8,7 +8,7 @@ namespace qshard {
 
 LlamaConfig job_llama_config(const ModelConfig& model) {
   if (!model.path.empty()) return LlamaConfig::load(model.path);
-  nlohmann::json j = llama_config_json(model.init, DType::kF32);
+  nlohmann::json j = llama_config_json(model.init, model.init.dtype);
   return LlamaConfig::from_json(j, "model.init");
 }
 
@@ -19,8 +19,8 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
   LlamaTreeOptions to;
   // Frozen float tensors keep the dtype they have in model.path's folder (bf16 stays bf16), so
   // exports write them back as they came in; the model widens them to f32 when it binds them.
-  // A random base (model.init) is f32.
-  to.dtype = DType::kF32;
+  // A random base (model.init) is in model.init.dtype (float32 unless set).
+  to.dtype = config.model.path.empty() ? config.model.init.dtype : DType::kF32;
   if (!config.model.path.empty()) to.float_dtypes = folder_float_dtypes(config.model.path);
   to.quant = quant;
   to.lora.r = config.lora.r;

@@ -86,6 +86,9 @@ void read_value(ScheduleType& out, const YAML::Node& n, const std::string& where
             {{"warmup_cosine", ScheduleType::kWarmupCosine}, {"linear", ScheduleType::kLinear},
              {"constant", ScheduleType::kConstant}});
 }
+void read_value(DType& out, const YAML::Node& n, const std::string& where) {
+  read_enum(out, n, where, {{"float32", DType::kF32}, {"bfloat16", DType::kBF16}, {"float16", DType::kF16}});
+}
 void read_value(DeviceChoice& out, const YAML::Node& n, const std::string& where) {
   read_enum(out, n, where, {{"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}});
 }
@@ -106,6 +109,9 @@ YAML::Node write_value(const std::vector<std::string>& v) {
 }
 YAML::Node write_value(QuantType v) { return YAML::Node(quant_type_name(v)); }
 YAML::Node write_value(ScheduleType v) { return YAML::Node(schedule_type_name(v)); }
+YAML::Node write_value(DType v) {
+  return YAML::Node(v == DType::kBF16 ? "bfloat16" : v == DType::kF16 ? "float16" : "float32");
+}
 YAML::Node write_value(DeviceChoice v) { return YAML::Node(device_choice_name(v)); }
 
 template <class Access>
@@ -130,6 +136,7 @@ const std::vector<Field>& fields() {
       QS_FIELD("model.init.num_key_value_heads", model.init.num_key_value_heads),
       QS_FIELD("model.init.max_position_embeddings", model.init.max_position_embeddings),
       QS_FIELD("model.init.seed", model.init.seed),
+      QS_FIELD("model.init.dtype", model.init.dtype),
       QS_FIELD("model.quant_type", model.quant_type),
       QS_FIELD("model.blocksize", model.blocksize),
       QS_FIELD("model.double_quant", model.double_quant),

@@ -54,6 +54,9 @@ struct ModelInitConfig : LlamaSizes {
     max_position_embeddings = 512;
   }
   uint64_t seed = 0;  // weight init
+  // The random base's dtype: its frozen float tensors (embeddings, norms, LM head) and the 4-bit
+  // weights' QuantState dtype (a Hugging Face checkpoint's torch_dtype). float32 | bfloat16 | float16.
+  DType dtype = DType::kF32;
 };
 
 struct ModelConfig {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -158,6 +159,9 @@ TrainSummary train(const TrainConfig& config, Runtime& rt) {
   mo.dropout_seed = config.seed;
   mo.max_batch = config.batch.micro_batch_size;
   mo.max_seq = T;
+  // QSHARD_PROFILE=1: time the compute stream's parts (CUDA events) and print the split at the end.
+  const char* prof_env = std::getenv("QSHARD_PROFILE");
+  mo.profile = prof_env && *prof_env && std::string(prof_env) != "0";
   LlamaModel model(mc, *tree, rt.ctx, mo);
   FsdpDriver fsdp(model, *qm);
 
@@ -320,6 +324,18 @@ TrainSummary train(const TrainConfig& config, Runtime& rt) {
     if (!config.checkpoint.dir.empty() &&
         (stopping || (config.checkpoint.every_steps > 0 && (step + 1) % config.checkpoint.every_steps == 0)))
       save(step + 1);
+  }
+  if (mo.profile && rank == 0 && rt.ctx.is_cuda()) {
+    // The first step builds plans and warms caches: the split covers every step run here.
+    const StepProfile& p = model.profile();
+    double total = 0;
+    for (double v : p.ms) total += v;
+    const int64_t steps_run = std::max<int64_t>(summary.steps - start_step, 1);
+    QS_LOG_INFO("compute-stream time split over {} steps ({:.1f} ms per step{}):", steps_run, total / steps_run,
+                p.truncated ? "; event pool full, later marks untimed" : "");
+    for (size_t i = 0; i < p.ms.size(); ++i)
+      QS_LOG_INFO("  {:<22} {:9.2f} ms/step  {:5.1f}%", step_part_name(static_cast<StepPart>(i)), p.ms[i] / steps_run,
+                  total > 0 ? 100.0 * p.ms[i] / total : 0.0);
   }
   if (summary.steps < max_steps) {
     if (rank == 0) QS_LOG_INFO("stopped after step {} of {} (checkpoint.stop_after_steps); resume with --resume auto",

@@ -143,6 +143,37 @@ TEST(LlamaModel, DecoderLayerBackwardWithRecomputeAndDropout) {
     }
 }
 
+// The LM head and loss in row chunks (3 rows, so a chunk boundary falls inside each sequence):
+// the same loss, logits and LoRA gradients as one chunk, bit for bit (row-independent math).
+TEST(LlamaModel, HeadChunksGiveTheSameStep) {
+  const LlamaConfig c = small_config();
+  const int64_t B = 2, T = 5;
+  std::vector<int64_t> ids(B * T), targets(B * T);
+  for (int64_t i = 0; i < B * T; ++i) ids[i] = (i * 3 + 1) % c.vocab_size, targets[i] = (i * 11 + 2) % c.vocab_size;
+  targets[7] = kIgnoreIndex;
+  double loss[2];
+  std::vector<float> logits[2];
+  std::map<std::string, std::vector<float>> grads[2];
+  for (int k = 0; k < 2; ++k) {
+    auto tree = random_tree(c, 7);
+    LlamaModelOptions opt;
+    opt.max_batch = B;
+    opt.max_seq = T;
+    if (k == 1) opt.head_chunk_bytes = 3 * 4 * c.vocab_size;
+    LlamaModel model(c, *tree, ctx(), opt);
+    EXPECT_EQ(model.head_chunk_rows(), k == 1 ? 3 : B * T);
+    GradStore gs{*tree, {}};
+    model.layer_lora = gs.hook();
+    model.forward_backward(ids, targets, B, T, 9.0);
+    loss[k] = model.take_loss_sum();
+    logits[k] = model.forward_logits(ids, B, T);
+    grads[k] = gs.grads;
+  }
+  EXPECT_EQ(loss[0], loss[1]);
+  EXPECT_EQ(logits[0], logits[1]);
+  EXPECT_EQ(grads[0], grads[1]);
+}
+
 TEST(LlamaModel, TrainingStepBackwardHooksAndAccumulation) {
   const LlamaConfig c = small_config();
   auto tree = random_tree(c, 100);
