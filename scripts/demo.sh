@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: a tiny Llama (4-bit NF4 base, LoRA adapters) trained on the
-# shipped public-domain text (data/, Jane Austen's Persuasion vol. 1) on the CPU backend with
+# shipped public-domain text (data/, Jane Austen's Persuasion vol. 1) on the GPU when there is one
+# (configs/tiny.yaml: device auto; two ranks share it through MPI), else the CPU backend, with
 # `mpirun -np 2`, loss falling, metrics in build/runs/tiny/metrics.jsonl; then the quantization
 # path: a random Llama folder quantized to the bitsandbytes 4-bit format transformers loads.
 # The trained job exports the 4-bit base and the PEFT adapter; eval shows the adapter's effect;

@@ -115,7 +115,7 @@ for stage in "${stages[@]}"; do
       : > "$OUT/sanitize.log"
       mkdir -p $W && [ -f $W/tiny.tok ] || $Q tokenize data/*.txt --out $W/tiny.tok > /dev/null
       step_args=(train --config configs/tiny.yaml --set data.train=$W/tiny.tok --set steps=3 --set device=cuda
-                 --set checkpoint.dir="" --set logging.metrics_jsonl="" --set data.eval_fraction=0)
+                 --set checkpoint.dir="" --set logging.metrics_jsonl="" --set data.eval_fraction=0 --set schedule.warmup_steps=1)
       for tool in memcheck racecheck synccheck; do
         for excl in "" "--kernel-name-exclude kns=cudnn_generated"; do
           [ "$tool" = memcheck ] && [ -n "$excl" ] && continue
@@ -126,7 +126,7 @@ for stage in "${stages[@]}"; do
           compute-sanitizer --tool $tool --report-api-errors no $excl --error-exitcode 9 $Q "${step_args[@]}" \
             > "$W/san_step_$tag.log" 2>&1
           echo "3 tiny steps $tag: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $W/san_step_$tag.log | tail -1)" | tee -a "$OUT/sanitize.log"
-          grep -h "what()" "$W/san_ops_$tag.log" "$W/san_step_$tag.log" | head -2 | tee -a "$OUT/sanitize.log"
+          grep -h "what()\|fatal" "$W/san_ops_$tag.log" "$W/san_step_$tag.log" | head -2 | tee -a "$OUT/sanitize.log"
         done
       done
       for f in $W/san_*.log; do head -c 60000 "$f" > "$OUT/$(basename "$f")"; done

@@ -25,7 +25,7 @@ expect_fail() {  # expect_fail NEEDLE CMD...: CMD must fail and print NEEDLE
   echo "refused as expected: $(echo "$out" | grep -m1 -- "$needle" | cut -c1-220)"
 }
 "$qshard" tokenize "$src"/data/*.txt --out "$work/t.tok" > /dev/null
-args=(train --config "$src/configs/tiny.yaml" --set data.train="$work/t.tok" --set steps=12 --set data.max_seq_len=32
+args=(train --config "$src/configs/tiny.yaml" --set device=cpu --set data.train="$work/t.tok" --set steps=12 --set data.max_seq_len=32
       --set logging.every_steps=4 --set checkpoint.every_steps=4 --set checkpoint.dir="$work/ck"
       --set logging.metrics_jsonl="$work/metrics.jsonl")
 

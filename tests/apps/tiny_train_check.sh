@@ -10,7 +10,7 @@ shift 3
 margin=0.3
 rm -rf "$work" && mkdir -p "$work"
 "$qshard" tokenize "$src"/data/*.txt --out "$work/tiny.tok"
-out=$("$@" -np 2 "$qshard" train --config "$src/configs/tiny.yaml" --set data.train="$work/tiny.tok" \
+out=$("$@" -np 2 "$qshard" train --config "$src/configs/tiny.yaml" --set device=cpu --set data.train="$work/tiny.tok" \
   --set steps=30 --set data.max_seq_len=64 --set logging.every_steps=10 --set logging.eval_every_steps=0 \
   --set logging.metrics_jsonl="$work/metrics.jsonl" --set checkpoint.dir="$work/ckpt" 2>&1) || { echo "$out"; exit 1; }
 echo "$out" | grep -E "step|trained"

@@ -15,8 +15,12 @@ namespace qshard {
 namespace {
 namespace fs = std::filesystem;
 
-TEST(ModelInit, InitModelFolderEqualsModelInitBase) {
+class ModelInitDtype : public testing::TestWithParam<DType> {};
+
+TEST_P(ModelInitDtype, InitModelFolderEqualsModelInitBase) {
+  const DType dtype = GetParam();
   TrainConfig cfg;
+  cfg.model.init.dtype = dtype;
   cfg.model.init.vocab_size = 40;
   cfg.model.init.hidden_size = 32;
   cfg.model.init.intermediate_size = 48;
@@ -24,8 +28,9 @@ TEST(ModelInit, InitModelFolderEqualsModelInitBase) {
   cfg.model.init.seed = 9;
   const LlamaConfig mc = job_llama_config(cfg.model);
   const QuantizeOptions quant{cfg.model.quant_type, cfg.model.blocksize, cfg.model.double_quant};
+  EXPECT_EQ(mc.raw.value("torch_dtype", std::string()), dtype == DType::kBF16 ? "bfloat16" : "float32");
   LlamaTreeOptions to;
-  to.dtype = DType::kF32;
+  to.dtype = dtype;
   to.quant = quant;
 
   auto from_init = build_llama_tree(mc, to);
@@ -36,7 +41,7 @@ TEST(ModelInit, InitModelFolderEqualsModelInitBase) {
   RandomLlamaOptions ro;
   static_cast<LlamaSizes&>(ro) = cfg.model.init;
   ro.seed = cfg.model.init.seed;
-  ro.dtype = DType::kF32;
+  ro.dtype = cfg.model.init.dtype;
   write_random_llama_folder(dir.string(), ro);
   auto from_folder = build_llama_tree(LlamaConfig::load(dir.string()), to);
   load_base_weights(*from_folder, dir.string(), quant);
@@ -55,7 +60,13 @@ TEST(ModelInit, InitModelFolderEqualsModelInitBase) {
   auto other = build_llama_tree(mc, to);
   init_random_base(*other, cfg.model.init.seed + 1);
   EXPECT_FALSE(bitwise_equal(state_dict(*other)[0].second, a[0].second));
+  // The frozen float tensors and the 4-bit weights' QuantState are in model.init.dtype.
+  EXPECT_EQ(resolve(*from_init, "model.embed_tokens.weight").tensor.dtype(), dtype);
+  EXPECT_EQ(resolve(*from_init, "model.layers.0.mlp.up_proj.weight").params4bit->quant_state.dtype, dtype);
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, ModelInitDtype, testing::Values(DType::kF32, DType::kBF16),
+                         [](const testing::TestParamInfo<DType>& i) { return std::string(dtype_torch_name(i.param)); });
 
 }  // namespace
 }  // namespace qshard
