@@ -36,15 +36,40 @@ struct AdamWParams {
   double grad_scale = 1.0;     // multiplies g first (global-norm clipping)
 };
 
-// Twins (same name and parameters, trailing stream; the CPU ignores it).
+// Twins (same name and parameters, trailing stream; the CPU ignores it). grad_scale_ptr: when not
+// null, *grad_scale_ptr (f32, where the kernel runs: device memory on CUDA) replaces
+// params.grad_scale, so a clip coefficient computed on the device needs no host round trip.
 namespace cpu {
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& params, int64_t step,
-                void* stream = nullptr);
+                void* stream = nullptr, const float* grad_scale_ptr = nullptr);
 }  // namespace cpu
 #ifdef QSHARD_WITH_CUDA
 namespace cuda {
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& params, int64_t step,
-                void* stream);
+                void* stream, const float* grad_scale_ptr = nullptr);
+}  // namespace cuda
+#endif
+
+// The global gradient norm and its clip coefficient where the gradients live (twins; CUDA: device
+// pointers, enqueued on `stream`, no host wait).
+// add_sum_squares: acc[0] = (accumulate ? acc[0] : 0) + sum of x[i]^2, in f64 (n may be 0). CPU:
+// the sequential sum (sum_squares), then one add. CUDA: deterministic (a fixed grid of kSumSquaresBlocks blocks, each summing its grid-stride
+// elements and reducing in a fixed tree into partials[block]; then one block adds the partials in
+// order into acc[0]), so a resumed run repeats the straight run's bits. `partials`: f64
+// [kSumSquaresBlocks] scratch (unused on the CPU).
+// clip_from_sum_squares: from the sum of squares over every rank (all-reduced by the caller),
+// norm[0] = sqrt(sum) and scale[0] = float(clip_coefficient(norm, max_norm)).
+// Tolerance CPU vs CUDA: the sums differ in summation order only (f64: ~1e-15 relative).
+inline constexpr int kSumSquaresBlocks = 256;
+namespace cpu {
+void add_sum_squares(double* acc, double* partials, const float* x, int64_t n, bool accumulate,
+                     void* stream = nullptr);
+void clip_from_sum_squares(const double* sum_sq, double max_norm, double* norm, float* scale, void* stream = nullptr);
+}  // namespace cpu
+#ifdef QSHARD_WITH_CUDA
+namespace cuda {
+void add_sum_squares(double* acc, double* partials, const float* x, int64_t n, bool accumulate, void* stream);
+void clip_from_sum_squares(const double* sum_sq, double max_norm, double* norm, float* scale, void* stream);
 }  // namespace cuda
 #endif
 

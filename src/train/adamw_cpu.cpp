@@ -6,7 +6,7 @@
 namespace qshard {
 
 void cpu::adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, int64_t step,
-                     void* stream) {
+                     void* stream, const float* grad_scale_ptr) {
   (void)stream;
   QS_CHECK(n >= 0 && step >= 1, "cpu::adamw_step: n >= 0 and step >= 1");
   const float decay = static_cast<float>(1.0 - a.lr * a.weight_decay);
@@ -18,9 +18,10 @@ void cpu::adamw_step(float* p, const float* g, float* m, float* v, int64_t n, co
   const float neg_step_size = static_cast<float>(-(a.lr / bc1));
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   const float eps = static_cast<float>(a.eps);
-  const float scale = static_cast<float>(a.grad_scale);
+  const float scale = grad_scale_ptr ? *grad_scale_ptr : static_cast<float>(a.grad_scale);
+  const bool scaled = grad_scale_ptr ? scale != 1.0f : a.grad_scale != 1.0;
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = a.grad_scale == 1.0 ? g[i] : g[i] * scale;
+    const float gi = scaled ? g[i] * scale : g[i];
     float pi = p[i] * decay;
     const float mi = m[i] + one_minus_b1 * (gi - m[i]);
     const float vi = v[i] * b2 + one_minus_b2 * gi * gi;
@@ -36,6 +37,18 @@ double sum_squares(const float* x, int64_t n) {
   double s = 0.0;
   for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
   return s;
+}
+
+void cpu::add_sum_squares(double* acc, double* partials, const float* x, int64_t n, bool accumulate, void* stream) {
+  (void)partials;
+  (void)stream;
+  acc[0] = (accumulate ? acc[0] : 0.0) + sum_squares(x, n);
+}
+
+void cpu::clip_from_sum_squares(const double* sum_sq, double max_norm, double* norm, float* scale, void* stream) {
+  (void)stream;
+  norm[0] = std::sqrt(sum_sq[0]);
+  scale[0] = static_cast<float>(clip_coefficient(norm[0], max_norm));
 }
 
 double clip_coefficient(double total_norm, double max_norm) {

@@ -68,35 +68,53 @@ OptimizerState make_optimizer_state(const QloraModel& qm) {
     s.exp_avg.push_back(Tensor::zeros({master.numel()}, DType::kF32, master.device()));
     s.exp_avg_sq.push_back(Tensor::zeros({master.numel()}, DType::kF32, master.device()));
   }
+  const Device grads = qm.mgr->num_units() > 0 ? qm.mgr->grad_shard(0).device() : Device::kCpu;
+  s.norm_scratch = Tensor::zeros({2 + kSumSquaresBlocks}, DType::kF64, grads);
+  s.clip_scale = Tensor::zeros({1}, DType::kF32, grads);
   return s;
 }
 
 namespace {
 
-// Sum of squares of a gradient shard wherever it lives (read back to the host on a GPU: after
-// wait_for_gradients, at the step's end).
-double shard_sum_squares(const Tensor& g, Stream& compute) {
-  if (g.numel() == 0) return 0.0;
-  if (g.device() == Device::kCpu) return sum_squares(g.data<float>(), g.numel());
-  compute.synchronize();
-  const Tensor host = g.to(Device::kCpu);
-  return sum_squares(host.data<float>(), host.numel());
+// The twins of adamw.h on the device `on` (the CPU's for host memory).
+void add_sum_squares(Device on, double* acc, double* partials, const float* x, int64_t n, bool accumulate,
+                     void* stream) {
+  if (on == Device::kCpu) return cpu::add_sum_squares(acc, partials, x, n, accumulate, stream);
+#if QSHARD_WITH_CUDA
+  cuda::add_sum_squares(acc, partials, x, n, accumulate, stream);
+#else
+  throw Error("gradient norm: gradients on a device in a build without CUDA");
+#endif
 }
 
+void clip_from_sum_squares(Device on, const double* sum_sq, double max_norm, double* norm, float* scale,
+                           void* stream) {
+  if (on == Device::kCpu) return cpu::clip_from_sum_squares(sum_sq, max_norm, norm, scale, stream);
+#if QSHARD_WITH_CUDA
+  cuda::clip_from_sum_squares(sum_sq, max_norm, norm, scale, stream);
+#else
+  throw Error("gradient norm: gradients on a device in a build without CUDA");
+#endif
+}
+
+// AdamW on one unit's master shard where it lives. `scale`: the clip coefficient in the master's
+// memory (device memory for a device master, host memory for a host one).
 void adamw_where_it_lives(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& ap, int64_t step,
-                          Stream& compute) {
+                          const float* scale, Stream& compute) {
   if (p.numel() == 0) return;
   if (p.device() == Device::kCpu) {
     // Master on the host (CPU backend, or offload.optimizer): the gradient shard comes to it.
     const Tensor gh = g.device() == Device::kCpu ? g : g.to(Device::kCpu);
-    cpu::adamw_step(p.data<float>(), gh.data<float>(), m.data<float>(), v.data<float>(), p.numel(), ap, step);
+    cpu::adamw_step(p.data<float>(), gh.data<float>(), m.data<float>(), v.data<float>(), p.numel(), ap, step, nullptr,
+                    scale);
     return;
   }
 #if QSHARD_WITH_CUDA
   cuda::adamw_step(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(), ap, step,
-                  compute.handle());
+                  compute.handle(), scale);
 #else
   (void)compute;
+  (void)scale;
   throw Error("AdamW: master shard on a device in a build without CUDA");
 #endif
 }
@@ -132,18 +150,44 @@ StepStats train_step(Runtime& rt, QloraModel& qm, LlamaModel& model, FsdpDriver&
   mgr.wait_for_gradients();
   st.inside = scope.end();
 
-  // Global gradient norm over every rank's shards (f64), clipping, AdamW where the masters live.
-  double sq = 0;
-  for (int u = 0; u < mgr.num_units(); ++u) sq += shard_sum_squares(mgr.grad_shard(u), rt.ctx.compute());
-  st.grad_norm = std::sqrt(sum_over_ranks(rt.host, sq));
-  AdamWParams ap = o.adamw;
-  ap.grad_scale = o.grad_clip > 0 ? clip_coefficient(st.grad_norm, o.grad_clip) : 1.0;
-  st.grad_scale = ap.grad_scale;
+  // Global gradient norm where the gradients live (f64, all-reduced over the data communicator),
+  // the clip coefficient there too, AdamW where the masters live: no host round trip on a GPU.
+  const Device gdev = opt.norm_scratch.device();
+  void* cs = rt.ctx.compute().handle();
+  double* acc = static_cast<double*>(opt.norm_scratch.raw());
+  double* norm = acc + 1;
+  double* partials = acc + 2;
+  float* scale = static_cast<float*>(opt.clip_scale.raw());
+  for (int u = 0; u < mgr.num_units(); ++u) {
+    const Tensor g = mgr.grad_shard(u);
+    add_sum_squares(gdev, acc, partials, g.data<float>(), g.numel(), u > 0, cs);
+  }
+  rt.data.all_reduce(acc, acc, 1, DType::kF64, ReduceOp::kSum, cs);
+  clip_from_sum_squares(gdev, acc, o.grad_clip, norm, scale, cs);
+  float host_scale = 1.0f;  // for masters on the host while the gradients are on the device
+  bool host_scale_read = false;
   for (int u = 0; u < mgr.num_units(); ++u) {
     Tensor p = mgr.master_shard(u);
-    adamw_where_it_lives(p, mgr.grad_shard(u), opt.exp_avg[u], opt.exp_avg_sq[u], ap, o.step + 1, rt.ctx.compute());
+    const float* sp = scale;
+    if (p.device() == Device::kCpu && gdev != Device::kCpu) {
+      if (!host_scale_read) {
+        rt.ctx.compute().synchronize();
+        copy_bytes(&host_scale, Device::kCpu, scale, gdev, sizeof(float));
+        host_scale_read = true;
+      }
+      sp = &host_scale;
+    }
+    adamw_where_it_lives(p, mgr.grad_shard(u), opt.exp_avg[u], opt.exp_avg_sq[u], o.adamw, o.step + 1, sp,
+                         rt.ctx.compute());
   }
   st.loss = sum_over_ranks(rt.host, model.take_loss_sum()) / std::max<double>(static_cast<double>(st.tokens), 1.0);
+  // take_loss_sum waited for the compute stream: the norm and the coefficient are final.
+  double norm_host = 0;
+  float scale_host = 1.0f;
+  copy_bytes(&norm_host, Device::kCpu, norm, gdev, sizeof(double));
+  copy_bytes(&scale_host, Device::kCpu, scale, gdev, sizeof(float));
+  st.grad_norm = norm_host;
+  st.grad_scale = scale_host;
   return st;
 }
 

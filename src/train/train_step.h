@@ -13,9 +13,11 @@
 // train_step(): the micro-batches of one step (this rank's slice of the global batch), the token
 // count agreed over the host communicator in i64 (the loss normalizer), forward_backward per
 // micro-batch (loss summed on the device), waiting for the gradients, the global gradient norm
-// (squares summed in f64, all-reduced in f64), clipping, and AdamW on each rank's fp32 master
-// shards where they live (the context's device, or the host with offload.optimizer). The loss is
-// read back after the step (one host wait, the step's end). StepStats::inside counts the host
+// where the gradients live (squares summed in f64 on the device, deterministically; all-reduced in
+// f64 over the data communicator), the clip coefficient computed there too, and AdamW on each
+// rank's fp32 master shards where they live (the context's device, reading the coefficient from
+// device memory; or the host with offload.optimizer). The loss, norm and coefficient are read
+// back after the step (one host wait, the step's end). StepStats::inside counts the host
 // synchronizations and device allocations made between the first gather and the optimizer: both
 // 0 on CUDA with NCCL (runtime/sync_counters.h); on the CPU there is nothing to count.
 // Thread safety: one thread per rank; every rank calls in the same order.
@@ -50,15 +52,18 @@ class FsdpDriver {
   int micro_index_ = 0;
 };
 
-// AdamW moments of this rank's shards, per unit, where the master shards live.
+// AdamW moments of this rank's shards, per unit, where the master shards live; the gradient norm's
+// scratch where the gradient shards live (the compute device).
 struct OptimizerState {
   std::vector<Tensor> exp_avg, exp_avg_sq;  // f32, the master shard's size
+  Tensor norm_scratch;  // f64 [2 + kSumSquaresBlocks]: sum of squares, norm, partial sums
+  Tensor clip_scale;    // f32 [1]: the clip coefficient AdamW reads
 };
 OptimizerState make_optimizer_state(const QloraModel& qm);
 
 struct StepOptions {
   int64_t step = 0;              // 0-based; AdamW's count is step + 1
-  AdamWParams adamw;             // lr for this step; grad_scale is set by train_step
+  AdamWParams adamw;             // lr for this step; grad_scale unused (the clip coefficient replaces it)
   double grad_clip = 0;          // max global norm; 0 = none
   int64_t rank_row_offset = 0;   // global index of this rank's first sequence in the global batch
   int64_t seq_len = 0;           // T
