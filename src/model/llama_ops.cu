@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -121,8 +123,38 @@ __global__ void rmsnorm_bwd_kernel(bf16* dx, const bf16* dout, const bf16* x, co
   }
 }
 
+// ---- element-wise ops: one per-element function, run by a scalar kernel or, when every pointer is
+// 16-byte aligned and n a multiple of 8, by a kernel moving 8 bf16 (16 bytes) per load/store. Both
+// give the same bits (the same function per element); the wide one is the common case (buffers
+// come 256-byte aligned, widths are multiples of 8).
+
+struct alignas(16) Bf16x8 {
+  bf16 v[8];
+};
+
+bool vec8_ok(int64_t n, std::initializer_list<const void*> ptrs) {
+  if (n % 8 != 0) return false;
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+__device__ __forceinline__ bf16 add_one(bf16 a, bf16 b) {
+  return __float2bfloat16_rn(__bfloat162float(a) + __bfloat162float(b));
+}
+
 __global__ void add_kernel(bf16* out, const bf16* a, const bf16* b, int64_t n) {
-  QS_GRID_STRIDE(i, n) out[i] = __float2bfloat16_rn(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+  QS_GRID_STRIDE(i, n) out[i] = add_one(a[i], b[i]);
+}
+
+__global__ void add_kernel_v8(bf16* out, const bf16* a, const bf16* b, int64_t n8) {
+  QS_GRID_STRIDE(i, n8) {
+    const Bf16x8 x = reinterpret_cast<const Bf16x8*>(a)[i], y = reinterpret_cast<const Bf16x8*>(b)[i];
+    Bf16x8 r;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) r.v[k] = add_one(x.v[k], y.v[k]);
+    reinterpret_cast<Bf16x8*>(out)[i] = r;
+  }
 }
 
 __global__ void add_bias_kernel(bf16* y, const float* bias, int64_t N, int64_t W) {
@@ -147,19 +179,46 @@ __global__ void rope_kernel(bf16* x, const float* cos, const float* sin, int64_t
   }
 }
 
+__device__ __forceinline__ bf16 swiglu_one(bf16 gate, bf16 up) {
+  const float g = __bfloat162float(gate);
+  return __float2bfloat16_rn((g / (1.0f + expf(-g))) * __bfloat162float(up));
+}
+
+__device__ __forceinline__ void swiglu_bwd_one(bf16& dgate, bf16& dup, bf16 dh, bf16 gate, bf16 up) {
+  const float g = __bfloat162float(gate), d = __bfloat162float(dh);
+  const float sig = 1.0f / (1.0f + expf(-g));
+  dup = __float2bfloat16_rn(d * g * sig);
+  dgate = __float2bfloat16_rn(d * __bfloat162float(up) * sig * (1.0f + g * (1.0f - sig)));
+}
+
 __global__ void swiglu_fwd_kernel(bf16* h, const bf16* gate, const bf16* up, int64_t n) {
-  QS_GRID_STRIDE(i, n) {
-    const float g = __bfloat162float(gate[i]);
-    h[i] = __float2bfloat16_rn((g / (1.0f + expf(-g))) * __bfloat162float(up[i]));
+  QS_GRID_STRIDE(i, n) h[i] = swiglu_one(gate[i], up[i]);
+}
+
+__global__ void swiglu_fwd_kernel_v8(bf16* h, const bf16* gate, const bf16* up, int64_t n8) {
+  QS_GRID_STRIDE(i, n8) {
+    const Bf16x8 g = reinterpret_cast<const Bf16x8*>(gate)[i], u = reinterpret_cast<const Bf16x8*>(up)[i];
+    Bf16x8 r;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) r.v[k] = swiglu_one(g.v[k], u.v[k]);
+    reinterpret_cast<Bf16x8*>(h)[i] = r;
   }
 }
 
 __global__ void swiglu_bwd_kernel(bf16* dgate, bf16* dup, const bf16* dh, const bf16* gate, const bf16* up, int64_t n) {
-  QS_GRID_STRIDE(i, n) {
-    const float g = __bfloat162float(gate[i]), d = __bfloat162float(dh[i]);
-    const float sig = 1.0f / (1.0f + expf(-g));
-    dup[i] = __float2bfloat16_rn(d * g * sig);
-    dgate[i] = __float2bfloat16_rn(d * __bfloat162float(up[i]) * sig * (1.0f + g * (1.0f - sig)));
+  QS_GRID_STRIDE(i, n) swiglu_bwd_one(dgate[i], dup[i], dh[i], gate[i], up[i]);
+}
+
+__global__ void swiglu_bwd_kernel_v8(bf16* dgate, bf16* dup, const bf16* dh, const bf16* gate, const bf16* up,
+                                     int64_t n8) {
+  QS_GRID_STRIDE(i, n8) {
+    const Bf16x8 d = reinterpret_cast<const Bf16x8*>(dh)[i], g = reinterpret_cast<const Bf16x8*>(gate)[i],
+                 u = reinterpret_cast<const Bf16x8*>(up)[i];
+    Bf16x8 rg, ru;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) swiglu_bwd_one(rg.v[k], ru.v[k], d.v[k], g.v[k], u.v[k]);
+    reinterpret_cast<Bf16x8*>(dgate)[i] = rg;
+    reinterpret_cast<Bf16x8*>(dup)[i] = ru;
   }
 }
 
@@ -348,7 +407,10 @@ void rmsnorm_bwd(uint16_t* dx, const uint16_t* dout, const uint16_t* x, const fl
 
 void add(uint16_t* out, const uint16_t* a, const uint16_t* b, int64_t n, DeviceContext& ctx) {
   if (n == 0) return;
-  add_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(out), B16(a), B16(b), n);
+  if (vec8_ok(n, {out, a, b}))
+    add_kernel_v8<<<grid_for(n / 8), 256, 0, st(ctx)>>>(B16(out), B16(a), B16(b), n / 8);
+  else
+    add_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(out), B16(a), B16(b), n);
   QS_CUDA_CHECK_LAUNCH();
 }
 
@@ -404,14 +466,21 @@ void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64
 
 void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx) {
   if (n == 0) return;
-  swiglu_fwd_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(h), B16(gate), B16(up), n);
+  if (vec8_ok(n, {h, gate, up}))
+    swiglu_fwd_kernel_v8<<<grid_for(n / 8), 256, 0, st(ctx)>>>(B16(h), B16(gate), B16(up), n / 8);
+  else
+    swiglu_fwd_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(h), B16(gate), B16(up), n);
   QS_CUDA_CHECK_LAUNCH();
 }
 
 void swiglu_bwd(uint16_t* dgate, uint16_t* dup, const uint16_t* dh, const uint16_t* gate, const uint16_t* up,
                 int64_t n, DeviceContext& ctx) {
   if (n == 0) return;
-  swiglu_bwd_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(dgate), B16(dup), B16(dh), B16(gate), B16(up), n);
+  if (vec8_ok(n, {dgate, dup, dh, gate, up}))
+    swiglu_bwd_kernel_v8<<<grid_for(n / 8), 256, 0, st(ctx)>>>(B16(dgate), B16(dup), B16(dh), B16(gate), B16(up),
+                                                               n / 8);
+  else
+    swiglu_bwd_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(dgate), B16(dup), B16(dh), B16(gate), B16(up), n);
   QS_CUDA_CHECK_LAUNCH();
 }
 

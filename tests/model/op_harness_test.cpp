@@ -160,10 +160,10 @@ TEST(OpHarness, RmsNorm) {
   });
 }
 
-// SwiGLU forward and backward. CPU tol 1e-6: one exp and a few products per element.
+// SwiGLU forward and backward. CPU tol 1e-6: one exp and a few products per element. n = 517 runs
+// CUDA's scalar kernels, n = 1024 the 8-wide ones; the two give the same bits on the same inputs.
 TEST(OpHarness, SwiGlu) {
-  for_each_case([](DeviceContext& ctx, Inputs& in) {
-    const int64_t n = 517;
+  for (const int64_t n : {int64_t{517}, int64_t{1024}}) for_each_case([n](DeviceContext& ctx, Inputs& in) {
     Tensor g = to_act(ctx, in.vec(n)), u = to_act(ctx, in.vec(n)), d = to_act(ctx, in.vec(n));
     const auto Gt = back(ctx, g), U = back(ctx, u), D = back(ctx, d);
     Tensor h = to_act(ctx, std::vector<float>(n)),
@@ -180,6 +180,19 @@ TEST(OpHarness, SwiGlu) {
     report(ctx, "swiglu_fwd", in.adversarial, back(ctx, h), hw, tol(ctx, 1e-6, 4e-3));
     report(ctx, "swiglu_bwd dgate", in.adversarial, back(ctx, dg), dgw, tol(ctx, 1e-6, 4e-3));
     report(ctx, "swiglu_bwd dup", in.adversarial, back(ctx, du), duw, tol(ctx, 1e-6, 4e-3));
+    if (n % 8 == 0) {  // the scalar path (n - 1 elements) against the wide one, bit for bit
+      Tensor h2 = to_act(ctx, std::vector<float>(n)), dg2 = to_act(ctx, std::vector<float>(n)),
+             du2 = to_act(ctx, std::vector<float>(n));
+      ops::swiglu_fwd(h2.raw(), g.raw(), u.raw(), n - 1, ctx);
+      ops::swiglu_bwd(dg2.raw(), du2.raw(), d.raw(), g.raw(), u.raw(), n - 1, ctx);
+      const auto a1 = back(ctx, h), a2 = back(ctx, h2), b1 = back(ctx, dg), b2 = back(ctx, dg2);
+      const auto c1 = back(ctx, du), c2 = back(ctx, du2);
+      for (int64_t i = 0; i < n - 1; ++i) {
+        ASSERT_EQ(a1[i], a2[i]) << "swiglu_fwd wide vs scalar at " << i;
+        ASSERT_EQ(b1[i], b2[i]) << "swiglu_bwd dgate wide vs scalar at " << i;
+        ASSERT_EQ(c1[i], c2[i]) << "swiglu_bwd dup wide vs scalar at " << i;
+      }
+    }
   });
 }
 
@@ -417,8 +430,8 @@ TEST(OpHarness, EmbeddingAndDropoutAreExact) {
 // weight to f32, rounding f32 values through bf16. CPU tol 0 (one exact-or-rounded operation, as
 // the oracle); CUDA 8e-3 for the bf16 activation (rounded after each of the two ops), 0 for f32.
 TEST(OpHarness, AccumulateBiasWidenRound) {
-  for_each_case([](DeviceContext& ctx, Inputs& in) {
-    const int64_t N = 5, W = 37, n = N * W;
+  for (const int64_t W : {int64_t{37}, int64_t{40}}) for_each_case([W](DeviceContext& ctx, Inputs& in) {
+    const int64_t N = 5, n = N * W;  // W 40: CUDA's 8-wide accumulate
     Tensor a = to_act(ctx, in.vec(n)), b = to_act(ctx, in.vec(n));
     const auto A = back(ctx, a), Bv = back(ctx, b);
     const std::vector<float> bias = in.bounded(W);
