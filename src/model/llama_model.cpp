@@ -517,11 +517,15 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
   ops::gemm(dt, dy, p.lora_B, typed({N, p.r, p.out, false, false}, act_t, act_t, act_t), ctx_);  // dt = dy B  [N,r]
   if (p.grad_A)  // dA += s dt^T xd
     ops::gemm(p.grad_A, dt, xd, typed({p.r, p.in, N, true, false, p.scaling, 1.0f}, act_t, act_t, f32), ctx_);
-  void* dxd = ws.take(N * p.in * esz, "LoRA dx");
-  ops::gemm(dxd, dt, p.lora_A, typed({N, p.in, p.r, false, false, p.scaling, 0.0f}, act_t, act_t, act_t),
-            ctx_);  // s dt A
-  ops::dropout_fwd(dxd, dxd, key, N, p.in, ctx_);  // the mask's transpose is itself
-  ops::accumulate(dx, dxd, N * p.in, ctx_);
+  if (key.p == 0.0f) {  // dx += s dt A straight into dx (on the CPU the same bits as the path below)
+    ops::gemm(dx, dt, p.lora_A, typed({N, p.in, p.r, false, false, p.scaling, 1.0f}, act_t, act_t, act_t), ctx_);
+  } else {
+    void* dxd = ws.take(N * p.in * esz, "LoRA dx");
+    ops::gemm(dxd, dt, p.lora_A, typed({N, p.in, p.r, false, false, p.scaling, 0.0f}, act_t, act_t, act_t),
+              ctx_);  // s dt A
+    ops::dropout_fwd(dxd, dxd, key, N, p.in, ctx_);  // the mask's transpose is itself
+    ops::accumulate(dx, dxd, N * p.in, ctx_);
+  }
   ws.rewind(ws_mark);
   mark(StepPart::kOther);
 }
