@@ -13,7 +13,8 @@
 #             -> big.log, big_*.jsonl
 #   profile   the 8B-shaped job, 6 steps, QSHARD_PROFILE=1 (the compute stream's time split) -> profile.log
 #   sanitize  compute-sanitizer memcheck / racecheck / synccheck on the op harness and on 3 steps
-#             of the tiny job -> sanitize.log
+#             of the tiny job (QSHARD_GEMM_RATE=0: no start-up GEMM measurement under the tools;
+#             SAN_STEPS, SAN_TIMEOUT per run) -> sanitize.log
 # Usage: scripts/gpu_train_check.sh [stage...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -114,7 +115,7 @@ for stage in "${stages[@]}"; do
       # shared-memory races); the run that includes them is kept in the log.
       : > "$OUT/sanitize.log"
       mkdir -p $W && [ -f $W/tiny.tok ] || $Q tokenize data/*.txt --out $W/tiny.tok > /dev/null
-      step_args=(train --config configs/tiny.yaml --set data.train=$W/tiny.tok --set steps=3 --set device=cuda
+      step_args=(train --config configs/tiny.yaml --set data.train=$W/tiny.tok --set steps=${SAN_STEPS:-3} --set device=cuda
                  --set checkpoint.dir="" --set logging.metrics_jsonl="" --set data.eval_fraction=0 --set schedule.warmup_steps=1)
       for tool in memcheck racecheck synccheck; do
         for excl in "" "--kernel-name-exclude kns=cudnn_generated"; do
@@ -123,7 +124,8 @@ for stage in "${stages[@]}"; do
           compute-sanitizer --tool $tool --report-api-errors no $excl --error-exitcode 9 build/tests/model/op_harness_test \
             > "$W/san_ops_$tag.log" 2>&1
           echo "op harness $tag: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $W/san_ops_$tag.log | tail -1)" | tee -a "$OUT/sanitize.log"
-          compute-sanitizer --tool $tool --report-api-errors no $excl --error-exitcode 9 $Q "${step_args[@]}" \
+          QSHARD_GEMM_RATE=0 timeout "${SAN_TIMEOUT:-240}" \
+            compute-sanitizer --tool $tool --report-api-errors no $excl --error-exitcode 9 $Q "${step_args[@]}" \
             > "$W/san_step_$tag.log" 2>&1
           echo "3 tiny steps $tag: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $W/san_step_$tag.log | tail -1)" | tee -a "$OUT/sanitize.log"
           grep -h "what()\|fatal" "$W/san_ops_$tag.log" "$W/san_step_$tag.log" | head -2 | tee -a "$OUT/sanitize.log"
