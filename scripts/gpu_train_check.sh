@@ -9,6 +9,8 @@
 #             50, and a CPU run stopped at 25 resumed on the GPU; exports of the GPU run's final
 #             checkpoint made on the CPU (qshard export) compared byte for byte with the GPU run's
 #             own; loss curves compared with scripts/compare_loss_curves.py -> tiny.log, *.jsonl
+#   nccl2     (two GPUs) tiny.yaml on 2 ranks over NCCL, and again with NCCL_P2P_DISABLE=1
+#             NCCL_SHM_DISABLE=1 (NCCL's network transport, as between two nodes) -> nccl2.log
 #   big       bench/configs/llama31_8b_shape.yaml: 20 steps at 4 x 2048, offload off, then on
 #             -> big.log, big_*.jsonl
 #   profile   the 8B-shaped job, 6 steps, QSHARD_PROFILE=1 (the compute stream's time split) -> profile.log
@@ -94,6 +96,19 @@ for stage in "${stages[@]}"; do
         --set logging.metrics_jsonl="" ${PROFILE_SET:-} > "$W/profile.log" 2>&1
       echo "profile exit $?" | tee "$OUT/profile.log"
       grep -E "GEMM rate|^step [56]/|time split|  [a-zA-Z]" "$W/profile.log" | tee -a "$OUT/profile.log"
+      ;;
+    nccl2)  # two GPUs (nvidia-h200-x2): NCCL between the ranks, then NCCL's network path
+      mkdir -p $W && [ -f $W/tiny.tok ] || $Q tokenize data/*.txt --out $W/tiny.tok > /dev/null
+      : > "$OUT/nccl2.log"
+      [ -f "$OUT/cpu1.jsonl" ] || train cpu1 1 cpu
+      train gpu2_nccl 2 cuda
+      export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1
+      MPI_SAVED=$MPI; MPI="$MPI -x NCCL_P2P_DISABLE -x NCCL_SHM_DISABLE"
+      train gpu2_nccl_net 2 cuda
+      MPI=$MPI_SAVED; unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE
+      python3 scripts/compare_loss_curves.py "$OUT/cpu1.jsonl" "$OUT/gpu2_nccl.jsonl" "$OUT/gpu2_nccl_net.jsonl" \
+        --tol "${TINY_TOL:-0.02}" | tee -a "$OUT/nccl2.log" || rc_all=1
+      grep -h "data communicator\|NCCL" $W/gpu2_nccl.log | head -3 | tee -a "$OUT/nccl2.log"
       ;;
     big)
       mkdir -p $W && [ -f $W/tiny.tok ] || $Q tokenize data/*.txt --out $W/tiny.tok > /dev/null
