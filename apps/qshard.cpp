@@ -168,6 +168,8 @@ int run(int argc, char** argv) {
     if (!compute || !dtype_is_float(*compute))
       throw InputError("--compute-dtype '" + q_compute + "' is not float32, bfloat16 or float16");
     o.compute_dtype = *compute;
+    if (!(q_shard_gb > 0) || !(q_shard_gb <= 1e6))  // NaN fails both
+      throw InputError("--max-shard-size-gb " + std::to_string(q_shard_gb) + ": expected a size in (0, 1e6] GB");
     o.max_shard_bytes = static_cast<uint64_t>(q_shard_gb * 1e9);
     FolderReport r = quantize_model_folder(q_in, q_out, o);
     print_report("quantized", r, q_out);
@@ -178,6 +180,7 @@ int run(int argc, char** argv) {
   }
   if (evalc->parsed()) {
     eo.device = *parse_device_choice(eval_device);
+    if (eo.seq_len < 0) throw InputError("--seq-len " + std::to_string(eo.seq_len) + ": expected a positive length");
     const EvalResult r = evaluate_model(eo);
     std::printf("eval: %lld sequences, %lld tokens: loss %.6f, perplexity %.4f\n", (long long)r.sequences,
                 (long long)r.tokens, r.loss, r.perplexity);
@@ -222,7 +225,8 @@ int run(int argc, char** argv) {
     else if (ex_format == "peft") o.format = ExportFormat::kPeft;
     else if (ex_format == "merged") o.format = ExportFormat::kMerged;
     else throw InputError("--format '" + ex_format + "': expected bnb4, peft or merged");
-    if (!(ex_shard_gb > 0)) throw InputError("--max-shard-size " + std::to_string(ex_shard_gb) + ": expected > 0");
+    if (!(ex_shard_gb > 0) || !(ex_shard_gb <= 1e6))
+      throw InputError("--max-shard-size " + std::to_string(ex_shard_gb) + ": expected a size in (0, 1e6] GB");
     o.out_dir = ex_out;
     o.max_shard_bytes = static_cast<uint64_t>(ex_shard_gb * 1e9);
     o.base_model_name_or_path = ex_base;

@@ -1,5 +1,7 @@
 #include "checkpoint/hf_config.h"
 
+#include "runtime/input_file.h"
+
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -143,14 +145,9 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
 LlamaConfig LlamaConfig::load(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
   if (!std::filesystem::is_directory(dir)) throw InputError("model folder " + dir + " does not exist or is not a directory");
-  std::ifstream in(path);
-  if (!in) throw InputError("model folder " + dir + " has no config.json (expected " + path + ")");
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    throw InputError(path + ": not valid JSON (" + e.what() + ")");
-  }
+  if (!std::filesystem::exists(path))
+    throw InputError("model folder " + dir + " has no config.json (expected " + path + ")");
+  const json j = parse_json_input(read_input_file(path, "model config"), path);
   LlamaConfig c = from_json(j, path);
   c.source_dir = dir;
   return c;

@@ -5,20 +5,16 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
+#include "runtime/input_file.h"
 
 namespace qshard {
 namespace fs = std::filesystem;
 
 PeftLoraConfig read_peft_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "adapter_config.json").string();
-  std::ifstream in(path);
-  if (!in) throw InputError("adapter folder " + dir + " has no adapter_config.json");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(path + ": not valid JSON (" + e.what() + ")");
-  }
+  if (!fs::exists(path)) throw InputError("adapter folder " + dir + " has no adapter_config.json");
+  const nlohmann::json j = parse_json_input(read_input_file(path, "adapter config"), path);
+  if (!j.is_object()) throw InputError(path + ": must be a JSON object");
   if (j.value("peft_type", std::string()) != "LORA")
     throw InputError(path + ": key \"peft_type\" is " + j.value("peft_type", std::string("missing")) + ", expected \"LORA\"");
   PeftLoraConfig c;
@@ -35,6 +31,23 @@ PeftLoraConfig read_peft_config(const std::string& dir) {
   else if (t.is_array())
     for (const auto& s : t) c.target_modules.push_back(s.get<std::string>());
   else throw InputError(path + ": key \"target_modules\" must be a list of module names");
+  // LoRA features qshard does not implement are refused, never ignored (an ignored alpha_pattern
+  // would silently compute another model than PEFT does).
+  auto refuse = [&](const char* key, const std::string& why) {
+    throw InputError(path + ": key \"" + key + "\" " + why + "; qshard implements plain LoRA (and rsLoRA) only");
+  };
+  for (const char* key : {"alpha_pattern", "rank_pattern"})
+    if (j.contains(key) && !j[key].is_null() && !(j[key].is_object() && j[key].empty()))
+      refuse(key, "sets per-module values");
+  if (j.value("use_dora", false)) refuse("use_dora", "is true (DoRA)");
+  if (j.contains("bias") && !j["bias"].is_null() && j["bias"] != "none") refuse("bias", "trains biases");
+  if (j.value("fan_in_fan_out", false)) refuse("fan_in_fan_out", "is true (Conv1D-style weights)");
+  if (j.value("lora_bias", false)) refuse("lora_bias", "is true (a bias on lora_B)");
+  for (const char* key : {"modules_to_save", "layers_to_transform", "layer_replication", "exclude_modules",
+                          "target_parameters", "trainable_token_indices"})
+    if (j.contains(key) && !j[key].is_null() && !(j[key].is_array() && j[key].empty())) refuse(key, "is set");
+  if (j.contains("use_qalora") && j["use_qalora"].is_boolean() && j["use_qalora"].get<bool>())
+    refuse("use_qalora", "is true");
   return c;
 }
 

@@ -1,4 +1,5 @@
 #include "checkpoint/safetensors.h"
+#include "runtime/input_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -111,8 +112,12 @@ class StrictJsonBuilder {
   bool number_float(number_float_t v, const string_t&) { put(v); return true; }
   bool string(string_t& v) { put(std::move(v)); return true; }
   bool binary(binary_t& v) { put(ojson::binary(std::move(v))); return true; }
-  bool start_object(size_t) { open(ojson::object()); return true; }
-  bool start_array(size_t) { open(ojson::array()); return true; }
+  bool start_object(size_t) { check_depth(); open(ojson::object()); return true; }
+  bool start_array(size_t) { check_depth(); open(ojson::array()); return true; }
+  void check_depth() const {
+    if (stack_.size() + 1 > static_cast<size_t>(kMaxJsonDepth))
+      throw InputError(fmt::format("{}: JSON nested more than {} levels deep; refused", label_, kMaxJsonDepth));
+  }
   bool end_object() { close(); return true; }
   bool end_array() { close(); return true; }
   bool key(string_t& k) {

@@ -1,4 +1,5 @@
 #include "checkpoint/safetensors_index.h"
+#include "runtime/input_file.h"
 
 #include <cerrno>
 #include <cmath>
@@ -17,6 +18,7 @@ using ojson = nlohmann::ordered_json;
 namespace fs = std::filesystem;
 
 std::string read_text_file(const std::string& path) {
+  check_input_file(path, "safetensors index");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
   std::ostringstream ss;

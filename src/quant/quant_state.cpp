@@ -1,4 +1,5 @@
 #include "quant/quant_state.h"
+#include "runtime/input_file.h"
 
 #include <algorithm>
 #include <charconv>
@@ -84,12 +85,7 @@ DType require_dtype(const nlohmann::json& j, const char* key, const std::string&
 }  // namespace
 
 QuantState QuantState::from_packed_json(std::string_view text, const std::string& label) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(label + ": packed quant state is not valid JSON (" + e.what() + ")");
-  }
+  const nlohmann::json j = parse_json_input(text, label + ": packed quant state");
   if (!j.is_object()) throw InputError(label + ": packed quant state is not a JSON object");
   QuantState st;
   const auto& qt = require(j, "quant_type", label);

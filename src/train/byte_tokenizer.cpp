@@ -1,5 +1,7 @@
 #include "train/byte_tokenizer.h"
+#include "runtime/input_file.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -19,6 +21,7 @@ bool ends_with(const std::string& s, std::string_view suffix) {
 }
 
 std::string read_whole_file(const std::string& path) {
+  check_input_file(path, "input file");  // a folder, FIFO or device is refused before it is opened
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(fmt::format("{}: cannot open input file", path));
   std::stringstream ss;
@@ -88,12 +91,7 @@ std::vector<std::string> split_documents(std::string_view contents, InputFormat 
       continue;
     }
     if (is_blank(line)) continue;  // jsonl: blank lines are allowed
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw InputError(fmt::format("{}:{}: not valid JSON: {}", label, line_no, e.what()));
-    }
+    const nlohmann::json j = parse_json_input(line, fmt::format("{}:{}", label, line_no));
     if (!j.is_object()) throw InputError(fmt::format("{}:{}: expected a JSON object per line, got {}", label, line_no, j.type_name()));
     const auto it = j.find(options.jsonl_field);
     if (it == j.end())
@@ -112,6 +110,13 @@ std::vector<std::string> split_documents(std::string_view contents, InputFormat 
 TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const TokenizeOptions& options,
                              const std::string& out_path) {
   if (inputs.empty()) throw InputError(fmt::format("{}: no input files to tokenize", out_path));
+  // Every input is checked before the output is created; the output must not be one of them.
+  for (const auto& path : inputs) {
+    check_input_file(path, "input file");
+    std::error_code ec;
+    if (std::filesystem::exists(out_path, ec) && std::filesystem::equivalent(path, out_path, ec))
+      throw InputError(fmt::format("--out {} is also an input; tokenizing would overwrite it", out_path));
+  }
   TokenizeStats stats;
   TokenFileWriter writer(out_path, kByteVocabSize);
   for (const auto& path : inputs) {

@@ -1,4 +1,5 @@
 #include "train/evaluate.h"
+#include "runtime/input_file.h"
 
 #include <algorithm>
 #include <cmath>
@@ -18,14 +19,7 @@ namespace qshard {
 namespace {
 
 std::vector<std::vector<int64_t>> read_json_ids(const std::string& path, int64_t vocab) {
-  std::ifstream in(path);
-  if (!in) throw InputError("data file " + path + " does not exist or cannot be read");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(path + ": not valid JSON (" + e.what() + ")");
-  }
+  const nlohmann::json j = parse_json_input(read_input_file(path, "data file", uint64_t{1} << 30), path);
   if (!j.is_array() || j.empty()) throw InputError(path + ": expected a non-empty JSON list of token-id lists");
   std::vector<std::vector<int64_t>> out;
   for (size_t s = 0; s < j.size(); ++s) {
@@ -68,6 +62,7 @@ void move_tree_to(Module& m, Device device) {
 }  // namespace
 
 EvalResult evaluate_model(const EvalOptions& o) {
+  if (o.seq_len < 0) throw InputError("eval --seq-len " + std::to_string(o.seq_len) + ": expected a positive length");
   const LlamaConfig cfg = LlamaConfig::load(o.model_dir);
   LlamaTreeOptions to;
   to.dtype = DType::kF32;

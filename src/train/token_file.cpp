@@ -1,4 +1,5 @@
 #include "train/token_file.h"
+#include "runtime/input_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -40,6 +41,8 @@ T read_le(const uint8_t* p) {
 TokenFile TokenFile::open(const std::string& path) {
   TokenFile t;
   t.path_ = path;
+  // Not opened when it is a FIFO or a device (open would block, or read for ever).
+  if (struct stat pre {}; ::stat(path.c_str(), &pre) == 0 && !S_ISREG(pre.st_mode)) check_input_file(path, "token file");
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw InputError(fmt::format("{}: cannot open token file: {}", path, std::strerror(errno)));
   struct stat st {};

@@ -1,5 +1,7 @@
 #include "train/train_config.h"
 
+#include "runtime/input_file.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -301,7 +303,12 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
   c.source = label;
   YAML::Node root;
   try {
-    root = YAML::Load(yaml_text);
+    // One document: a second one (after `---`) would otherwise be dropped without a word.
+    const std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
+    if (docs.size() > 1)
+      throw InputError(fmt::format("{}: holds {} YAML documents (separated by ---); a job is one document", label,
+                                   docs.size()));
+    if (!docs.empty()) root = docs.front();
   } catch (const YAML::Exception& e) {
     throw InputError(fmt::format("{}: not valid YAML (line {}, column {}): {}", label, e.mark.line + 1,
                                  e.mark.column + 1, e.msg));
@@ -315,11 +322,8 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
 }
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(fmt::format("{}: cannot open config file", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_train_config(ss.str(), path, overrides);
+  // A regular file of at most 64 MiB: a folder, a FIFO or /dev/zero is refused by name.
+  return parse_train_config(read_input_file(path, "config file"), path, overrides);
 }
 
 void TrainConfig::validate(int world_size) const {

@@ -214,6 +214,31 @@ TEST_F(ExportTest, PeftAdapterLoadsBackIdentically) {
   const PeftLoraConfig c = read_peft_config(out);
   EXPECT_EQ(c.r, kRank);
   EXPECT_EQ(c.lora_alpha, kAlpha);
+  {  // PEFT features qshard does not implement are refused by key, never ignored.
+    const std::string cfg_path = (fs::path(out) / "adapter_config.json").string();
+    std::ifstream cin(cfg_path);
+    const nlohmann::json orig = nlohmann::json::parse(cin);
+    cin.close();
+    for (const auto& [key, value] :
+         std::vector<std::pair<std::string, nlohmann::json>>{{"alpha_pattern", {{"q_proj", 32}}},
+                                                             {"rank_pattern", {{"q_proj", 8}}},
+                                                             {"use_dora", true},
+                                                             {"bias", "lora_only"},
+                                                             {"fan_in_fan_out", true},
+                                                             {"modules_to_save", {"lm_head"}}}) {
+      nlohmann::json bad = orig;
+      bad[key] = value;
+      std::ofstream(cfg_path) << bad.dump(2);
+      try {
+        read_peft_config(out);
+        ADD_FAILURE() << key << " was accepted";
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("\"" + key + "\""), std::string::npos) << e.what();
+      }
+    }
+    std::ofstream(cfg_path) << orig.dump(2);
+    EXPECT_EQ(read_peft_config(out).r, kRank);
+  }
   const auto keys = [](const nlohmann::json& j) {
     std::vector<std::string> k;
     for (auto it = j.begin(); it != j.end(); ++it) k.push_back(it.key());

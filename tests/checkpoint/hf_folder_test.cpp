@@ -112,6 +112,14 @@ TEST(HfFolder, MissingConfigJson) {
   EXPECT_FALSE(fs::exists(t / "out"));
 }
 
+// config.json nested 100k deep: a clear error naming the file, not a stack overflow.
+TEST(HfFolder, DeeplyNestedConfigJson) {
+  TempDir t;
+  fs::create_directories(t / "model");
+  std::ofstream(t / "model/config.json") << std::string(100000, '[') << std::string(100000, ']');
+  expect_input_error([&] { LlamaConfig::load(t / "model"); }, {"config.json", "nested more than"});
+}
+
 TEST(HfFolder, MissingTensorNamesTheTensor) {
   TempDir t;
   // Rewrite the model without one projection.

@@ -83,6 +83,24 @@ TEST(ByteTokenizer, InputErrors) {
   TempDir dir;
   EXPECT_THROW(tokenize_files({}, {}, dir.file("o.tok")), InputError);
   EXPECT_THROW(tokenize_files({dir.file("missing.txt")}, {}, dir.file("o.tok")), InputError);
+  // The output may not be one of the inputs (it would be overwritten); the input survives.
+  const std::string in = dir.file("in.txt");
+  testing_util::write_bytes(in, "hello");
+  try {
+    tokenize_files({in}, {}, in);
+    ADD_FAILURE() << "tokenize X --out X was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("is also an input"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(testing_util::read_bytes(in), "hello");
+  // A folder or a device as input is refused by name.
+  EXPECT_THROW(tokenize_files({dir.file("")}, {}, dir.file("o.tok")), InputError);
+  try {
+    tokenize_files({"/dev/zero"}, {}, dir.file("o.tok"));
+    ADD_FAILURE() << "/dev/zero was read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("/dev/zero is a character device"), std::string::npos) << e.what();
+  }
   EXPECT_EQ(parse_input_format("jsonl"), InputFormat::kJsonl);
   EXPECT_THROW(parse_input_format("csv"), InputError);
 }

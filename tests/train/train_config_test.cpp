@@ -51,6 +51,17 @@ TEST(TrainConfig, UnknownKeySuggestsNearest) {
             std::string::npos);
 }
 
+TEST(TrainConfig, OneDocumentFromARegularFile) {
+  // A second YAML document would be dropped without a word: refused.
+  EXPECT_NE(error_of([] { parse_train_config("steps: 3\n---\nsteps: 4\n", "two.yaml"); })
+                .find("two.yaml: holds 2 YAML documents"),
+            std::string::npos);
+  TempDir dir;
+  EXPECT_NE(error_of([&] { load_train_config(dir.file("")); }).find("is a folder"), std::string::npos);
+  EXPECT_NE(error_of([] { load_train_config("/dev/zero"); }).find("/dev/zero is a character device"),
+            std::string::npos);
+}
+
 TEST(TrainConfig, SetOverrides) {
   const TrainConfig c = parse_train_config(
       kMinimal, "x.yaml",

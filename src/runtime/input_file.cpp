@@ -1,0 +1,73 @@
+#include "runtime/input_file.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace qshard {
+
+namespace {
+const char* file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a folder";
+  if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "a special file";
+}
+}  // namespace
+
+uint64_t check_input_file(const std::string& path, const std::string& what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw InputError("cannot open " + what + " " + path + ": " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    throw InputError(what + " " + path + " is " + file_kind(st.st_mode) + ", not a regular file");
+  return static_cast<uint64_t>(st.st_size);
+}
+
+std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
+  const uint64_t size = check_input_file(path, what);
+  if (size > max_bytes)
+    throw InputError(what + " " + path + " is " + std::to_string(size) + " bytes, more than the " +
+                     std::to_string(max_bytes) + " bytes such a file may have");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError("cannot open " + what + " " + path + ": " + std::strerror(errno));
+  std::string text;
+  text.resize(static_cast<size_t>(size));
+  in.read(text.data(), static_cast<std::streamsize>(size));
+  if (static_cast<uint64_t>(in.gcount()) != size)
+    throw InputError(what + " " + path + ": read " + std::to_string(in.gcount()) + " of " + std::to_string(size) +
+                     " bytes (did it change while being read?)");
+  return text;
+}
+
+nlohmann::json parse_json_input(std::string_view text, const std::string& label) {
+  using json = nlohmann::json;
+  bool too_deep = false;
+  const json::parser_callback_t bound = [&too_deep](int depth, json::parse_event_t event, json&) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth) {
+      too_deep = true;
+      throw InputError("");  // stops the parser; reported below
+    }
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), bound);
+  } catch (const InputError&) {
+    if (too_deep)
+      throw InputError(label + ": JSON nested more than " + std::to_string(kMaxJsonDepth) +
+                       " levels deep; refused (no qshard file nests that deep)");
+    throw;
+  } catch (const json::exception& e) {
+    throw InputError(label + ": not valid JSON (" + e.what() + ")");
+  }
+}
+
+}  // namespace qshard

@@ -1,0 +1,29 @@
+// input_file.h: reading what a user hands qshard (a YAML job, config.json, adapter_config.json, a
+// JSON list of ids, a text corpus, a token file) without blocking, exhausting memory or recursing
+// without bound on hostile input.
+//
+// check_input_file: `path` must name a regular file (symbolic links followed): a folder, a FIFO, a
+//   socket or a device (/dev/zero) is an InputError naming `what` and the path, raised before the
+//   file is opened (opening a FIFO would block for ever). Returns its size in bytes.
+// read_input_file: check_input_file, then the whole file, refused when larger than max_bytes.
+// parse_json_input: JSON text -> json with the nesting bounded by kMaxJsonDepth (checked while
+//   parsing, before a deep document is built: deeper input is an InputError naming `label`, not a
+//   stack overflow in a later recursive copy); syntax errors are InputErrors naming `label`.
+// Thread safety: free functions, no shared state.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+namespace qshard {
+
+inline constexpr int kMaxJsonDepth = 256;
+inline constexpr uint64_t kMaxConfigBytes = uint64_t{64} << 20;  // YAML jobs, config.json, JSON side files
+
+uint64_t check_input_file(const std::string& path, const std::string& what);
+std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes = kMaxConfigBytes);
+nlohmann::json parse_json_input(std::string_view text, const std::string& label);
+
+}  // namespace qshard
