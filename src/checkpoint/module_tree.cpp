@@ -25,42 +25,44 @@ const char* node_kind_name(NodeKind k) {
 void Module::check_free(const std::string& name) const {
   if (name.empty() || name.find('.') != std::string::npos)
     throw Error("module " + type_name_ + ": invalid attribute name '" + name + "'");
-  if (slot(name) || child(name)) throw Error("module " + type_name_ + ": attribute '" + name + "' registered twice");
+  if (index_.count(name)) throw Error("module " + type_name_ + ": attribute '" + name + "' registered twice");
 }
 
 Module& Module::add_child(const std::string& name, const std::string& type_name) {
   check_free(name);
+  index_.emplace(name, std::make_pair(true, children_.size()));
   children_.emplace_back(name, std::make_unique<Module>(type_name));
   return *children_.back().second;
 }
 
 void Module::add_parameter(const std::string& name, Tensor t, bool trainable) {
   check_free(name);
+  index_.emplace(name, std::make_pair(false, slots_.size()));
   slots_.push_back({name, SlotKind::kParameter, std::move(t), nullptr, trainable});
 }
 
 void Module::add_buffer(const std::string& name, Tensor t) {
   check_free(name);
+  index_.emplace(name, std::make_pair(false, slots_.size()));
   slots_.push_back({name, SlotKind::kBuffer, std::move(t), nullptr, false});
 }
 
 void Module::add_params4bit(const std::string& name, std::shared_ptr<Params4bit> p) {
   check_free(name);
   QS_CHECK(p != nullptr, "null Params4bit");
+  index_.emplace(name, std::make_pair(false, slots_.size()));
   slots_.push_back({name, SlotKind::kParams4bit, Tensor(), std::move(p), false});
 }
 
 Module* Module::child(std::string_view name) {
-  for (auto& [n, m] : children_)
-    if (n == name) return m.get();
-  return nullptr;
+  const auto it = index_.find(name);
+  return it != index_.end() && it->second.first ? children_[it->second.second].second.get() : nullptr;
 }
 const Module* Module::child(std::string_view name) const { return const_cast<Module*>(this)->child(name); }
 
 Module::Slot* Module::slot(std::string_view name) {
-  for (auto& s : slots_)
-    if (s.name == name) return &s;
-  return nullptr;
+  const auto it = index_.find(name);
+  return it != index_.end() && !it->second.first ? &slots_[it->second.second] : nullptr;
 }
 const Module::Slot* Module::slot(std::string_view name) const { return const_cast<Module*>(this)->slot(name); }
 
