@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <set>
+#include <tuple>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -332,6 +333,14 @@ void TrainConfig::validate(int world_size) const {
   // model
   if (model.path.empty()) {
     const auto& m = model.init;
+    for (const auto& [key, v, cap] : {std::tuple{"model.init.vocab_size", m.vocab_size, int64_t{1} << 24},
+                                      std::tuple{"model.init.hidden_size", m.hidden_size, int64_t{1} << 20},
+                                      std::tuple{"model.init.intermediate_size", m.intermediate_size, int64_t{1} << 22},
+                                      std::tuple{"model.init.num_hidden_layers", m.num_hidden_layers, int64_t{4096}},
+                                      std::tuple{"model.init.num_attention_heads", m.num_attention_heads, int64_t{1} << 14},
+                                      std::tuple{"model.init.max_position_embeddings", m.max_position_embeddings,
+                                                 kMaxSeqLen}})
+      ck.require(v <= cap, key, v, fmt::format("<= {}", cap));
     ck.require(m.vocab_size > 0, "model.init.vocab_size", m.vocab_size, "> 0");
     ck.require(m.hidden_size > 0, "model.init.hidden_size", m.hidden_size, "> 0");
     ck.require(m.intermediate_size > 0, "model.init.intermediate_size", m.intermediate_size, "> 0");
@@ -376,8 +385,8 @@ void TrainConfig::validate(int world_size) const {
   ck.require(schedule.min_lr_ratio >= 0 && schedule.min_lr_ratio <= 1, "schedule.min_lr_ratio",
              schedule.min_lr_ratio, "in [0, 1]");
   // steps / epochs
-  ck.require(steps >= 0, "steps", steps, ">= 0");
-  ck.require(epochs >= 0, "epochs", epochs, ">= 0");
+  ck.require(steps >= 0 && steps <= kMaxSteps, "steps", steps, fmt::format("in [0, {}]", kMaxSteps));
+  ck.require(epochs >= 0 && epochs <= kMaxEpochs, "epochs", epochs, fmt::format("in [0, {}]", kMaxEpochs));
   ck.require((steps > 0) != (epochs > 0), "steps", steps,
              fmt::format("exactly one of steps and epochs > 0 (epochs = {}; set the other to 0)", epochs));
   if (steps > 0)
@@ -392,10 +401,20 @@ void TrainConfig::validate(int world_size) const {
   // batch
   ck.require(batch.global_batch_size > 0, "batch.global_batch_size", batch.global_batch_size, "> 0");
   ck.require(batch.micro_batch_size > 0, "batch.micro_batch_size", batch.micro_batch_size, "> 0");
-  ck.require(batch.global_batch_size % (batch.micro_batch_size * world_size) == 0, "batch.global_batch_size",
-             batch.global_batch_size,
+  // Upper bounds keep every product below (micro x world, micro x seq_len x hidden x layers, epochs x
+  // batches) inside int64: a value past them is a typo or an attack, never a job.
+  ck.require(batch.global_batch_size <= kMaxBatch, "batch.global_batch_size", batch.global_batch_size,
+             fmt::format("<= {}", kMaxBatch));
+  ck.require(batch.micro_batch_size <= batch.global_batch_size, "batch.micro_batch_size", batch.micro_batch_size,
+             fmt::format("<= batch.global_batch_size ({})", batch.global_batch_size));
+  ck.require(data.max_seq_len <= kMaxSeqLen, "data.max_seq_len", data.max_seq_len, fmt::format("<= {}", kMaxSeqLen));
+  ck.require(batch.micro_batch_size * data.max_seq_len <= kMaxMicroTokens, "batch.micro_batch_size",
+             batch.micro_batch_size,
+             fmt::format("x data.max_seq_len ({}) <= {} tokens per micro-batch", data.max_seq_len, kMaxMicroTokens));
+  const int64_t per_step = batch.micro_batch_size * world_size;  // both <= 2^30 here
+  ck.require(batch.global_batch_size % per_step == 0, "batch.global_batch_size", batch.global_batch_size,
              fmt::format("a multiple of batch.micro_batch_size x world size = {} x {} = {}", batch.micro_batch_size,
-                         world_size, batch.micro_batch_size * world_size));
+                         world_size, per_step));
   // checkpoint, logging
   ck.require(checkpoint.every_steps >= 0, "checkpoint.every_steps", checkpoint.every_steps, ">= 0 (0 = at the end)");
   ck.require(checkpoint.keep_last >= 0, "checkpoint.keep_last", checkpoint.keep_last, ">= 0 (0 = keep all)");
@@ -412,7 +431,10 @@ void TrainConfig::validate(int world_size) const {
 int64_t TrainConfig::max_steps(int64_t num_train_sequences) const {
   int64_t s = steps;
   if (s <= 0) {
-    s = epochs * (num_train_sequences / batch.global_batch_size);
+    // epochs <= 2^20 and batches <= 2^62 / ... : checked, not wrapped.
+    if (__builtin_mul_overflow(epochs, num_train_sequences / batch.global_batch_size, &s) || s > kMaxSteps)
+      throw InputError(fmt::format("{}: epochs = {} x {} batches per epoch is more than {} optimizer steps", source,
+                                   epochs, num_train_sequences / batch.global_batch_size, kMaxSteps));
     if (s <= 0)
       throw InputError(fmt::format("{}: epochs = {} gives no optimizer step: {} training sequences of "
                                    "data.max_seq_len {} make fewer than one global batch of {}",

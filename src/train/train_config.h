@@ -43,6 +43,13 @@ namespace qshard {
 // Sizes of a Llama made from scratch (used when model.path is empty): the one LlamaSizes struct
 // (checkpoint/random_llama.h) with configs/tiny.yaml's defaults, plus the seed of the one
 // generator (`qshard init-model --seed s` writes the same weights).
+// Upper bounds of the job's sizes (validate() refuses more; see there).
+inline constexpr int64_t kMaxBatch = int64_t{1} << 30;        // sequences per global batch
+inline constexpr int64_t kMaxSeqLen = int64_t{1} << 24;       // tokens per sequence
+inline constexpr int64_t kMaxMicroTokens = int64_t{1} << 28;  // micro_batch_size x max_seq_len
+inline constexpr int64_t kMaxSteps = int64_t{1} << 40;
+inline constexpr int64_t kMaxEpochs = int64_t{1} << 20;
+
 struct ModelInitConfig : LlamaSizes {
   ModelInitConfig() {
     vocab_size = 258;  // the byte tokenizer (train/byte_tokenizer.h)

@@ -103,6 +103,26 @@ TEST(TrainConfig, TypeErrorsNameKeyAndValue) {
             std::string::npos);
 }
 
+// Values whose products would wrap int64 (micro_batch_size 2^62 at 4 ranks used to wrap to 0 and
+// divide by zero on every rank; huge epochs overflowed the step count): clear errors naming the key.
+TEST(TrainConfig, HugeValuesAreRefusedNotWrapped) {
+  auto bad = [](const std::vector<std::string>& sets, int world = 1) {
+    return error_of([&] { parse_train_config(kMinimal, "x.yaml", sets).validate(world); });
+  };
+  const std::string huge = std::to_string(int64_t{1} << 62);
+  EXPECT_NE(bad({"batch.micro_batch_size=" + huge, "batch.global_batch_size=" + huge}, 4)
+                .find("batch.global_batch_size = " + huge + ": expected <= "),
+            std::string::npos);
+  EXPECT_NE(bad({"batch.micro_batch_size=" + huge}, 4).find("batch.micro_batch_size = " + huge), std::string::npos);
+  EXPECT_NE(bad({"data.max_seq_len=" + huge}).find("data.max_seq_len"), std::string::npos);
+  EXPECT_NE(bad({"steps=0", "epochs=" + huge}).find("epochs = " + huge), std::string::npos);
+  EXPECT_NE(bad({"model.init.num_hidden_layers=1000000000"}).find("model.init.num_hidden_layers = 1000000000"),
+            std::string::npos);
+  // The step count from epochs is checked too.
+  TrainConfig c = parse_train_config(kMinimal, "x.yaml", {"steps=0", "epochs=1000000", "schedule.warmup_steps=0"});
+  EXPECT_NE(error_of([&] { c.max_steps(int64_t{1} << 62); }).find("optimizer steps"), std::string::npos);
+}
+
 TEST(TrainConfig, ValidateRejectsBadValues) {
   auto bad = [](const std::vector<std::string>& sets, int world = 1) {
     return error_of([&] { parse_train_config(kMinimal, "x.yaml", sets).validate(world); });
