@@ -19,4 +19,16 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 for v in NCCL_NVLS_ENABLE QSHARD_COLLECTIVE_TIMEOUT_S NCCL_DEBUG; do
   [ -n "${!v+x}" ] && flags+=(-x "$v")
 done
-exec mpirun -np "$np" "${flags[@]}" build/qshard "$@"
+# A SIGINT/SIGTERM sent to this script goes to mpirun (which forwards it to the ranks; they log it
+# and abort the job); the script then exits 128 + signal, as docs/LAUNCH.md says. (mpirun itself
+# exits 1 when it is signalled.)
+sig=0
+mpirun -np "$np" "${flags[@]}" build/qshard "$@" &
+child=$!
+trap 'sig=2; kill -INT $child 2>/dev/null' INT
+trap 'sig=15; kill -TERM $child 2>/dev/null' TERM
+rc=0
+wait $child || rc=$?
+while kill -0 $child 2>/dev/null; do wait $child || rc=$?; done  # wait returns early on a trapped signal
+[ "$sig" != 0 ] && exit $((128 + sig))
+exit $rc

@@ -171,7 +171,7 @@ int run_job(int argc, char** argv, const std::function<int(World&)>& body) {
 double collective_timeout_s() {
   static const double t = [] {
     const char* s = std::getenv("QSHARD_COLLECTIVE_TIMEOUT_S");
-    if (!s || !*s) return 0.0;
+    if (!s || !*s) return kDefaultCollectiveTimeoutS;  // bounded by default: a stuck peer ends the job
     char* end = nullptr;
     double v = std::strtod(s, &end);
     if (end == s || *end != '\0' || !(v >= 0))

@@ -11,9 +11,10 @@
 //       Without MPI (or after MPI_Finalize) the process _Exit()s with `code`.
 //   register_communicator / unregister_communicator  the registry abort_job() walks. Every
 //       Communicator registers itself in its constructor and leaves in its destructor.
-//   CollectiveScope  marks one collective call for the watchdog: when QSHARD_COLLECTIVE_TIMEOUT_S
-//       is a positive number of seconds (default 0: off), a watchdog thread calls abort_job() for
-//       any collective that has not returned after that long (a peer died or diverged).
+//   CollectiveScope  marks one collective call for the watchdog: a watchdog thread calls
+//       abort_job() for any collective that has not returned after QSHARD_COLLECTIVE_TIMEOUT_S
+//       seconds (default kDefaultCollectiveTimeoutS = 1800; 0 turns the watchdog off): a peer that
+//       died, stopped (SIGSTOP) or diverged ends the job instead of hanging it for ever.
 // Exit codes: 1 for an exception, body's code for a non-zero return, 128 + signal for a signal,
 // kTimeoutExitCode for the watchdog.
 // Thread safety: all functions are thread safe. abort_job() may be called from any thread (the
@@ -33,6 +34,9 @@ class Communicator;
 class World;
 
 inline constexpr int kTimeoutExitCode = 124;
+// The watchdog's limit when QSHARD_COLLECTIVE_TIMEOUT_S is unset: far above any collective of a
+// healthy job (rank 0 writing a 70B export while the others wait is minutes), far below "for ever".
+inline constexpr double kDefaultCollectiveTimeoutS = 1800.0;
 
 // How a registered communicator's abort() behaves.
 enum class AbortScope {
@@ -50,7 +54,7 @@ void unregister_communicator(Communicator* comm);
 int run_job(int argc, char** argv, const std::function<int(World&)>& body);
 
 // Seconds after which a collective aborts the job (QSHARD_COLLECTIVE_TIMEOUT_S, read once;
-// 0 = off). Throws qshard::InputError when the variable is not a non-negative number.
+// unset = kDefaultCollectiveTimeoutS, 0 = off). Throws qshard::InputError when the variable is not a non-negative number.
 double collective_timeout_s();
 
 class CollectiveScope {
