@@ -59,7 +59,7 @@ int run(int argc, char** argv) {
   auto* quantize = app.add_subcommand("quantize", "quantize a Hugging Face Llama folder to bitsandbytes 4-bit");
   std::string q_in, q_out, q_type = "nf4", q_compute = "float32";
   int64_t q_blocksize = 64;
-  bool q_no_dq = false, q_cpu = false;
+  bool q_no_dq = false, q_cpu = false, q_nonfinite = false;
   double q_shard_gb = 5.0;
   quantize->add_option("IN_DIR", q_in, "input folder (config.json + safetensors)")->required();
   quantize->add_option("OUT_DIR", q_out, "output folder (must not exist or be empty)")->required();
@@ -69,6 +69,7 @@ int run(int argc, char** argv) {
   quantize->add_option("--compute-dtype", q_compute,
                        "quantization_config.bnb_4bit_compute_dtype: float32 (transformers' default) | bfloat16 | float16");
   quantize->add_flag("--cpu", q_cpu, "quantize on the CPU even when a GPU is present");
+  quantize->add_flag("--allow-nonfinite", q_nonfinite, "quantize weights holding NaN/Inf (refused by default)");
   quantize->add_option("--max-shard-size-gb", q_shard_gb, "split the output into files of at most this size");
 
   auto* dequantize = app.add_subcommand("dequantize", "dequantize a bitsandbytes 4-bit folder");
@@ -164,6 +165,7 @@ int run(int argc, char** argv) {
     o.quant.blocksize = q_blocksize;
     o.quant.compress_statistics = !q_no_dq;
     o.use_cuda = !q_cpu;
+    o.allow_nonfinite = q_nonfinite;
     const auto compute = parse_dtype(q_compute);
     if (!compute || !dtype_is_float(*compute))
       throw InputError("--compute-dtype '" + q_compute + "' is not float32, bfloat16 or float16");
@@ -176,6 +178,9 @@ int run(int argc, char** argv) {
     std::printf("%s blocksize %lld%s: quantization error max |x - q(x)| = %.6g, relative RMS = %.4f%%\n",
                 q_type.c_str(), (long long)q_blocksize, q_no_dq ? "" : " double-quant", r.max_abs_err,
                 100.0 * r.rel_rms_err());
+    if (r.nonfinite_values > 0)
+      std::printf("warning: %lld NaN/Inf input values were quantized (--allow-nonfinite); they are not in the "
+                  "error figures above\n", (long long)r.nonfinite_values);
     return 0;
   }
   if (evalc->parsed()) {

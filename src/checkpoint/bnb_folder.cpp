@@ -116,6 +116,7 @@ void write_output_folder(const std::string& in_dir, const std::string& out_dir, 
 
 void accumulate_error(FolderReport& rep, const std::vector<float>& ref, const std::vector<float>& got) {
   for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(ref[i])) continue;  // counted in nonfinite_values (allow_nonfinite)
     const double d = static_cast<double>(got[i]) - ref[i];
     rep.max_abs_err = std::max(rep.max_abs_err, std::fabs(d));
     rep.sum_sq_err += d * d;
@@ -235,6 +236,20 @@ FolderReport quantize_model_folder(const std::string& in_dir, const std::string&
     const float planned_offset = st.nested() ? st.state2->offset : 0.0f;
     groups.push_back({entries, [&in, name, &rep, &opt, cuda, planned_offset] {
                         Tensor x = in.get(name);
+                        int64_t bad = 0, first_bad = -1;
+                        {
+                          const std::vector<float> v = x.to_f32_vector();
+                          for (size_t i = 0; i < v.size(); ++i)
+                            if (!std::isfinite(v[i])) {
+                              if (first_bad < 0) first_bad = static_cast<int64_t>(i);
+                              ++bad;
+                            }
+                        }
+                        if (bad > 0 && !opt.allow_nonfinite)
+                          throw InputError(in.dir() + ": tensor '" + name + "' holds " + std::to_string(bad) +
+                                           " NaN/Inf values (the first at flat index " + std::to_string(first_bad) +
+                                           "); refusing to quantize them (--allow-nonfinite to quantize anyway)");
+                        rep.nonfinite_values += bad;
                         Params4bit p = quantize_4bit(cuda ? x.to(Device::kCuda) : x, opt.quant);
                         if (p.quant_state.nested())
                           QS_CHECK(p.quant_state.state2->offset == planned_offset, "offset differs from pass 1");

@@ -36,6 +36,9 @@ struct QuantizeFolderOptions {
   DType compute_dtype = DType::kF32;  // quantization_config.bnb_4bit_compute_dtype (transformers' default)
   uint64_t max_shard_bytes = 5'000'000'000ULL;  // transformers' default max_shard_size "5GB"
   bool use_cuda = true;  // quantize on the GPU when one is present (bitwise identical results)
+  // A weight holding NaN or Inf is refused (its block's absmax would be NaN/Inf and every value of
+  // the block lost) unless this is set; then the count is reported.
+  bool allow_nonfinite = false;
 };
 
 struct FolderReport {
@@ -46,6 +49,7 @@ struct FolderReport {
   // Quantization error over all converted weights, measured against the input values:
   double max_abs_err = 0, sum_sq_err = 0, sum_sq_ref = 0;
   double rel_rms_err() const { return sum_sq_ref > 0 ? std::sqrt(sum_sq_err / sum_sq_ref) : 0.0; }
+  int64_t nonfinite_values = 0;  // NaN/Inf inputs quantized (allow_nonfinite); not in the error figures
   int files_written = 0;
 };
 

@@ -103,6 +103,35 @@ TEST(HfConfig, BadConfigsNameTheKey) {
   expect_input_error([&] { LlamaConfig::from_json(bad, "cfg.json"); }, {"model_type", "mistral"});
 }
 
+// A weight holding NaN is refused by name (its block's absmax would be NaN and the block lost), and
+// nothing is left behind; --allow-nonfinite quantizes it and reports the count.
+TEST(HfFolder, NonFiniteWeightsAreRefusedUnlessAllowed) {
+  TempDir t;
+  fs::create_directories(t / "model");
+  fs::copy_file(kHf + "/tiny_llama_bf16/config.json", t / "model/config.json");
+  const SafetensorsFile src = SafetensorsFile::open(kHf + "/tiny_llama_bf16/model.safetensors");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  const std::string victim = "model.layers.1.mlp.up_proj.weight";
+  for (const auto& e : src.entries()) {
+    Tensor x = src.get(e.name);
+    if (e.name == victim) {
+      std::vector<float> v = x.to_f32_vector();
+      v[5] = NAN;
+      x = Tensor::from_f32(x.shape(), x.dtype(), v);
+    }
+    tensors.emplace_back(e.name, x);
+  }
+  save_safetensors(t / "model/model.safetensors", tensors);
+  QuantizeFolderOptions o;
+  o.use_cuda = false;
+  expect_input_error([&] { quantize_model_folder(t / "model", t / "out", o); }, {victim, "1 NaN/Inf", "index 5"});
+  EXPECT_FALSE(fs::exists(t / "out"));
+  o.allow_nonfinite = true;
+  const FolderReport r = quantize_model_folder(t / "model", t / "out", o);
+  EXPECT_EQ(r.nonfinite_values, 1);
+  EXPECT_TRUE(fs::exists(t / "out/config.json"));
+}
+
 TEST(HfFolder, MissingConfigJson) {
   TempDir t;
   fs::create_directories(t / "model");
