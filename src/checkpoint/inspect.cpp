@@ -15,6 +15,12 @@ void fill_rows(InspectReport& rep, const SafetensorsFolder& folder, const Module
   for (const std::string& key : folder.names()) {
     const SafetensorsEntry& e = *folder.find(key);
     InspectRow row{key, e.dtype_name, e.shape, e.nbytes(), "", false, false};
+    if (!is_valid_fqn(key)) {
+      row.node = "key '" + key + "' has an empty name part: no module tree (PyTorch's or qshard's) can hold it";
+      rep.problems.push_back(row.node);
+      rep.rows.push_back(std::move(row));
+      continue;
+    }
     try {
       const Resolved r = resolve(tree, key);
       row.resolved = true;

@@ -380,11 +380,17 @@ LoadReport load_state_dict(Module& root, const NamedTensors& dict, bool strict, 
   return rep;
 }
 
+bool is_valid_fqn(std::string_view fqn) {
+  if (fqn.empty() || fqn.front() == '.' || fqn.back() == '.') return false;
+  return fqn.find("..") == std::string_view::npos;
+}
+
 std::unique_ptr<Module> tree_from_keys(const std::vector<std::string>& keys, const TensorLookup& lookup,
                                        const std::string& source) {
   auto root = std::make_unique<Module>("root");
   std::set<std::string> four_bit;
   for (const auto& k : keys) {
+    if (!is_valid_fqn(k)) continue;
     for (const char* suffix : {".quant_state.bitsandbytes__nf4", ".quant_state.bitsandbytes__fp4"}) {
       const std::string s(suffix);
       if (k.size() > s.size() && k.compare(k.size() - s.size(), s.size(), s) == 0) four_bit.insert(k.substr(0, k.size() - s.size()));
@@ -416,7 +422,7 @@ std::unique_ptr<Module> tree_from_keys(const std::vector<std::string>& keys, con
     m.add_params4bit(dot == std::string::npos ? w : w.substr(dot + 1), std::make_shared<Params4bit>(std::move(p)));
   }
   for (const auto& k : keys) {
-    if (consumed.count(k)) continue;
+    if (consumed.count(k) || !is_valid_fqn(k)) continue;  // odd keys: reported by the caller
     const size_t dot = k.rfind('.');
     Module& m = dot == std::string::npos ? *root : module_for(k.substr(0, dot));
     const std::string name = dot == std::string::npos ? k : k.substr(dot + 1);

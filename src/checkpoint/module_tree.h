@@ -91,6 +91,10 @@ struct Resolved {
   std::string describe() const;
 };
 
+// True when `fqn` is a dotted path of non-empty names ("a.b"): "", ".", "a.", ".a" and "a..b" are
+// not (no module tree, PyTorch's or this one, can hold them; tree_from_keys leaves them out).
+bool is_valid_fqn(std::string_view fqn);
+
 Resolved resolve(const Module& root, std::string_view fqn);
 std::optional<Resolved> try_resolve(const Module& root, std::string_view fqn);
 

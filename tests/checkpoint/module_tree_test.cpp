@@ -5,10 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <random>
 
 #include "checkpoint/bnb_folder.h"
+#include "checkpoint/inspect.h"
 #include "checkpoint/llama_tree.h"
 #include "checkpoint/random_llama.h"
 #include "checkpoint/safetensors.h"
@@ -318,6 +321,34 @@ TEST(ModuleTree, TreeFromKeysOfABareFile) {
     EXPECT_TRUE(same_bytes(r->tensor, f.get(k))) << k;
   }
   EXPECT_EQ(resolve(*tree, "model.layers.0.mlp.down_proj.weight").kind, NodeKind::kParams4bit);
+}
+
+}  // namespace
+}  // namespace qshard
+
+namespace qshard {
+namespace {
+
+// Valid but odd state-dict keys ("", ".", "x.", "a..b") are reported by `inspect` as problems
+// naming the key, not an internal error; the ordinary keys beside them still resolve.
+TEST(ModuleTree, OddKeysAreProblemsNotInternalErrors) {
+  EXPECT_TRUE(is_valid_fqn("a.b"));
+  for (const char* k : {"", ".", "x.", ".x", "a..b"}) EXPECT_FALSE(is_valid_fqn(k)) << k;
+  const auto dir = std::filesystem::temp_directory_path() / ("qshard_odd_keys_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "odd.safetensors").string();
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const char* k : {"", "a..b", ".", "x.", "good.weight"})
+    tensors.emplace_back(k, Tensor::from_f32({2}, DType::kF32, std::vector<float>{1.0f, 2.0f}));
+  save_safetensors(file, tensors);
+  const InspectReport r = inspect_path(file);
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(r.rows.size(), 5u);
+  int resolved = 0;
+  for (const auto& row : r.rows) resolved += row.resolved;
+  EXPECT_EQ(resolved, 1);
+  ASSERT_EQ(r.problems.size(), 4u);
+  EXPECT_NE(r.problems[0].find("key '' has an empty name part"), std::string::npos) << r.problems[0];
 }
 
 }  // namespace
