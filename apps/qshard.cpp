@@ -13,6 +13,7 @@
 //   eval --model DIR [--adapter DIR] --data FILE [--dump-logits FILE]   loss and perplexity
 // Exit codes: 0 success, 2 bad input (the message names the file, key or value), 1 other errors.
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -298,6 +299,9 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Past a file-size limit (ulimit -f) a write fails with EFBIG, which the writers report and
+  // clean up after, instead of SIGXFSZ killing the process and leaving <out>.partial-<pid> behind.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     return run(argc, argv);
   } catch (const qshard::InputError& e) {

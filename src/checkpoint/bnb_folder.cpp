@@ -39,7 +39,7 @@ fs::path prepare_out_dir(const std::string& out_dir) {
     if (!fs::is_directory(out) || !fs::is_empty(out))
       throw InputError("output folder " + out_dir + " already exists and is not empty; choose a new folder");
   }
-  const fs::path partial = out.string() + ".partial-" + std::to_string(::getpid());
+  const fs::path partial = partial_dir_for(out.string());
   std::error_code ec;
   fs::remove_all(partial, ec);
   fs::create_directories(partial, ec);

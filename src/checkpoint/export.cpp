@@ -463,7 +463,7 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
   rep.files.insert(rep.files.end(), side_files.begin(), side_files.end());
 
   // ---- output folder: rank 0 decides, every rank learns the outcome before any gather ----
-  const fs::path partial = o.out_dir + ".partial-" + std::to_string(::getpid());
+  const fs::path partial = partial_dir_for(o.out_dir);
   std::string err;
   if (root) {
     std::error_code ec;

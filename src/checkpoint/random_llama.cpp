@@ -56,7 +56,7 @@ LlamaConfig write_random_llama_folder(const std::string& dir, const RandomLlamaO
 
   if (fs::exists(dir) && (!fs::is_directory(dir) || !fs::is_empty(dir)))
     throw InputError("output folder " + dir + " already exists and is not empty; choose a new folder");
-  const fs::path partial = dir + ".partial-" + std::to_string(::getpid());
+  const fs::path partial = partial_dir_for(dir);
   fs::remove_all(partial);
   fs::create_directories(partial);
   try {

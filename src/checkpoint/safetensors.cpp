@@ -1,7 +1,8 @@
 #include "checkpoint/safetensors.h"
-#include "runtime/input_file.h"
+
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +15,9 @@
 #include <unordered_set>
 
 #include <fmt/format.h>
+
+#include "runtime/input_file.h"
+#include "runtime/log.h"
 
 namespace qshard {
 
@@ -597,6 +601,27 @@ void SafetensorsWriter::finish() {
 }
 
 // ---- helpers ---------------------------------------------------------------------------------
+
+std::string partial_dir_for(const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  const fs::path out = fs::path(out_dir).lexically_normal();
+  const std::string prefix = out.filename().string() + ".partial-";
+  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  std::error_code ec;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+    const long pid = std::stol(digits);
+    if (pid == static_cast<long>(::getpid())) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    std::error_code rm;
+    fs::remove_all(it->path(), rm);
+    if (!rm) QS_LOG_INFO("removed {}: left by process {}, which no longer runs", it->path().string(), pid);
+  }
+  return out_dir + ".partial-" + std::to_string(::getpid());
+}
 
 void write_file_atomic(const std::string& path, std::string_view contents) {
   const std::string temp = temp_path_for(path);

@@ -100,6 +100,11 @@ nlohmann::ordered_json parse_json_strict(std::string_view text, std::string_view
 // directory. Throws InputError naming the path and strerror(errno); leaves no temp file behind.
 void write_file_atomic(const std::string& path, std::string_view contents);
 
+// The folder a command writes `out_dir` into before renaming it into place: "<out_dir>.partial-<pid>".
+// First removes stale ones, "<out_dir>.partial-<P>" whose process P no longer runs on this host
+// (a run killed by a signal or a file-size limit), so they do not pile up. Does not create it.
+std::string partial_dir_for(const std::string& out_dir);
+
 class SafetensorsFile {
  public:
   // Maps and validates `path`. Throws InputError (naming the path) if it cannot be opened or is
