@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # CI's checks beyond scripts/test.sh:
 #   1. every CPU test again under AddressSanitizer + UndefinedBehaviorSanitizer (preset `asan`);
-#   2. the safetensors header parser under libFuzzer for a bounded time (QSHARD_FUZZ_SECONDS,
-#      default 60), seeded with the checked-in safetensors files.
+#   2. libFuzzer, each target for a bounded time (QSHARD_FUZZ_SECONDS, default 60): the safetensors
+#      header parser, the job YAML, config.json and token files, seeded with the checked-in files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --fuzz
@@ -21,17 +21,29 @@ ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ctest --test-dir build/asan --outpu
 
 CC=clang CXX=clang++ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQSHARD_CUDA=OFF \
   -DQSHARD_FUZZ=ON > /dev/null
-cmake --build build/fuzz -j "$jobs" --target safetensors_fuzz
-corpus=$(mktemp -d)
-trap 'rm -rf "$corpus"' EXIT
-find tests/data -name '*.safetensors' -size -64k -exec cp {} "$corpus/" \;
+cmake --build build/fuzz -j "$jobs" --target safetensors_fuzz config_yaml_fuzz hf_config_fuzz token_file_fuzz
 seconds=${QSHARD_FUZZ_SECONDS:-60}
-log=build/fuzz/fuzz.log
-if ! build/fuzz/tests/fuzz/safetensors_fuzz -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 \
-    "$corpus" > "$log" 2>&1; then
-  tail -60 "$log"
-  echo "fuzz: the safetensors header parser crashed (crash input saved in the working directory)" >&2
-  exit 1
-fi
-grep -E "^stat::(number_of_executed_units|peak_rss_mb)" "$log" || true
-echo "fuzz: ${seconds}s without a crash"
+# fuzz TARGET SEEDS_DIR MAX_LEN: runs one target for $seconds from the given seeds; a crash fails CI.
+fuzz() {
+  local target=$1 seeds=$2 max_len=$3 log=build/fuzz/$1.log
+  if ! build/fuzz/tests/fuzz/"$target" -max_total_time="$seconds" -max_len="$max_len" -print_final_stats=1 \
+      "$seeds" > "$log" 2>&1; then
+    tail -60 "$log"
+    echo "fuzz: $target crashed (crash input saved in the working directory)" >&2
+    exit 1
+  fi
+  grep -E "^stat::(number_of_executed_units|peak_rss_mb)" "$log" || true
+  echo "fuzz: $target ${seconds}s without a crash"
+}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/safetensors" "$work/yaml" "$work/json" "$work/tok"
+find tests/data -name '*.safetensors' -size -64k -exec cp {} "$work/safetensors/" \;
+i=0; for f in configs/*.yaml bench/configs/*.yaml; do cp "$f" "$work/yaml/$((i++)).yaml"; done
+i=0; for f in $(find tests/data -name config.json -size -16k); do cp "$f" "$work/json/$((i++)).json"; done
+head -c 3000 data/persuasion_vol1.txt > "$work/sample.txt"
+build/qshard tokenize "$work/sample.txt" --out "$work/tok/sample.tok" > /dev/null 2>&1 || true
+fuzz safetensors_fuzz "$work/safetensors" 4096
+fuzz config_yaml_fuzz "$work/yaml" 4096
+fuzz hf_config_fuzz "$work/json" 4096
+fuzz token_file_fuzz "$work/tok" 16384

@@ -298,18 +298,46 @@ void apply_override(TrainConfig& c, const std::string& assignment) {
   c.source += " + --set " + key;
 }
 
+// The number of YAML documents in `text`: a `---` line (at column 0, alone or followed by a blank)
+// starts one; content before the first marker is a document of its own; a `...` line ends one.
+static int yaml_documents(const std::string& text) {
+  int docs = 0;
+  bool open = false;  // inside a document that has content or an explicit start
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t end = std::min(text.find('\n', pos), text.size());
+    const std::string_view line(text.data() + pos, end - pos);
+    const bool marker = line.substr(0, 3) == "---" && (line.size() == 3 || line[3] == ' ' || line[3] == '\t' ||
+                                                       line[3] == '\r');
+    const bool ender = line.substr(0, 3) == "..." && (line.size() == 3 || line[3] == ' ' || line[3] == '\r');
+    const size_t first = line.find_first_not_of(" \t\r");
+    const bool content = first != std::string_view::npos && line[first] != '#' && line[0] != '%';  // not a directive
+    if (marker) {
+      ++docs;
+      open = true;
+    } else if (ender) {
+      open = false;
+    } else if (content && !open) {
+      ++docs;
+      open = true;
+    }
+    pos = end + 1;
+  }
+  return docs;
+}
+
 TrainConfig parse_train_config(const std::string& yaml_text, const std::string& label,
                                const std::vector<std::string>& overrides) {
   TrainConfig c;
   c.source = label;
+  // One document: a second one (after a `---` line) would otherwise be dropped without a word.
+  // Found from the text (a `---` at column 0 always marks a document in YAML), not with
+  // YAML::LoadAll, which loops for ever on some malformed input in yaml-cpp 0.7 (found by fuzzing).
+  if (const int docs = yaml_documents(yaml_text); docs > 1)
+    throw InputError(fmt::format("{}: holds {} YAML documents (separated by ---); a job is one document", label, docs));
   YAML::Node root;
   try {
-    // One document: a second one (after `---`) would otherwise be dropped without a word.
-    const std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
-    if (docs.size() > 1)
-      throw InputError(fmt::format("{}: holds {} YAML documents (separated by ---); a job is one document", label,
-                                   docs.size()));
-    if (!docs.empty()) root = docs.front();
+    root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
     throw InputError(fmt::format("{}: not valid YAML (line {}, column {}): {}", label, e.mark.line + 1,
                                  e.mark.column + 1, e.msg));

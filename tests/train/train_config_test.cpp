@@ -56,6 +56,11 @@ TEST(TrainConfig, OneDocumentFromARegularFile) {
   EXPECT_NE(error_of([] { parse_train_config("steps: 3\n---\nsteps: 4\n", "two.yaml"); })
                 .find("two.yaml: holds 2 YAML documents"),
             std::string::npos);
+  EXPECT_NE(error_of([] { parse_train_config("---\nsteps: 3\n...\n# c\nsteps: 4\n", "e.yaml"); })
+                .find("holds 2 YAML documents"),
+            std::string::npos);
+  // One document with an explicit start, a directive, comments, a block scalar: accepted.
+  EXPECT_EQ(parse_train_config("%YAML 1.2\n# c\n---\nsteps: 3  # x\nmodel:\n  path: |\n    ---x\n", "one.yaml").steps, 3);
   TempDir dir;
   EXPECT_NE(error_of([&] { load_train_config(dir.file("")); }).find("is a folder"), std::string::npos);
   EXPECT_NE(error_of([] { load_train_config("/dev/zero"); }).find("/dev/zero is a character device"),
