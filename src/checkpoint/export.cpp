@@ -163,14 +163,7 @@ Tensor produce(const Module& tree, const OutTensor& t, const ExportOptions& o) {
   DType w_dtype = DType::kF32;
   Tensor w_float;  // an unquantized projection, on the host
   if (r.kind == NodeKind::kParams4bit) {
-    p4 = *r.params4bit;
-    p4.data = p4.data.to(Device::kCpu);
-    p4.quant_state.absmax = p4.quant_state.absmax.to(Device::kCpu);
-    p4.quant_state.code = p4.quant_state.code.to(Device::kCpu);
-    if (p4.quant_state.state2) {
-      p4.quant_state.state2->absmax = p4.quant_state.state2->absmax.to(Device::kCpu);
-      p4.quant_state.state2->code = p4.quant_state.state2->code.to(Device::kCpu);
-    }
+    p4 = r.params4bit->to(Device::kCpu);
     p4.quant_state.validate("export " + t.name);
     QS_CHECK(p4.quant_state.numel() == out * in, "4-bit weight " + t.source + " does not have the export's shape");
     args = dequant_args(p4);

@@ -629,13 +629,12 @@ void LlamaModel::head_chunks(const void* x, const int64_t* targets, void* dx, in
   ws.reset();
   void* logits = ws.take(head_rows_ * V * 4, "LM-head logits chunk");  // f32 [rows, V]
   void* dlogits = dlogits_cvt ? ws.take(head_rows_ * V * dtype_size(act_t), "LM-head logit gradient") : logits;
-  if (logits_out) ctx_.compute().synchronize();  // the host copies below read device results
   for (int64_t r0 = 0; r0 < N; r0 += head_rows_) {
     const int64_t rows = std::min(head_rows_, N - r0);
     ops::gemm(logits, act(a.xf, r0 * C), head, typed({rows, V, C, false, true}, act_t, head_t, DType::kF32),
               ctx_);  // [rows, V] = xf W^T
     if (logits_out) {
-      ctx_.compute().synchronize();
+      ctx_.compute().synchronize();  // the host copy reads the GEMM's result
       copy_bytes(logits_out + r0 * V, Device::kCpu, logits, ctx_.compute_device(), static_cast<size_t>(rows * V) * 4);
       continue;
     }

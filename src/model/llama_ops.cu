@@ -139,23 +139,28 @@ bool vec8_ok(int64_t n, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-__device__ __forceinline__ bf16 add_one(bf16 a, bf16 b) {
-  return __float2bfloat16_rn(__bfloat162float(a) + __bfloat162float(b));
+// out[i] = op(a[i], b[i]): the scalar kernel and the 8-wide one, one launcher choosing between them.
+template <class Op>
+__global__ void map2_kernel(bf16* out, const bf16* a, const bf16* b, int64_t n, Op op) {
+  QS_GRID_STRIDE(i, n) out[i] = op(a[i], b[i]);
 }
 
-__global__ void add_kernel(bf16* out, const bf16* a, const bf16* b, int64_t n) {
-  QS_GRID_STRIDE(i, n) out[i] = add_one(a[i], b[i]);
-}
-
-__global__ void add_kernel_v8(bf16* out, const bf16* a, const bf16* b, int64_t n8) {
+template <class Op>
+__global__ void map2_kernel_v8(bf16* out, const bf16* a, const bf16* b, int64_t n8, Op op) {
   QS_GRID_STRIDE(i, n8) {
     const Bf16x8 x = reinterpret_cast<const Bf16x8*>(a)[i], y = reinterpret_cast<const Bf16x8*>(b)[i];
     Bf16x8 r;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) r.v[k] = add_one(x.v[k], y.v[k]);
+    for (int k = 0; k < 8; ++k) r.v[k] = op(x.v[k], y.v[k]);
     reinterpret_cast<Bf16x8*>(out)[i] = r;
   }
 }
+
+struct AddOp {
+  __device__ bf16 operator()(bf16 a, bf16 b) const {
+    return __float2bfloat16_rn(__bfloat162float(a) + __bfloat162float(b));
+  }
+};
 
 __global__ void add_bias_kernel(bf16* y, const float* bias, int64_t N, int64_t W) {
   QS_GRID_STRIDE(i, N * W) y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + bias[i % W]);
@@ -179,30 +184,18 @@ __global__ void rope_kernel(bf16* x, const float* cos, const float* sin, int64_t
   }
 }
 
-__device__ __forceinline__ bf16 swiglu_one(bf16 gate, bf16 up) {
-  const float g = __bfloat162float(gate);
-  return __float2bfloat16_rn((g / (1.0f + expf(-g))) * __bfloat162float(up));
-}
+struct SwigluOp {  // silu(gate) * up
+  __device__ bf16 operator()(bf16 gate, bf16 up) const {
+    const float g = __bfloat162float(gate);
+    return __float2bfloat16_rn((g / (1.0f + expf(-g))) * __bfloat162float(up));
+  }
+};
 
 __device__ __forceinline__ void swiglu_bwd_one(bf16& dgate, bf16& dup, bf16 dh, bf16 gate, bf16 up) {
   const float g = __bfloat162float(gate), d = __bfloat162float(dh);
   const float sig = 1.0f / (1.0f + expf(-g));
   dup = __float2bfloat16_rn(d * g * sig);
   dgate = __float2bfloat16_rn(d * __bfloat162float(up) * sig * (1.0f + g * (1.0f - sig)));
-}
-
-__global__ void swiglu_fwd_kernel(bf16* h, const bf16* gate, const bf16* up, int64_t n) {
-  QS_GRID_STRIDE(i, n) h[i] = swiglu_one(gate[i], up[i]);
-}
-
-__global__ void swiglu_fwd_kernel_v8(bf16* h, const bf16* gate, const bf16* up, int64_t n8) {
-  QS_GRID_STRIDE(i, n8) {
-    const Bf16x8 g = reinterpret_cast<const Bf16x8*>(gate)[i], u = reinterpret_cast<const Bf16x8*>(up)[i];
-    Bf16x8 r;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) r.v[k] = swiglu_one(g.v[k], u.v[k]);
-    reinterpret_cast<Bf16x8*>(h)[i] = r;
-  }
 }
 
 __global__ void swiglu_bwd_kernel(bf16* dgate, bf16* dup, const bf16* dh, const bf16* gate, const bf16* up, int64_t n) {
@@ -405,13 +398,18 @@ void rmsnorm_bwd(uint16_t* dx, const uint16_t* dout, const uint16_t* x, const fl
   QS_CUDA_CHECK_LAUNCH();
 }
 
-void add(uint16_t* out, const uint16_t* a, const uint16_t* b, int64_t n, DeviceContext& ctx) {
+template <class Op>
+void map2(uint16_t* out, const uint16_t* a, const uint16_t* b, int64_t n, Op op, DeviceContext& ctx) {
   if (n == 0) return;
   if (vec8_ok(n, {out, a, b}))
-    add_kernel_v8<<<grid_for(n / 8), 256, 0, st(ctx)>>>(B16(out), B16(a), B16(b), n / 8);
+    map2_kernel_v8<<<grid_for(n / 8), 256, 0, st(ctx)>>>(B16(out), B16(a), B16(b), n / 8, op);
   else
-    add_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(out), B16(a), B16(b), n);
+    map2_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(out), B16(a), B16(b), n, op);
   QS_CUDA_CHECK_LAUNCH();
+}
+
+void add(uint16_t* out, const uint16_t* a, const uint16_t* b, int64_t n, DeviceContext& ctx) {
+  map2(out, a, b, n, AddOp{}, ctx);
 }
 
 void accumulate(uint16_t* out, const uint16_t* b, int64_t n, DeviceContext& ctx) { add(out, out, b, n, ctx); }
@@ -465,12 +463,7 @@ void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64
 }
 
 void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx) {
-  if (n == 0) return;
-  if (vec8_ok(n, {h, gate, up}))
-    swiglu_fwd_kernel_v8<<<grid_for(n / 8), 256, 0, st(ctx)>>>(B16(h), B16(gate), B16(up), n / 8);
-  else
-    swiglu_fwd_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(h), B16(gate), B16(up), n);
-  QS_CUDA_CHECK_LAUNCH();
+  map2(h, gate, up, n, SwigluOp{}, ctx);
 }
 
 void swiglu_bwd(uint16_t* dgate, uint16_t* dup, const uint16_t* dh, const uint16_t* gate, const uint16_t* up,

@@ -126,6 +126,21 @@ Params4bit empty_params4bit(const Shape& shape, DType dtype, const QuantizeOptio
   return p;
 }
 
+Params4bit Params4bit::to(Device device) const {
+  auto move = [device](Tensor& t) {
+    if (t.defined() && t.device() != device) t = t.to(device);
+  };
+  Params4bit p = *this;
+  move(p.data);
+  move(p.quant_state.absmax);
+  move(p.quant_state.code);
+  if (p.quant_state.state2) {
+    move(p.quant_state.state2->absmax);
+    move(p.quant_state.state2->code);
+  }
+  return p;
+}
+
 Dequant4bitArgs dequant_args(const Params4bit& p) {
   const QuantState& st = p.quant_state;
   Dequant4bitArgs a;

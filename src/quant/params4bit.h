@@ -33,6 +33,8 @@ namespace qshard {
 struct Params4bit {
   Tensor data;
   QuantState quant_state;
+  // A copy whose packed data and statistics are on `device` (tensors already there are shared).
+  Params4bit to(Device device) const;
 };
 
 struct QuantizeOptions {

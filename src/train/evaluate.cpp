@@ -40,21 +40,10 @@ std::vector<std::vector<int64_t>> read_json_ids(const std::string& path, int64_t
 
 // Every tensor of the tree (parameters, buffers, 4-bit data and statistics) onto `device`.
 void move_tree_to(Module& m, Device device) {
-  auto move = [device](Tensor& t) {
-    if (t.defined() && t.device() != device) t = t.to(device);
-  };
   for (const Module::Slot& cs : m.slots()) {
     Module::Slot& s = *m.slot(cs.name);
-    move(s.tensor);
-    if (s.params4bit) {
-      move(s.params4bit->data);
-      move(s.params4bit->quant_state.absmax);
-      move(s.params4bit->quant_state.code);
-      if (s.params4bit->quant_state.state2) {
-        move(s.params4bit->quant_state.state2->absmax);
-        move(s.params4bit->quant_state.state2->code);
-      }
-    }
+    if (s.tensor.defined() && s.tensor.device() != device) s.tensor = s.tensor.to(device);
+    if (s.params4bit) *s.params4bit = s.params4bit->to(device);
   }
   for (const auto& [name, child] : m.children()) move_tree_to(*child, device);
 }

@@ -427,7 +427,7 @@ TEST(OpHarness, EmbeddingAndDropoutAreExact) {
 }
 
 // The small ops the skeleton composes with: residual accumulate, bias add, widening a bf16 norm
-// weight to f32, rounding f32 values through bf16. CPU tol 0 (one exact-or-rounded operation, as
+// weight to f32, rounding f32 values through bf16, converting between f32, bf16 and f16. CPU tol 0 (one exact-or-rounded operation, as
 // the oracle); CUDA 8e-3 for the bf16 activation (rounded after each of the two ops), 0 for f32.
 TEST(OpHarness, AccumulateBiasWidenRound) {
   for (const int64_t W : {int64_t{37}, int64_t{40}}) for_each_case([W](DeviceContext& ctx, Inputs& in) {
@@ -453,6 +453,26 @@ TEST(OpHarness, AccumulateBiasWidenRound) {
     ctx.compute().synchronize();
     report(ctx, "to_f32 bf16", in.adversarial, wide.to(Device::kCpu).to_f32_vector(), rw, 0.0);
     report(ctx, "round_to_dtype bf16", in.adversarial, r.to(Device::kCpu).to_f32_vector(), rw, 0.0);
+
+    // convert (f32 -> bf16 / f16, and bf16 -> f32): one rounding to nearest even, tol 0.
+    for (const DType to : {DType::kBF16, DType::kF16}) {
+      Tensor narrow = Tensor::zeros({n}, to, ctx.compute_device());
+      ops::convert(narrow.raw(), to, r.raw(), DType::kF32, n, ctx);  // r holds bf16-exact values
+      const Tensor src = to_f32_dev(ctx, X);
+      Tensor direct = Tensor::zeros({n}, to, ctx.compute_device());
+      ops::convert(direct.raw(), to, src.raw(), DType::kF32, n, ctx);
+      Tensor back32 = to_f32_dev(ctx, std::vector<float>(n));
+      ops::convert(back32.data<float>(), DType::kF32, direct.raw(), to, n, ctx);
+      ctx.compute().synchronize();
+      std::vector<double> want(n);
+      for (int64_t i = 0; i < n; ++i)
+        want[i] = to == DType::kBF16 ? bf16_to_f32(f32_to_bf16(X[i])) : f16_to_f32(f32_to_f16(X[i]));
+      const std::string name = std::string("convert f32->") + dtype_torch_name(to);
+      report(ctx, name.c_str(), in.adversarial, direct.to(Device::kCpu).to_f32_vector(), want, 0.0);
+      report(ctx, (name + "->f32").c_str(), in.adversarial, back32.to(Device::kCpu).to_f32_vector(), want, 0.0);
+      if (to == DType::kBF16)
+        report(ctx, "convert bf16-exact f32->bf16", in.adversarial, narrow.to(Device::kCpu).to_f32_vector(), rw, 0.0);
+    }
   });
 }
 
