@@ -126,6 +126,11 @@ const char* step_part_name(StepPart p) {
     case StepPart::kLora: return "LoRA";
     case StepPart::kAttention: return "attention";
     case StepPart::kHead: return "LM head + loss";
+    case StepPart::kNorm: return "RMSNorm";
+    case StepPart::kRope: return "RoPE";
+    case StepPart::kSwiglu: return "SwiGLU";
+    case StepPart::kResidual: return "residual add / copy";
+    case StepPart::kBind: return "bind (conversions)";
     case StepPart::kOther: return "other kernels";
     case StepPart::kWait: return "waits (gather / h2d)";
     default: return "?";
@@ -342,6 +347,7 @@ const Tensor& bound_tensor(const Module::Slot& s, const std::string& fqn, Device
 }  // namespace
 
 void LlamaModel::bind_root() {
+  mark(StepPart::kBind);
   const Device dev = ctx_.compute_device();
   RootBinding& r = root_binding_;
   const Tensor& e = bound_tensor(*slots_->embed, "model.embed_tokens.weight", dev);
@@ -355,10 +361,12 @@ void LlamaModel::bind_root() {
   r.head = h.raw();
   r.head_dtype = h.dtype();
   act_->head_converted = false;
+  mark(StepPart::kOther);
 }
 
 void LlamaModel::bind_layer(int64_t layer, const LayerLora& lora) {
   QS_CHECK(layer >= 0 && layer < config_.num_hidden_layers, "layer index out of range");
+  mark(StepPart::kBind);
   const Device dev = ctx_.compute_device();
   const LayerSlots& ls = slots_->layers[static_cast<size_t>(layer)];
   const int64_t C = config_.hidden_size;
@@ -426,6 +434,7 @@ void LlamaModel::bind_layer(int64_t layer, const LayerLora& lora) {
   ops::to_f32(act_->norms + C, n2.raw(), n2.dtype(), C, ctx_);
   b.input_norm = act_->norms;
   b.post_norm = act_->norms + C;
+  mark(StepPart::kOther);
 }
 
 // ---- one decoder layer ------------------------------------------------------------------------------
@@ -536,23 +545,30 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T) {
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   Activations& a = *act_;
+  mark(StepPart::kNorm);
   ops::rmsnorm_fwd(a.h1, a.rstd1, x, layer_.input_norm, N, C, eps, ctx_);
   linear_fwd(kQ, a.q, a.h1, N);
   linear_fwd(kK, a.k, a.h1, N);
   linear_fwd(kV, a.v, a.h1, N);
+  mark(StepPart::kRope);
   ops::rope_fwd(a.q, a.rope_cos, a.rope_sin, B, T, H, D, ctx_);
   ops::rope_fwd(a.k, a.rope_cos, a.rope_sin, B, T, Hkv, D, ctx_);
   mark(StepPart::kAttention);
   ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_);
   mark(StepPart::kOther);
   linear_fwd(kO, a.x2, a.a, N);
+  mark(StepPart::kResidual);
   ops::add(a.x2, x, a.x2, N * C, ctx_);  // residual + attention (HF order)
+  mark(StepPart::kNorm);
   ops::rmsnorm_fwd(a.h2, a.rstd2, a.x2, layer_.post_norm, N, C, eps, ctx_);
   linear_fwd(kGate, a.g, a.h2, N);
   linear_fwd(kUp, a.u, a.h2, N);
+  mark(StepPart::kSwiglu);
   ops::swiglu_fwd(a.m, a.g, a.u, N * I, ctx_);
   linear_fwd(kDown, x_out, a.m, N);
+  mark(StepPart::kResidual);
   ops::add(x_out, a.x2, x_out, N * C, ctx_);
+  mark(StepPart::kOther);
 }
 
 void LlamaModel::layer_forward(const void* x_in, void* x_out, int64_t B, int64_t T) {
@@ -574,25 +590,31 @@ void LlamaModel::layer_backward(const void* x_in, const void* dout, void* dx, in
   run_layer(x_in, a.y, B, T);  // activation checkpointing: recompute the internals
 
   // MLP: out = x2 + down(silu(gate(h2)) * up(h2)); dout flows to x2 unchanged (residual).
+  mark(StepPart::kResidual);
   ops::copy(a.dx2, dout, N * C, ctx_);
   linear_bwd(kDown, a.dm, false, dout, a.m, N);
+  mark(StepPart::kSwiglu);
   ops::swiglu_bwd(a.dg, a.du, a.dm, a.g, a.u, N * I, ctx_);
   linear_bwd(kGate, a.dh2, false, a.dg, a.h2, N);
   linear_bwd(kUp, a.dh2, true, a.du, a.h2, N);
+  mark(StepPart::kNorm);
   ops::rmsnorm_bwd(a.dx2, a.dh2, a.x2, layer_.post_norm, a.rstd2, N, C, ctx_);
 
   // Attention: x2 = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = norm(x).
+  mark(StepPart::kResidual);
   ops::copy(dx, a.dx2, N * C, ctx_);  // residual
   linear_bwd(kO, a.da, false, a.dx2, a.a, N);
   mark(StepPart::kAttention);
   ops::attention_bwd(a.dq, a.dk, a.dv, a.da, a.q, a.k, a.v, a.a, a.att_saved, B, T, H, Hkv, D, ctx_);
-  mark(StepPart::kOther);
+  mark(StepPart::kRope);
   ops::rope_bwd(a.dq, a.rope_cos, a.rope_sin, B, T, H, D, ctx_);
   ops::rope_bwd(a.dk, a.rope_cos, a.rope_sin, B, T, Hkv, D, ctx_);
   linear_bwd(kQ, a.dh1, false, a.dq, a.h1, N);
   linear_bwd(kK, a.dh1, true, a.dk, a.h1, N);
   linear_bwd(kV, a.dh1, true, a.dv, a.h1, N);
+  mark(StepPart::kNorm);
   ops::rmsnorm_bwd(dx, a.dh1, x_in, layer_.input_norm, a.rstd1, N, C, ctx_);
+  mark(StepPart::kOther);
   ctx_.workspace().reset();
 }
 

@@ -68,7 +68,21 @@ namespace qshard {
 // Where the compute stream's time goes (LlamaModelOptions::profile): the stream time between
 // consecutive marks, attributed to the part the earlier mark opened. kWait: from a hook's start
 // to the model's next op (the gather's event waits: exposed communication and h2d copies).
-enum class StepPart : int { kDequant, kGemm, kLora, kAttention, kHead, kOther, kWait, kCount };
+enum class StepPart : int {
+  kDequant,
+  kGemm,
+  kLora,
+  kAttention,
+  kHead,
+  kNorm,      // RMSNorm forward / backward
+  kRope,      // RoPE forward / backward
+  kSwiglu,    // SwiGLU forward / backward
+  kResidual,  // residual adds and copies
+  kBind,      // per-layer parameter conversions at bind (norms, biases, LoRA)
+  kOther,
+  kWait,
+  kCount
+};
 const char* step_part_name(StepPart p);
 struct StepProfile {
   std::array<double, static_cast<size_t>(StepPart::kCount)> ms{};
