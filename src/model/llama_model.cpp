@@ -13,6 +13,14 @@ namespace {
 
 enum { kQ, kK, kV, kO, kGate, kUp, kDown };
 
+// The LoRA fold's groups: projections sharing one input (q|k|v read h1, gate|up read h2).
+constexpr std::array<std::array<int, 3>, 2> kFoldGroups = {{{kQ, kK, kV}, {kGate, kUp, -1}}};
+int fold_group(int idx) {
+  if (idx == kQ || idx == kK || idx == kV) return 0;
+  if (idx == kGate || idx == kUp) return 1;
+  return -1;
+}
+
 // Pinned staging slots for ids/targets: uploads in flight before the ring laps one.
 constexpr int kStagingSlots = 16;
 
@@ -112,6 +120,8 @@ struct LlamaModel::Activations {
   double* loss_sum = nullptr;// [1] f64 accumulator
   float* norms = nullptr;    // [3, C] f32: the bound layer's two norms, the root's final norm
   float* biases = nullptr;   // [7, max_out] f32: the bound layer's biases
+  void* lora_cat = nullptr;  // the LoRA fold: the bound layer's A matrices stacked per group,
+                             // [R_qkv, C] then [R_gu, C] (activation dtype)
   void* lora_cvt = nullptr;  // the bound layer's LoRA A/B in the activation dtype (when not f32
                              // and no compute copies were handed over)
   void* head_cvt = nullptr;  // [V, C] the LM head in the activation dtype (when the GEMM does not
@@ -172,6 +182,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   // ---- find every slot once ----
   const DType act_t = ctx_.activation_dtype();
   int64_t max_in = 0, max_out = 0, max_r = 0, dequant_floats = 0, lora_elems = 0;
+  std::array<int64_t, 2> fold_r_max{}, fold_extra{};
   for (int64_t l = 0; l < L; ++l) {
     LayerSlots ls;
     ls.prefix = layer_prefix(l);
@@ -209,6 +220,28 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
         layer_dequant += ps.in * ps.out;
     }
     lora_elems = std::max(lora_elems, layer_lora);
+    // The fold's extra columns: per group the sum of its ranks (when every projection has LoRA).
+    for (size_t g = 0; g < kFoldGroups.size(); ++g) {
+      int64_t R = 0;
+      bool all = true;
+      for (int idx : kFoldGroups[g]) {
+        if (idx < 0) continue;
+        all = all && ls.proj[static_cast<size_t>(idx)].r > 0;
+        R += ls.proj[static_cast<size_t>(idx)].r;
+      }
+      if (!all || !options.fold_lora) continue;
+      fold_r_max[g] = std::max(fold_r_max[g], R);
+      int64_t extra = 0;  // the widened weights: R more columns per output row, and the whole
+                          // weight when it was not already counted as a workspace operand
+      for (int idx : kFoldGroups[g]) {
+        if (idx < 0) continue;
+        const ProjSlots& ps = ls.proj[static_cast<size_t>(idx)];
+        const bool counted = ps.weight->kind == Module::SlotKind::kParams4bit ||
+                             !ops::gemm_supports(ctx_, act_t, ps.weight->tensor.dtype());
+        extra += ps.out * R + (counted ? 0 : ps.out * ps.in);
+      }
+      fold_extra[g] = std::max(fold_extra[g], extra);
+    }
     ls.input_norm = require_slot(root_.find_module(ls.prefix + "input_layernorm"), ls.prefix + "input_layernorm", "weight");
     ls.post_norm = require_slot(root_.find_module(ls.prefix + "post_attention_layernorm"),
                                 ls.prefix + "post_attention_layernorm", "weight");
@@ -236,7 +269,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   auto addf = [&](float** p, int64_t n) { pieces.push_back({reinterpret_cast<void**>(p), static_cast<size_t>(n) * 4}); };
   Activations& a = *act_;
   add(&a.xs, (L + 1) * N * C * esz);
-  add(&a.h1, N * C * esz);
+  add(&a.h1, N * (C + fold_r_max[0]) * esz);  // [N, C + R_qkv]: h1 and, folded, h1 A_qkv^T
   addf(&a.rstd1, N);
   add(&a.q, N * H * D * esz);
   add(&a.k, N * Hkv * D * esz);
@@ -244,13 +277,15 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   add(&a.att_saved, attention_saved_bytes(ctx_.backend(), options.max_batch, max_seq_, H, Hkv, D));
   add(&a.a, N * H * D * esz);
   add(&a.x2, N * C * esz);
-  add(&a.h2, N * C * esz);
+  add(&a.h2, N * (C + fold_r_max[1]) * esz);  // [N, C + R_gu]
   addf(&a.rstd2, N);
   add(&a.g, N * I * esz);
   add(&a.u, N * I * esz);
   add(&a.m, N * I * esz);
   add(&a.y, N * C * esz);
-  for (void** p : {&a.dx, &a.dprev, &a.dx2, &a.dh2, &a.dh1, &a.xf, &a.dxf}) add(p, N * C * esz);
+  for (void** p : {&a.dx, &a.dprev, &a.dx2, &a.xf, &a.dxf}) add(p, N * C * esz);
+  add(&a.dh1, N * (C + fold_r_max[0]) * esz);  // folded: the extra columns receive s dt
+  add(&a.dh2, N * (C + fold_r_max[1]) * esz);
   for (void** p : {&a.dm, &a.dg, &a.du}) add(p, N * I * esz);
   for (void** p : {&a.da, &a.dq}) add(p, N * H * D * esz);
   for (void** p : {&a.dk, &a.dv}) add(p, N * Hkv * D * esz);
@@ -263,6 +298,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   addf(&a.norms, 3 * C);
   addf(&a.biases, 7 * max_out);
   if (act_t != DType::kF32) add(&a.lora_cvt, lora_elems * esz);
+  if (fold_r_max[0] + fold_r_max[1] > 0) add(&a.lora_cat, (fold_r_max[0] + fold_r_max[1]) * C * esz);
   const bool head_cvt = !ops::gemm_supports(ctx_, act_t, slots_->head->tensor.dtype());
   if (head_cvt) add(&a.head_cvt, V * C * esz);
   size_t total = 0;
@@ -290,7 +326,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   // (~510 rows at the default 256 MiB: the weight read per chunk is amortised), far below [N, V].
   head_rows_ = std::clamp<int64_t>(options.head_chunk_bytes / (V * 4), 1, N);
   const int64_t gemm_scratch = 2 * std::max({N, V, I, C, max_in, max_out}) + 2 * max_seq_;
-  const int64_t layer_ws = dequant_floats + 2 * N * max_in + 2 * N * max_r + gemm_scratch;
+  const int64_t layer_ws = dequant_floats + fold_extra[0] + fold_extra[1] + 2 * N * max_in + 2 * N * max_r + gemm_scratch;
   // f32 logits, and their gradient in the activation dtype when the GEMM does not take f32 with the head
   const int64_t head_ws = head_rows_ * V * 2 + gemm_scratch;
   ctx_.workspace().reserve(static_cast<size_t>(std::max(layer_ws, head_ws)) * 4 + 64 * Workspace::kAlign);
@@ -312,6 +348,9 @@ LlamaModel::~LlamaModel() = default;
 
 void* LlamaModel::act(void* base, int64_t elems) const {
   return static_cast<uint8_t*>(base) + elems * static_cast<int64_t>(dtype_size(ctx_.activation_dtype()));
+}
+const void* LlamaModel::act(const void* base, int64_t elems) const {
+  return static_cast<const uint8_t*>(base) + elems * static_cast<int64_t>(dtype_size(ctx_.activation_dtype()));
 }
 
 void LlamaModel::check_sizes(int64_t B, int64_t T) const {
@@ -448,36 +487,132 @@ DropoutKey LlamaModel::dropout_key(int idx) const {
 void LlamaModel::dequantize_layer() {
   mark(StepPart::kDequant);
   Workspace& ws = ctx_.workspace();
+  const DType act_t = ctx_.activation_dtype();
+  const size_t esz = dtype_size(act_t);
+  // Which groups fold: every projection with LoRA, no LoRA dropout in this mode (its mask is per
+  // projection), and a weight this path can widen (4-bit, or dense in the activation dtype).
+  for (size_t g = 0; g < kFoldGroups.size(); ++g) {
+    bool fold = options_.fold_lora && !(training_ && options_.lora_dropout > 0.0f);
+    int64_t R = 0;
+    for (int idx : kFoldGroups[g]) {
+      if (idx < 0) continue;
+      const ProjectionBinding& p = layer_.proj[static_cast<size_t>(idx)];
+      fold = fold && p.r > 0 && (p.quantized || p.weight_dtype == act_t);
+      fold_off_[static_cast<size_t>(idx)] = R;
+      R += p.r;
+    }
+    fold_[g] = fold;
+    fold_r_[g] = fold ? R : 0;
+  }
   for (size_t i = 0; i < layer_.proj.size(); ++i) {
     const ProjectionBinding& p = layer_.proj[i];
-    if (p.quantized) {
-      void* w = ws.take(static_cast<size_t>(p.in * p.out) * dtype_size(ctx_.activation_dtype()),
-                        "dequantized projection");
+    const int g = fold_group(static_cast<int>(i));
+    if (g >= 0 && fold_[static_cast<size_t>(g)]) {
+      // W_ext [out, in + R] = [W | 0 .. s B | .. 0]: this projection's scaled B in its own columns.
+      const int64_t R = fold_r_[static_cast<size_t>(g)], ld = p.in + R;
+      void* w = ws.take(static_cast<size_t>(p.out * ld) * esz, "folded projection");
+      if (p.quantized) {
+        Dequant4bitArgs q = p.q;
+        q.row_len = p.in;
+        q.out_ld = ld;
+        ops::dequantize_4bit(w, q, p.weight_dtype, ctx_);
+      } else {
+        ops::copy_2d(w, ld, p.dense, p.in, p.out, p.in, 1.0f, ctx_);
+      }
+      mark(StepPart::kLora);
+      const int64_t off = fold_off_[i];
+      ops::copy_2d(act(w, p.in), ld, nullptr, 0, p.out, off, 0.0f, ctx_);
+      ops::copy_2d(act(w, p.in + off), ld, p.lora_B, p.r, p.out, p.r, p.scaling, ctx_);
+      ops::copy_2d(act(w, p.in + off + p.r), ld, nullptr, 0, p.out, R - off - p.r, 0.0f, ctx_);
+      // A_cat: this projection's A [r, in] at rows off of the group's stack.
+      ops::copy_2d(act(act_->lora_cat, (g == 0 ? 0 : fold_r_[0] * config_.hidden_size) + off * p.in), p.in,
+                   p.lora_A, p.in, p.r, p.in, 1.0f, ctx_);
+      mark(StepPart::kDequant);
+      weights_[i] = w;
+    } else if (p.quantized) {
+      void* w = ws.take(static_cast<size_t>(p.in * p.out) * esz, "dequantized projection");
       ops::dequantize_4bit(w, p.q, p.weight_dtype, ctx_);
       weights_[i] = w;
-    } else if (p.weight_dtype == ctx_.activation_dtype()) {
+    } else if (p.weight_dtype == act_t) {
       weights_[i] = p.dense;
-    } else if (ops::gemm_supports(ctx_, ctx_.activation_dtype(), p.weight_dtype)) {
+    } else if (ops::gemm_supports(ctx_, act_t, p.weight_dtype)) {
       weights_[i] = nullptr;  // read in its own dtype
     } else {
-      void* w = ws.take(static_cast<size_t>(p.in * p.out) * dtype_size(ctx_.activation_dtype()), "converted projection");
-      ops::convert(w, ctx_.activation_dtype(), p.dense, p.weight_dtype, p.in * p.out, ctx_);
+      void* w = ws.take(static_cast<size_t>(p.in * p.out) * esz, "converted projection");
+      ops::convert(w, act_t, p.dense, p.weight_dtype, p.in * p.out, ctx_);
       weights_[i] = w;
     }
   }
 }
 
-void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N) {
+int64_t LlamaModel::fold_ld(int g) const { return config_.hidden_size + fold_r_[static_cast<size_t>(g)]; }
+
+// ---- LoRA fold ------------------------------------------------------------------------------------
+// PEFT's y = x W^T + s (x A^T) B^T for the projections of one group (same input x, width C) as
+// ONE widened GEMM per projection and one small GEMM per group, instead of two LoRA GEMMs per
+// projection that each re-read and re-write y:
+//   forward:  t = x A_cat^T (A_cat = the group's A matrices stacked, [R, C]) is written into R
+//             extra columns of x's own buffer [N, C + R]; then y_j = [x | t] W_ext_j^T with
+//             W_ext_j = [W_j | 0 .. s B_j .. 0] ([out_j, C + R], dequantized in place + packed):
+//             the LoRA term is R more steps of the base GEMM's K loop.
+//   backward: dx_ext = sum_j dy_j W_ext_j = [dx_base | s dt] (dt = dy B, per projection in its
+//             columns) in the base input-gradient GEMMs themselves; then
+//             dB_j += s dy_j^T t_j, dA_j += (s dt_j)^T x, dx += (s dt) A_cat (one GEMM, K = R).
+// Without the fold (o_proj, down_proj, LoRA dropout, dense weights of another dtype, or
+// options.fold_lora false) each projection runs its own LoRA GEMMs (linear_fwd / linear_bwd).
+
+void LlamaModel::fold_fwd(int g, void* x, int64_t N) {
+  if (!fold_[static_cast<size_t>(g)]) return;
+  const int64_t C = config_.hidden_size, R = fold_r_[static_cast<size_t>(g)], ld = C + R;
+  const DType act_t = ctx_.activation_dtype();
+  const void* a_cat = act(act_->lora_cat, g == 0 ? 0 : fold_r_[0] * C);
+  mark(StepPart::kLora);
+  GemmShape s = typed({N, R, C, false, true}, act_t, act_t, act_t);
+  s.lda = ld;
+  s.ldc = ld;
+  ops::gemm(act(x, C), x, a_cat, s, ctx_);  // t = x A_cat^T into the extra columns
+  mark(StepPart::kOther);
+}
+
+void LlamaModel::fold_bwd(int g, void* dx, const void* x, int64_t N) {
+  if (!fold_[static_cast<size_t>(g)]) return;
+  const int64_t C = config_.hidden_size, R = fold_r_[static_cast<size_t>(g)], ld = C + R;
+  const DType act_t = ctx_.activation_dtype();
+  const void* a_cat = act(act_->lora_cat, g == 0 ? 0 : fold_r_[0] * C);
+  mark(StepPart::kLora);
+  for (int idx : kFoldGroups[static_cast<size_t>(g)]) {
+    if (idx < 0) continue;
+    const ProjectionBinding& p = layer_.proj[static_cast<size_t>(idx)];
+    if (!p.grad_A) continue;
+    GemmShape s = typed({p.r, C, N, true, false, 1.0f, 1.0f}, act_t, act_t, DType::kF32);
+    s.lda = ld;
+    s.ldb = ld;
+    ops::gemm(p.grad_A, act(dx, C + fold_off_[static_cast<size_t>(idx)]), x, s, ctx_);  // dA += (s dt)^T x
+  }
+  GemmShape s = typed({N, C, R, false, false, 1.0f, 1.0f}, act_t, act_t, act_t);
+  s.lda = ld;
+  s.ldc = ld;
+  ops::gemm(dx, act(dx, C), a_cat, s, ctx_);  // dx += (s dt) A_cat (reads the extra columns, writes the first C)
+  mark(StepPart::kOther);
+}
+
+void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t ldx) {
   const ProjectionBinding& p = layer_.proj[idx];
   const DType act_t = ctx_.activation_dtype();
-  GemmShape s{N, p.out, p.in, false, true};
+  const int g = fold_group(idx);
+  const bool folded = g >= 0 && fold_[static_cast<size_t>(g)];
+  const int64_t K = folded ? p.in + fold_r_[static_cast<size_t>(g)] : p.in;
+  GemmShape s{N, p.out, K, false, true};
   s.a_type = s.c_type = act_t;
   s.b_type = weights_[idx] ? act_t : p.weight_dtype;  // dequantized into the workspace: the GEMM's dtype
+  s.lda = ldx;
+  if (folded) s.ldb = K;
   mark(StepPart::kGemm);
-  ops::gemm(y, x, weights_[idx] ? weights_[idx] : p.dense, s, ctx_);  // y = x W^T
+  ops::gemm(y, x, weights_[idx] ? weights_[idx] : p.dense, s, ctx_);  // y = x W^T (folded: [x | t] W_ext^T)
   mark(StepPart::kOther);
   if (p.bias) ops::add_bias(y, p.bias, N, p.out, ctx_);
-  if (p.r == 0) return;
+  if (p.r == 0 || folded) return;
+  QS_CHECK(ldx == 0 || ldx == p.in, "linear_fwd: an unfolded LoRA input must be packed");
   mark(StepPart::kLora);
   Workspace& ws = ctx_.workspace();
   const size_t ws_mark = ws.used();
@@ -496,16 +631,31 @@ void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N) {
   mark(StepPart::kOther);
 }
 
-void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N) {
+void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N,
+                            int64_t ldx) {
   const ProjectionBinding& p = layer_.proj[idx];
   const DType act_t = ctx_.activation_dtype();
-  GemmShape s{N, p.in, p.out, false, false, 1.0f, accumulate_dx ? 1.0f : 0.0f};
+  const int g = fold_group(idx);
+  const bool folded = g >= 0 && fold_[static_cast<size_t>(g)];
+  const int64_t W = folded ? p.in + fold_r_[static_cast<size_t>(g)] : p.in;
+  GemmShape s{N, W, p.out, false, false, 1.0f, accumulate_dx ? 1.0f : 0.0f};
   s.a_type = s.c_type = act_t;
   s.b_type = weights_[idx] ? act_t : p.weight_dtype;
+  s.ldc = ldx;
   mark(StepPart::kGemm);
-  ops::gemm(dx, dy, weights_[idx] ? weights_[idx] : p.dense, s, ctx_);  // dx (+)= dy W
+  ops::gemm(dx, dy, weights_[idx] ? weights_[idx] : p.dense, s, ctx_);  // dx (+)= dy W (folded: [dx | s dt] += dy W_ext)
   mark(StepPart::kOther);
   if (p.r == 0) return;
+  if (folded) {
+    if (!p.grad_B) return;
+    mark(StepPart::kLora);
+    GemmShape sb = typed({p.out, p.r, N, true, false, p.scaling, 1.0f}, act_t, act_t, DType::kF32);
+    sb.ldb = ldx;
+    ops::gemm(p.grad_B, dy, act(x, p.in + fold_off_[static_cast<size_t>(idx)]), sb, ctx_);  // dB += s dy^T t
+    mark(StepPart::kOther);
+    return;
+  }
+  QS_CHECK(ldx == 0 || ldx == p.in, "linear_bwd: an unfolded LoRA input must be packed");
   mark(StepPart::kLora);
   Workspace& ws = ctx_.workspace();
   const size_t ws_mark = ws.used();
@@ -545,11 +695,13 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T) {
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   Activations& a = *act_;
+  const int64_t ld1 = fold_ld(0), ld2 = fold_ld(1);
   mark(StepPart::kNorm);
-  ops::rmsnorm_fwd(a.h1, a.rstd1, x, layer_.input_norm, N, C, eps, ctx_);
-  linear_fwd(kQ, a.q, a.h1, N);
-  linear_fwd(kK, a.k, a.h1, N);
-  linear_fwd(kV, a.v, a.h1, N);
+  ops::rmsnorm_fwd(a.h1, a.rstd1, x, layer_.input_norm, N, C, eps, ctx_, ld1);
+  fold_fwd(0, a.h1, N);
+  linear_fwd(kQ, a.q, a.h1, N, ld1);
+  linear_fwd(kK, a.k, a.h1, N, ld1);
+  linear_fwd(kV, a.v, a.h1, N, ld1);
   mark(StepPart::kRope);
   ops::rope_fwd(a.q, a.rope_cos, a.rope_sin, B, T, H, D, ctx_);
   ops::rope_fwd(a.k, a.rope_cos, a.rope_sin, B, T, Hkv, D, ctx_);
@@ -560,9 +712,10 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T) {
   mark(StepPart::kResidual);
   ops::add(a.x2, x, a.x2, N * C, ctx_);  // residual + attention (HF order)
   mark(StepPart::kNorm);
-  ops::rmsnorm_fwd(a.h2, a.rstd2, a.x2, layer_.post_norm, N, C, eps, ctx_);
-  linear_fwd(kGate, a.g, a.h2, N);
-  linear_fwd(kUp, a.u, a.h2, N);
+  ops::rmsnorm_fwd(a.h2, a.rstd2, a.x2, layer_.post_norm, N, C, eps, ctx_, ld2);
+  fold_fwd(1, a.h2, N);
+  linear_fwd(kGate, a.g, a.h2, N, ld2);
+  linear_fwd(kUp, a.u, a.h2, N, ld2);
   mark(StepPart::kSwiglu);
   ops::swiglu_fwd(a.m, a.g, a.u, N * I, ctx_);
   linear_fwd(kDown, x_out, a.m, N);
@@ -595,10 +748,12 @@ void LlamaModel::layer_backward(const void* x_in, const void* dout, void* dx, in
   linear_bwd(kDown, a.dm, false, dout, a.m, N);
   mark(StepPart::kSwiglu);
   ops::swiglu_bwd(a.dg, a.du, a.dm, a.g, a.u, N * I, ctx_);
-  linear_bwd(kGate, a.dh2, false, a.dg, a.h2, N);
-  linear_bwd(kUp, a.dh2, true, a.du, a.h2, N);
+  const int64_t ld1 = fold_ld(0), ld2 = fold_ld(1);
+  linear_bwd(kGate, a.dh2, false, a.dg, a.h2, N, ld2);
+  linear_bwd(kUp, a.dh2, true, a.du, a.h2, N, ld2);
+  fold_bwd(1, a.dh2, a.h2, N);
   mark(StepPart::kNorm);
-  ops::rmsnorm_bwd(a.dx2, a.dh2, a.x2, layer_.post_norm, a.rstd2, N, C, ctx_);
+  ops::rmsnorm_bwd(a.dx2, a.dh2, a.x2, layer_.post_norm, a.rstd2, N, C, ctx_, ld2);
 
   // Attention: x2 = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = norm(x).
   mark(StepPart::kResidual);
@@ -609,11 +764,12 @@ void LlamaModel::layer_backward(const void* x_in, const void* dout, void* dx, in
   mark(StepPart::kRope);
   ops::rope_bwd(a.dq, a.rope_cos, a.rope_sin, B, T, H, D, ctx_);
   ops::rope_bwd(a.dk, a.rope_cos, a.rope_sin, B, T, Hkv, D, ctx_);
-  linear_bwd(kQ, a.dh1, false, a.dq, a.h1, N);
-  linear_bwd(kK, a.dh1, true, a.dk, a.h1, N);
-  linear_bwd(kV, a.dh1, true, a.dv, a.h1, N);
+  linear_bwd(kQ, a.dh1, false, a.dq, a.h1, N, ld1);
+  linear_bwd(kK, a.dh1, true, a.dk, a.h1, N, ld1);
+  linear_bwd(kV, a.dh1, true, a.dv, a.h1, N, ld1);
+  fold_bwd(0, a.dh1, a.h1, N);
   mark(StepPart::kNorm);
-  ops::rmsnorm_bwd(dx, a.dh1, x_in, layer_.input_norm, a.rstd1, N, C, ctx_);
+  ops::rmsnorm_bwd(dx, a.dh1, x_in, layer_.input_norm, a.rstd1, N, C, ctx_, ld1);
   mark(StepPart::kOther);
   ctx_.workspace().reset();
 }

@@ -99,6 +99,9 @@ struct LlamaModelOptions {
   int64_t max_seq = 0;        //   T <= max_seq (0: max_position_embeddings)
   int64_t head_chunk_bytes = int64_t{256} << 20;  // f32 LM-head logits per chunk (rows = this / (4 V))
   bool profile = false;       // time the step's parts with CUDA events (StepProfile; none on the CPU)
+  // LoRA folded into the base GEMMs of q|k|v and gate|up (see "LoRA fold" in llama_model.cpp);
+  // false: separate LoRA GEMMs per projection (the reference the fold is tested against).
+  bool fold_lora = true;
 };
 
 // Which half of the step a hook is called for.
@@ -223,13 +226,21 @@ class LlamaModel {
   void upload(int64_t* device_dst, std::span<const int64_t> values);
   void run_layer(const void* x, void* x_out, int64_t B, int64_t T);
   void dequantize_layer();
-  void linear_fwd(int idx, void* y, const void* x, int64_t N);
-  void linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N);
+  // x (and dx) rows ldx apart (0 = the projection's input width); a folded projection reads its
+  // group's LoRA columns from the same rows.
+  void linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t ldx = 0);
+  void linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N, int64_t ldx = 0);
+  // The LoRA fold of group g (0: q|k|v on h1, 1: gate|up on h2): X A^T into x's extra columns
+  // (forward); after the group's input-gradient GEMMs, the A gradients and dx += (s dt) A.
+  void fold_fwd(int g, void* x, int64_t N);
+  void fold_bwd(int g, void* dx, const void* x, int64_t N);
+  int64_t fold_ld(int g) const;  // row stride of the group's input / input-gradient buffers
   DropoutKey dropout_key(int idx) const;
   // The head over rows [0, N) of x: logits chunk by chunk; with grad_scale != 0 also dx;
   // with logits_out (host) the logits are copied out instead of the loss being taken.
   void head_chunks(const void* x, const int64_t* targets, void* dx, int64_t N, float grad_scale, float* logits_out);
-  void* act(void* base, int64_t elems) const;
+  void* act(void* base, int64_t elems) const;  // base + elems activation-dtype elements
+  const void* act(const void* base, int64_t elems) const;
 
   LlamaConfig config_;
   Module& root_;
@@ -243,6 +254,11 @@ class LlamaModel {
   // The bound layer's projections as GEMM operands [out,in] in the activation dtype (dequantized
   // into the workspace, or a dense weight of that dtype); null: a dense weight in its own dtype.
   std::array<const void*, 7> weights_{};
+  // The bound layer's fold (set by dequantize_layer): per group whether it is folded and its
+  // total rank R; per projection its column offset in the group's R LoRA columns.
+  std::array<bool, 2> fold_{};
+  std::array<int64_t, 2> fold_r_{};
+  std::array<int64_t, 7> fold_off_{};
   struct Timing;   // the profile's event pool
   std::unique_ptr<Timing> timing_;
   StepProfile profile_;

@@ -92,7 +92,13 @@ __global__ void embedding_kernel(bf16* out, const int64_t* ids, const void* w, i
   }
 }
 
-__global__ void rmsnorm_fwd_kernel(bf16* out, float* rstd, const bf16* x, const float* w, int64_t C, float eps) {
+// One row per block. The output (forward) / the incoming gradient (backward) may have a row stride
+// larger than C (ld_out / ld_dout: the LoRA fold's wider buffers). The 8-wide variants (every row
+// start 16-byte aligned, C a multiple of 8) move 16 bytes per access; both compute each element
+// with the same f32 expression, the row sums in the same per-thread-then-block order for one
+// variant (the two variants may differ in the last bit of the sum order).
+__global__ void rmsnorm_fwd_kernel(bf16* out, float* rstd, const bf16* x, const float* w, int64_t C, int64_t ld_out,
+                                   float eps) {
   const int64_t n = blockIdx.x;
   const bf16* xr = x + n * C;
   float ss = 0.0f;
@@ -104,22 +110,83 @@ __global__ void rmsnorm_fwd_kernel(bf16* out, float* rstd, const bf16* x, const 
   const float r = 1.0f / sqrtf(ss / static_cast<float>(C) + eps);
   if (threadIdx.x == 0) rstd[n] = r;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-    out[n * C + c] = __float2bfloat16_rn(w[c] * (__bfloat162float(xr[c]) * r));
+    out[n * ld_out + c] = __float2bfloat16_rn(w[c] * (__bfloat162float(xr[c]) * r));
 }
 
 __global__ void rmsnorm_bwd_kernel(bf16* dx, const bf16* dout, const bf16* x, const float* w, const float* rstd,
-                                   int64_t C) {
+                                   int64_t C, int64_t ld_dout) {
   const int64_t n = blockIdx.x;
   const float r = rstd[n];
   float dot = 0.0f;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-    dot += __bfloat162float(dout[n * C + c]) * w[c] * (__bfloat162float(x[n * C + c]) * r);
+    dot += __bfloat162float(dout[n * ld_dout + c]) * w[c] * (__bfloat162float(x[n * C + c]) * r);
   dot = block_sum(dot);
   const float mean_dot = dot / static_cast<float>(C);
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     const float xh = __bfloat162float(x[n * C + c]) * r;
-    const float g = __bfloat162float(dout[n * C + c]) * w[c];
+    const float g = __bfloat162float(dout[n * ld_dout + c]) * w[c];
     dx[n * C + c] = __float2bfloat16_rn(__bfloat162float(dx[n * C + c]) + r * (g - xh * mean_dot));
+  }
+}
+
+struct alignas(16) Bf16x8 {
+  bf16 v[8];
+};
+
+__global__ void rmsnorm_fwd_kernel_v8(bf16* out, float* rstd, const bf16* x, const float* w, int64_t C,
+                                      int64_t ld_out, float eps) {
+  const int64_t n = blockIdx.x;
+  const Bf16x8* xr = reinterpret_cast<const Bf16x8*>(x + n * C);
+  const int64_t C8 = C / 8;
+  float ss = 0.0f;
+  for (int64_t c = threadIdx.x; c < C8; c += blockDim.x) {
+    const Bf16x8 v = xr[c];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float f = __bfloat162float(v.v[j]);
+      ss += f * f;
+    }
+  }
+  ss = block_sum(ss);
+  const float r = 1.0f / sqrtf(ss / static_cast<float>(C) + eps);
+  if (threadIdx.x == 0) rstd[n] = r;
+  Bf16x8* o = reinterpret_cast<Bf16x8*>(out + n * ld_out);
+  for (int64_t c = threadIdx.x; c < C8; c += blockDim.x) {
+    const Bf16x8 v = xr[c];
+    Bf16x8 y;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) y.v[j] = __float2bfloat16_rn(w[8 * c + j] * (__bfloat162float(v.v[j]) * r));
+    o[c] = y;
+  }
+}
+
+__global__ void rmsnorm_bwd_kernel_v8(bf16* dx, const bf16* dout, const bf16* x, const float* w, const float* rstd,
+                                      int64_t C, int64_t ld_dout) {
+  const int64_t n = blockIdx.x;
+  const float r = rstd[n];
+  const int64_t C8 = C / 8;
+  const Bf16x8* xr = reinterpret_cast<const Bf16x8*>(x + n * C);
+  const Bf16x8* gr = reinterpret_cast<const Bf16x8*>(dout + n * ld_dout);
+  float dot = 0.0f;
+  for (int64_t c = threadIdx.x; c < C8; c += blockDim.x) {
+    const Bf16x8 xv = xr[c], gv = gr[c];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      dot += __bfloat162float(gv.v[j]) * w[8 * c + j] * (__bfloat162float(xv.v[j]) * r);
+  }
+  dot = block_sum(dot);
+  const float mean_dot = dot / static_cast<float>(C);
+  Bf16x8* d = reinterpret_cast<Bf16x8*>(dx + n * C);
+  for (int64_t c = threadIdx.x; c < C8; c += blockDim.x) {
+    const Bf16x8 xv = xr[c], gv = gr[c];
+    Bf16x8 dv = d[c];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float xh = __bfloat162float(xv.v[j]) * r;
+      const float g = __bfloat162float(gv.v[j]) * w[8 * c + j];
+      dv.v[j] = __float2bfloat16_rn(__bfloat162float(dv.v[j]) + r * (g - xh * mean_dot));
+    }
+    d[c] = dv;
   }
 }
 
@@ -127,10 +194,6 @@ __global__ void rmsnorm_bwd_kernel(bf16* dx, const bf16* dout, const bf16* x, co
 // 16-byte aligned and n a multiple of 8, by a kernel moving 8 bf16 (16 bytes) per load/store. Both
 // give the same bits (the same function per element); the wide one is the common case (buffers
 // come 256-byte aligned, widths are multiples of 8).
-
-struct alignas(16) Bf16x8 {
-  bf16 v[8];
-};
 
 bool vec8_ok(int64_t n, std::initializer_list<const void*> ptrs) {
   if (n % 8 != 0) return false;
@@ -164,6 +227,15 @@ struct AddOp {
 
 __global__ void add_bias_kernel(bf16* y, const float* bias, int64_t N, int64_t W) {
   QS_GRID_STRIDE(i, N * W) y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + bias[i % W]);
+}
+
+// dst[r, c] = bf16(scale * src[r, c]) (zeros without src), rows ld_dst / ld_src apart.
+__global__ void copy_2d_kernel(bf16* dst, int64_t ld_dst, const bf16* src, int64_t ld_src, int64_t rows, int64_t cols,
+                               float scale) {
+  QS_GRID_STRIDE(i, rows * cols) {
+    const int64_t r = i / cols, c = i - r * cols;
+    dst[r * ld_dst + c] = src ? __float2bfloat16_rn(scale * __bfloat162float(src[r * ld_src + c])) : __float2bfloat16_rn(0.0f);
+  }
 }
 
 __global__ void to_f32_kernel(float* out, const void* x, int dt, int64_t n) {
@@ -276,7 +348,7 @@ struct LtState {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::mutex mu;
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, bool>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, bool, int64_t, int64_t, int64_t>;
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -330,8 +402,11 @@ void prepare(DeviceContext& ctx) {
 void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx) {
   QS_CHECK(s.a_type == s.b_type, "gemm: A and B must have one dtype on CUDA");
   LtState& L = lt(ctx);
-  const LtState::Key key{s.M, s.N, s.K, s.trans_a, s.trans_b, static_cast<int>(s.a_type), static_cast<int>(s.c_type),
-                         s.beta != 0.0f};
+  const int64_t lda = s.lda_or_packed(), ldb = s.ldb_or_packed(), ldc = s.ldc_or_packed();
+  QS_CHECK(lda >= (s.trans_a ? s.M : s.K) && ldb >= (s.trans_b ? s.K : s.N) && ldc >= s.N,
+           "gemm: a leading dimension below its row");
+  const LtState::Key key{s.M,   s.N,   s.K,  s.trans_a, s.trans_b, static_cast<int>(s.a_type), static_cast<int>(s.c_type),
+                         s.beta != 0.0f, lda, ldb, ldc};
   LtState::Plan* plan;
   {
     std::lock_guard<std::mutex> lock(L.mu);
@@ -344,13 +419,13 @@ void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceConte
       QS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
       QS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
       const cudaDataType_t ab = cuda_type(s.a_type), ct = cuda_type(s.c_type);
-      // Our B: row-major [K,N] = column-major N x K (ld N); with trans_b row-major [N,K] = col-major K x N (ld K).
-      if (s.trans_b) QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, s.K, s.N, s.K));
-      else QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, s.N, s.K, s.N));
-      // Our A: row-major [M,K] = col-major K x M (ld K); with trans_a row-major [K,M] = col-major M x K (ld M).
-      if (s.trans_a) QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, s.M, s.K, s.M));
-      else QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, s.K, s.M, s.K));
-      QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, ct, s.N, s.M, s.N));
+      // Our B: row-major [K,N] = column-major N x K (ld ldb); with trans_b row-major [N,K] = col-major K x N.
+      if (s.trans_b) QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, s.K, s.N, ldb));
+      else QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, s.N, s.K, ldb));
+      // Our A: row-major [M,K] = col-major K x M (ld lda); with trans_a row-major [K,M] = col-major M x K.
+      if (s.trans_a) QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, s.M, s.K, lda));
+      else QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, s.K, s.M, lda));
+      QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, ct, s.N, s.M, ldc));
       cublasLtMatmulPreference_t pref;
       QS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
       QS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -385,16 +460,26 @@ void embedding_fwd(uint16_t* out, const int64_t* ids, const void* weight, DType 
 }
 
 void rmsnorm_fwd(uint16_t* out, float* rstd, const uint16_t* x, const float* weight, int64_t N, int64_t C, float eps,
-                 DeviceContext& ctx) {
+                 DeviceContext& ctx, int64_t ld_out) {
   if (N == 0) return;
-  rmsnorm_fwd_kernel<<<static_cast<unsigned>(N), 256, 0, st(ctx)>>>(B16(out), rstd, B16(x), weight, C, eps);
+  if (ld_out == 0) ld_out = C;
+  if (C % 8 == 0 && ld_out % 8 == 0 && vec8_ok(8, {out, x}))
+    rmsnorm_fwd_kernel_v8<<<static_cast<unsigned>(N), 256, 0, st(ctx)>>>(B16(out), rstd, B16(x), weight, C, ld_out, eps);
+  else
+    rmsnorm_fwd_kernel<<<static_cast<unsigned>(N), 256, 0, st(ctx)>>>(B16(out), rstd, B16(x), weight, C, ld_out, eps);
   QS_CUDA_CHECK_LAUNCH();
 }
 
 void rmsnorm_bwd(uint16_t* dx, const uint16_t* dout, const uint16_t* x, const float* weight, const float* rstd,
-                 int64_t N, int64_t C, DeviceContext& ctx) {
+                 int64_t N, int64_t C, DeviceContext& ctx, int64_t ld_dout) {
   if (N == 0) return;
-  rmsnorm_bwd_kernel<<<static_cast<unsigned>(N), 256, 0, st(ctx)>>>(B16(dx), B16(dout), B16(x), weight, rstd, C);
+  if (ld_dout == 0) ld_dout = C;
+  if (C % 8 == 0 && ld_dout % 8 == 0 && vec8_ok(8, {dx, dout, x}))
+    rmsnorm_bwd_kernel_v8<<<static_cast<unsigned>(N), 256, 0, st(ctx)>>>(B16(dx), B16(dout), B16(x), weight, rstd, C,
+                                                                        ld_dout);
+  else
+    rmsnorm_bwd_kernel<<<static_cast<unsigned>(N), 256, 0, st(ctx)>>>(B16(dx), B16(dout), B16(x), weight, rstd, C,
+                                                                     ld_dout);
   QS_CUDA_CHECK_LAUNCH();
 }
 
@@ -427,6 +512,13 @@ void zero(uint16_t* x, int64_t n, DeviceContext& ctx) {
 void add_bias(uint16_t* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx) {
   if (N * W == 0) return;
   add_bias_kernel<<<grid_for(N * W), 256, 0, st(ctx)>>>(B16(y), bias, N, W);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void copy_2d(uint16_t* dst, int64_t ld_dst, const uint16_t* src, int64_t ld_src, int64_t rows, int64_t cols, float scale,
+             DeviceContext& ctx) {
+  if (rows * cols == 0) return;
+  copy_2d_kernel<<<grid_for(rows * cols), 256, 0, st(ctx)>>>(B16(dst), ld_dst, B16(src), ld_src, rows, cols, scale);
   QS_CUDA_CHECK_LAUNCH();
 }
 

@@ -29,17 +29,24 @@ namespace qshard {
 
 constexpr int64_t kIgnoreIndex = -100;
 
-// C[M,N] = alpha * op(A)[M,K] . op(B)[K,N] + beta * C, row-major and contiguous.
+// C[M,N] = alpha * op(A)[M,K] . op(B)[K,N] + beta * C, row-major.
 // op(A) = A stored [M,K], or with trans_a A stored [K,M]; op(B) = B stored [K,N], or with trans_b
 // B stored [N,K] (a Linear weight [out,in]: y = x W^T is trans_b). b_type: B's dtype (f32, bf16 or
 // f16: a frozen weight kept in its own dtype, widened per row on the CPU); A and C are f32 on the CPU. With beta == 0, C is
 // not read. CPU order: one f32 accumulator per output, k ascending, then alpha*acc + beta*C.
+// lda / ldb / ldc: the row strides (elements) of A, B and C as stored; 0 = packed (the stored row
+// length). A stride larger than the row reads or writes a column block of a wider matrix (the
+// LoRA fold: X and X A^T side by side in one [N, in + R] buffer).
 struct GemmShape {
   int64_t M = 0, N = 0, K = 0;
   bool trans_a = false, trans_b = false;
   float alpha = 1.0f, beta = 0.0f;
   DType b_type = DType::kF32;
   DType a_type = DType::kF32, c_type = DType::kF32;  // the CPU twin: f32 only (CUDA: bf16 / f32)
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int64_t lda_or_packed() const { return lda ? lda : (trans_a ? M : K); }
+  int64_t ldb_or_packed() const { return ldb ? ldb : (trans_b ? K : N); }
+  int64_t ldc_or_packed() const { return ldc ? ldc : N; }
 };
 
 // RoPE's parameters (HF rotate_half: dims [0, D/2) pair with [D/2, D)).
@@ -108,11 +115,14 @@ void embedding_fwd(float* out /*[N,C]*/, const int64_t* ids /*[N]*/, const void*
                    int64_t N, int64_t C, int64_t V, DeviceContext& ctx);
 
 // rstd[n] = 1 / sqrt(mean_c(x^2) + eps); out = weight * (x * rstd) (transformers' LlamaRMSNorm).
-void rmsnorm_fwd(float* out /*[N,C]*/, float* rstd /*[N]*/, const float* x /*[N,C]*/, const float* weight /*[C]*/,
-                 int64_t N, int64_t C, float eps, DeviceContext& ctx);
+// out's rows are ld_out apart (0 = C): a column block of a wider buffer.
+void rmsnorm_fwd(float* out /*[N,ld_out]*/, float* rstd /*[N]*/, const float* x /*[N,C]*/, const float* weight /*[C]*/,
+                 int64_t N, int64_t C, float eps, DeviceContext& ctx, int64_t ld_out = 0);
 // dx += rstd * (g - xhat * mean_c(g * xhat)), g = dout * weight, xhat = x * rstd (rstd saved).
-void rmsnorm_bwd(float* dx /*[N,C]*/, const float* dout /*[N,C]*/, const float* x /*[N,C]*/,
-                 const float* weight /*[C]*/, const float* rstd /*[N]*/, int64_t N, int64_t C, DeviceContext& ctx);
+// dout's rows are ld_dout apart (0 = C).
+void rmsnorm_bwd(float* dx /*[N,C]*/, const float* dout /*[N,ld_dout]*/, const float* x /*[N,C]*/,
+                 const float* weight /*[C]*/, const float* rstd /*[N]*/, int64_t N, int64_t C, DeviceContext& ctx,
+                 int64_t ld_dout = 0);
 
 // out = a + b (the residual add). out may alias a or b.
 void add(float* out, const float* a, const float* b, int64_t n, DeviceContext& ctx);
@@ -121,6 +131,10 @@ void accumulate(float* out, const float* b, int64_t n, DeviceContext& ctx);
 // out = x; x = 0.
 void copy(float* out, const float* x, int64_t n, DeviceContext& ctx);
 void zero(float* x, int64_t n, DeviceContext& ctx);
+// dst[r, c] = scale * src[r, c] for r < rows, c < cols, rows ld_dst / ld_src apart; zeros when src
+// is null (packing the LoRA fold's operands: scaled B blocks beside a weight, A matrices stacked).
+void copy_2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols, float scale,
+             DeviceContext& ctx);
 // y[n, :] += bias (a Linear's bias, f32).
 void add_bias(float* y /*[N,W]*/, const float* bias /*[W]*/, int64_t N, int64_t W, DeviceContext& ctx);
 // out = f32(x) for x in `type` (a frozen norm weight or bias bound in its own dtype).
@@ -188,13 +202,15 @@ void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceConte
 void embedding_fwd(uint16_t* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
                    int64_t V, DeviceContext& ctx);
 void rmsnorm_fwd(uint16_t* out, float* rstd, const uint16_t* x, const float* weight, int64_t N, int64_t C, float eps,
-                 DeviceContext& ctx);
+                 DeviceContext& ctx, int64_t ld_out = 0);
 void rmsnorm_bwd(uint16_t* dx, const uint16_t* dout, const uint16_t* x, const float* weight, const float* rstd,
-                 int64_t N, int64_t C, DeviceContext& ctx);
+                 int64_t N, int64_t C, DeviceContext& ctx, int64_t ld_dout = 0);
 void add(uint16_t* out, const uint16_t* a, const uint16_t* b, int64_t n, DeviceContext& ctx);
 void accumulate(uint16_t* out, const uint16_t* b, int64_t n, DeviceContext& ctx);
 void copy(uint16_t* out, const uint16_t* x, int64_t n, DeviceContext& ctx);
 void zero(uint16_t* x, int64_t n, DeviceContext& ctx);
+void copy_2d(uint16_t* dst, int64_t ld_dst, const uint16_t* src, int64_t ld_src, int64_t rows, int64_t cols, float scale,
+             DeviceContext& ctx);
 void add_bias(uint16_t* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx);
 void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx);
 // The tables are computed on the host (the CPU's cos/sin, bit for bit) and copied: a start-up op.
@@ -235,13 +251,15 @@ void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceConte
 void embedding_fwd(void* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
                    int64_t V, DeviceContext& ctx);
 void rmsnorm_fwd(void* out, float* rstd, const void* x, const float* weight, int64_t N, int64_t C, float eps,
-                 DeviceContext& ctx);
+                 DeviceContext& ctx, int64_t ld_out = 0);
 void rmsnorm_bwd(void* dx, const void* dout, const void* x, const float* weight, const float* rstd, int64_t N,
-                 int64_t C, DeviceContext& ctx);
+                 int64_t C, DeviceContext& ctx, int64_t ld_dout = 0);
 void add(void* out, const void* a, const void* b, int64_t n, DeviceContext& ctx);
 void accumulate(void* out, const void* b, int64_t n, DeviceContext& ctx);
 void copy(void* out, const void* x, int64_t n, DeviceContext& ctx);
 void zero(void* x, int64_t n, DeviceContext& ctx);
+void copy_2d(void* dst, int64_t ld_dst, const void* src, int64_t ld_src, int64_t rows, int64_t cols, float scale,
+             DeviceContext& ctx);
 void add_bias(void* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx);
 void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx);
 void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceContext& ctx);

@@ -20,10 +20,11 @@ float widen(const void* p, DType t, int64_t i) {
   }
 }
 
-// Row `row` of a [rows, n] matrix of dtype t as f32: a pointer into it (f32) or into `buf` (widened).
-const float* row_f32(const void* m, DType t, int64_t row, int64_t n, float* buf) {
-  if (t == DType::kF32) return static_cast<const float*>(m) + row * n;
-  for (int64_t i = 0; i < n; ++i) buf[i] = widen(m, t, row * n + i);
+// Row `row` (n values, rows ld apart) of a matrix of dtype t as f32: a pointer into it (f32) or
+// into `buf` (widened).
+const float* row_f32(const void* m, DType t, int64_t row, int64_t n, int64_t ld, float* buf) {
+  if (t == DType::kF32) return static_cast<const float*>(m) + row * ld;
+  for (int64_t i = 0; i < n; ++i) buf[i] = widen(m, t, row * ld + i);
   return buf;
 }
 
@@ -99,19 +100,21 @@ namespace cpu {
 void gemm(float* C, const float* A, const void* B, const GemmShape& s, DeviceContext& ctx) {
   QS_CHECK(s.a_type == DType::kF32 && s.c_type == DType::kF32, "CPU gemm: A and C must be f32");
   const int64_t M = s.M, N = s.N, K = s.K;
+  const int64_t lda = s.lda_or_packed(), ldb = s.ldb_or_packed(), ldc = s.ldc_or_packed();
+  QS_CHECK(lda >= (s.trans_a ? M : K) && ldb >= (s.trans_b ? K : N) && ldc >= N, "CPU gemm: a leading dimension below its row");
   Workspace& ws = ctx.workspace();
   const size_t mark = ws.used();
   float* acc = ws.take<float>(N, "gemm row");
   float* brow = s.b_type == DType::kF32 ? nullptr : ws.take<float>(std::max(N, K), "gemm B row");
   auto store = [&](int64_t m) {
-    float* c = C + m * N;
+    float* c = C + m * ldc;
     for (int64_t n = 0; n < N; ++n) c[n] = s.beta == 0.0f ? s.alpha * acc[n] : s.alpha * acc[n] + s.beta * c[n];
   };
   if (!s.trans_a && s.trans_b) {  // C = A B^T: dot products of rows (B stored [N,K])
     for (int64_t m = 0; m < M; ++m) {
-      const float* a = A + m * K;
+      const float* a = A + m * lda;
       for (int64_t n = 0; n < N; ++n) {
-        const float* b = row_f32(B, s.b_type, n, K, brow);
+        const float* b = row_f32(B, s.b_type, n, K, ldb, brow);
         float sum = 0.0f;
         for (int64_t k = 0; k < K; ++k) sum += a[k] * b[k];
         acc[n] = sum;
@@ -122,8 +125,8 @@ void gemm(float* C, const float* A, const void* B, const GemmShape& s, DeviceCon
     for (int64_t m = 0; m < M; ++m) {
       std::fill(acc, acc + N, 0.0f);
       for (int64_t k = 0; k < K; ++k) {
-        const float a = s.trans_a ? A[k * M + m] : A[m * K + k];
-        const float* b = row_f32(B, s.b_type, k, N, brow);
+        const float a = s.trans_a ? A[k * lda + m] : A[m * lda + k];
+        const float* b = row_f32(B, s.b_type, k, N, ldb, brow);
         for (int64_t n = 0; n < N; ++n) acc[n] += a * b[n];
       }
       store(m);
@@ -132,7 +135,7 @@ void gemm(float* C, const float* A, const void* B, const GemmShape& s, DeviceCon
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t n = 0; n < N; ++n) {
         float sum = 0.0f;
-        for (int64_t k = 0; k < K; ++k) sum += A[k * M + m] * widen(B, s.b_type, n * K + k);
+        for (int64_t k = 0; k < K; ++k) sum += A[k * lda + m] * widen(B, s.b_type, n * ldb + k);
         acc[n] = sum;
       }
       store(m);
@@ -156,24 +159,26 @@ void embedding_fwd(float* out, const int64_t* ids, const void* weight, DType wei
 
 // ---- RMSNorm ----------------------------------------------------------------------------------
 void rmsnorm_fwd(float* out, float* rstd, const float* x, const float* weight, int64_t N, int64_t C, float eps,
-                 DeviceContext& ctx) {
+                 DeviceContext& ctx, int64_t ld_out) {
   (void)ctx;
+  if (ld_out == 0) ld_out = C;
   for (int64_t n = 0; n < N; ++n) {
     const float* xr = x + n * C;
     float ss = 0.0f;
     for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
     const float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
     rstd[n] = r;
-    for (int64_t c = 0; c < C; ++c) out[n * C + c] = weight[c] * (xr[c] * r);
+    for (int64_t c = 0; c < C; ++c) out[n * ld_out + c] = weight[c] * (xr[c] * r);
   }
 }
 
 void rmsnorm_bwd(float* dx, const float* dout, const float* x, const float* weight, const float* rstd, int64_t N,
-                 int64_t C, DeviceContext& ctx) {
+                 int64_t C, DeviceContext& ctx, int64_t ld_dout) {
   (void)ctx;
+  if (ld_dout == 0) ld_dout = C;
   for (int64_t n = 0; n < N; ++n) {
     const float* xr = x + n * C;
-    const float* gr = dout + n * C;
+    const float* gr = dout + n * ld_dout;
     const float r = rstd[n];
     float dot = 0.0f;  // sum_c g * xhat
     for (int64_t c = 0; c < C; ++c) dot += gr[c] * weight[c] * (xr[c] * r);
@@ -200,6 +205,13 @@ void copy(float* out, const float* x, int64_t n, DeviceContext& ctx) {
 void zero(float* x, int64_t n, DeviceContext& ctx) {
   (void)ctx;
   std::fill(x, x + n, 0.0f);
+}
+
+void copy_2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols, float scale,
+             DeviceContext& ctx) {
+  (void)ctx;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[r * ld_dst + c] = src ? scale * src[r * ld_src + c] : 0.0f;
 }
 
 void add_bias(float* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx) {

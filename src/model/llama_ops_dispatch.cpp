@@ -69,14 +69,14 @@ void embedding_fwd(void* out, const int64_t* ids, const void* weight, DType weig
               cuda::embedding_fwd(h(out), ids, weight, weight_type, N, C, V, ctx));
 }
 void rmsnorm_fwd(void* out, float* rstd, const void* x, const float* weight, int64_t N, int64_t C, float eps,
-                 DeviceContext& ctx) {
-  QS_DISPATCH("rmsnorm_fwd", cpu::rmsnorm_fwd(f(out), rstd, f(x), weight, N, C, eps, ctx),
-              cuda::rmsnorm_fwd(h(out), rstd, h(x), weight, N, C, eps, ctx));
+                 DeviceContext& ctx, int64_t ld_out) {
+  QS_DISPATCH("rmsnorm_fwd", cpu::rmsnorm_fwd(f(out), rstd, f(x), weight, N, C, eps, ctx, ld_out),
+              cuda::rmsnorm_fwd(h(out), rstd, h(x), weight, N, C, eps, ctx, ld_out));
 }
 void rmsnorm_bwd(void* dx, const void* dout, const void* x, const float* weight, const float* rstd, int64_t N,
-                 int64_t C, DeviceContext& ctx) {
-  QS_DISPATCH("rmsnorm_bwd", cpu::rmsnorm_bwd(f(dx), f(dout), f(x), weight, rstd, N, C, ctx),
-              cuda::rmsnorm_bwd(h(dx), h(dout), h(x), weight, rstd, N, C, ctx));
+                 int64_t C, DeviceContext& ctx, int64_t ld_dout) {
+  QS_DISPATCH("rmsnorm_bwd", cpu::rmsnorm_bwd(f(dx), f(dout), f(x), weight, rstd, N, C, ctx, ld_dout),
+              cuda::rmsnorm_bwd(h(dx), h(dout), h(x), weight, rstd, N, C, ctx, ld_dout));
 }
 void add(void* out, const void* a, const void* b, int64_t n, DeviceContext& ctx) {
   QS_DISPATCH("add", cpu::add(f(out), f(a), f(b), n, ctx), cuda::add(h(out), h(a), h(b), n, ctx));
@@ -89,6 +89,11 @@ void copy(void* out, const void* x, int64_t n, DeviceContext& ctx) {
 }
 void zero(void* x, int64_t n, DeviceContext& ctx) {
   QS_DISPATCH("zero", cpu::zero(f(x), n, ctx), cuda::zero(h(x), n, ctx));
+}
+void copy_2d(void* dst, int64_t ld_dst, const void* src, int64_t ld_src, int64_t rows, int64_t cols, float scale,
+             DeviceContext& ctx) {
+  QS_DISPATCH("copy_2d", cpu::copy_2d(f(dst), ld_dst, src ? f(src) : nullptr, ld_src, rows, cols, scale, ctx),
+              cuda::copy_2d(h(dst), ld_dst, src ? h(src) : nullptr, ld_src, rows, cols, scale, ctx));
 }
 void add_bias(void* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx) {
   QS_DISPATCH("add_bias", cpu::add_bias(f(y), bias, N, W, ctx), cuda::add_bias(h(y), bias, N, W, ctx));
@@ -178,7 +183,12 @@ void dequantize_4bit(void* out, const Dequant4bitArgs& args, DType dtype, Device
   QS_DISPATCH("dequantize_4bit",
               {
                 cpu::dequantize_4bit(args, out, DType::kF32, ctx.stream());
-                cpu::round_to_dtype(f(out), args.n, dtype, ctx);
+                if (args.out_ld != 0 && args.out_ld != args.row_len) {
+                  for (int64_t r = 0; r < args.n / args.row_len; ++r)
+                    cpu::round_to_dtype(f(out) + r * args.out_ld, args.row_len, dtype, ctx);
+                } else {
+                  cpu::round_to_dtype(f(out), args.n, dtype, ctx);
+                }
               },
               qshard::cuda::dequantize_4bit(args, out, ctx.activation_dtype(), ctx.stream()));
 }

@@ -95,7 +95,16 @@ struct DequantParams {
   float offset;
   int blocksize_log2;         // blocksize is a power of two (validated)
   int nested_blocksize_log2;  // -1 when the nested blocksize is not a power of two
+  int64_t row_len;            // output rows of row_len values out_ld apart; 0 = packed
+  int64_t out_ld;
 };
+
+// Where element i of the packed tensor goes in the output.
+__device__ __forceinline__ int64_t out_index(const DequantParams& p, int64_t i) {
+  if (p.out_ld == 0) return i;
+  const int64_t row = i / p.row_len;
+  return row * p.out_ld + (i - row * p.row_len);
+}
 
 __device__ __forceinline__ float nested_absmax_value(const DequantParams& p, int64_t b, int64_t nested_block) {
   const float c = __ldg(p.nested_code + __ldg(p.absmax_q8 + b));
@@ -190,7 +199,7 @@ __global__ void __launch_bounds__(kDequantThreads)
         o.v[2 * j] = from_f32<T>(flush_subnormal(__fmul_rn(code[byte >> 4], scale)));
         o.v[2 * j + 1] = from_f32<T>(flush_subnormal(__fmul_rn(code[byte & 0x0f], scale)));
       }
-      reinterpret_cast<Out8<T>*>(out)[u] = o;
+      *reinterpret_cast<Out8<T>*>(out + out_index(p, 8 * u)) = o;
     }
     __syncthreads();  // code and scale_smem are rewritten by the next tile
   }
@@ -203,7 +212,7 @@ __global__ void dequantize_4bit_scalar_kernel(DequantParams p, int64_t first, T*
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint8_t byte = p.packed[i / 2];
     const uint8_t nib = (i & 1) ? (byte & 0x0f) : (byte >> 4);
-    out[i] = from_f32<T>(flush_subnormal(__fmul_rn(p.code[nib], block_absmax(p, i / p.blocksize))));
+    out[out_index(p, i)] = from_f32<T>(flush_subnormal(__fmul_rn(p.code[nib], block_absmax(p, i / p.blocksize))));
   }
 }
 
@@ -249,6 +258,12 @@ DequantParams to_params(const Dequant4bitArgs& a) {
   p.offset = a.offset;
   p.blocksize_log2 = log2_exact(a.blocksize);
   p.nested_blocksize_log2 = log2_exact(a.nested_blocksize);
+  const bool rows = a.out_ld != 0 && a.out_ld != a.row_len;
+  if (rows && (a.row_len <= 0 || a.n % a.row_len != 0 || a.out_ld < a.row_len))
+    throw Error("dequantize_4bit: bad row layout (n " + std::to_string(a.n) + ", row_len " + std::to_string(a.row_len) +
+                ", out_ld " + std::to_string(a.out_ld) + ")");
+  p.row_len = rows ? a.row_len : 0;
+  p.out_ld = rows ? a.out_ld : 0;
   return p;
 }
 
@@ -275,7 +290,8 @@ void launch_dequant(const Dequant4bitArgs* args, void* const* outs, int count, c
     if (a.units_per_thread > 0) upt = a.units_per_thread;
     T* out = static_cast<T*>(outs[i]);
     const DequantParams p = to_params(a);
-    const bool aligned = (reinterpret_cast<uintptr_t>(p.packed) % 4 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0);
+    const bool aligned = (reinterpret_cast<uintptr_t>(p.packed) % 4 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0) &&
+                         (p.out_ld == 0 || (p.row_len % 8 == 0 && p.out_ld % 8 == 0));  // 8-element units stay in a row
     const bool shifts = p.blocksize_log2 >= 5 && (p.absmax_q8 == nullptr || p.nested_blocksize_log2 >= 0);
     int64_t first = 0;
     if (aligned && shifts && p.n >= 8) {

@@ -68,6 +68,10 @@ struct Dequant4bitArgs {
   int64_t nested_blocksize = 256;
   float offset = 0.0f;
   int units_per_thread = 0;  // CUDA tuning knob (1, 2, 4, 8, 16; 0 = automatic), for bench/dequant
+  // The output as rows of row_len values out_ld apart (the weight [out, in] written into a wider
+  // [out, in + R] buffer: the LoRA fold); 0 = one packed run of n values. REQUIRES n % row_len == 0.
+  int64_t row_len = 0;
+  int64_t out_ld = 0;
 };
 // Twins: out [n] of out_dtype (f32, bf16, f16), converted with round-to-nearest-even; trailing
 // stream (the CPU ignores it). The CPU one is the oracle in tests: it decodes the nested absmax

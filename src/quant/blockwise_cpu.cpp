@@ -1,6 +1,7 @@
 // CPU reference for blockwise.h: plain loops, float32 arithmetic as bitsandbytes' kernels do it.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "quant/blockwise.h"
@@ -85,6 +86,18 @@ void dequantize_4bit_args_cpu(const Dequant4bitArgs& a, float* out) {
 
 void cpu::dequantize_4bit(const Dequant4bitArgs& a, void* out, DType out_dtype, void* stream) {
   (void)stream;
+  if (a.out_ld != 0 && a.out_ld != a.row_len) {  // rows into a wider buffer: packed, then placed
+    QS_CHECK(a.row_len > 0 && a.n % a.row_len == 0 && a.out_ld >= a.row_len, "dequantize_4bit: bad row layout");
+    Dequant4bitArgs packed = a;
+    packed.row_len = packed.out_ld = 0;
+    const size_t esz = dtype_size(out_dtype);
+    std::vector<uint8_t> tmp(static_cast<size_t>(a.n) * esz);
+    cpu::dequantize_4bit(packed, tmp.data(), out_dtype, stream);
+    for (int64_t r = 0; r < a.n / a.row_len; ++r)
+      std::memcpy(static_cast<uint8_t*>(out) + static_cast<size_t>(r * a.out_ld) * esz,
+                  tmp.data() + static_cast<size_t>(r * a.row_len) * esz, static_cast<size_t>(a.row_len) * esz);
+    return;
+  }
   if (out_dtype == DType::kF32) {
     dequantize_4bit_args_cpu(a, static_cast<float*>(out));
     return;

@@ -162,6 +162,9 @@ TrainSummary train(const TrainConfig& config, Runtime& rt) {
   // QSHARD_PROFILE=1: time the compute stream's parts (CUDA events) and print the split at the end.
   const char* prof_env = std::getenv("QSHARD_PROFILE");
   mo.profile = prof_env && *prof_env && std::string(prof_env) != "0";
+  // QSHARD_LORA_FOLD=0: separate LoRA GEMMs per projection instead of the fold (for measuring it).
+  const char* fold_env = std::getenv("QSHARD_LORA_FOLD");
+  mo.fold_lora = !(fold_env && std::string(fold_env) == "0");
   LlamaModel model(mc, *tree, rt.ctx, mo);
   FsdpDriver fsdp(model, *qm);
 

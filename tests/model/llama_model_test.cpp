@@ -143,6 +143,78 @@ TEST(LlamaModel, DecoderLayerBackwardWithRecomputeAndDropout) {
     }
 }
 
+// The LoRA fold (q|k|v and gate|up: X A^T as extra K-columns of the base GEMMs, s B beside the
+// weight; dropout off): the decoder layer's input gradient and every LoRA gradient against
+// central differences of the folded forward.
+TEST(LlamaModel, FoldedDecoderLayerBackward) {
+  const LlamaConfig c = small_config();
+  auto tree = random_tree(c, 11);
+  LlamaModelOptions opt;
+  opt.lora_alpha = 4.0;
+  opt.max_batch = 2;
+  opt.max_seq = 4;
+  ASSERT_TRUE(opt.fold_lora);
+  LlamaModel model(c, *tree, ctx(), opt);
+  const int64_t B = 2, T = 4, NC = B * T * c.hidden_size;
+  model.bind_layer(0);
+  std::vector<float> x = random_vec(NC, 60);
+  const std::vector<float> wout = random_vec(NC, 61);
+  std::vector<float> y(NC);
+  auto f = [&] {
+    model.layer_forward(x.data(), y.data(), B, T);
+    return dot(wout, y.data(), y.size());
+  };
+  GradStore gs{*tree, {}};
+  std::vector<float> dx(NC, -7.0f);
+  model.bind_layer(0, gs.layer(0));
+  model.layer_backward(x.data(), wout.data(), dx.data(), B, T);
+  check_grad("folded layer dx", x.data(), x.size(), dx, f, kEps, kTol);
+  for (const char* p : kProjections)
+    for (const char* ab : {"lora_A", "lora_B"}) {
+      const std::string fqn = std::string("model.layers.0.") + p + "." + ab + ".weight";
+      check_grad(fqn, param(*tree, fqn), gs.grads[fqn].size(), gs.grads[fqn], f, kEps, kTol);
+    }
+}
+
+// The fold changes only the order of f32 sums: a training step, its logits and its LoRA
+// gradients with fold_lora on equal those of the separate LoRA GEMMs within f32 rounding.
+TEST(LlamaModel, FoldedStepEqualsSeparateLoraGemms) {
+  const LlamaConfig c = small_config();
+  const int64_t B = 2, T = 5;
+  std::vector<int64_t> ids(B * T), targets(B * T);
+  for (int64_t i = 0; i < B * T; ++i) ids[i] = (i * 5 + 2) % c.vocab_size, targets[i] = (i * 7 + 1) % c.vocab_size;
+  double loss[2];
+  std::vector<float> logits[2];
+  std::map<std::string, std::vector<float>> grads[2];
+  for (int k = 0; k < 2; ++k) {
+    auto tree = random_tree(c, 21);
+    LlamaModelOptions opt;
+    opt.lora_alpha = 4.0;
+    opt.max_batch = B;
+    opt.max_seq = T;
+    opt.fold_lora = k == 0;
+    LlamaModel model(c, *tree, ctx(), opt);
+    GradStore gs{*tree, {}};
+    model.layer_lora = gs.hook();
+    model.forward_backward(ids, targets, B, T, 10.0);
+    loss[k] = model.take_loss_sum();
+    logits[k] = model.forward_logits(ids, B, T);
+    grads[k] = gs.grads;
+  }
+  EXPECT_NEAR(loss[0], loss[1], 1e-5 * std::fabs(loss[1]));
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  for (size_t i = 0; i < logits[0].size(); ++i) EXPECT_NEAR(logits[0][i], logits[1][i], 2e-5f) << i;
+  ASSERT_EQ(grads[0].size(), 28u);
+  for (auto& [name, g] : grads[1]) {
+    const std::vector<float>& f = grads[0][name];
+    ASSERT_EQ(f.size(), g.size()) << name;
+    float gmax = 0;
+    for (float v : g) gmax = std::max(gmax, std::fabs(v));
+    EXPECT_GT(gmax, 0.0f) << name;
+    for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(f[i], g[i], 1e-5f * std::max(1.0f, gmax)) << name << "[" << i << "]";
+  }
+}
+
 // The LM head and loss in row chunks (3 rows, so a chunk boundary falls inside each sequence):
 // the same loss, logits and LoRA gradients as one chunk, bit for bit (row-independent math).
 TEST(LlamaModel, HeadChunksGiveTheSameStep) {

@@ -128,35 +128,96 @@ TEST(OpHarness, Gemm) {
   });
 }
 
-// RMSNorm forward and backward. CPU tol 1e-5: a mean of C = 96 squares in f32, one rsqrt.
-TEST(OpHarness, RmsNorm) {
+// GEMM reading and writing column blocks of wider buffers (lda / ldb / ldc larger than the rows:
+// the LoRA fold). The padding columns of C must keep their values. Tolerances as above.
+TEST(OpHarness, GemmLeadingDimensions) {
   for_each_case([](DeviceContext& ctx, Inputs& in) {
-    const int64_t N = 7, C = 96;
-    const float eps = 1e-5f;
-    const auto W = in.bounded(C, 0.2f);
-    std::vector<float> w1(W);
-    for (auto& w : w1) w += 1.0f;
-    Tensor x = to_act(ctx, in.vec(N * C)), g = to_act(ctx, in.vec(N * C));
-    const auto X = back(ctx, x), G = back(ctx, g);
-    Tensor out = to_act(ctx, std::vector<float>(N * C)),
-           dx = to_act(ctx, std::vector<float>(N * C, 0.0f)), w = to_f32_dev(ctx, w1),
-           rstd = to_f32_dev(ctx, std::vector<float>(N));
-    ops::rmsnorm_fwd(out.raw(), rstd.data<float>(), x.raw(), w.data<float>(), N, C, eps, ctx);
-    ops::rmsnorm_bwd(dx.raw(), g.raw(), x.raw(), w.data<float>(), rstd.data<float>(), N, C, ctx);
-    std::vector<double> want(N * C), dwant(N * C);
-    for (int64_t n = 0; n < N; ++n) {
-      double ss = 0;
-      for (int64_t c = 0; c < C; ++c) ss += double(X[n * C + c]) * X[n * C + c];
-      const double r = 1.0 / std::sqrt(ss / C + eps);
-      double dot = 0;
-      for (int64_t c = 0; c < C; ++c) dot += double(G[n * C + c]) * w1[c] * X[n * C + c] * r;
-      for (int64_t c = 0; c < C; ++c) {
-        want[n * C + c] = w1[c] * X[n * C + c] * r;
-        dwant[n * C + c] = r * (double(G[n * C + c]) * w1[c] - X[n * C + c] * r * dot / C);
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        const int64_t M = 11, N = 16, K = 40;
+        GemmShape s{M, N, K, ta == 1, tb == 1, 0.75f, 1.0f};
+        s.a_type = s.b_type = s.c_type = ctx.activation_dtype();
+        const int64_t arows = ta ? K : M, acols = ta ? M : K, brows = tb ? N : K, bcols = tb ? K : N;
+        s.lda = acols + 8;
+        s.ldb = bcols + 16;
+        s.ldc = N + 8;
+        Tensor a = to_act(ctx, in.vec(arows * s.lda)), b = to_act(ctx, in.bounded(brows * s.ldb)),
+               c = to_act(ctx, in.bounded(M * s.ldc));
+        const auto A = back(ctx, a), B = back(ctx, b), C0 = back(ctx, c);
+        ops::gemm(c.raw(), a.raw(), b.raw(), s, ctx);
+        std::vector<double> want(M * s.ldc);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < s.ldc; ++n) {
+            if (n >= N) {  // padding: untouched
+              want[m * s.ldc + n] = C0[m * s.ldc + n];
+              continue;
+            }
+            double acc = 0;
+            for (int64_t k = 0; k < K; ++k)
+              acc += double(ta ? A[k * s.lda + m] : A[m * s.lda + k]) * (tb ? B[n * s.ldb + k] : B[k * s.ldb + n]);
+            want[m * s.ldc + n] = 0.75 * acc + C0[m * s.ldc + n];
+          }
+        report(ctx, ta ? (tb ? "gemm ld TT" : "gemm ld TN") : (tb ? "gemm ld NT" : "gemm ld NN"), in.adversarial,
+               back(ctx, c), want, tol(ctx, 1e-5, 4e-3));
       }
+  });
+}
+
+// RMSNorm forward and backward. CPU tol 1e-5: a mean of C squares in f32, one rsqrt. C = 96 runs
+// CUDA's 8-wide kernels, C = 90 the scalar ones; ld = C + 8 writes the forward's output and reads
+// the backward's incoming gradient as a column block of a wider buffer (the LoRA fold).
+TEST(OpHarness, RmsNorm) {
+  for (const int64_t C : {int64_t{96}, int64_t{90}})
+    for (const int64_t pad : {int64_t{0}, int64_t{8}}) for_each_case([C, pad](DeviceContext& ctx, Inputs& in) {
+      const int64_t N = 7, ld = C + pad;
+      const float eps = 1e-5f;
+      const auto W = in.bounded(C, 0.2f);
+      std::vector<float> w1(W);
+      for (auto& w : w1) w += 1.0f;
+      Tensor x = to_act(ctx, in.vec(N * C)), g = to_act(ctx, in.vec(N * ld));
+      const auto X = back(ctx, x), G = back(ctx, g);
+      Tensor out = to_act(ctx, std::vector<float>(N * ld, 5.0f)),
+             dx = to_act(ctx, std::vector<float>(N * C, 0.0f)), w = to_f32_dev(ctx, w1),
+             rstd = to_f32_dev(ctx, std::vector<float>(N));
+      ops::rmsnorm_fwd(out.raw(), rstd.data<float>(), x.raw(), w.data<float>(), N, C, eps, ctx, pad ? ld : 0);
+      ops::rmsnorm_bwd(dx.raw(), g.raw(), x.raw(), w.data<float>(), rstd.data<float>(), N, C, ctx, pad ? ld : 0);
+      std::vector<double> want(N * ld, 5.0), dwant(N * C);
+      for (int64_t n = 0; n < N; ++n) {
+        double ss = 0;
+        for (int64_t c = 0; c < C; ++c) ss += double(X[n * C + c]) * X[n * C + c];
+        const double r = 1.0 / std::sqrt(ss / C + eps);
+        double dot = 0;
+        for (int64_t c = 0; c < C; ++c) dot += double(G[n * ld + c]) * w1[c] * X[n * C + c] * r;
+        for (int64_t c = 0; c < C; ++c) {
+          want[n * ld + c] = w1[c] * X[n * C + c] * r;
+          dwant[n * C + c] = r * (double(G[n * ld + c]) * w1[c] - X[n * C + c] * r * dot / C);
+        }
+      }
+      const std::string tag = "C" + std::to_string(C) + (pad ? " ld" : "");
+      report(ctx, ("rmsnorm_fwd " + tag).c_str(), in.adversarial, back(ctx, out), want, tol(ctx, 1e-5, 4e-3));
+      report(ctx, ("rmsnorm_bwd " + tag).c_str(), in.adversarial, back(ctx, dx), dwant, tol(ctx, 1e-5, 4e-3));
+    });
+}
+
+// copy_2d: a scaled column block into a wider buffer, and zeros; the rest untouched. One rounding
+// of scale * x (exact on the CPU's f32; bf16 on CUDA), tol 0 against that rounding.
+TEST(OpHarness, Copy2d) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    const int64_t rows = 9, cols = 13, ld_src = 16, ld_dst = 40;
+    Tensor src = to_act(ctx, in.vec(rows * ld_src)), dst = to_act(ctx, std::vector<float>(rows * ld_dst, 3.0f));
+    const auto S = back(ctx, src);
+    ops::copy_2d(dst.raw(), ld_dst, src.raw(), ld_src, rows, cols, 0.5f, ctx);
+    ops::copy_2d(static_cast<uint8_t*>(dst.raw()) + 20 * dtype_size(ctx.activation_dtype()), ld_dst, nullptr, 0, rows, 7,
+                 0.0f, ctx);
+    std::vector<double> want(rows * ld_dst, 3.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = 0.5f * S[r * ld_src + c];
+        want[r * ld_dst + c] = ctx.is_cuda() ? bf16_to_f32(f32_to_bf16(v)) : v;
+      }
+      for (int64_t c = 20; c < 27; ++c) want[r * ld_dst + c] = 0.0;
     }
-    report(ctx, "rmsnorm_fwd", in.adversarial, back(ctx, out), want, tol(ctx, 1e-5, 4e-3));
-    report(ctx, "rmsnorm_bwd", in.adversarial, back(ctx, dx), dwant, tol(ctx, 1e-5, 4e-3));
+    report(ctx, "copy_2d", in.adversarial, back(ctx, dst), want, 0.0);
   });
 }
 
@@ -503,6 +564,23 @@ TEST(OpHarness, DequantizeIntoQuantStateDtype) {
     }
     ctx.compute().synchronize();
     report(ctx, "dequantize_4bit bf16", in.adversarial, out.to(Device::kCpu).to_f32_vector(), want, 0.0);
+
+    // Rows of row_len values into a wider buffer (out_ld apart; the padding untouched): 64 / 40
+    // (rows crossing quantization blocks) take CUDA's vector path, 20 / 23 its scalar one.
+    for (const auto [row_len, ld] : {std::pair<int64_t, int64_t>{64, 72}, {40, 48}, {20, 23}}) {
+      Dequant4bitArgs r = a;
+      r.row_len = row_len;
+      r.out_ld = ld;
+      const int64_t rows = n / row_len;
+      Tensor wide = Tensor::from_f32({rows * ld}, ctx.activation_dtype(), std::vector<float>(rows * ld, 2.0f))
+                        .to(ctx.compute_device());
+      ops::dequantize_4bit(wide.raw(), r, DType::kBF16, ctx);
+      std::vector<double> wwant(rows * ld, 2.0);
+      for (int64_t i = 0; i < n; ++i) wwant[(i / row_len) * ld + i % row_len] = want[i];
+      ctx.compute().synchronize();
+      report(ctx, ("dequantize_4bit rows " + std::to_string(row_len) + "/" + std::to_string(ld)).c_str(), in.adversarial,
+             wide.to(Device::kCpu).to_f32_vector(), wwant, 0.0);
+    }
   });
 }
 
