@@ -73,6 +73,11 @@ for stage in "${stages[@]}"; do
       train cpu1 1 cpu
       train gpu1 1 cuda
       train gpu1_offload 1 cuda --set offload.params=true --set offload.optimizer=true
+      if [ -n "${TINY_QUICK:-}" ]; then  # TINY_QUICK=1: the three one-rank runs and their comparison only
+        python3 scripts/compare_loss_curves.py "$OUT/cpu1.jsonl" "$OUT/gpu1.jsonl" "$OUT/gpu1_offload.jsonl" \
+          --tol "${TINY_TOL:-0.02}" | tee -a "$OUT/tiny.log" || rc_all=1
+        continue
+      fi
       train gpu2_mpi 2 cuda
       train cpu2 2 cpu
       python3 scripts/compare_loss_curves.py "$OUT/cpu1.jsonl" "$OUT/gpu1.jsonl" "$OUT/gpu1_offload.jsonl" \

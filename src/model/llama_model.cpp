@@ -555,9 +555,10 @@ int64_t LlamaModel::fold_ld(int g) const { return config_.hidden_size + fold_r_[
 //             extra columns of x's own buffer [N, C + R]; then y_j = [x | t] W_ext_j^T with
 //             W_ext_j = [W_j | 0 .. s B_j .. 0] ([out_j, C + R], dequantized in place + packed):
 //             the LoRA term is R more steps of the base GEMM's K loop.
-//   backward: dx_ext = sum_j dy_j W_ext_j = [dx_base | s dt] (dt = dy B, per projection in its
-//             columns) in the base input-gradient GEMMs themselves; then
-//             dB_j += s dy_j^T t_j, dA_j += (s dt_j)^T x, dx += (s dt) A_cat (one GEMM, K = R).
+//   backward: dx = sum_j dy_j W_j (the base input-gradient GEMMs, reading W_ext's first columns)
+//             and s dt = sum_j dy_j [0 .. s B_j .. 0] into dx's R extra columns (one skinny GEMM
+//             per projection through W_ext's own LoRA block); then dB_j += s dy_j^T t_j,
+//             dA_j += (s dt_j)^T x, dx += (s dt) A_cat (one GEMM per group, K = R).
 // Without the fold (o_proj, down_proj, LoRA dropout, dense weights of another dtype, or
 // options.fold_lora false) each projection runs its own LoRA GEMMs (linear_fwd / linear_bwd).
 
@@ -637,16 +638,26 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
   const DType act_t = ctx_.activation_dtype();
   const int g = fold_group(idx);
   const bool folded = g >= 0 && fold_[static_cast<size_t>(g)];
-  const int64_t W = folded ? p.in + fold_r_[static_cast<size_t>(g)] : p.in;
-  GemmShape s{N, W, p.out, false, false, 1.0f, accumulate_dx ? 1.0f : 0.0f};
+  const int64_t R = folded ? fold_r_[static_cast<size_t>(g)] : 0, W = p.in + R;
+  GemmShape s{N, p.in, p.out, false, false, 1.0f, accumulate_dx ? 1.0f : 0.0f};
   s.a_type = s.c_type = act_t;
   s.b_type = weights_[idx] ? act_t : p.weight_dtype;
   s.ldc = ldx;
+  if (folded) s.ldb = W;  // the first `in` columns of W_ext
   mark(StepPart::kGemm);
-  ops::gemm(dx, dy, weights_[idx] ? weights_[idx] : p.dense, s, ctx_);  // dx (+)= dy W (folded: [dx | s dt] += dy W_ext)
+  ops::gemm(dx, dy, weights_[idx] ? weights_[idx] : p.dense, s, ctx_);  // dx (+)= dy W
   mark(StepPart::kOther);
   if (p.r == 0) return;
   if (folded) {
+    // s dt = dy (s B) into dx's extra columns, through W_ext's own [out, R] block (zeros beside
+    // this projection's s B: the group's sum lands each dt in its columns). A separate GEMM: as
+    // extra output columns of the one above, the widened N (in + R) cost a whole tile column.
+    mark(StepPart::kLora);
+    GemmShape st = typed({N, R, p.out, false, false, 1.0f, accumulate_dx ? 1.0f : 0.0f}, act_t, act_t, act_t);
+    st.ldb = W;
+    st.ldc = ldx;
+    ops::gemm(act(dx, p.in), dy, act(weights_[idx], p.in), st, ctx_);
+    mark(StepPart::kOther);
     if (!p.grad_B) return;
     mark(StepPart::kLora);
     GemmShape sb = typed({p.out, p.r, N, true, false, p.scaling, 1.0f}, act_t, act_t, DType::kF32);
