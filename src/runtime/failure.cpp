@@ -150,6 +150,8 @@ int run_job(int argc, char** argv, const std::function<int(World&)>& body) {
   try {
     World& world = World::init(&argc, &argv);
     rc = body(world);
+  } catch (const InputError& e) {
+    abort_job(2, std::string("bad input: ") + e.what());  // a config, checkpoint or data file: exit 2
   } catch (const std::exception& e) {
     abort_job(1, std::string("uncaught exception: ") + e.what());
   } catch (...) {

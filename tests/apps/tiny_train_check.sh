@@ -2,7 +2,7 @@
 # CI run of the embedded default (configs/tiny.yaml), shortened: tokenize the shipped text, train
 # 30 steps with sequences of 64 tokens on 2 ranks (CPU backend), and require the final training
 # loss to be at least MARGIN below the first (measured: 5.58 -> ~5.0 in 30 steps); then check
-# the exported 4-bit base and PEFT adapter.
+# the exported 4-bit base and PEFT adapter; a bad job value must end both ranks with exit 2.
 # Usage: tiny_train_check.sh QSHARD SOURCE_DIR WORK_DIR MPIEXEC [mpiexec flags...]
 set -euo pipefail
 qshard=$1 src=$2 work=$3
@@ -31,3 +31,13 @@ else
   echo "loss $first -> $last did not fall by $margin"
   exit 1
 fi
+
+# A bad value in the job ends every rank with exit code 2 and a message naming the key.
+set +e
+bad=$("$@" -np 2 "$qshard" train --config "$src/configs/tiny.yaml" --set device=cpu --set data.train="$work/tiny.tok" \
+  --set steps=3 --set schedule.warmup_steps=10 --set checkpoint.dir="" 2>&1)
+rc=$?
+set -e
+echo "$bad" | grep -q "fatal: bad input: .*schedule.warmup_steps = 10" || { echo "$bad"; echo "no 'bad input' naming the key"; exit 1; }
+[ "$rc" = 2 ] || { echo "$bad" | tail -5; echo "bad config: exit $rc, expected 2"; exit 1; }
+echo "bad config: exit 2, key named: ok"
