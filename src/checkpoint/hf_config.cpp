@@ -2,14 +2,24 @@
 
 #include "runtime/input_file.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 
 #include "runtime/error.h"
+#include "runtime/machine.h"
 
 namespace qshard {
+
 namespace {
+std::string fmt_params(double n) {
+  char buf[32];
+  if (n >= 1e12) std::snprintf(buf, sizeof buf, "%.3g", n);
+  else if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.3gB", n / 1e9);
+  else std::snprintf(buf, sizeof buf, "%.3gM", n / 1e6);
+  return buf;
+}
 
 using json = nlohmann::json;
 
@@ -150,7 +160,47 @@ LlamaConfig LlamaConfig::load(const std::string& dir) {
   const json j = parse_json_input(read_input_file(path, "model config"), path);
   LlamaConfig c = from_json(j, path);
   c.source_dir = dir;
+  // The weights must be able to hold the model the config describes (sizes only: no header read).
+  double file_bytes = 0;
+  int files = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.path().extension() == ".safetensors" && e.is_regular_file(ec)) {
+      file_bytes += static_cast<double>(e.file_size(ec));
+      ++files;
+    }
+  const double need = llama_min_weight_bytes(c);
+  if (files > 0 && need > file_bytes * 1.01 + 65536.0)
+    throw InputError(path + " describes a Llama of " + fmt_params(llama_size(c).total()) + " parameters (" +
+                     llama_size_keys(c) + "): at least " + human_bytes(need) +
+                     " of weights even with 4-bit projections, but the folder's " + std::to_string(files) +
+                     " .safetensors file(s) hold " + human_bytes(file_bytes) +
+                     "; config.json does not describe these weights");
   return c;
+}
+
+LlamaSize llama_size(const LlamaConfig& c) {
+  LlamaSize s;
+  const double C = static_cast<double>(c.hidden_size), I = static_cast<double>(c.intermediate_size);
+  const double q = static_cast<double>(c.num_attention_heads) * static_cast<double>(c.head_dim);
+  const double kv = static_cast<double>(c.num_key_value_heads) * static_cast<double>(c.head_dim);
+  const double L = static_cast<double>(c.num_hidden_layers), V = static_cast<double>(c.vocab_size);
+  s.projection_params = L * (C * q + 2 * C * kv + q * C + 3 * C * I);
+  s.other_params = V * C * (c.tie_word_embeddings ? 1 : 2) + C + L * 2 * C;
+  if (c.attention_bias) s.other_params += L * (q + 2 * kv + C);
+  if (c.mlp_bias) s.other_params += L * (2 * I + C);
+  return s;
+}
+
+double llama_min_weight_bytes(const LlamaConfig& c) {
+  const LlamaSize s = llama_size(c);
+  return s.projection_params * 0.5 + s.other_params * 2.0;
+}
+
+std::string llama_size_keys(const LlamaConfig& c) {
+  return "num_hidden_layers = " + std::to_string(c.num_hidden_layers) + ", hidden_size = " +
+         std::to_string(c.hidden_size) + ", intermediate_size = " + std::to_string(c.intermediate_size) +
+         ", vocab_size = " + std::to_string(c.vocab_size);
 }
 
 const std::vector<std::string>& llama_projection_names() {

@@ -50,11 +50,27 @@ struct LlamaConfig {
   nlohmann::json raw;          // the whole config.json as read
   std::string source_dir;      // the folder load() read it from; empty for from_json()
 
-  // Reads and validates DIR/config.json.
+  // Reads and validates DIR/config.json. When DIR holds .safetensors files, the model config.json
+  // describes must fit in them (llama_min_weight_bytes <= their total size): a config that does
+  // not belong to its weights (num_hidden_layers: 1e9, say) is an InputError naming the sizes
+  // before anything is built from it.
   static LlamaConfig load(const std::string& dir);
   // Validates an already parsed object; `label` names the file in errors.
   static LlamaConfig from_json(const nlohmann::json& j, const std::string& label);
 };
+
+// Parameter counts of the model a config describes (doubles: a hostile config overflows int64).
+struct LlamaSize {
+  double projection_params = 0;  // the Linear weights of the decoder layers (what 4-bit quantizes)
+  double other_params = 0;       // embeddings, LM head (untied), norms, biases
+  double total() const { return projection_params + other_params; }
+};
+LlamaSize llama_size(const LlamaConfig& c);
+// The fewest bytes its weights can take in a folder qshard reads: projections in 4-bit (half a
+// byte each), everything else in a 2-byte float.
+double llama_min_weight_bytes(const LlamaConfig& c);
+// "num_hidden_layers = 32, hidden_size = 4096, intermediate_size = 14336, vocab_size = 128256"
+std::string llama_size_keys(const LlamaConfig& c);
 
 // The Linear projections of a Llama decoder layer, as named in HF checkpoints.
 const std::vector<std::string>& llama_projection_names();  // "self_attn.q_proj", ... "mlp.down_proj"

@@ -1,5 +1,6 @@
 #include "checkpoint/random_llama.h"
 
+#include <algorithm>
 #include <unistd.h>
 
 #include <cmath>
@@ -7,6 +8,7 @@
 #include <random>
 
 #include "checkpoint/safetensors.h"
+#include "runtime/machine.h"
 
 namespace qshard {
 namespace fs = std::filesystem;
@@ -56,6 +58,15 @@ LlamaConfig write_random_llama_folder(const std::string& dir, const RandomLlamaO
 
   if (fs::exists(dir) && (!fs::is_directory(dir) || !fs::is_empty(dir)))
     throw InputError("output folder " + dir + " already exists and is not empty; choose a new folder");
+  // Before anything is built or written: the disk for the whole model, the host memory for its
+  // largest tensor (drawn in f32, then converted).
+  const double dsize = static_cast<double>(dtype_size(o.dtype));
+  require_disk(llama_size(cfg).total() * dsize, dir, "init-model (" + llama_size_keys(cfg) + ")");
+  const double largest = std::max({static_cast<double>(cfg.vocab_size) * static_cast<double>(cfg.hidden_size),
+                                   static_cast<double>(cfg.intermediate_size) * static_cast<double>(cfg.hidden_size),
+                                   static_cast<double>(cfg.num_attention_heads * cfg.head_dim) *
+                                       static_cast<double>(cfg.hidden_size)});
+  require_host_memory(largest * (4.0 + dsize), "init-model", "its largest tensor, " + llama_size_keys(cfg));
   const fs::path partial = partial_dir_for(dir);
   fs::remove_all(partial);
   fs::create_directories(partial);

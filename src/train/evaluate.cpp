@@ -1,5 +1,6 @@
 #include "train/evaluate.h"
 #include "runtime/input_file.h"
+#include "runtime/machine.h"
 
 #include <algorithm>
 #include <cmath>
@@ -70,6 +71,11 @@ EvalResult evaluate_model(const EvalOptions& o) {
     to.lora.targets = peft.target_modules;
     mo.lora_alpha = peft.lora_alpha;
     mo.use_rslora = peft.use_rslora;
+  }
+  {  // the tree holds 4-bit projections as stored, every other weight in f32
+    const LlamaSize sz = llama_size(cfg);
+    require_host_memory(cfg.quantized ? sz.projection_params * 0.5 + sz.other_params * 4.0 : sz.total() * 4.0,
+                        "eval of " + o.model_dir, llama_size_keys(cfg));
   }
   auto tree = build_llama_tree(cfg, to);
   load_base_weights(*tree, o.model_dir, quant);

@@ -1,7 +1,10 @@
 #include "train/qlora_model.h"
 
+#include <algorithm>
+
 #include "checkpoint/llama_tree.h"
 #include "checkpoint/random_llama.h"
+#include "runtime/machine.h"
 #include "train/model_init.h"
 
 namespace qshard {
@@ -16,6 +19,15 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
   auto m = std::make_unique<QloraModel>();
   const QuantizeOptions quant{config.model.quant_type, config.model.blocksize, config.model.double_quant};
   m->config = job_llama_config(config.model);
+  {  // every rank builds the whole (4-bit) base before sharding it: refuse a model this host cannot hold
+    const LlamaSize sz = llama_size(m->config);
+    const double other = config.model.path.empty() ? static_cast<double>(dtype_size(config.model.init.dtype)) : 2.0;
+    const double largest = static_cast<double>(std::max(m->config.vocab_size, m->config.intermediate_size)) *
+                           static_cast<double>(m->config.hidden_size);
+    require_host_memory(sz.projection_params * 0.5 + sz.other_params * other + largest * 4.0,
+                        config.model.path.empty() ? "the job's model (model.init)" : "the job's model (" + config.model.path + ")",
+                        llama_size_keys(m->config) + ", projections in 4-bit");
+  }
   LlamaTreeOptions to;
   // Frozen float tensors keep the dtype they have in model.path's folder (bf16 stays bf16), so
   // exports write them back as they came in; the model widens them to f32 when it binds them.

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/bnb_folder.h"
 #include "checkpoint/hf_config.h"
@@ -147,6 +148,36 @@ TEST(HfFolder, DeeplyNestedConfigJson) {
   fs::create_directories(t / "model");
   std::ofstream(t / "model/config.json") << std::string(100000, '[') << std::string(100000, ']');
   expect_input_error([&] { LlamaConfig::load(t / "model"); }, {"config.json", "nested more than"});
+}
+
+// Parameter counts of the model a config describes: Llama-3.1-8B has 8,030,261,248.
+TEST(HfConfig, LlamaSizeCountsParameters) {
+  const nlohmann::json j = {{"vocab_size", 128256}, {"hidden_size", 4096}, {"intermediate_size", 14336},
+                            {"num_hidden_layers", 32}, {"num_attention_heads", 32}, {"num_key_value_heads", 8},
+                            {"max_position_embeddings", 8192}, {"tie_word_embeddings", false}};
+  const LlamaConfig c = LlamaConfig::from_json(j, "8b");
+  const LlamaSize s = llama_size(c);
+  EXPECT_DOUBLE_EQ(s.total(), 8030261248.0);
+  EXPECT_DOUBLE_EQ(s.projection_params, 32.0 * (2 * 4096.0 * 4096 + 2 * 4096.0 * 1024 + 3 * 4096.0 * 14336));
+  EXPECT_DOUBLE_EQ(llama_min_weight_bytes(c), s.projection_params * 0.5 + s.other_params * 2);
+}
+
+// A config.json that describes far more than its folder's weights hold (num_hidden_layers: 1e9) is
+// refused when it is read, naming the keys and both sizes, before any tree is built from it.
+TEST(HfFolder, ConfigLargerThanItsWeightsIsRefusedWhenRead) {
+  TempDir t;
+  copy_folder(kHf + "/tiny_llama_bf16", t / "model");
+  std::ifstream in(kHf + "/tiny_llama_bf16/config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["num_hidden_layers"] = 1000000000;
+  std::ofstream(t / "model/config.json", std::ios::trunc) << j.dump(2);
+  expect_input_error([&] { LlamaConfig::load(t / "model"); },
+                     {"config.json", "num_hidden_layers = 1000000000", "does not describe these weights"});
+  expect_input_error([&] { quantize_model_folder(t / "model", t / "out"); }, {"num_hidden_layers = 1000000000"});
+  EXPECT_FALSE(fs::exists(t / "out"));
+  j["num_hidden_layers"] = 2;  // the real size loads
+  std::ofstream(t / "model/config.json", std::ios::trunc) << j.dump(2);
+  EXPECT_EQ(LlamaConfig::load(t / "model").num_hidden_layers, 2);
 }
 
 TEST(HfFolder, MissingTensorNamesTheTensor) {
