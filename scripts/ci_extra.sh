@@ -15,10 +15,10 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 ctest --test-dir build/asan --outpu
 # Open MPI itself leaks at exit (its dlopen'ed components cannot even be named in a suppression
 # file), so the multi-rank tests run with leak detection off; every other check stays on.
 # The training runs at 3-4 ranks (incl. the 2 -> 3 resume) and the CLI training run are the slowest under an unoptimised
-# sanitizer build and repeat what np1/np2 cover: left to the normal run. The resource probes run
+# sanitizer build and repeat what np1/np2 cover: left to the normal run. The probe suite runs
 # under ulimit -v 4 GiB, which AddressSanitizer's shadow memory cannot start in: normal run only.
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ctest --test-dir build/asan --output-on-failure -j "$jobs" -L mpi \
-  -E "trainer_mpi_np[34]|trainer_resume_np3|cli_train_tiny|cli_resource_probes"
+  -E "trainer_mpi_np[34]|trainer_resume_np3|cli_train_tiny|cli_probe_suite"
 
 CC=clang CXX=clang++ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQSHARD_CUDA=OFF \
   -DQSHARD_FUZZ=ON > /dev/null

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The hostile-input probe suite (issue 13): special files, deep JSON, second YAML documents,
+# out-of-range options and config values, adapter features qshard does not implement, truncated
+# weights, models this machine cannot hold and configs that do not describe their weights - each
+# refused with its exit code (2 = bad input; inspect --check 3) and a message naming the file,
+# key or value (and the bytes, for resources); no crash, no hang, no out-of-memory kill. Every
+# probe runs under a 4 GiB address-space limit (ulimit -v) and a timeout; the wrong exit code
+# (124 = timeout, >= 128 = a signal) or a missing pattern fails the probe. Other cases have
+# their own tests: NaN weights (HfFolder.NonFiniteWeights...), odd state-dict keys (inspect
+# tests), 1.3M-tensor headers, SIGXFSZ (cli_quantize_file_size_limit), killed / stopped ranks
+# (failure_*, collective timeout), the fuzzers (scripts/ci_extra.sh).
+# Usage: probe_suite_check.sh QSHARD SOURCE_DIR WORK_DIR MPIEXEC [mpiexec flags...]
+set -uo pipefail
+qshard=$1 src=$2 work=$3
+shift 3
+rm -rf "$work" && mkdir -p "$work"
+fails=0
+
+# probe NAME EXPECTED_EXIT PATTERN -- command...: runs the command under the limits.
+probe() {
+  local name=$1 want=$2 pattern=$3
+  shift 4
+  local out rc
+  out=$( (ulimit -v 4194304; timeout 120 "$@") 2>&1)
+  rc=$?
+  if [ "$rc" != "$want" ] || ! grep -Eq -e "$pattern" <<< "$out"; then
+    echo "FAIL $name: exit $rc (want $want), pattern '$pattern'"
+    echo "$out" | grep -v "^  " | tail -8
+    fails=$((fails + 1))
+  else
+    echo "ok   $name: exit $rc: $(grep -Eo -e "$pattern.{0,80}" <<< "$out" | head -1)"
+  fi
+}
+
+hf=$src/tests/data/hf
+echo '[[1, 5, 3, 7]]' > "$work/ids.json"
+
+# ---- special files, deep JSON, YAML documents, options ----
+mkfifo "$work/fifo"
+probe "train --config FIFO" 2 "bad input: config file .*fifo is a FIFO" -- "$qshard" train --config "$work/fifo"
+probe "tokenize /dev/zero" 2 "/dev/zero is a character device, not a regular file" -- \
+  "$qshard" tokenize /dev/zero --out "$work/z.tok"
+probe "tokenize a folder" 2 "is a folder, not a regular file" -- "$qshard" tokenize "$work" --out "$work/z.tok"
+echo "some text" > "$work/same.txt"
+probe "tokenize X --out X" 2 "--out .*same.txt is also an input" -- "$qshard" tokenize "$work/same.txt" --out "$work/same.txt"
+grep -q "some text" "$work/same.txt" || { echo "FAIL: tokenize X --out X changed its input"; fails=$((fails + 1)); }
+mkdir -p "$work/deep"
+cp "$hf/tiny_llama_bf16/model.safetensors" "$work/deep/"
+{ head -c 100000 /dev/zero | tr '\0' '['; head -c 100000 /dev/zero | tr '\0' ']'; } > "$work/deep/config.json"
+probe "config.json nested 100k deep" 2 "config.json: JSON nested more than 256 levels" -- \
+  "$qshard" eval --model "$work/deep" --data "$work/ids.json" --device cpu
+{ cat "$src/configs/tiny.yaml"; printf -- '---\nsteps: 5\n'; } > "$work/two.yaml"
+probe "job YAML with a second document" 2 "two.yaml: holds 2 YAML documents" -- \
+  "$qshard" train --config "$work/two.yaml" --set device=cpu
+probe "eval --seq-len -5" 2 "--seq-len -5: expected a positive length" -- \
+  "$qshard" eval --model "$hf/tiny_llama_bf16" --data "$work/ids.json" --seq-len -5 --device cpu
+probe "quantize --max-shard-size-gb nan" 2 "--max-shard-size-gb nan: expected a size" -- \
+  "$qshard" quantize "$hf/tiny_llama_bf16" "$work/q_nan" --max-shard-size-gb nan
+cp -r "$src/tests/data/model/nf4_adapter" "$work/adapter"
+sed -i 's/"alpha_pattern": {}/"alpha_pattern": {"q_proj": 3}/' "$work/adapter/adapter_config.json"
+probe "eval --adapter with alpha_pattern" 2 "adapter_config.json: key \"alpha_pattern\"" -- \
+  "$qshard" eval --model "$hf/tiny_llama_bnb4_nf4_dq" --adapter "$work/adapter" --data "$work/ids.json" --device cpu
+mkdir -p "$work/trunc"
+cp "$hf/tiny_llama_bf16/config.json" "$work/trunc/"
+cp "$src/tests/data/safetensors/truncated.safetensors" "$work/trunc/model.safetensors"
+probe "eval of a truncated model.safetensors" 2 "trunc/model.safetensors: header length .* the file has only" -- \
+  "$qshard" eval --model "$work/trunc" --data "$work/ids.json" --device cpu
+probe "train np2, micro_batch_size 2^62" 2 "bad input: .*batch.(micro|global)_batch_size = 4611686018427387904" -- \
+  "$@" -np 2 "$qshard" train --config "$src/configs/tiny.yaml" --set device=cpu \
+  --set batch.micro_batch_size=4611686018427387904 --set batch.global_batch_size=4611686018427387904
+probe "train np2, epochs 1e12" 2 "bad input: .*epochs = 1000000000000" -- \
+  "$@" -np 2 "$qshard" train --config "$src/configs/tiny.yaml" --set device=cpu --set steps=0 --set epochs=1000000000000
+
+# ---- resources: a folder whose config.json says 10^9 layers over the 2-layer test model's weights ----
+mkdir -p "$work/liar"
+cp "$hf/tiny_llama_bf16/"* "$work/liar/"
+sed -i 's/"num_hidden_layers": 2,/"num_hidden_layers": 1000000000,/' "$work/liar/config.json"
+grep -q '"num_hidden_layers": 1000000000' "$work/liar/config.json" || { echo "could not edit the config"; exit 1; }
+liar="num_hidden_layers = 1000000000.*does not describe these weights"
+probe "quantize, config 1e9 layers" 2 "$liar" -- "$qshard" quantize "$work/liar" "$work/q_out"
+probe "dequantize, config 1e9 layers" 2 "$liar" -- "$qshard" dequantize "$work/liar" "$work/d_out"
+probe "eval, config 1e9 layers" 2 "$liar" -- "$qshard" eval --model "$work/liar" --data "$work/liar/config.json" --device cpu
+probe "inspect --check, config 1e9 layers" 3 "problem: .*$liar" -- "$qshard" inspect --check --quiet "$work/liar"
+[ ! -e "$work/q_out" ] && [ ! -e "$work/d_out" ] || { echo "FAIL: a refused command left its output folder"; fails=$((fails + 1)); }
+
+# init-model: 10^9 layers (hundreds of TB on disk), and 70B widths (a 4.2 GB embedding tensor
+# drawn in f32 does not fit in 4 GiB; on a small disk the disk check may speak first).
+probe "init-model 1e9 layers" 2 "init-model .*num_hidden_layers = 1000000000.* writes about .* free" -- \
+  "$qshard" init-model --layers 1000000000 --out "$work/i_out"
+probe "init-model 70B widths" 2 "init-model (needs at least .* of host memory|.* writes about)" -- \
+  "$qshard" init-model --layers 8 --hidden-size 8192 --intermediate-size 28672 --heads 64 --kv-heads 8 \
+  --vocab-size 128256 --dtype bfloat16 --out "$work/i70_out"
+[ ! -e "$work/i_out" ] && [ ! -e "$work/i70_out" ] || { echo "FAIL: init-model left its output folder"; fails=$((fails + 1)); }
+
+# train on 2 ranks: a Llama-70B-shaped model.init, and model.path pointing at the lying folder.
+"$qshard" tokenize "$src"/data/*.txt --out "$work/tiny.tok" > /dev/null
+job=(train --config "$src/configs/tiny.yaml" --set device=cpu --set data.train="$work/tiny.tok" --set checkpoint.dir="")
+probe "train np2, 70B model.init" 2 "bad input: the job's model \(model.init\) needs at least .* of host memory" -- \
+  "$@" -np 2 "$qshard" "${job[@]}" --set model.init.num_hidden_layers=80 --set model.init.hidden_size=8192 \
+  --set model.init.intermediate_size=28672 --set model.init.num_attention_heads=64 --set model.init.num_key_value_heads=8
+probe "train np2, model.path config 1e9 layers" 2 "bad input: .*$liar" -- \
+  "$@" -np 2 "$qshard" "${job[@]}" --set model.path="$work/liar"
+
+[ "$fails" = 0 ] || { echo "$fails probe(s) failed"; exit 1; }
+echo "all probes refused cleanly"
