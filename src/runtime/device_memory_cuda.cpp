@@ -47,6 +47,15 @@ int64_t device_memory_in_use() {
   return static_cast<int64_t>(total_b - free_b);
 }
 
+int64_t device_memory_free() {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return static_cast<int64_t>(free_b);
+}
+
 void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes,
                       void* stream) {
   if (nbytes == 0) return;

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/tensor.h"
 
 namespace qshard {
 
@@ -107,6 +108,13 @@ void require_host_memory(double need_bytes, const std::string& what, const std::
   if (need_bytes <= static_cast<double>(m.bytes)) return;
   throw InputError(what + " needs at least " + human_bytes(need_bytes) + " of host memory (" + detail + "); " +
                    m.limited_by + " leaves " + human_bytes(static_cast<double>(m.bytes)) + " on this machine");
+}
+
+void require_device_memory(double need_bytes, const std::string& what, const std::string& detail) {
+  const int64_t free = device_memory_free();
+  if (free < 0 || need_bytes <= static_cast<double>(free)) return;
+  throw InputError(what + " needs at least " + human_bytes(need_bytes) + " of GPU memory (" + detail + "); the GPU has " +
+                   human_bytes(static_cast<double>(free)) + " free");
 }
 
 void require_disk(double need_bytes, const std::string& path, const std::string& what) {

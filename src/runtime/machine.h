@@ -9,7 +9,7 @@
 //   (when set) caps it further, for tests and for users who share a machine.
 // disk_free_bytes: free bytes for an unprivileged writer on the file system that holds `path`
 //   (or its nearest existing parent folder).
-// require_host_memory / require_disk: InputError "<what> needs N GB of host memory (<detail>);
+// require_host_memory / require_disk / require_device_memory: InputError "<what> needs N GB of host memory (<detail>);
 //   <limited_by> leaves M GB" when need > what is there.
 // human_bytes: "12.3 GB" (decimal units, as the progress lines print).
 // Thread safety: free functions reading /proc and limits; no shared state.
@@ -30,5 +30,7 @@ uint64_t disk_free_bytes(const std::string& path);
 std::string human_bytes(double bytes);
 void require_host_memory(double need_bytes, const std::string& what, const std::string& detail);
 void require_disk(double need_bytes, const std::string& path, const std::string& what);
+// The same for the current GPU's free memory (cudaMemGetInfo); nothing when it is unknown.
+void require_device_memory(double need_bytes, const std::string& what, const std::string& detail);
 
 }  // namespace qshard

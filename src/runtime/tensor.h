@@ -140,6 +140,8 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 // Bytes of the current GPU's memory in use (cudaMemGetInfo: total - free, every process on the
 // device); 0 in a build without CUDA or without a GPU.
 int64_t device_memory_in_use();
+// Free bytes of the current GPU's memory (cudaMemGetInfo); -1 in a build without CUDA or without a GPU.
+int64_t device_memory_free();
 // Asynchronous copy enqueued on `stream` (a cudaStream_t): the host does not wait, and must keep
 // `src` unchanged (and pinned, for a true DMA) until the stream passes the copy. Host to host
 // is a plain memmove.

@@ -72,11 +72,11 @@ EvalResult evaluate_model(const EvalOptions& o) {
     mo.lora_alpha = peft.lora_alpha;
     mo.use_rslora = peft.use_rslora;
   }
-  {  // the tree holds 4-bit projections as stored, every other weight in f32
-    const LlamaSize sz = llama_size(cfg);
-    require_host_memory(cfg.quantized ? sz.projection_params * 0.5 + sz.other_params * 4.0 : sz.total() * 4.0,
-                        "eval of " + o.model_dir, llama_size_keys(cfg));
-  }
+  // The tree holds 4-bit projections as stored, every other weight in f32 (on the host, then on
+  // the GPU when eval runs there).
+  const LlamaSize sz = llama_size(cfg);
+  const double tree_bytes = cfg.quantized ? sz.projection_params * 0.5 + sz.other_params * 4.0 : sz.total() * 4.0;
+  require_host_memory(tree_bytes, "eval of " + o.model_dir, llama_size_keys(cfg));
   auto tree = build_llama_tree(cfg, to);
   load_base_weights(*tree, o.model_dir, quant);
   if (!o.adapter_dir.empty()) load_peft_adapter(*tree, o.adapter_dir);
@@ -120,6 +120,7 @@ EvalResult evaluate_model(const EvalOptions& o) {
   DeviceContext& ctx = *ctx_ptr;
   if (ctx.is_cuda() && !ops::has_backend(Backend::kCuda, "attention_fwd"))
     throw InputError("eval --device: this build has no fused attention on CUDA (built without cuDNN); use --device cpu");
+  if (ctx.is_cuda()) require_device_memory(tree_bytes, "eval of " + o.model_dir + " on the GPU", llama_size_keys(cfg));
   move_tree_to(*tree, ctx.compute_device());
   int64_t max_len = 0;
   for (const auto& sq : seqs) max_len = std::max<int64_t>(max_len, static_cast<int64_t>(sq.size()));

@@ -24,9 +24,15 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
     const double other = config.model.path.empty() ? static_cast<double>(dtype_size(config.model.init.dtype)) : 2.0;
     const double largest = static_cast<double>(std::max(m->config.vocab_size, m->config.intermediate_size)) *
                            static_cast<double>(m->config.hidden_size);
-    require_host_memory(sz.projection_params * 0.5 + sz.other_params * other + largest * 4.0,
-                        config.model.path.empty() ? "the job's model (model.init)" : "the job's model (" + config.model.path + ")",
-                        llama_size_keys(m->config) + ", projections in 4-bit");
+    const std::string what =
+        config.model.path.empty() ? "the job's model (model.init)" : "the job's model (" + config.model.path + ")";
+    const double base = sz.projection_params * 0.5 + sz.other_params * other;
+    require_host_memory(base + largest * 4.0, what, llama_size_keys(m->config) + ", projections in 4-bit");
+    // On the GPU without offload.params each rank keeps its shard of the base there.
+    if (rt.ctx.is_cuda() && !config.offload.params)
+      require_device_memory(base / rt.data.size(), what + " on the GPU",
+                            "this rank's shard of the 4-bit base over " + std::to_string(rt.data.size()) +
+                                " ranks; offload.params keeps it in host memory");
   }
   LlamaTreeOptions to;
   // Frozen float tensors keep the dtype they have in model.path's folder (bf16 stays bf16), so
