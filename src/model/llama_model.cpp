@@ -1,6 +1,7 @@
 #include "model/llama_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "quant/params4bit.h"
@@ -345,6 +346,47 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
 }
 
 LlamaModel::~LlamaModel() = default;
+
+LlamaStepBytes LlamaModel::allocated_bytes() const {
+  return {static_cast<double>(act_->storage.nbytes()), static_cast<double>(ctx_.workspace().capacity())};
+}
+
+// The constructor's sizes, from the config alone (4-bit projections, LoRA of rank r on all seven).
+LlamaStepBytes llama_step_bytes(const LlamaConfig& c, const LlamaModelOptions& o, Backend backend, DType act_t,
+                                DType head_t, int64_t r) {
+  const double L = static_cast<double>(c.num_hidden_layers), C = static_cast<double>(c.hidden_size);
+  const double I = static_cast<double>(c.intermediate_size), V = static_cast<double>(c.vocab_size);
+  const double H = static_cast<double>(c.num_attention_heads), Hkv = static_cast<double>(c.num_key_value_heads);
+  const double D = static_cast<double>(c.head_dim);
+  const double T = static_cast<double>(o.max_seq > 0 ? o.max_seq : c.max_position_embeddings);
+  const double B = static_cast<double>(o.max_batch), N = B * T, esz = static_cast<double>(dtype_size(act_t));
+  const double R = static_cast<double>(r);
+  const double Rq = o.fold_lora ? 3 * R : 0, Rg = o.fold_lora ? 2 * R : 0;
+  const double q = H * D, kv = Hkv * D;
+  const double attn_saved = static_cast<double>(attention_saved_bytes(backend, o.max_batch, static_cast<int64_t>(T),
+                                                                       c.num_attention_heads, c.num_key_value_heads,
+                                                                       c.head_dim));
+  LlamaStepBytes b;
+  double act_elems = (L + 1) * N * C + N * (C + Rq) + N * q + 2 * N * kv + N * q + N * C + N * (C + Rg) + 3 * N * I +
+                     N * C                                   // xs, h1, q, k, v, a, x2, h2, g, u, m, y
+                     + 5 * N * C + N * (C + Rq) + N * (C + Rg)  // dx, dprev, dx2, xf, dxf, dh1, dh2
+                     + 3 * N * I + 2 * N * q + 2 * N * kv;   // dm, dg, du, da, dq, dk, dv
+  if (act_t != DType::kF32) act_elems += R * (7 * C + 2 * q + 2 * kv + 3 * I);  // lora_cvt
+  act_elems += (Rq + Rg) * C;                                                     // lora_cat
+  b.activations = act_elems * esz + attn_saved + 3 * N * 4 + T * D * 4 + 2 * N * 8 + 8 + 3 * C * 4 + 7 * std::max({C, I, q}) * 4;
+  const bool head_cvt = backend == Backend::kCuda ? head_t != act_t : false;
+  if (head_cvt) b.activations += V * C * esz;
+  b.activations += 40 * 256;  // per-piece alignment
+  const double head_rows = std::clamp(std::floor(static_cast<double>(o.head_chunk_bytes) / (V * 4)), 1.0, N);
+  const double max_in = std::max({C, q, I});
+  const double gemm_scratch = 2 * std::max({N, V, I, C, q}) + 2 * T;
+  const double dequant = 2 * C * q + 2 * C * kv + 3 * C * I;
+  const double fold_extra = (q + 2 * kv) * (Rq + C) + 2 * I * (Rg + C);  // upper bound: dense weights copied too
+  const double layer_ws = dequant + fold_extra + 2 * N * max_in + 2 * N * R + gemm_scratch;
+  const double head_ws = head_rows * V * 2 + gemm_scratch;
+  b.workspace = std::max(layer_ws, head_ws) * 4 + 65 * 256;
+  return b;
+}
 
 void* LlamaModel::act(void* base, int64_t elems) const {
   return static_cast<uint8_t*>(base) + elems * static_cast<int64_t>(dtype_size(ctx_.activation_dtype()));

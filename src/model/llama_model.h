@@ -104,6 +104,18 @@ struct LlamaModelOptions {
   bool fold_lora = true;
 };
 
+// What a LlamaModel allocates for `options` (its activation buffers and the workspace it
+// reserves), estimated before any tree exists, for planning: every projection taken as 4-bit with
+// LoRA of rank `lora_r` (0: none) folded where it can be; `head_dtype` the embedding / LM head's
+// dtype. Never below what the constructor allocates for such a model (tested).
+struct LlamaStepBytes {
+  double activations = 0;
+  double workspace = 0;
+  double total() const { return activations + workspace; }
+};
+LlamaStepBytes llama_step_bytes(const LlamaConfig& config, const LlamaModelOptions& options, Backend backend,
+                                DType activation_dtype, DType head_dtype, int64_t lora_r);
+
 // Which half of the step a hook is called for.
 enum class Pass { kForward, kBackward };
 
@@ -215,6 +227,8 @@ class LlamaModel {
   int64_t max_rows() const { return max_rows_; }
   // Rows of LM-head logits per chunk.
   int64_t head_chunk_rows() const { return head_rows_; }
+  // Bytes this model allocated: its activation buffers and the context workspace it reserved.
+  LlamaStepBytes allocated_bytes() const;
 
  private:
   struct Slots;        // pre-resolved tree slots (llama_model.cpp)

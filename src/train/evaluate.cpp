@@ -125,6 +125,13 @@ EvalResult evaluate_model(const EvalOptions& o) {
   int64_t max_len = 0;
   for (const auto& sq : seqs) max_len = std::max<int64_t>(max_len, static_cast<int64_t>(sq.size()));
   mo.max_seq = max_len;
+  {  // the step's buffers (the CPU keeps attention probabilities: B H T^2 floats)
+    const double step = llama_step_bytes(cfg, mo, ctx.backend(), ctx.activation_dtype(), ctx.activation_dtype(),
+                                         o.adapter_dir.empty() ? 0 : peft.r).total();
+    const std::string detail = "activations for sequences of " + std::to_string(max_len) + " tokens, " + llama_size_keys(cfg);
+    if (ctx.is_cuda()) require_device_memory(step, "eval on the GPU", detail);
+    else require_host_memory(step, "eval", detail);
+  }
   LlamaModel model(cfg, *tree, ctx, mo);
   EvalResult r;
   const LossTotals t = sequence_losses(model, static_cast<int64_t>(seqs.size()),

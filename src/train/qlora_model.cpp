@@ -4,6 +4,7 @@
 
 #include "checkpoint/llama_tree.h"
 #include "checkpoint/random_llama.h"
+#include "model/llama_model.h"
 #include "runtime/machine.h"
 #include "train/model_init.h"
 
@@ -15,25 +16,50 @@ LlamaConfig job_llama_config(const ModelConfig& model) {
   return LlamaConfig::from_json(j, "model.init");
 }
 
-std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime& rt) {
+namespace {
+
+// Every rank builds the whole 4-bit base before sharding it, then trains with the step's buffers
+// (LlamaModel's activations and workspace for micro_batch_size x max_seq_len): refuse a job this
+// machine cannot hold before anything is built, naming the keys and the bytes.
+void check_job_fits(const TrainConfig& config, const LlamaConfig& lc, Runtime& rt, bool for_training) {
+  const LlamaSize sz = llama_size(lc);
+  const double other = config.model.path.empty() ? static_cast<double>(dtype_size(config.model.init.dtype)) : 2.0;
+  const double largest =
+      static_cast<double>(std::max(lc.vocab_size, lc.intermediate_size)) * static_cast<double>(lc.hidden_size);
+  const std::string what =
+      config.model.path.empty() ? "the job's model (model.init)" : "the job's model (" + config.model.path + ")";
+  const double base = sz.projection_params * 0.5 + sz.other_params * other;
+  LlamaModelOptions mo;
+  mo.max_batch = config.batch.micro_batch_size;
+  mo.max_seq = config.data.max_seq_len;
+  const double step =
+      for_training
+          ? llama_step_bytes(lc, mo, rt.ctx.backend(), rt.ctx.activation_dtype(), rt.ctx.activation_dtype(), config.lora.r)
+                .total()
+          : 0.0;
+  const std::string batch = "micro_batch_size " + std::to_string(config.batch.micro_batch_size) + " x max_seq_len " +
+                            std::to_string(config.data.max_seq_len);
+  const bool cuda = rt.ctx.is_cuda();
+  require_host_memory(base + largest * 4.0 + (cuda ? 0.0 : step), what,
+                      llama_size_keys(lc) + ", projections in 4-bit" +
+                          (cuda || !for_training ? "" : "; activations for " + batch));
+  // On the GPU: the step's buffers, and without offload.params this rank's shard of the base.
+  const double gpu = step + (config.offload.params ? 0.0 : base / rt.data.size());
+  if (cuda && gpu > 0)
+    require_device_memory(gpu, what + " on the GPU",
+                          (for_training ? "activations for " + batch : std::string("no step")) +
+                              (config.offload.params ? std::string()
+                                                     : ", this rank's shard of the 4-bit base over " +
+                                                           std::to_string(rt.data.size()) + " ranks"));
+}
+
+}  // namespace
+
+std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime& rt, bool for_training) {
   auto m = std::make_unique<QloraModel>();
   const QuantizeOptions quant{config.model.quant_type, config.model.blocksize, config.model.double_quant};
   m->config = job_llama_config(config.model);
-  {  // every rank builds the whole (4-bit) base before sharding it: refuse a model this host cannot hold
-    const LlamaSize sz = llama_size(m->config);
-    const double other = config.model.path.empty() ? static_cast<double>(dtype_size(config.model.init.dtype)) : 2.0;
-    const double largest = static_cast<double>(std::max(m->config.vocab_size, m->config.intermediate_size)) *
-                           static_cast<double>(m->config.hidden_size);
-    const std::string what =
-        config.model.path.empty() ? "the job's model (model.init)" : "the job's model (" + config.model.path + ")";
-    const double base = sz.projection_params * 0.5 + sz.other_params * other;
-    require_host_memory(base + largest * 4.0, what, llama_size_keys(m->config) + ", projections in 4-bit");
-    // On the GPU without offload.params each rank keeps its shard of the base there.
-    if (rt.ctx.is_cuda() && !config.offload.params)
-      require_device_memory(base / rt.data.size(), what + " on the GPU",
-                            "this rank's shard of the 4-bit base over " + std::to_string(rt.data.size()) +
-                                " ranks; offload.params keeps it in host memory");
-  }
+  check_job_fits(config, m->config, rt, for_training);
   LlamaTreeOptions to;
   // Frozen float tensors keep the dtype they have in model.path's folder (bf16 stays bf16), so
   // exports write them back as they came in; the model widens them to f32 when it binds them.

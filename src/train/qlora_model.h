@@ -40,7 +40,10 @@ struct QloraModel {
 // The Llama config a job trains: model.path's config.json, or one made from model.init.
 LlamaConfig job_llama_config(const ModelConfig& model);
 
-std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime& rt);
+// Before building, checks that the host (and the GPU) can hold the 4-bit base and, when
+// `for_training`, the step's buffers for micro_batch_size x max_seq_len (llama_step_bytes):
+// a model this machine cannot hold is an InputError naming the keys and the bytes.
+std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime& rt, bool for_training = true);
 
 // REQUIRES: exp_avg / exp_avg_sq empty or one f32 tensor per unit of the master shard's size.
 std::vector<UnitStateShard> state_shards(QloraModel& model, const std::vector<Tensor>& exp_avg = {},

@@ -98,6 +98,10 @@ job=(train --config "$src/configs/tiny.yaml" --set device=cpu --set data.train="
 probe "train np2, 70B model.init" 2 "bad input: the job's model \(model.init\) needs at least .* of host memory" -- \
   "$@" -np 2 "$qshard" "${job[@]}" --set model.init.num_hidden_layers=80 --set model.init.hidden_size=8192 \
   --set model.init.intermediate_size=28672 --set model.init.num_attention_heads=64 --set model.init.num_key_value_heads=8
+probe "train np2, CPU attention over 65536-token sequences" 2 \
+  "bad input: the job's model \(model.init\) needs at least .* of host memory .*activations for micro_batch_size 4 x max_seq_len 65536" -- \
+  "$@" -np 2 "$qshard" "${job[@]}" --set model.init.max_position_embeddings=65536 --set data.max_seq_len=65536 \
+  --set batch.micro_batch_size=4
 probe "train np2, model.path config 1e9 layers" 2 "bad input: .*$liar" -- \
   "$@" -np 2 "$qshard" "${job[@]}" --set model.path="$work/liar"
 

@@ -215,6 +215,31 @@ TEST(LlamaModel, FoldedStepEqualsSeparateLoraGemms) {
   }
 }
 
+// llama_step_bytes (planning, before any tree exists) never under-estimates what the model
+// allocates, and is not far above it (4-bit base, LoRA on all seven projections, fold on / off).
+TEST(LlamaModel, StepBytesEstimateBoundsTheAllocation) {
+  for (const bool fold : {true, false})
+    for (const int64_t T : {int64_t{5}, int64_t{64}}) {
+      const LlamaConfig c = small_config();
+      LlamaTreeOptions to;
+      to.dtype = DType::kF32;
+      to.quant = QuantizeOptions{};
+      to.lora.r = 2;
+      auto tree = build_llama_tree(c, to);
+      LlamaModelOptions opt;
+      opt.max_batch = 3;
+      opt.max_seq = T;
+      opt.fold_lora = fold;
+      DeviceContext cpu(Backend::kCpu, -1);
+      const LlamaStepBytes want = llama_step_bytes(c, opt, Backend::kCpu, DType::kF32, DType::kF32, 2);
+      LlamaModel model(c, *tree, cpu, opt);
+      const LlamaStepBytes got = model.allocated_bytes();
+      EXPECT_GE(want.activations, got.activations) << "fold " << fold << " T " << T;
+      EXPECT_GE(want.workspace + 256, got.workspace) << "fold " << fold << " T " << T;
+      EXPECT_LE(want.total(), 1.5 * got.total() + 65536) << "fold " << fold << " T " << T;
+    }
+}
+
 // The LM head and loss in row chunks (3 rows, so a chunk boundary falls inside each sequence):
 // the same loss, logits and LoRA gradients as one chunk, bit for bit (row-independent math).
 TEST(LlamaModel, HeadChunksGiveTheSameStep) {
