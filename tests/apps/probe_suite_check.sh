@@ -5,10 +5,10 @@
 # refused with its exit code (2 = bad input; inspect --check 3) and a message naming the file,
 # key or value (and the bytes, for resources); no crash, no hang, no out-of-memory kill. Every
 # probe runs under a 4 GiB address-space limit (ulimit -v) and a timeout; the wrong exit code
-# (124 = timeout, >= 128 = a signal) or a missing pattern fails the probe. Other cases have
-# their own tests: NaN weights (HfFolder.NonFiniteWeights...), odd state-dict keys (inspect
-# tests), 1.3M-tensor headers, SIGXFSZ (cli_quantize_file_size_limit), killed / stopped ranks
-# (failure_*, collective timeout), the fuzzers (scripts/ci_extra.sh).
+# (124 = timeout, >= 128 = a signal) or a missing pattern fails the probe. Also here: a NaN
+# weight, state-dict keys no module tree can hold. Other cases have their own tests: 1.3M-tensor
+# headers, the malformed safetensors files (safetensors_test), SIGXFSZ, killed / stopped ranks
+# (failure_*, collective timeout), and the fuzzers (scripts/ci_extra.sh).
 # Usage: probe_suite_check.sh QSHARD SOURCE_DIR WORK_DIR MPIEXEC [mpiexec flags...]
 set -uo pipefail
 qshard=$1 src=$2 work=$3
@@ -65,6 +65,25 @@ cp "$hf/tiny_llama_bf16/config.json" "$work/trunc/"
 cp "$src/tests/data/safetensors/truncated.safetensors" "$work/trunc/model.safetensors"
 probe "eval of a truncated model.safetensors" 2 "trunc/model.safetensors: header length .* the file has only" -- \
   "$qshard" eval --model "$work/trunc" --data "$work/ids.json" --device cpu
+# A NaN in a bf16 projection (bytes C0 7F at element 3 of layer 0's up_proj): quantize refuses,
+# naming the tensor and index, instead of reporting a 0% error.
+cp -r "$hf/tiny_llama_bf16" "$work/nan"
+st=$work/nan/model.safetensors
+hlen=$(od -An -t u8 -N8 "$st" | tr -d ' ')
+off=$(head -c $((8 + hlen)) "$st" | tail -c "$hlen" | grep -o '"model.layers.0.mlp.up_proj.weight":{[^}]*}' |
+  grep -o 'data_offsets":\[[0-9]*' | grep -o '[0-9]*$')
+printf '\xc0\x7f' | dd of="$st" bs=1 seek=$((8 + hlen + off + 6)) conv=notrunc status=none
+probe "quantize, a NaN weight" 2 "tensor 'model.layers.0.mlp.up_proj.weight' holds 1 NaN/Inf values \(the first at flat index 3\)" -- \
+  "$qshard" quantize "$work/nan" "$work/nan_out"
+[ ! -e "$work/nan_out" ] || { echo "FAIL: quantize left output for NaN weights"; fails=$((fails + 1)); }
+# Valid safetensors with state-dict keys no module tree can hold ("a..b", ""): problems, not a crash.
+h='{"a..b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}'
+while [ $((${#h} % 8)) != 0 ]; do h="$h "; done
+{ printf "$(printf '\\x%02x' $((${#h} & 255)) $(((${#h} >> 8) & 255)) 0 0 0 0 0 0)"; printf '%s' "$h"
+  printf '\x00\x00\x80\x3f\x00\x00\x00\x40'; } > "$work/odd.safetensors"
+probe "inspect --check, keys 'a..b' and ''" 3 "problem: key 'a..b' has an empty name part" -- \
+  "$qshard" inspect --check "$work/odd.safetensors"
+
 probe "train np2, micro_batch_size 2^62" 2 "bad input: .*batch.(micro|global)_batch_size = 4611686018427387904" -- \
   "$@" -np 2 "$qshard" train --config "$src/configs/tiny.yaml" --set device=cpu \
   --set batch.micro_batch_size=4611686018427387904 --set batch.global_batch_size=4611686018427387904
