@@ -16,6 +16,14 @@ shift 3
 rm -rf "$work" && mkdir -p "$work"
 fails=0
 
+# st_file NAME HEADER [DATA-printf]: a safetensors file with that header (padded to 8 bytes).
+st_file() {
+  local h=$2
+  while [ $((${#h} % 8)) != 0 ]; do h="$h "; done
+  { printf "$(printf '\\x%02x' $((${#h} & 255)) $(((${#h} >> 8) & 255)) 0 0 0 0 0 0)"; printf '%s' "$h"
+    printf "${3:-}"; } > "$work/$1"
+}
+
 # probe NAME EXPECTED_EXIT PATTERN -- command...: runs the command under the limits.
 probe() {
   local name=$1 want=$2 pattern=$3
@@ -77,12 +85,25 @@ probe "quantize, a NaN weight" 2 "tensor 'model.layers.0.mlp.up_proj.weight' hol
   "$qshard" quantize "$work/nan" "$work/nan_out"
 [ ! -e "$work/nan_out" ] || { echo "FAIL: quantize left output for NaN weights"; fails=$((fails + 1)); }
 # Valid safetensors with state-dict keys no module tree can hold ("a..b", ""): problems, not a crash.
-h='{"a..b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}'
-while [ $((${#h} % 8)) != 0 ]; do h="$h "; done
-{ printf "$(printf '\\x%02x' $((${#h} & 255)) $(((${#h} >> 8) & 255)) 0 0 0 0 0 0)"; printf '%s' "$h"
-  printf '\x00\x00\x80\x3f\x00\x00\x00\x40'; } > "$work/odd.safetensors"
+st_file odd.safetensors '{"a..b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}' \
+  '\x00\x00\x80\x3f\x00\x00\x00\x40'
 probe "inspect --check, keys 'a..b' and ''" 3 "problem: key 'a..b' has an empty name part" -- \
   "$qshard" inspect --check "$work/odd.safetensors"
+
+# Malformed safetensors files (more in safetensors_test and the fuzzer): inspect --check names
+# the problem; nothing is allocated from a hostile length or shape.
+printf '\xff\xff\xff\xff\xff\xff\xff\x7f{}' > "$work/hlen.safetensors"
+probe "safetensors header length 2^63-1" 3 "header length 9223372036854775807 exceeds the limit" -- \
+  "$qshard" inspect --check "$work/hlen.safetensors"
+st_file bad_json.safetensors '{"w":{"dtype":"F32","shape":[4]'
+probe "safetensors header not JSON" 3 "bad_json.safetensors: header: not valid JSON" -- \
+  "$qshard" inspect --check "$work/bad_json.safetensors"
+st_file span.safetensors '{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,1600]}}' '\x00\x00\x00\x00'
+probe "safetensors offsets past the data" 3 "tensor \"w\": data_offsets \[0, 1600\]" -- \
+  "$qshard" inspect --check "$work/span.safetensors"
+st_file shape.safetensors '{"w":{"dtype":"F32","shape":[4000000000,4000000000],"data_offsets":[0,4]}}' '\x00\x00\x00\x00'
+probe "safetensors shape overflowing int64" 3 "element count of shape \[4000000000, 4000000000\] overflows" -- \
+  "$qshard" inspect --check "$work/shape.safetensors"
 
 probe "train np2, micro_batch_size 2^62" 2 "bad input: .*batch.(micro|global)_batch_size = 4611686018427387904" -- \
   "$@" -np 2 "$qshard" train --config "$src/configs/tiny.yaml" --set device=cpu \
