@@ -19,18 +19,8 @@ import json
 import os
 import sys
 
-
-def paragraphs(text):
-    para = []
-    for line in text.split("\n"):
-        if line.strip(" \t\r") == "":
-            if para:
-                yield "\n".join(para)
-            para = []
-        else:
-            para.append(line)
-    if para:
-        yield "\n".join(para)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tokenize_hf import documents  # noqa: E402  (the same paragraph split as the token files)
 
 
 def main():
@@ -45,8 +35,7 @@ def main():
         raise SystemExit(f"--heldout {args.heldout}: expected a fraction in (0, 1)")
     from transformers import AutoTokenizer
 
-    with open(args.text, encoding="utf-8") as f:
-        paras = list(paragraphs(f.read()))
+    paras = list(documents(args.text, "text", None, "blank-lines"))
     if len(paras) < 10:
         raise SystemExit(f"{args.text}: {len(paras)} paragraphs; need at least 10 to hold some out")
     cut = len(paras) - max(1, int(len(paras) * args.heldout))

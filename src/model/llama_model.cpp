@@ -567,8 +567,7 @@ void LlamaModel::dequantize_layer() {
       ops::copy_2d(act(w, p.in + off), ld, p.lora_B, p.r, p.out, p.r, p.scaling, ctx_);
       ops::copy_2d(act(w, p.in + off + p.r), ld, nullptr, 0, p.out, R - off - p.r, 0.0f, ctx_);
       // A_cat: this projection's A [r, in] at rows off of the group's stack.
-      ops::copy_2d(act(act_->lora_cat, (g == 0 ? 0 : fold_r_[0] * config_.hidden_size) + off * p.in), p.in,
-                   p.lora_A, p.in, p.r, p.in, 1.0f, ctx_);
+      ops::copy_2d(act(lora_cat(g), off * p.in), p.in, p.lora_A, p.in, p.r, p.in, 1.0f, ctx_);
       mark(StepPart::kDequant);
       weights_[i] = w;
     } else if (p.quantized) {
@@ -589,6 +588,8 @@ void LlamaModel::dequantize_layer() {
 
 int64_t LlamaModel::fold_ld(int g) const { return config_.hidden_size + fold_r_[static_cast<size_t>(g)]; }
 
+void* LlamaModel::lora_cat(int g) const { return act(act_->lora_cat, g == 0 ? 0 : fold_r_[0] * config_.hidden_size); }
+
 // ---- LoRA fold ------------------------------------------------------------------------------------
 // PEFT's y = x W^T + s (x A^T) B^T for the projections of one group (same input x, width C) as
 // ONE widened GEMM per projection and one small GEMM per group, instead of two LoRA GEMMs per
@@ -608,7 +609,7 @@ void LlamaModel::fold_fwd(int g, void* x, int64_t N) {
   if (!fold_[static_cast<size_t>(g)]) return;
   const int64_t C = config_.hidden_size, R = fold_r_[static_cast<size_t>(g)], ld = C + R;
   const DType act_t = ctx_.activation_dtype();
-  const void* a_cat = act(act_->lora_cat, g == 0 ? 0 : fold_r_[0] * C);
+  const void* a_cat = lora_cat(g);
   mark(StepPart::kLora);
   GemmShape s = typed({N, R, C, false, true}, act_t, act_t, act_t);
   s.lda = ld;
@@ -621,7 +622,7 @@ void LlamaModel::fold_bwd(int g, void* dx, const void* x, int64_t N) {
   if (!fold_[static_cast<size_t>(g)]) return;
   const int64_t C = config_.hidden_size, R = fold_r_[static_cast<size_t>(g)], ld = C + R;
   const DType act_t = ctx_.activation_dtype();
-  const void* a_cat = act(act_->lora_cat, g == 0 ? 0 : fold_r_[0] * C);
+  const void* a_cat = lora_cat(g);
   mark(StepPart::kLora);
   for (int idx : kFoldGroups[static_cast<size_t>(g)]) {
     if (idx < 0) continue;

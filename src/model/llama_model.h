@@ -249,6 +249,7 @@ class LlamaModel {
   void fold_fwd(int g, void* x, int64_t N);
   void fold_bwd(int g, void* dx, const void* x, int64_t N);
   int64_t fold_ld(int g) const;  // row stride of the group's input / input-gradient buffers
+  void* lora_cat(int g) const;    // the group's stacked A matrices [R_g, C] in the model's buffer
   DropoutKey dropout_key(int idx) const;
   // The head over rows [0, N) of x: logits chunk by chunk; with grad_scale != 0 also dx;
   // with logits_out (host) the logits are copied out instead of the loss being taken.

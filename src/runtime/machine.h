@@ -11,7 +11,8 @@
 //   (or its nearest existing parent folder).
 // require_host_memory / require_disk / require_device_memory: InputError "<what> needs N GB of host memory (<detail>);
 //   <limited_by> leaves M GB" when need > what is there.
-// human_bytes: "12.3 GB" (decimal units, as the progress lines print).
+// human_bytes: "12.3 GB" in decimal units (1 GB = 1e9 bytes; the progress line's format_bytes
+//   counts in 1024s), "3.54e+20 bytes" past 1e18; takes doubles, as hostile sizes pass int64.
 // Thread safety: free functions reading /proc and limits; no shared state.
 #pragma once
 

@@ -110,21 +110,18 @@ const char* kProjections[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn
 constexpr float kEps = 3e-3f;
 constexpr double kTol = 2e-3;
 
-TEST(LlamaModel, DecoderLayerBackwardWithRecomputeAndDropout) {
+// One decoder layer's backward (recompute included) against central differences of its forward:
+// dx and all 14 LoRA gradients, for B x T = 2 x 4 inputs drawn from `seed`.
+void check_layer_backward(const LlamaModelOptions& opt, int64_t layer, uint32_t tree_seed, uint32_t seed,
+                          const std::function<void(LlamaModel&)>& setup = {}) {
   const LlamaConfig c = small_config();
-  auto tree = random_tree(c, 1);
-  LlamaModelOptions opt;
-  opt.lora_alpha = 4.0;
-  opt.lora_dropout = 0.1f;  // the mask must be identical in the backward's recompute
-  opt.dropout_seed = 77;
-  opt.max_batch = 2;
-  opt.max_seq = 4;
+  auto tree = random_tree(c, tree_seed);
   LlamaModel model(c, *tree, ctx(), opt);
-  model.set_dropout_context(3, 8);
+  if (setup) setup(model);
   const int64_t B = 2, T = 4, NC = B * T * c.hidden_size;
-  model.bind_layer(1);
-  std::vector<float> x = random_vec(NC, 50);
-  const std::vector<float> wout = random_vec(NC, 51);
+  model.bind_layer(layer);
+  std::vector<float> x = random_vec(NC, seed);
+  const std::vector<float> wout = random_vec(NC, seed + 1);
   std::vector<float> y(NC);
   auto f = [&] {
     model.layer_forward(x.data(), y.data(), B, T);
@@ -132,48 +129,39 @@ TEST(LlamaModel, DecoderLayerBackwardWithRecomputeAndDropout) {
   };
   GradStore gs{*tree, {}};
   std::vector<float> dx(NC, 123.0f);  // overwritten, whatever it held
-  model.bind_layer(1, gs.layer(1));
+  model.bind_layer(layer, gs.layer(layer));
   model.layer_backward(x.data(), wout.data(), dx.data(), B, T);
   EXPECT_EQ(gs.grads.size(), 14u);
   check_grad("layer dx", x.data(), x.size(), dx, f, kEps, kTol);
+  const std::string prefix = "model.layers." + std::to_string(layer) + ".";
   for (const char* p : kProjections)
     for (const char* ab : {"lora_A", "lora_B"}) {
-      const std::string fqn = std::string("model.layers.1.") + p + "." + ab + ".weight";
+      const std::string fqn = prefix + p + "." + ab + ".weight";
       check_grad(fqn, param(*tree, fqn), gs.grads[fqn].size(), gs.grads[fqn], f, kEps, kTol);
     }
 }
 
-// The LoRA fold (q|k|v and gate|up: X A^T as extra K-columns of the base GEMMs, s B beside the
-// weight; dropout off): the decoder layer's input gradient and every LoRA gradient against
-// central differences of the folded forward.
-TEST(LlamaModel, FoldedDecoderLayerBackward) {
-  const LlamaConfig c = small_config();
-  auto tree = random_tree(c, 11);
+LlamaModelOptions layer_test_options() {
   LlamaModelOptions opt;
   opt.lora_alpha = 4.0;
   opt.max_batch = 2;
   opt.max_seq = 4;
+  return opt;
+}
+
+TEST(LlamaModel, DecoderLayerBackwardWithRecomputeAndDropout) {
+  LlamaModelOptions opt = layer_test_options();
+  opt.lora_dropout = 0.1f;  // the mask must be identical in the backward's recompute
+  opt.dropout_seed = 77;
+  check_layer_backward(opt, 1, 1, 50, [](LlamaModel& m) { m.set_dropout_context(3, 8); });
+}
+
+// The LoRA fold (q|k|v and gate|up: X A^T as extra K-columns of the base GEMMs, s B beside the
+// weight; dropout off): the same checks on the folded path.
+TEST(LlamaModel, FoldedDecoderLayerBackward) {
+  const LlamaModelOptions opt = layer_test_options();
   ASSERT_TRUE(opt.fold_lora);
-  LlamaModel model(c, *tree, ctx(), opt);
-  const int64_t B = 2, T = 4, NC = B * T * c.hidden_size;
-  model.bind_layer(0);
-  std::vector<float> x = random_vec(NC, 60);
-  const std::vector<float> wout = random_vec(NC, 61);
-  std::vector<float> y(NC);
-  auto f = [&] {
-    model.layer_forward(x.data(), y.data(), B, T);
-    return dot(wout, y.data(), y.size());
-  };
-  GradStore gs{*tree, {}};
-  std::vector<float> dx(NC, -7.0f);
-  model.bind_layer(0, gs.layer(0));
-  model.layer_backward(x.data(), wout.data(), dx.data(), B, T);
-  check_grad("folded layer dx", x.data(), x.size(), dx, f, kEps, kTol);
-  for (const char* p : kProjections)
-    for (const char* ab : {"lora_A", "lora_B"}) {
-      const std::string fqn = std::string("model.layers.0.") + p + "." + ab + ".weight";
-      check_grad(fqn, param(*tree, fqn), gs.grads[fqn].size(), gs.grads[fqn], f, kEps, kTol);
-    }
+  check_layer_backward(opt, 0, 11, 60);
 }
 
 // The fold changes only the order of f32 sums: a training step, its logits and its LoRA
