@@ -11,6 +11,8 @@
 //   export CKPT --format bnb4|peft|merged --out DIR
 //                                   a training checkpoint as a Hugging Face / PEFT folder
 //   eval --model DIR [--adapter DIR] --data FILE [--dump-logits FILE]   loss and perplexity
+//   bench [--preset 8b] [--batch B --seq T --rank R] [--offload] [--gpu-budget-gb G] [--json F]
+//                                   training speed and memory on a random Llama-shaped model
 // Exit codes: 0 success, 2 bad input (the message names the file, key or value), 1 other errors.
 #include <CLI/CLI.hpp>
 #include <csignal>
@@ -25,6 +27,7 @@
 #include "runtime/mpi_communicator.h"
 #include "runtime/runtime.h"
 #include "runtime/world.h"
+#include "train/bench.h"
 #include "train/byte_tokenizer.h"
 #include "train/evaluate.h"
 #include "train/train_checkpoint.h"
@@ -137,6 +140,30 @@ int run(int argc, char** argv) {
   exportc->add_option("--max-shard-size", ex_shard_gb, "GB per safetensors file before splitting (bnb4, merged)");
   exportc->add_option("--base-model", ex_base, "peft: base_model_name_or_path (default: the config's model.path)");
 
+  auto* benchc = app.add_subcommand("bench", "tokens/s, MFU, memory and time split of QLoRA steps on a random "
+                                               "Llama-shaped NF4 model (mpirun -np N for N ranks)");
+  BenchOptions bo;
+  std::string bench_device = "auto";
+  benchc->add_option("--preset", bo.preset, "tiny | 1b | 8b | 70b (Llama-3.2-1B / 3.1-8B / 3.1-70B shapes)");
+  benchc->add_option("--vocab", bo.vocab, "vocab_size (default: the preset's)");
+  benchc->add_option("--hidden", bo.hidden, "hidden_size");
+  benchc->add_option("--intermediate", bo.intermediate, "intermediate_size");
+  benchc->add_option("--layers", bo.layers, "num_hidden_layers");
+  benchc->add_option("--heads", bo.heads, "num_attention_heads");
+  benchc->add_option("--kv-heads", bo.kv_heads, "num_key_value_heads");
+  benchc->add_option("--batch", bo.batch, "sequences per rank per step");
+  benchc->add_option("--seq", bo.seq, "tokens per sequence");
+  benchc->add_option("--rank", bo.rank, "LoRA rank (all seven projections)");
+  benchc->add_option("--steps", bo.steps, "timed steps");
+  benchc->add_option("--warmup", bo.warmup, "untimed steps first");
+  benchc->add_flag("--offload", bo.offload, "base shards and optimizer state in pinned host memory");
+  benchc->add_option("--gpu-budget-gb", bo.gpu_budget_gb, "memory.gpu_budget_gb: the memory plan's budget (GB = 1e9 bytes)");
+  benchc->add_option("--keep-layers", bo.keep_layers, "memory.keep_layers (-1: the plan's choice)");
+  benchc->add_option("--mlp-chunk-tokens", bo.mlp_chunk_tokens, "memory.mlp_chunk_tokens (-1: auto, 0: never)");
+  benchc->add_option("--set", bo.set, "any other config key: --set lora.dropout=0.1 (repeatable)");
+  benchc->add_option("--json", bo.json, "write the result as JSON here");
+  benchc->add_option("--device", bench_device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+
   auto* evalc = app.add_subcommand("eval", "loss and perplexity of a model folder (+ PEFT adapter) on token data");
   EvalOptions eo;
   evalc->add_option("--model", eo.model_dir, "HF folder: f32/bf16/f16 or bitsandbytes 4-bit")->required();
@@ -222,6 +249,14 @@ int run(int argc, char** argv) {
         std::printf("trained %lld steps: loss %.4f -> %.4f%s\n", (long long)s.steps, s.losses.front(), s.losses.back(),
                     s.eval_losses.empty() ? "" : (", eval loss " + std::to_string(s.eval_losses.back().second)).c_str());
       std::fflush(stdout);  // MPI_Finalize may end the process before stdio's buffers are flushed
+      return 0;
+    });
+  }
+  if (benchc->parsed()) {
+    bo.device = *parse_device_choice(bench_device);
+    return run_job(argc, argv, [&](World& world) {
+      run_bench(bo, world);
+      std::fflush(stdout);
       return 0;
     });
   }

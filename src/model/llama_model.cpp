@@ -80,8 +80,32 @@ struct LlamaModel::Slots {
 
 // Every buffer of the step, sized once for max_rows = max_batch * max_seq (N) rows. Pointers are
 // into one device allocation, in the activation dtype unless noted.
+// One layer's forward results that its backward reads (m is recomputed from g and u).
+struct LlamaModel::Internals {
+  void* h1 = nullptr;
+  float* rstd1 = nullptr;
+  void* q = nullptr;
+  void* k = nullptr;
+  void* v = nullptr;
+  void* att_saved = nullptr;
+  void* a = nullptr;
+  void* x2 = nullptr;
+  void* h2 = nullptr;
+  float* rstd2 = nullptr;
+  void* g = nullptr;
+  void* u = nullptr;
+};
+
 struct LlamaModel::Activations {
   Tensor storage;
+  Tensor kept_storage;
+  std::vector<Internals> kept;  // keep_layers - 1 sets: layers L-keep .. L-2 (the last: the working set)
+  Internals work;               // the working set's pointers (saved while a kept set is in use)
+  Internals get() const { return {h1, rstd1, q, k, v, att_saved, a, x2, h2, rstd2, g, u}; }
+  void use(const Internals& s) {
+    h1 = s.h1, rstd1 = s.rstd1, q = s.q, k = s.k, v = s.v, att_saved = s.att_saved, a = s.a, x2 = s.x2, h2 = s.h2;
+    rstd2 = s.rstd2, g = s.g, u = s.u;
+  }
   void* xs = nullptr;        // [L+1, N, C] layer inputs (checkpoints); xs[L] the final hidden state
   void* h1 = nullptr;        // [N, C]   input_layernorm(x)
   float* rstd1 = nullptr;    // [N] f32
@@ -93,17 +117,16 @@ struct LlamaModel::Activations {
   void* x2 = nullptr;        // [N, C]   x + o_proj(a)
   void* h2 = nullptr;        // [N, C]   post_attention_layernorm(x2)
   float* rstd2 = nullptr;    // [N] f32
-  void* g = nullptr;         // [N, I]   gate_proj(h2)
-  void* u = nullptr;         // [N, I]   up_proj(h2)
-  void* m = nullptr;         // [N, I]   silu(g) * u (down_proj input)
-  void* y = nullptr;         // [N, C]   a recomputed layer's output (not needed by the backward)
+  void* g = nullptr;         // [NM, I]  gate_proj(h2)     (NM: N, or the MLP's chunk of rows)
+  void* u = nullptr;         // [NM, I]  up_proj(h2)
+  void* m = nullptr;         // [NM, I]  silu(g) * u (down_proj input)
   // gradients
   void* dx = nullptr;        // [N, C]
   void* dprev = nullptr;     // [N, C]
   void* dx2 = nullptr;       // [N, C]
-  void* dm = nullptr;        // [N, I]
-  void* dg = nullptr;        // [N, I]
-  void* du = nullptr;        // [N, I]
+  void* dm = nullptr;        // [NM, I]
+  void* dg = nullptr;        // [NM, I]
+  void* du = nullptr;        // [NM, I]
   void* dh2 = nullptr;       // [N, C]
   void* da = nullptr;        // [N, H*D]
   void* dq = nullptr;        // [N, H*D]
@@ -177,6 +200,10 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   QS_CHECK(options.max_batch >= 1, "max_batch must be at least 1");
   max_seq_ = options.max_seq > 0 ? options.max_seq : c.max_position_embeddings;
   max_rows_ = options.max_batch * max_seq_;
+  QS_CHECK(options.keep_layers >= 0 && options.mlp_chunk_rows >= 0, "keep_layers and mlp_chunk_rows must be >= 0");
+  mlp_rows_ = options.mlp_chunk_rows > 0 ? std::min(options.mlp_chunk_rows, max_rows_) : max_rows_;
+  QS_CHECK(mlp_rows_ == max_rows_ || options.keep_layers == 0,
+           "keep_layers > 0 needs the whole MLP (mlp_chunk_rows 0 or >= the rows of a micro-batch)");
   const int64_t L = c.num_hidden_layers, C = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim, N = max_rows_;
 
@@ -280,14 +307,14 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   add(&a.x2, N * C * esz);
   add(&a.h2, N * (C + fold_r_max[1]) * esz);  // [N, C + R_gu]
   addf(&a.rstd2, N);
-  add(&a.g, N * I * esz);
-  add(&a.u, N * I * esz);
-  add(&a.m, N * I * esz);
-  add(&a.y, N * C * esz);
+  const int64_t NM = mlp_rows_;
+  add(&a.g, NM * I * esz);
+  add(&a.u, NM * I * esz);
+  add(&a.m, NM * I * esz);
   for (void** p : {&a.dx, &a.dprev, &a.dx2, &a.xf, &a.dxf}) add(p, N * C * esz);
   add(&a.dh1, N * (C + fold_r_max[0]) * esz);  // folded: the extra columns receive s dt
   add(&a.dh2, N * (C + fold_r_max[1]) * esz);
-  for (void** p : {&a.dm, &a.dg, &a.du}) add(p, N * I * esz);
+  for (void** p : {&a.dm, &a.dg, &a.du}) add(p, NM * I * esz);
   for (void** p : {&a.da, &a.dq}) add(p, N * H * D * esz);
   for (void** p : {&a.dk, &a.dv}) add(p, N * Hkv * D * esz);
   addf(&a.rstdf, N);
@@ -310,6 +337,35 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
     *p.ptr = static_cast<uint8_t*>(a.storage.raw()) + off;
     off += (p.bytes + 255) / 256 * 256;
   }
+  a.work = a.get();
+  // Kept layers' internals: one set per kept layer but the last (it uses the working set).
+  const int64_t kept_sets = std::max<int64_t>(std::min(options.keep_layers, L) - 1, 0);
+  if (kept_sets > 0) {
+    a.kept.resize(static_cast<size_t>(kept_sets));
+    pieces.clear();
+    for (Internals& k : a.kept) {
+      add(&k.h1, N * (C + fold_r_max[0]) * esz);
+      addf(&k.rstd1, N);
+      add(&k.q, N * H * D * esz);
+      add(&k.k, N * Hkv * D * esz);
+      add(&k.v, N * Hkv * D * esz);
+      add(&k.att_saved, attention_saved_bytes(ctx_.backend(), options.max_batch, max_seq_, H, Hkv, D));
+      add(&k.a, N * H * D * esz);
+      add(&k.x2, N * C * esz);
+      add(&k.h2, N * (C + fold_r_max[1]) * esz);
+      addf(&k.rstd2, N);
+      add(&k.g, N * I * esz);
+      add(&k.u, N * I * esz);
+    }
+    size_t kept_total = 0;
+    for (const Piece& p : pieces) kept_total += (p.bytes + 255) / 256 * 256;
+    a.kept_storage = Tensor::empty({static_cast<int64_t>(kept_total)}, DType::kU8, ctx_.compute_device());
+    off = 0;
+    for (const Piece& p : pieces) {
+      *p.ptr = static_cast<uint8_t*>(a.kept_storage.raw()) + off;
+      off += (p.bytes + 255) / 256 * 256;
+    }
+  }
   RopeParams rp;
   rp.theta = c.rope_theta;
   rp.head_dim = D;
@@ -327,7 +383,9 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   // (~510 rows at the default 256 MiB: the weight read per chunk is amortised), far below [N, V].
   head_rows_ = std::clamp<int64_t>(options.head_chunk_bytes / (V * 4), 1, N);
   const int64_t gemm_scratch = 2 * std::max({N, V, I, C, max_in, max_out}) + 2 * max_seq_;
-  const int64_t layer_ws = dequant_floats + fold_extra[0] + fold_extra[1] + 2 * N * max_in + 2 * N * max_r + gemm_scratch;
+  // LoRA dropout's masked input and input gradient (unfolded projections; the MLP's per chunk)
+  const int64_t dropout_ws = options.lora_dropout > 0 ? 2 * std::max(N * std::max(C, H * D), NM * max_in) : 0;
+  const int64_t layer_ws = dequant_floats + fold_extra[0] + fold_extra[1] + dropout_ws + 2 * N * max_r + gemm_scratch;
   // f32 logits, and their gradient in the activation dtype when the GEMM does not take f32 with the head
   const int64_t head_ws = head_rows_ * V * 2 + gemm_scratch;
   ctx_.workspace().reserve(static_cast<size_t>(std::max(layer_ws, head_ws)) * 4 + 64 * Workspace::kAlign);
@@ -348,7 +406,23 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
 LlamaModel::~LlamaModel() = default;
 
 LlamaStepBytes LlamaModel::allocated_bytes() const {
-  return {static_cast<double>(act_->storage.nbytes()), static_cast<double>(ctx_.workspace().capacity())};
+  return {static_cast<double>(act_->storage.nbytes() + act_->kept_storage.nbytes()),
+          static_cast<double>(ctx_.workspace().capacity())};
+}
+
+double llama_kept_layer_bytes(const LlamaConfig& c, const LlamaModelOptions& o, Backend backend, DType act_t,
+                              int64_t r) {
+  const double C = static_cast<double>(c.hidden_size), I = static_cast<double>(c.intermediate_size);
+  const double q = static_cast<double>(c.num_attention_heads * c.head_dim);
+  const double kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  const double T = static_cast<double>(o.max_seq > 0 ? o.max_seq : c.max_position_embeddings);
+  const double N = static_cast<double>(o.max_batch) * T, esz = static_cast<double>(dtype_size(act_t));
+  const double R = static_cast<double>(r), Rq = o.fold_lora ? 3 * R : 0, Rg = o.fold_lora ? 2 * R : 0;
+  const double saved = static_cast<double>(attention_saved_bytes(backend, o.max_batch, static_cast<int64_t>(T),
+                                                                  c.num_attention_heads, c.num_key_value_heads,
+                                                                  c.head_dim));
+  // h1, q, k, v, a, x2, h2, g, u; rstd1, rstd2; the attention's saved statistics
+  return (N * (C + Rq) + 2 * N * q + 2 * N * kv + N * C + N * (C + Rg) + 2 * N * I) * esz + 2 * N * 4 + saved;
 }
 
 // The constructor's sizes, from the config alone (4-bit projections, LoRA of rank r on all seven).
@@ -367,22 +441,26 @@ LlamaStepBytes llama_step_bytes(const LlamaConfig& c, const LlamaModelOptions& o
                                                                        c.num_attention_heads, c.num_key_value_heads,
                                                                        c.head_dim));
   LlamaStepBytes b;
-  double act_elems = (L + 1) * N * C + N * (C + Rq) + N * q + 2 * N * kv + N * q + N * C + N * (C + Rg) + 3 * N * I +
-                     N * C                                   // xs, h1, q, k, v, a, x2, h2, g, u, m, y
+  const double NM = o.mlp_chunk_rows > 0 ? std::min(static_cast<double>(o.mlp_chunk_rows), N) : N;
+  double act_elems = (L + 1) * N * C + N * (C + Rq) + N * q + 2 * N * kv + N * q + N * C + N * (C + Rg) +
+                     3 * NM * I                              // xs, h1, q, k, v, a, x2, h2, g, u, m
                      + 5 * N * C + N * (C + Rq) + N * (C + Rg)  // dx, dprev, dx2, xf, dxf, dh1, dh2
-                     + 3 * N * I + 2 * N * q + 2 * N * kv;   // dm, dg, du, da, dq, dk, dv
+                     + 3 * NM * I + 2 * N * q + 2 * N * kv;  // dm, dg, du, da, dq, dk, dv
   if (act_t != DType::kF32) act_elems += R * (7 * C + 2 * q + 2 * kv + 3 * I);  // lora_cvt
   act_elems += (Rq + Rg) * C;                                                     // lora_cat
   b.activations = act_elems * esz + attn_saved + 3 * N * 4 + T * D * 4 + 2 * N * 8 + 8 + 3 * C * 4 + 7 * std::max({C, I, q}) * 4;
   const bool head_cvt = backend == Backend::kCuda ? head_t != act_t : false;
   if (head_cvt) b.activations += V * C * esz;
   b.activations += 40 * 256;  // per-piece alignment
+  const double kept_sets = std::max(std::min(static_cast<double>(o.keep_layers), L) - 1, 0.0);
+  b.activations += kept_sets * (llama_kept_layer_bytes(c, o, backend, act_t, r) + 12 * 256);
   const double head_rows = std::clamp(std::floor(static_cast<double>(o.head_chunk_bytes) / (V * 4)), 1.0, N);
   const double max_in = std::max({C, q, I});
   const double gemm_scratch = 2 * std::max({N, V, I, C, q}) + 2 * T;
   const double dequant = 2 * C * q + 2 * C * kv + 3 * C * I;
   const double fold_extra = (q + 2 * kv) * (Rq + C) + 2 * I * (Rg + C);  // upper bound: dense weights copied too
-  const double layer_ws = dequant + fold_extra + 2 * N * max_in + 2 * N * R + gemm_scratch;
+  const double dropout_ws = o.lora_dropout > 0 ? 2 * std::max(N * std::max(C, q), NM * max_in) : 0;
+  const double layer_ws = dequant + fold_extra + dropout_ws + 2 * N * R + gemm_scratch;
   const double head_ws = head_rows * V * 2 + gemm_scratch;
   b.workspace = std::max(layer_ws, head_ws) * 4 + 65 * 256;
   return b;
@@ -522,7 +600,8 @@ void LlamaModel::bind_layer(int64_t layer, const LayerLora& lora) {
 
 DropoutKey LlamaModel::dropout_key(int idx) const {
   return DropoutKey{training_ ? options_.lora_dropout : 0.0f, options_.dropout_seed, step_,
-                    static_cast<uint64_t>(layer_.layer) * kLlamaProjections.size() + idx, row_offset_};
+                    static_cast<uint64_t>(layer_.layer) * kLlamaProjections.size() + idx,
+                    row_offset_ + chunk_row_offset_};
 }
 
 // The bound layer's projections as GEMM operands: 4-bit ones dequantized into the workspace.
@@ -745,7 +824,7 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
 
 void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T) {
   const LlamaConfig& c = config_;
-  const int64_t N = B * T, C = c.hidden_size, I = c.intermediate_size;
+  const int64_t N = B * T, C = c.hidden_size;
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   Activations& a = *act_;
@@ -768,43 +847,105 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T) {
   mark(StepPart::kNorm);
   ops::rmsnorm_fwd(a.h2, a.rstd2, a.x2, layer_.post_norm, N, C, eps, ctx_, ld2);
   fold_fwd(1, a.h2, N);
-  linear_fwd(kGate, a.g, a.h2, N, ld2);
-  linear_fwd(kUp, a.u, a.h2, N, ld2);
-  mark(StepPart::kSwiglu);
-  ops::swiglu_fwd(a.m, a.g, a.u, N * I, ctx_);
-  linear_fwd(kDown, x_out, a.m, N);
+  if (!x_out) {  // the backward's recompute: down_proj's output is not needed
+    if (!chunked(N)) mlp_rows_fwd(0, N);
+    mark(StepPart::kOther);
+    return;
+  }
+  // out = x2 + down(silu(gate(h2)) * up(h2)), over chunks of rows when chunked.
+  const int64_t step = chunked(N) ? mlp_rows_ : N;
+  for (int64_t r0 = 0; r0 < N; r0 += step) {
+    const int64_t rows = std::min(step, N - r0);
+    mlp_rows_fwd(r0, rows);
+    chunk_row_offset_ = r0;
+    linear_fwd(kDown, act(x_out, r0 * C), a.m, rows);
+    chunk_row_offset_ = 0;
+  }
   mark(StepPart::kResidual);
   ops::add(x_out, a.x2, x_out, N * C, ctx_);
   mark(StepPart::kOther);
 }
 
+void LlamaModel::mlp_rows_fwd(int64_t r0, int64_t rows) {
+  Activations& a = *act_;
+  const int64_t ld2 = fold_ld(1);
+  const void* h2 = act(a.h2, r0 * ld2);
+  chunk_row_offset_ = r0;
+  linear_fwd(kGate, a.g, h2, rows, ld2);
+  linear_fwd(kUp, a.u, h2, rows, ld2);
+  mark(StepPart::kSwiglu);
+  ops::swiglu_fwd(a.m, a.g, a.u, rows * config_.intermediate_size, ctx_);
+  mark(StepPart::kOther);
+  chunk_row_offset_ = 0;
+}
+
+bool LlamaModel::chunked(int64_t N) const { return N > mlp_rows_; }
+
+int LlamaModel::kept_set(int64_t layer) const {
+  const int64_t L = config_.num_hidden_layers;
+  if (mlp_rows_ < max_rows_) return -1;  // chunked MLP: every layer recomputes
+  if (layer == L - 1) return static_cast<int>(act_->kept.size());  // the working set
+  const int64_t first = L - 1 - static_cast<int64_t>(act_->kept.size());
+  return layer >= first ? static_cast<int>(layer - first) : -1;
+}
+
 void LlamaModel::layer_forward(const void* x_in, void* x_out, int64_t B, int64_t T) {
   check_sizes(B, T);
+  layer_forward_kept(x_in, x_out, B, T, -1);
+}
+
+void LlamaModel::layer_forward_kept(const void* x_in, void* x_out, int64_t B, int64_t T, int set) {
+  Activations& a = *act_;
+  const bool own = set >= 0 && set < static_cast<int>(a.kept.size());
+  if (own) a.use(a.kept[static_cast<size_t>(set)]);
   ctx_.workspace().reset();
   dequantize_layer();
   run_layer(x_in, x_out, B, T);
   ctx_.workspace().reset();
+  if (own) a.use(a.work);
 }
 
 void LlamaModel::layer_backward(const void* x_in, const void* dout, void* dx, int64_t B, int64_t T) {
   check_sizes(B, T);
+  layer_backward_impl(x_in, dout, dx, B, T, -1);
+}
+
+// set: -1 recompute the internals from x_in into the working set; else they are in kept set
+// `set` (== kept.size(): the working set, left there by this layer's forward).
+void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* dx, int64_t B, int64_t T, int set) {
   const LlamaConfig& c = config_;
   const int64_t N = B * T, C = c.hidden_size, I = c.intermediate_size;
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
   Activations& a = *act_;
+  const bool own = set >= 0 && set < static_cast<int>(a.kept.size());
+  if (own) a.use(a.kept[static_cast<size_t>(set)]);
   ctx_.workspace().reset();
   dequantize_layer();
-  run_layer(x_in, a.y, B, T);  // activation checkpointing: recompute the internals
+  if (set < 0) {
+    run_layer(x_in, nullptr, B, T);  // activation checkpointing: recompute the internals
+  } else if (own) {
+    mark(StepPart::kSwiglu);
+    ops::swiglu_fwd(a.m, a.g, a.u, N * I, ctx_);  // m is not kept: one elementwise op
+    mark(StepPart::kOther);
+  }
 
   // MLP: out = x2 + down(silu(gate(h2)) * up(h2)); dout flows to x2 unchanged (residual).
+  const int64_t ld1 = fold_ld(0), ld2 = fold_ld(1);
   mark(StepPart::kResidual);
   ops::copy(a.dx2, dout, N * C, ctx_);
-  linear_bwd(kDown, a.dm, false, dout, a.m, N);
-  mark(StepPart::kSwiglu);
-  ops::swiglu_bwd(a.dg, a.du, a.dm, a.g, a.u, N * I, ctx_);
-  const int64_t ld1 = fold_ld(0), ld2 = fold_ld(1);
-  linear_bwd(kGate, a.dh2, false, a.dg, a.h2, N, ld2);
-  linear_bwd(kUp, a.dh2, true, a.du, a.h2, N, ld2);
+  const bool chunks = chunked(N);
+  const int64_t step = chunks ? mlp_rows_ : N;
+  for (int64_t r0 = 0; r0 < N; r0 += step) {
+    const int64_t rows = std::min(step, N - r0);
+    if (chunks) mlp_rows_fwd(r0, rows);  // this chunk's gate/up/SwiGLU, recomputed
+    chunk_row_offset_ = r0;
+    linear_bwd(kDown, a.dm, false, act(dout, r0 * C), a.m, rows);
+    mark(StepPart::kSwiglu);
+    ops::swiglu_bwd(a.dg, a.du, a.dm, a.g, a.u, rows * I, ctx_);
+    linear_bwd(kGate, act(a.dh2, r0 * ld2), false, a.dg, act(a.h2, r0 * ld2), rows, ld2);
+    linear_bwd(kUp, act(a.dh2, r0 * ld2), true, a.du, act(a.h2, r0 * ld2), rows, ld2);
+    chunk_row_offset_ = 0;
+  }
   fold_bwd(1, a.dh2, a.h2, N);
   mark(StepPart::kNorm);
   ops::rmsnorm_bwd(a.dx2, a.dh2, a.x2, layer_.post_norm, a.rstd2, N, C, ctx_, ld2);
@@ -826,6 +967,7 @@ void LlamaModel::layer_backward(const void* x_in, const void* dout, void* dx, in
   ops::rmsnorm_bwd(dx, a.dh1, x_in, layer_.input_norm, a.rstd1, N, C, ctx_, ld1);
   mark(StepPart::kOther);
   ctx_.workspace().reset();
+  if (own) a.use(a.work);
 }
 
 // ---- embedding and head -------------------------------------------------------------------------
@@ -952,7 +1094,7 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
     if (before_layer) before_layer(l, Pass::kBackward);
     mark(StepPart::kOther);
     bind_layer(l, layer_lora ? layer_lora(l, Pass::kBackward) : LayerLora{});
-    layer_backward(act(a.xs, l * NC), dx, dprev, B, T);
+    layer_backward_impl(act(a.xs, l * NC), dx, dprev, B, T, kept_set(l));
     if (after_layer) after_layer(l, Pass::kBackward);
     std::swap(dx, dprev);
   }
@@ -977,7 +1119,7 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
     if (before_layer) before_layer(l, Pass::kForward);
     mark(StepPart::kOther);
     bind_layer(l, layer_lora ? layer_lora(l, Pass::kForward) : LayerLora{});
-    layer_forward(act(a.xs, slot(l) * NC), act(a.xs, slot(l + 1) * NC), B, T);
+    layer_forward_kept(act(a.xs, slot(l) * NC), act(a.xs, slot(l + 1) * NC), B, T, keep_checkpoints ? kept_set(l) : -1);
     if (after_layer) after_layer(l, Pass::kForward);
   }
   return act(a.xs, slot(L) * NC);

@@ -24,7 +24,10 @@
 // of rows (no [N, V] logits buffer in training or eval).
 //
 // Training step (forward_backward), activation checkpointing: the forward keeps each decoder
-// layer's input x_l; the backward recomputes a layer's internals from x_l. Hook order:
+// layer's input x_l; the backward recomputes a layer's internals from x_l (not its down_proj,
+// whose output the backward does not read), except for kept layers (options.keep_layers: their
+// internals stay in buffers of their own) and the last layer (its internals are still in the
+// working set). Long sequences run the MLP in chunks of rows (options.mlp_chunk_rows). Hook order:
 //   before_root(kForward)  embed                                  after_root(kForward)
 //   before_layer(l, kForward)  layer l                            after_layer(l, kForward)   l = 0..L-1
 //   before_root(kBackward) final norm, LM head, loss, their backward   after_root(kBackward)
@@ -102,6 +105,17 @@ struct LlamaModelOptions {
   // LoRA folded into the base GEMMs of q|k|v and gate|up (see "LoRA fold" in llama_model.cpp);
   // false: separate LoRA GEMMs per projection (the reference the fold is tested against).
   bool fold_lora = true;
+  // Activation memory plan of the training step (forward_backward; train/memory_plan.h chooses):
+  // keep_layers: the last keep_layers decoder layers keep their internals from the forward in
+  // buffers of their own (no recompute in the backward); the last layer never recomputes (its
+  // internals are still in the working set when its backward starts), so 0 and 1 cost the same.
+  // The others are recomputed from their checkpoint x_l (activation checkpointing), without
+  // down_proj (its output is not needed by the backward). Same arithmetic either way: the same bits.
+  int64_t keep_layers = 0;
+  // mlp_chunk_rows: > 0 and below max_batch * max_seq: the MLP runs over rows in chunks of this
+  // many (its [rows, I] buffers and gradients chunk-sized: long sequences); the backward
+  // recomputes a chunk's gate/up just before its gradients. REQUIRES keep_layers == 0 then.
+  int64_t mlp_chunk_rows = 0;
 };
 
 // What a LlamaModel allocates for `options` (its activation buffers and the workspace it
@@ -115,6 +129,10 @@ struct LlamaStepBytes {
 };
 LlamaStepBytes llama_step_bytes(const LlamaConfig& config, const LlamaModelOptions& options, Backend backend,
                                 DType activation_dtype, DType head_dtype, int64_t lora_r);
+
+// One kept layer's internals (LlamaModelOptions::keep_layers: each kept layer but the last costs this).
+double llama_kept_layer_bytes(const LlamaConfig& config, const LlamaModelOptions& options, Backend backend,
+                              DType activation_dtype, int64_t lora_r);
 
 // Which half of the step a hook is called for.
 enum class Pass { kForward, kBackward };
@@ -233,12 +251,22 @@ class LlamaModel {
  private:
   struct Slots;        // pre-resolved tree slots (llama_model.cpp)
   struct Activations;  // buffers sized once
+  struct Internals;    // one layer's forward results the backward reads
 
   void check_sizes(int64_t B, int64_t T) const;
   const void* forward_layers(std::span<const int64_t> ids, int64_t B, int64_t T, bool keep_checkpoints);
   // ids or targets -> a device buffer, through the next pinned staging slot (asynchronous).
   void upload(int64_t* device_dst, std::span<const int64_t> values);
+  // The bound layer's forward into the working set (or kept set) of internals; with x_out null the
+  // MLP (only its output depends on it) is left to the backward: the recompute.
   void run_layer(const void* x, void* x_out, int64_t B, int64_t T);
+  void mlp_rows_fwd(int64_t r0, int64_t rows);  // gate/up/SwiGLU of rows [r0, r0+rows) into g, u, m
+  // forward_backward's layers: kept (-1: recompute) index of layer l's own internals set; the
+  // working set holds the last layer's from its forward to its backward (unless chunked).
+  int kept_set(int64_t layer) const;
+  bool chunked(int64_t N) const;
+  void layer_forward_kept(const void* x_in, void* x_out, int64_t B, int64_t T, int set);
+  void layer_backward_impl(const void* x_in, const void* dout, void* dx, int64_t B, int64_t T, int set);
   void dequantize_layer();
   // x (and dx) rows ldx apart (0 = the projection's input width); a folded projection reads its
   // group's LoRA columns from the same rows.
@@ -261,7 +289,7 @@ class LlamaModel {
   Module& root_;
   DeviceContext& ctx_;
   LlamaModelOptions options_;
-  int64_t max_rows_ = 0, max_seq_ = 0, head_rows_ = 0;
+  int64_t max_rows_ = 0, max_seq_ = 0, head_rows_ = 0, mlp_rows_ = 0;
   std::unique_ptr<Slots> slots_;
   std::unique_ptr<Activations> act_;
   LayerBinding layer_;
@@ -283,6 +311,7 @@ class LlamaModel {
   std::unique_ptr<Staging> staging_;
   uint64_t step_ = 0;
   int64_t row_offset_ = 0;
+  int64_t chunk_row_offset_ = 0;  // the MLP chunk's first row (dropout keys are per global row)
   bool training_ = true;
 };
 

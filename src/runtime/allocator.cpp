@@ -1,6 +1,7 @@
 #include "runtime/allocator.h"
 #include "runtime/sync_counters.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 #include <string>
@@ -12,6 +13,40 @@
 #endif
 
 namespace qshard {
+
+namespace {
+// Page-locked bytes held by every PinnedHostAllocator of the process (pinned_host_bytes()).
+struct PinnedCount {
+  std::mutex mu;
+  std::unordered_map<void*, int64_t> blocks;
+  int64_t current = 0, peak = 0;
+};
+PinnedCount& pinned_counter() {
+  static PinnedCount c;
+  return c;
+}
+[[maybe_unused]] void pinned_count(void* p, int64_t bytes) {  // bytes 0: p is freed
+  PinnedCount& c = pinned_counter();
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (bytes > 0) {
+    c.blocks[p] = bytes;
+    c.current += bytes;
+    c.peak = std::max(c.peak, c.current);
+  } else if (auto it = c.blocks.find(p); it != c.blocks.end()) {
+    c.current -= it->second;
+    c.blocks.erase(it);
+  }
+}
+}  // namespace
+
+int64_t pinned_host_bytes() {
+  std::lock_guard<std::mutex> lock(pinned_counter().mu);
+  return pinned_counter().current;
+}
+int64_t pinned_host_peak_bytes() {
+  std::lock_guard<std::mutex> lock(pinned_counter().mu);
+  return pinned_counter().peak;
+}
 namespace {
 void* aligned_host_alloc(size_t bytes) {
   size_t rounded = (bytes + HostAllocator::kAlignment - 1) / HostAllocator::kAlignment * HostAllocator::kAlignment;
@@ -132,13 +167,16 @@ PinnedHostAllocator::PinnedHostAllocator()
               cudaGetLastError();
               return nullptr;
             }
+            pinned_count(p, static_cast<int64_t>(n));
             return p;
           },
           [pinned = pinned_](void* p) {
-            if (pinned)
+            if (pinned) {
+              pinned_count(p, 0);
               cudaFreeHost(p);
-            else
+            } else {
               std::free(p);
+            }
           }) {}
 #else
 DevicePool::DevicePool()

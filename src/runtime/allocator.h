@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -107,6 +108,11 @@ class PinnedHostAllocator {
   bool pinned_ = false;
   CachingAllocator pool_;
 };
+
+// Page-locked host bytes all PinnedHostAllocators of this process hold from cudaMallocHost (cached
+// blocks included), now and at most so far; 0 without a GPU.
+int64_t pinned_host_bytes();
+int64_t pinned_host_peak_bytes();
 
 class HostAllocator {
  public:

@@ -1,8 +1,12 @@
 #include "train/flops.h"
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "model/llama_ops.h"
+#include "runtime/allocator.h"
+#include "runtime/stream.h"
 
 namespace qshard {
 
@@ -42,6 +46,42 @@ double measure_gemm_flops(DeviceContext& ctx) {
   stop.synchronize();
   const double ms = stop.elapsed_ms_since(start);
   return ms > 0 ? 2.0 * n * n * n * kRuns / (ms * 1e-3) : 0.0;
+}
+
+namespace {
+double best_copy_rate(DeviceContext& ctx, void* dst, const void* src, Device src_dev, size_t bytes, double factor) {
+  double best = 0;
+  for (int i = 0; i < 6; ++i) {
+    Event start(true), stop(true);
+    ctx.compute().record(start);
+    copy_bytes_async(dst, ctx.compute_device(), src, src_dev, bytes, ctx.compute().handle());
+    ctx.compute().record(stop);
+    stop.synchronize();
+    const double ms = stop.elapsed_ms_since(start);
+    if (i > 0 && ms > 0) best = std::max(best, factor * static_cast<double>(bytes) / (ms * 1e-3));
+  }
+  return best;
+}
+constexpr size_t kCopyBytes = size_t{1} << 30;
+}  // namespace
+
+double measure_copy_bandwidth(DeviceContext& ctx) {
+  if (!ctx.is_cuda()) return 0.0;
+  const Device dev = ctx.compute_device();
+  Tensor a = Tensor::zeros({static_cast<int64_t>(kCopyBytes)}, DType::kU8, dev);
+  Tensor b = Tensor::empty({static_cast<int64_t>(kCopyBytes)}, DType::kU8, dev);
+  return best_copy_rate(ctx, b.raw(), a.raw(), dev, kCopyBytes, 2.0);
+}
+
+double measure_h2d_bandwidth(DeviceContext& ctx) {
+  if (!ctx.is_cuda()) return 0.0;
+  PinnedHostAllocator pinned;
+  void* host = pinned.allocate(kCopyBytes);
+  std::memset(host, 1, kCopyBytes);
+  Tensor d = Tensor::empty({static_cast<int64_t>(kCopyBytes)}, DType::kU8, ctx.compute_device());
+  const double r = best_copy_rate(ctx, d.raw(), host, Device::kCpu, kCopyBytes, 1.0);
+  pinned.release(host);
+  return r;
 }
 
 }  // namespace qshard

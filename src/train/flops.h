@@ -21,5 +21,9 @@ namespace qshard {
 
 double useful_flops_per_token(const LlamaConfig& config, int64_t seq_len, uint64_t lora_parameters);
 double measure_gemm_flops(DeviceContext& ctx);
+// Device-to-device copy of 1 GiB (bytes read + written per second) and pinned host-to-device
+// copy of 1 GiB (bytes per second) on ctx's stream, best of 5; 0 on the CPU. Start-up work: allocates.
+double measure_copy_bandwidth(DeviceContext& ctx);
+double measure_h2d_bandwidth(DeviceContext& ctx);
 
 }  // namespace qshard

@@ -6,6 +6,7 @@
 #include "checkpoint/random_llama.h"
 #include "model/llama_model.h"
 #include "runtime/machine.h"
+#include "train/memory_plan.h"
 #include "train/model_init.h"
 
 namespace qshard {
@@ -29,14 +30,9 @@ void check_job_fits(const TrainConfig& config, const LlamaConfig& lc, Runtime& r
   const std::string what =
       config.model.path.empty() ? "the job's model (model.init)" : "the job's model (" + config.model.path + ")";
   const double base = sz.projection_params * 0.5 + sz.other_params * other;
-  LlamaModelOptions mo;
-  mo.max_batch = config.batch.micro_batch_size;
-  mo.max_seq = config.data.max_seq_len;
+  // The step's buffers as the memory plan sizes them (the MLP chunked for long sequences).
   const double step =
-      for_training
-          ? llama_step_bytes(lc, mo, rt.ctx.backend(), rt.ctx.activation_dtype(), rt.ctx.activation_dtype(), config.lora.r)
-                .total()
-          : 0.0;
+      for_training ? plan_memory(config, lc, rt.ctx.backend(), rt.ctx.activation_dtype(), rt.data.size()).step : 0.0;
   const std::string batch = "micro_batch_size " + std::to_string(config.batch.micro_batch_size) + " x max_seq_len " +
                             std::to_string(config.data.max_seq_len);
   const bool cuda = rt.ctx.is_cuda();

@@ -168,6 +168,9 @@ const std::vector<Field>& fields() {
       QS_FIELD("epochs", epochs),
       QS_FIELD("offload.params", offload.params),
       QS_FIELD("offload.optimizer", offload.optimizer),
+      QS_FIELD("memory.gpu_budget_gb", memory.gpu_budget_gb),
+      QS_FIELD("memory.keep_layers", memory.keep_layers),
+      QS_FIELD("memory.mlp_chunk_tokens", memory.mlp_chunk_tokens),
       QS_FIELD("checkpoint.dir", checkpoint.dir),
       QS_FIELD("checkpoint.every_steps", checkpoint.every_steps),
       QS_FIELD("checkpoint.keep_last", checkpoint.keep_last),
@@ -443,6 +446,12 @@ void TrainConfig::validate(int world_size) const {
   ck.require(batch.global_batch_size % per_step == 0, "batch.global_batch_size", batch.global_batch_size,
              fmt::format("a multiple of batch.micro_batch_size x world size = {} x {} = {}", batch.micro_batch_size,
                          world_size, per_step));
+  // memory
+  ck.require(memory.gpu_budget_gb >= 0 && memory.gpu_budget_gb <= 1e6, "memory.gpu_budget_gb", memory.gpu_budget_gb,
+             "a number of GB in [0, 1e6] (0 = no plan)");
+  ck.require(memory.keep_layers >= -1, "memory.keep_layers", memory.keep_layers, ">= -1 (-1 = the plan's choice)");
+  ck.require(memory.mlp_chunk_tokens >= -1 && memory.mlp_chunk_tokens <= kMaxMicroTokens, "memory.mlp_chunk_tokens",
+             memory.mlp_chunk_tokens, fmt::format("in [-1, {}] (-1 = auto, 0 = never)", kMaxMicroTokens));
   // checkpoint, logging
   ck.require(checkpoint.every_steps >= 0, "checkpoint.every_steps", checkpoint.every_steps, ">= 0 (0 = at the end)");
   ck.require(checkpoint.keep_last >= 0, "checkpoint.keep_last", checkpoint.keep_last, ">= 0 (0 = keep all)");

@@ -119,6 +119,17 @@ struct OffloadConfig {
 
 // Resumable checkpoints (checkpoint/sharded_checkpoint.h) go to dir/step-N, the end-of-job
 // exports to dir/final. `qshard train --resume X` sets `resume`.
+// The training step's GPU memory plan (train/memory_plan.h). None of it changes the arithmetic:
+// a resumed run may change these.
+struct MemoryConfig {
+  double gpu_budget_gb = 0;      // > 0: plan to stay within this many GB (1e9 bytes) of GPU memory
+                                 // (keep layers' activations, offload the base when needed); 0: no plan
+  int64_t keep_layers = -1;      // decoder layers whose activations are kept (no recompute); -1: the
+                                 // plan's choice (0 without a budget)
+  int64_t mlp_chunk_tokens = -1; // rows per MLP chunk; -1: auto (chunks of 8192 past 16384 tokens per
+                                 // micro-batch); 0: never chunk
+};
+
 struct CheckpointConfig {
   std::string dir;          // empty: no checkpoints
   int64_t every_steps = 0;  // 0: only at the end (and at stop_after_steps)
@@ -145,6 +156,7 @@ struct TrainConfig {
   int64_t steps = 100;  // max optimizer steps; 0 when `epochs` is used
   int64_t epochs = 0;
   OffloadConfig offload;
+  MemoryConfig memory;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
   uint64_t seed = 0;  // LoRA init, dropout

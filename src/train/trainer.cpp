@@ -22,6 +22,7 @@
 #include "train/adamw.h"
 #include "train/data_loader.h"
 #include "train/lr_schedule.h"
+#include "train/memory_plan.h"
 #include "train/metrics.h"
 #include "train/model_init.h"
 #include "train/qlora_model.h"
@@ -105,7 +106,7 @@ TrainSummary train(const TrainConfig& config, Communicator& comm) {
   return train(config, rt);
 }
 
-TrainSummary train(const TrainConfig& config, Runtime& rt) {
+TrainSummary train(const TrainConfig& config, Runtime& rt, const TrainCallbacks* callbacks) {
   Communicator& comm = rt.host;
   const int rank = comm.rank(), world = comm.size();
   config.validate(world);
@@ -139,8 +140,16 @@ TrainSummary train(const TrainConfig& config, Runtime& rt) {
     }
   }
 
-  // ---- model, sharded ----
-  std::unique_ptr<QloraModel> qm = build_qlora_model(config, rt);
+  // ---- memory plan (offload, MLP chunks), then the model, sharded ----
+  MemoryPlan plan = plan_memory(config, job_llama_config(config.model), rt.ctx.backend(), rt.ctx.activation_dtype(),
+                                rt.data.size());
+  TrainConfig built = config;  // the job as built: the plan may offload the base
+  built.offload.params = plan.offload_params;
+  built.offload.optimizer = plan.offload_optimizer;
+  if (rank == 0 && plan.offload_params && !config.offload.params)
+    QS_LOG_INFO("memory.gpu_budget_gb = {}: the base and its optimizer state go to pinned host memory "
+                "(offload.params and offload.optimizer on)", config.memory.gpu_budget_gb);
+  std::unique_ptr<QloraModel> qm = build_qlora_model(built, rt);
   const LlamaConfig& mc = qm->config;
   Module* tree = qm->tree.get();
   ShardedParameterManager& mgr = *qm->mgr;
@@ -161,16 +170,22 @@ TrainSummary train(const TrainConfig& config, Runtime& rt) {
   mo.max_seq = T;
   // QSHARD_PROFILE=1: time the compute stream's parts (CUDA events) and print the split at the end.
   const char* prof_env = std::getenv("QSHARD_PROFILE");
-  mo.profile = prof_env && *prof_env && std::string(prof_env) != "0";
+  mo.profile = (prof_env && *prof_env && std::string(prof_env) != "0") || (callbacks && callbacks->profile);
   // QSHARD_LORA_FOLD=0: separate LoRA GEMMs per projection instead of the fold (for measuring it).
   const char* fold_env = std::getenv("QSHARD_LORA_FOLD");
   mo.fold_lora = !(fold_env && std::string(fold_env) == "0");
-  LlamaModel model(mc, *tree, rt.ctx, mo);
-  FsdpDriver fsdp(model, *qm);
 
   // ---- optimizer state: this rank's shards, where the master shards live ----
   OptimizerState opt = make_optimizer_state(*qm);
   const std::vector<UnitStateShard> state = state_shards(*qm, opt.exp_avg, opt.exp_avg_sq);
+
+  // ---- kept layers: what the budget holds once the model and its state are built ----
+  plan_kept_layers(plan, config, rt.ctx.is_cuda() ? static_cast<double>(device_memory_in_use()) : 0.0, 0.0);
+  mo.keep_layers = plan.keep_layers;
+  mo.mlp_chunk_rows = plan.mlp_chunk_rows;
+  if (rank == 0) QS_LOG_INFO("{}", plan.describe());
+  LlamaModel model(mc, *tree, rt.ctx, mo);
+  FsdpDriver fsdp(model, *qm);
 
   // ---- data ----
   if (config.data.train.empty()) throw InputError(config.source + ": data.train (a token file) is required");
@@ -270,6 +285,13 @@ TrainSummary train(const TrainConfig& config, Runtime& rt) {
 
   TrainSummary summary;
   summary.trainable_parameters = trainable;
+  summary.perf.gemm_flops = gemm_flops;
+  summary.perf.flops_per_token = flops_per_token;
+  summary.perf.plan = plan.describe();
+  summary.perf.keep_layers = plan.keep_layers;
+  summary.perf.mlp_chunk_rows = plan.mlp_chunk_rows;
+  summary.perf.offload_params = plan.offload_params;
+  summary.perf.offload_optimizer = plan.offload_optimizer;
   summary.losses = history.losses;
   summary.eval_losses = history.eval_losses;
   summary.steps = start_step;
@@ -304,6 +326,10 @@ TrainSummary train(const TrainConfig& config, Runtime& rt) {
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double loss = st.loss, grad_norm = st.grad_norm;
     const double global_tokens = static_cast<double>(st.tokens);
+    summary.perf.step_seconds.push_back(step_s);
+    summary.perf.step_tokens.push_back(st.tokens);
+    if (rt.ctx.is_cuda()) summary.perf.peak_gpu_bytes = std::max(summary.perf.peak_gpu_bytes, device_memory_in_use());
+    if (callbacks && callbacks->after_step) callbacks->after_step(step + 1, model);
     const AdamWParams& ap = so.adamw;
     summary.losses.push_back(loss);
     summary.steps = step + 1;
@@ -338,7 +364,8 @@ TrainSummary train(const TrainConfig& config, Runtime& rt) {
         (stopping || (config.checkpoint.every_steps > 0 && (step + 1) % config.checkpoint.every_steps == 0)))
       save(step + 1);
   }
-  if (mo.profile && rank == 0 && rt.ctx.is_cuda()) {
+  summary.profile = model.profile();
+  if (mo.profile && !callbacks && rank == 0 && rt.ctx.is_cuda()) {
     // The first step builds plans and warms caches: the split covers every step run here.
     const StepProfile& p = model.profile();
     double total = 0;

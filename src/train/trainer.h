@@ -29,15 +29,37 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "model/llama_model.h"
 #include "runtime/communicator.h"
 #include "runtime/runtime.h"
 #include "train/train_config.h"
 
 namespace qshard {
+
+// Speed and memory of a run (rank 0's view; `qshard bench` reports them).
+struct TrainPerf {
+  std::vector<double> step_seconds;   // wall time per optimizer step run here (host wait at its end included)
+  std::vector<int64_t> step_tokens;   // non-ignored targets over all ranks, per step
+  double gemm_flops = 0;              // the bf16 GEMM rate measured at start (0 on the CPU)
+  double flops_per_token = 0;         // useful work (train/flops.h)
+  int64_t peak_gpu_bytes = 0;         // device memory in use (cudaMemGetInfo), the most seen after a step
+  std::string plan;                   // the memory plan, described
+  int64_t keep_layers = 0, mlp_chunk_rows = 0;
+  bool offload_params = false, offload_optimizer = false;
+};
+
+// Optional observers of a run (rank 0 and every other rank alike).
+struct TrainCallbacks {
+  // After every optimizer step (1-based `step`), before logging: e.g. reset the model's profile
+  // after warm-up steps.
+  std::function<void(int64_t step, LlamaModel& model)> after_step;
+  bool profile = false;  // time the compute stream's parts (as QSHARD_PROFILE=1 does)
+};
 
 struct TrainSummary {
   std::vector<double> losses;                              // per optimizer step, global mean
@@ -47,10 +69,12 @@ struct TrainSummary {
   std::string exported_base, exported_adapter;  // set when checkpoint.dir is (CKPT/final/...)
   std::string resumed_from;     // the checkpoint folder this run resumed from, if any
   std::string last_checkpoint;  // the newest checkpoint this run saved, if any
+  TrainPerf perf;
+  StepProfile profile;          // the compute stream's split (QSHARD_PROFILE or bench), since the last reset
 };
 
 // The job on `rt` (rt.ctx decides the backend; rt.host carries control, rt.data the parameters).
-TrainSummary train(const TrainConfig& config, Runtime& rt);
+TrainSummary train(const TrainConfig& config, Runtime& rt, const TrainCallbacks* callbacks = nullptr);
 // The CPU backend with `comm` as both communicators (tests and tools on the CPU).
 TrainSummary train(const TrainConfig& config, Communicator& comm);
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <fstream>
@@ -203,9 +204,90 @@ TEST(LlamaModel, FoldedStepEqualsSeparateLoraGemms) {
   }
 }
 
+// The memory plans of the training step: kept layers (internals from the forward, no recompute)
+// give the same loss and LoRA gradients as full recompute, bit for bit (same arithmetic), over two
+// micro-batches, with the LoRA fold and with LoRA dropout; the MLP in chunks of rows (a chunk
+// boundary inside a sequence) gives them within f32 rounding (the weight gradients sum over rows
+// in another order), dropout masks included (keyed per global row).
+struct StepResult {
+  double loss = 0;
+  std::map<std::string, std::vector<float>> grads;
+};
+StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dropout) {
+  const int64_t B = 2, T = 5;
+  auto tree = random_tree(c, 33);
+  LlamaModelOptions opt;
+  opt.lora_alpha = 4.0;
+  opt.max_batch = B;
+  opt.max_seq = T;
+  opt.lora_dropout = dropout;
+  opt.dropout_seed = 9;
+  opt.keep_layers = keep;
+  opt.mlp_chunk_rows = chunk;
+  LlamaModel model(c, *tree, ctx(), opt);
+  GradStore gs{*tree, {}};
+  model.layer_lora = gs.hook();
+  StepResult r;
+  for (int micro = 0; micro < 2; ++micro) {
+    std::vector<int64_t> ids(B * T), targets(B * T);
+    for (int64_t i = 0; i < B * T; ++i)
+      ids[i] = (i * 5 + 2 + micro) % c.vocab_size, targets[i] = (i * 7 + 1 + 3 * micro) % c.vocab_size;
+    model.set_dropout_context(4, micro * B);
+    model.forward_backward(ids, targets, B, T, 20.0);
+    r.loss += model.take_loss_sum();
+  }
+  r.grads = gs.grads;
+  return r;
+}
+
+TEST(LlamaModel, MemoryPlansGiveTheSameStep) {
+  LlamaConfig c = small_config();
+  c.num_hidden_layers = 4;
+  for (const float dropout : {0.0f, 0.25f}) {
+    const StepResult ref = run_plan(c, 0, 0, dropout);
+    ASSERT_EQ(ref.grads.size(), 56u);
+    for (const int64_t keep : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{9}}) {
+      const StepResult got = run_plan(c, keep, 0, dropout);
+      EXPECT_EQ(got.loss, ref.loss) << "keep " << keep << " dropout " << dropout;
+      for (const auto& [name, g] : ref.grads) {
+        const std::vector<float>& h = got.grads.at(name);
+        ASSERT_EQ(h.size(), g.size());
+        EXPECT_EQ(0, std::memcmp(h.data(), g.data(), g.size() * sizeof(float)))
+            << name << " keep " << keep << " dropout " << dropout;
+      }
+    }
+    for (const int64_t chunk : {int64_t{3}, int64_t{7}}) {
+      const StepResult got = run_plan(c, 0, chunk, dropout);
+      EXPECT_NEAR(got.loss, ref.loss, 1e-6 * std::fabs(ref.loss)) << "chunk " << chunk;
+      for (const auto& [name, g] : ref.grads) {
+        const std::vector<float>& h = got.grads.at(name);
+        float gmax = 0;
+        for (float v : g) gmax = std::max(gmax, std::fabs(v));
+        EXPECT_GT(gmax, 0.0f) << name;
+        for (size_t i = 0; i < g.size(); ++i)
+          EXPECT_NEAR(h[i], g[i], 2e-5f * std::max(1.0f, gmax)) << name << "[" << i << "] chunk " << chunk;
+      }
+    }
+  }
+}
+
+TEST(LlamaModel, KeptLayersNeedTheWholeMlp) {
+  const LlamaConfig c = small_config();
+  auto tree = random_tree(c, 3);
+  LlamaModelOptions opt;
+  opt.max_batch = 2;
+  opt.max_seq = 5;
+  opt.keep_layers = 2;
+  opt.mlp_chunk_rows = 4;
+  EXPECT_THROW(LlamaModel(c, *tree, ctx(), opt), Error);
+  opt.mlp_chunk_rows = 10;  // >= the rows of a micro-batch: whole
+  EXPECT_NO_THROW(LlamaModel(c, *tree, ctx(), opt));
+}
+
 // llama_step_bytes (planning, before any tree exists) never under-estimates what the model
 // allocates, and is not far above it (4-bit base, LoRA on all seven projections, fold on / off).
 TEST(LlamaModel, StepBytesEstimateBoundsTheAllocation) {
+  for (const auto& [keep, chunk] : {std::pair<int64_t, int64_t>{0, 0}, {3, 0}, {0, 7}, {1, 0}})
   for (const bool fold : {true, false})
     for (const int64_t T : {int64_t{5}, int64_t{64}}) {
       const LlamaConfig c = small_config();
@@ -218,11 +300,13 @@ TEST(LlamaModel, StepBytesEstimateBoundsTheAllocation) {
       opt.max_batch = 3;
       opt.max_seq = T;
       opt.fold_lora = fold;
+      opt.keep_layers = keep;
+      opt.mlp_chunk_rows = chunk;
       DeviceContext cpu(Backend::kCpu, -1);
       const LlamaStepBytes want = llama_step_bytes(c, opt, Backend::kCpu, DType::kF32, DType::kF32, 2);
       LlamaModel model(c, *tree, cpu, opt);
       const LlamaStepBytes got = model.allocated_bytes();
-      EXPECT_GE(want.activations, got.activations) << "fold " << fold << " T " << T;
+      EXPECT_GE(want.activations, got.activations) << "fold " << fold << " T " << T << " keep " << keep << " chunk " << chunk;
       EXPECT_GE(want.workspace + 256, got.workspace) << "fold " << fold << " T " << T;
       EXPECT_LE(want.total(), 1.5 * got.total() + 65536) << "fold " << fold << " T " << T;
     }

@@ -64,6 +64,42 @@ TEST(Trainer, DataParallelEquivalenceAndOffload) {
   EXPECT_LT(got.losses.back(), got.losses.front() - 0.3);
 }
 
+// Every memory plan gives the loss curve of full recompute: kept layers bitwise (the same
+// arithmetic), a budget the planner turns into kept layers bitwise, the MLP in chunks within the
+// cross-world tolerance (LoRA weight gradients sum rows in another order).
+TEST(Trainer, MemoryPlansKeepTheLossCurve) {
+  const std::string data = make_token_file("plans.tok", 128, 20000, 0);
+  TrainConfig cfg = small_config(data);
+  cfg.steps = 8;
+  cfg.data.eval_fraction = 0;
+  cfg.logging.eval_every_steps = 0;
+  cfg.batch.micro_batch_size = 2;
+  MpiCommunicator all(World::get().comm());
+  if (cfg.batch.global_batch_size % (2 * all.size()) != 0) GTEST_SKIP() << "global batch 12 over micro 2 x world";
+  const TrainSummary ref = train(cfg, all);
+  TrainConfig keep = cfg;
+  keep.memory.keep_layers = 2;
+  const TrainSummary kept = train(keep, all);
+  EXPECT_EQ(kept.perf.keep_layers, 2);
+  EXPECT_EQ(kept.losses, ref.losses) << "kept layers must not change the numbers";
+  TrainConfig budget = cfg;
+  budget.memory.gpu_budget_gb = 100;  // the CPU backend: host memory; every layer fits
+  const TrainSummary planned = train(budget, all);
+  EXPECT_EQ(planned.perf.keep_layers, 2);
+  EXPECT_EQ(planned.losses, ref.losses);
+  TrainConfig chunk = cfg;
+  chunk.memory.mlp_chunk_tokens = 24;  // 64 rows per micro-batch: chunks of 24, 24, 16
+  const TrainSummary chunked = train(chunk, all);
+  EXPECT_EQ(chunked.perf.mlp_chunk_rows, 24);
+  ASSERT_EQ(chunked.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    EXPECT_NEAR(chunked.losses[i], ref.losses[i], kLossRelTol * ref.losses[i]) << "step " << i + 1;
+  TrainConfig bad = cfg;
+  bad.memory.keep_layers = 1;
+  bad.memory.mlp_chunk_tokens = 24;
+  EXPECT_THROW(train(bad, all), InputError);
+}
+
 void expect_input_error(const TrainConfig& cfg, const std::string& needle) {
   MpiCommunicator all(World::get().comm());
   try {

@@ -1,0 +1,208 @@
+#include "train/bench.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "runtime/allocator.h"
+#include "runtime/error.h"
+#include "runtime/log.h"
+#include "runtime/runtime.h"
+#include "runtime/tensor.h"
+#include "train/flops.h"
+#include "train/token_file.h"
+#include "train/trainer.h"
+
+namespace qshard {
+namespace {
+
+struct Preset {
+  const char* name;
+  int64_t vocab, hidden, intermediate, layers, heads, kv_heads, positions;
+  DType dtype;
+  const char* shape;
+};
+constexpr Preset kPresets[] = {
+    {"tiny", 258, 128, 352, 4, 4, 2, 512, DType::kF32, "the tiny test Llama"},
+    {"1b", 128256, 2048, 8192, 16, 32, 8, 131072, DType::kBF16, "Llama-3.2-1B shape (untied head)"},
+    {"8b", 128256, 4096, 14336, 32, 32, 8, 131072, DType::kBF16, "Llama-3.1-8B shape"},
+    {"70b", 128256, 8192, 28672, 80, 64, 8, 131072, DType::kBF16, "Llama-3.1-70B shape"},
+};
+
+const Preset& find_preset(const std::string& name) {
+  for (const Preset& p : kPresets)
+    if (name == p.name) return p;
+  throw InputError("bench --preset '" + name + "': expected tiny, 1b, 8b or 70b");
+}
+
+double gib(double bytes) { return bytes / double(1 << 30); }
+
+int64_t peak_rss() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+}  // namespace
+
+TrainConfig bench_config(const BenchOptions& o, const std::string& data_train, int world) {
+  const Preset& p = find_preset(o.preset);
+  for (const auto& [name, v] : {std::pair{"--batch", o.batch}, {"--seq", o.seq}, {"--rank", o.rank}, {"--steps", o.steps}})
+    if (v <= 0) throw InputError(fmt::format("bench {} {}: expected a positive number", name, v));
+  if (o.warmup < 0) throw InputError(fmt::format("bench --warmup {}: expected >= 0", o.warmup));
+  TrainConfig c;
+  c.source = "qshard bench";
+  ModelInitConfig& m = c.model.init;
+  m.vocab_size = o.vocab > 0 ? o.vocab : p.vocab;
+  m.hidden_size = o.hidden > 0 ? o.hidden : p.hidden;
+  m.intermediate_size = o.intermediate > 0 ? o.intermediate : p.intermediate;
+  m.num_hidden_layers = o.layers > 0 ? o.layers : p.layers;
+  m.num_attention_heads = o.heads > 0 ? o.heads : p.heads;
+  m.num_key_value_heads = o.kv_heads > 0 ? o.kv_heads : p.kv_heads;
+  m.max_position_embeddings = std::max(p.positions, o.seq);
+  m.dtype = p.dtype;
+  m.seed = 0;
+  c.model.quant_type = QuantType::kNf4;
+  c.model.blocksize = 64;
+  c.model.double_quant = true;
+  c.lora.r = o.rank;
+  c.lora.alpha = 2.0 * static_cast<double>(o.rank);
+  c.optimizer.lr = 1e-4;
+  c.optimizer.weight_decay = 0;
+  c.schedule.warmup_steps = 0;
+  c.data.train = data_train;
+  c.data.max_seq_len = o.seq;
+  c.batch.micro_batch_size = o.batch;
+  c.batch.global_batch_size = o.batch * world;
+  c.steps = o.warmup + o.steps;
+  c.offload.params = c.offload.optimizer = o.offload;
+  c.memory.gpu_budget_gb = o.gpu_budget_gb;
+  c.memory.keep_layers = o.keep_layers;
+  c.memory.mlp_chunk_tokens = o.mlp_chunk_tokens;
+  c.logging.every_steps = 1;
+  c.device = o.device;
+  for (const std::string& kv : o.set) apply_override(c, kv);
+  c.validate(world);
+  return c;
+}
+
+nlohmann::json run_bench(const BenchOptions& o, World& world) {
+  const int rank = world.rank(), size = world.size();
+  // Random token ids, the same on every rank (one file per rank: no shared folder needed).
+  TrainConfig probe = bench_config(o, "-", size);
+  const int64_t V = probe.model.init.vocab_size, T = o.seq;
+  const int64_t sequences = (o.warmup + o.steps) * o.batch * size + 1;
+  std::vector<uint32_t> ids(static_cast<size_t>(sequences * T + 1));
+  uint64_t x = 0x2545f4914f6cdd1dull;
+  for (uint32_t& id : ids) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    id = static_cast<uint32_t>(x % static_cast<uint64_t>(V));
+  }
+  const std::string dir = o.token_dir.empty() ? std::filesystem::temp_directory_path().string() : o.token_dir;
+  const std::string path = fmt::format("{}/qshard-bench-{}-{}.tok", dir, static_cast<long>(getpid()), rank);
+  write_token_file(path, static_cast<uint32_t>(V), ids);
+  ids = {};
+  struct Remove {
+    std::string p;
+    ~Remove() {
+      std::error_code ec;
+      std::filesystem::remove(p, ec);
+    }
+  } remove{path};
+  const TrainConfig cfg = bench_config(o, path, size);
+
+  JobRuntime job(world, cfg.device, "bench --device");
+  Runtime& rt = job.get();
+  TrainCallbacks cb;
+  cb.profile = true;
+  cb.after_step = [&](int64_t step, LlamaModel& model) {
+    if (step == o.warmup) model.reset_profile();
+  };
+  const TrainSummary s = train(cfg, rt, &cb);
+
+  // The ceilings, measured now (CUDA).
+  const double copy_bps = measure_copy_bandwidth(rt.ctx), h2d_bps = measure_h2d_bandwidth(rt.ctx);
+  const TrainPerf& p = s.perf;
+  double secs = 0, tokens = 0;
+  for (size_t i = static_cast<size_t>(o.warmup); i < p.step_seconds.size(); ++i) {
+    secs += p.step_seconds[i];
+    tokens += static_cast<double>(p.step_tokens[i]);
+  }
+  const double tps = secs > 0 ? tokens / secs : 0;
+  const double mfu = p.gemm_flops > 0 ? p.flops_per_token * tps / (p.gemm_flops * size) : 0;
+  const ModelInitConfig& m = cfg.model.init;
+  nlohmann::json j;
+  j["preset"] = o.preset;
+  j["model"] = {{"vocab_size", m.vocab_size},          {"hidden_size", m.hidden_size},
+                {"intermediate_size", m.intermediate_size}, {"num_hidden_layers", m.num_hidden_layers},
+                {"num_attention_heads", m.num_attention_heads}, {"num_key_value_heads", m.num_key_value_heads}};
+  j["batch"] = o.batch;
+  j["seq"] = o.seq;
+  j["lora_rank"] = o.rank;
+  j["ranks"] = size;
+  j["device"] = rt.ctx.describe();
+  j["steps_timed"] = o.steps;
+  j["warmup"] = o.warmup;
+  j["plan"] = {{"offload_params", p.offload_params},   {"offload_optimizer", p.offload_optimizer},
+               {"keep_layers", p.keep_layers},         {"mlp_chunk_rows", p.mlp_chunk_rows},
+               {"gpu_budget_gb", o.gpu_budget_gb},     {"text", p.plan}};
+  j["tokens_per_s"] = tps;
+  j["step_s"] = o.steps > 0 ? secs / static_cast<double>(o.steps) : 0;
+  j["mfu"] = mfu;
+  j["useful_gflop_per_token"] = p.flops_per_token * 1e-9;
+  j["peak_gpu_bytes"] = p.peak_gpu_bytes;
+  j["peak_pinned_host_bytes"] = pinned_host_peak_bytes();
+  j["peak_rss_bytes"] = peak_rss();
+  j["losses"] = s.losses;
+  j["limits"] = {{"gemm_tflops", p.gemm_flops * 1e-12}, {"copy_gbps", copy_bps * 1e-9}, {"h2d_pinned_gbps", h2d_bps * 1e-9}};
+  nlohmann::json split = nlohmann::json::object();
+  const double per = o.steps > 0 ? 1.0 / static_cast<double>(o.steps) : 0;
+  for (size_t i = 0; i < s.profile.ms.size(); ++i)
+    if (rt.ctx.is_cuda()) split[step_part_name(static_cast<StepPart>(i))] = s.profile.ms[i] * per;
+  j["time_split_ms"] = split;
+
+  if (rank == 0) {
+    std::string t;
+    t += fmt::format("qshard bench: {} (L {}, hidden {}, intermediate {}, vocab {}), {} x {} tokens per rank, "
+                     "LoRA r {} on all seven projections, {} rank{} on {}\n",
+                     o.preset, m.num_hidden_layers, m.hidden_size, m.intermediate_size, m.vocab_size, o.batch, o.seq,
+                     o.rank, size, size == 1 ? "" : "s", rt.ctx.describe());
+    t += p.plan + "\n";
+    t += fmt::format("  {:<26} {:.0f}\n", "tokens/s", tps);
+    t += fmt::format("  {:<26} {:.1f} ms ({} timed after {} warm-up)\n", "step", o.steps ? 1e3 * secs / o.steps : 0.0,
+                     o.steps, o.warmup);
+    if (p.gemm_flops > 0)
+      t += fmt::format("  {:<26} {:.1f}% ({:.2f} GFLOP/token useful, bf16 GEMM {:.0f} TFLOP/s measured)\n", "MFU",
+                       100 * mfu, p.flops_per_token * 1e-9, p.gemm_flops * 1e-12);
+    if (rt.ctx.is_cuda()) {
+      t += fmt::format("  {:<26} {:.2f} GiB\n", "peak GPU memory (device)", gib(static_cast<double>(p.peak_gpu_bytes)));
+      t += fmt::format("  {:<26} {:.2f} GiB\n", "peak pinned host memory", gib(static_cast<double>(pinned_host_peak_bytes())));
+      t += fmt::format("  {:<26} copy {:.0f} GB/s, pinned host-to-device {:.1f} GB/s\n", "limits measured now",
+                       copy_bps * 1e-9, h2d_bps * 1e-9);
+      double total = 0;
+      for (double v : s.profile.ms) total += v;
+      t += fmt::format("  time split per timed step (compute stream, {:.1f} ms):\n", total * per);
+      for (size_t i = 0; i < s.profile.ms.size(); ++i)
+        if (s.profile.ms[i] > 0)
+          t += fmt::format("    {:<22} {:9.2f} ms  {:5.1f}%\n", step_part_name(static_cast<StepPart>(i)),
+                           s.profile.ms[i] * per, total > 0 ? 100 * s.profile.ms[i] / total : 0.0);
+    }
+    t += fmt::format("  {:<26} {:.2f} GiB\n", "peak host RSS", gib(static_cast<double>(peak_rss())));
+    std::fputs(t.c_str(), stdout);
+    std::fflush(stdout);
+    if (!o.json.empty()) {
+      std::ofstream f(o.json);
+      f << j.dump(2) << "\n";
+      if (!f) throw InputError("bench --json " + o.json + ": cannot write it");
+    }
+  }
+  return j;
+}
+
+}  // namespace qshard

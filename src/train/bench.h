@@ -1,0 +1,59 @@
+// bench.h: `qshard bench`: tokens/s, MFU, memory and the time split of QLoRA training steps on a
+// Llama-shaped random NF4 model (no model folder, no data: random token ids).
+//
+// What: a preset (tiny, 1b = Llama-3.2-1B, 8b = Llama-3.1-8B, 70b = Llama-3.1-70B shapes; sizes
+// can be overridden one by one) trained with LoRA of rank `rank` on all seven projections, AdamW,
+// batch x seq tokens per rank per step, through the same trainer as `qshard train` (the memory
+// plan, offload and sharding included). `warmup` steps first (plans, caches), then `steps` timed.
+// Reports, rank 0:
+//   tokens/s      all ranks' target tokens over the timed steps' wall time;
+//   MFU           useful FLOPs (train/flops.h: forward + input-gradient backward, attention, no
+//                 recompute) per second over the bf16 GEMM rate measured in the same run, per GPU;
+//   memory        device memory in use (cudaMemGetInfo: everything, CUDA context included) at its
+//                 most after a step; pinned host memory at its most; the host's peak RSS;
+//   time split    the compute stream's parts per timed step (StepPart; "waiting" is exposed
+//                 gather / host-to-device time);
+//   limits        measured now: bf16 GEMM TFLOP/s, device copy GB/s (read + write), pinned
+//                 host-to-device GB/s: the ceilings the figures compare against.
+// as a table on stdout and as JSON (--json FILE).
+// Thread safety: one call per rank, every rank alike (collectives inside).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/device_context.h"
+#include "runtime/world.h"
+#include "train/train_config.h"
+
+namespace qshard {
+
+struct BenchOptions {
+  std::string preset = "8b";  // tiny | 1b | 8b | 70b
+  // Sizes overriding the preset's (0: the preset's).
+  int64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0;
+  int64_t batch = 1;     // sequences per rank per step (micro-batch)
+  int64_t seq = 2048;
+  int64_t rank = 16;     // LoRA rank
+  int64_t steps = 6;     // timed
+  int64_t warmup = 2;
+  bool offload = false;  // offload.params + offload.optimizer
+  double gpu_budget_gb = 0;
+  int64_t keep_layers = -1;
+  int64_t mlp_chunk_tokens = -1;
+  DeviceChoice device = DeviceChoice::kAuto;
+  std::vector<std::string> set;  // further config overrides, key=value
+  std::string json;              // write the result here (rank 0)
+  std::string token_dir;         // where the random token file goes (default: the temp folder)
+};
+
+// The training job a bench runs (`data_train`: the token file). Throws InputError naming the option.
+TrainConfig bench_config(const BenchOptions& options, const std::string& data_train, int world_size);
+
+// Runs the bench on this rank; rank 0 prints the table and writes the JSON. Returns the JSON.
+nlohmann::json run_bench(const BenchOptions& options, World& world);
+
+}  // namespace qshard

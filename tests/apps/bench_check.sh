@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# qshard bench on the CPU backend (ctest cli_bench_tiny): the tiny preset on 1 rank with kept
+# layers and on 2 ranks with the MLP in chunks; the table and the JSON carry tokens/s, the plan as
+# asked and a loss per step.
+# Usage: bench_check.sh QSHARD WORK_DIR MPIEXEC [mpiexec flags...]
+set -euo pipefail
+q=$1 w=$2 mpiexec=$3
+shift 3
+rm -rf "$w" && mkdir -p "$w"
+fail() { echo "FAIL: $*"; exit 1; }
+"$q" bench --preset tiny --device cpu --batch 2 --seq 32 --steps 2 --warmup 1 --keep-layers 3 --json "$w/b1.json" | tee "$w/b1.txt"
+grep -Eq 'tokens/s +[1-9]' "$w/b1.txt" || fail "no tokens/s in the table"
+grep -q 'layers 1-3 of 4 keep their activations' "$w/b1.txt" || fail "plan not printed"
+grep -Eq '"keep_layers": 3' "$w/b1.json" || fail "plan not in the JSON"
+grep -Eq '"tokens_per_s": [1-9]' "$w/b1.json" || fail "no tokens/s in the JSON"
+[ "$(grep -A4 '"losses"' "$w/b1.json" | grep -Ec '^ +[0-9]')" = 3 ] || fail "not 3 losses"
+"$mpiexec" "$@" -np 2 "$q" bench --preset tiny --device cpu --seq 32 --steps 2 --warmup 1 --mlp-chunk-tokens 8 \
+  --json "$w/b2.json" > "$w/b2.txt"
+grep -Eq '"ranks": 2' "$w/b2.json" || fail "np 2: ranks not 2"
+grep -Eq '"mlp_chunk_rows": 8' "$w/b2.json" || fail "np 2: MLP chunks not in the plan"
+echo "bench ok"
