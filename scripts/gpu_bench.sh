@@ -23,18 +23,15 @@ mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 [ -n "${GPU:-}" ] && export CUDA_VISIBLE_DEVICES=$GPU
 Q=build/qshard
+LOGS=build/bench_logs  # per-run logs stay on the machine: $OUT holds few files (JSON lines, summaries)
+mkdir -p "$LOGS"
 STEPS=${STEPS:-4}
 WARMUP=${WARMUP:-2}
 
 qbench() {  # out.jsonl label args...: one qshard bench run, its JSON appended with a label
   local out=$1 label=$2
   shift 2
-  local j="$OUT/$label.json"
-  timeout "${RUN_TIMEOUT:-400}" $Q bench --device cuda --json "$j" "$@" > "$OUT/$label.log" 2>&1
-  local rc=$?
-  echo "== qshard $label ($*): exit $rc"
-  grep -E "memory plan|tokens/s|MFU|peak GPU|step  " "$OUT/$label.log" | sed 's/^/   /'
-  [ $rc = 0 ] || tail -5 "$OUT/$label.log"
+XX
   if [ -f "$j" ]; then
     python3 -c "import json,sys; d=json.load(open('$j')); d['label']='$label'; d['exit']=$rc; print(json.dumps(d))" >> "$out"
   else
@@ -46,22 +43,22 @@ pbench() {  # label args...: one peer run
   local label=$1
   shift
   timeout "${RUN_TIMEOUT:-400}" python3 scripts/bench_peer.py --jsonl "$OUT/peer.jsonl" --steps "$STEPS" \
-    --warmup "$WARMUP" "$@" > "$OUT/peer_$label.log" 2>&1
-  echo "== peer $label ($*): exit $? $(tail -1 "$OUT/peer_$label.log" | cut -c1-400)"
+    --warmup "$WARMUP" "$@" > "$LOGS/peer_$label.log" 2>&1
+  echo "== peer $label ($*): exit $? $(tail -1 "$LOGS/peer_$label.log" | cut -c1-600)"
 }
 
 for stage in "$@"; do
   case "$stage" in
     build)
-      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-      scripts/setup.sh > "$OUT/build.log" 2>&1
-      [ -f build/build.ninja ] || cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >> "$OUT/build.log" 2>&1
-      cmake --build build -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >> "$OUT/build.log" 2>&1
-      rc=$?; echo "build exit $rc"; [ $rc = 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+      scripts/setup.sh > "$LOGS/build.log" 2>&1
+      [ -f build/build.ninja ] || cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >> "$LOGS/build.log" 2>&1
+      cmake --build build -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >> "$LOGS/build.log" 2>&1
+      rc=$?; echo "build exit $rc"; [ $rc = 0 ] || { tail -30 "$LOGS/build.log"; exit 1; }
       ;;
     validate)
-      ctest --test-dir build -L cuda --output-on-failure -j 4 --timeout 300 > "$OUT/validate.log" 2>&1
-      echo "ctest -L cuda exit $?"; grep -E "tests passed|\(Failed\)|Timeout" "$OUT/validate.log" | head -20
+      timeout "${VALIDATE_TIMEOUT:-300}" ctest --test-dir build -L cuda --output-on-failure -j 4 --timeout 300 > "$OUT/validate.log" 2>&1
+      echo "ctest -L cuda exit $?"; grep -E "tests passed|\(Failed\)|Timeout|Test +#" "$OUT/validate.log" | tail -40
       ;;
     q8b)
       f="$OUT/q8b.jsonl"
@@ -73,17 +70,23 @@ for stage in "$@"; do
       qbench "$f" 8b_budget90_b8 --preset 8b --batch 8 --gpu-budget-gb 90 --steps "$STEPS" --warmup "$WARMUP"
       qbench "$f" 8b_1x8192 --preset 8b --batch 1 --seq 8192 --gpu-budget-gb 20 --steps "$STEPS" --warmup "$WARMUP"
       ;;
+    q8b_more)  # the rest of the budgets, and the 10 GB budget with only the base offloaded
+      f="$OUT/q8b.jsonl"
+      qbench "$f" 8b_budget27 --preset 8b --batch 4 --gpu-budget-gb 27 --steps "$STEPS" --warmup "$WARMUP"
+      qbench "$f" 8b_budget90_b8 --preset 8b --batch 8 --gpu-budget-gb 90 --steps "$STEPS" --warmup "$WARMUP"
+      qbench "$f" 8b_1x2048_offload_params --preset 8b --batch 1 --set offload.params=true --gpu-budget-gb 10 \
+        --steps "$STEPS" --warmup "$WARMUP"
+      ;;
     peer)
       if [ -d .whl ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
           && export PYTHONPATH=/tmp/site
       fi
-      pbench 8b_1x2048_ckpt --preset 8b --batch 1 --seq 2048
-      pbench 8b_4x2048_ckpt --preset 8b --batch 4 --seq 2048
-      pbench 8b_8x2048_ckpt --preset 8b --batch 8 --seq 2048
-      pbench 8b_1x8192_ckpt --preset 8b --batch 1 --seq 8192
-      pbench 8b_1x2048_nockpt --preset 8b --batch 1 --seq 2048 --no-checkpointing
-      pbench 8b_4x2048_nockpt --preset 8b --batch 4 --seq 2048 --no-checkpointing
+      # PEER_RUNS: batch x seq : ckpt | nockpt (default: the issue's table)
+      for r in ${PEER_RUNS:-1x2048:ckpt 4x2048:ckpt 8x2048:ckpt 1x8192:ckpt 1x2048:nockpt 4x2048:nockpt}; do
+        bs=${r%%:*}; mode=${r##*:}; b=${bs%%x*}; sq=${bs##*x}
+        pbench "8b_${bs}_$mode" --preset 8b --batch "$b" --seq "$sq" $([ "$mode" = nockpt ] && echo --no-checkpointing)
+      done
       for s in ${PEER_LONG_SEQS:-}; do
         STEPS=1 WARMUP=1 pbench "8b_1x${s}_ckpt" --preset 8b --batch 1 --seq "$s"
       done

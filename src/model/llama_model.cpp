@@ -382,6 +382,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   // LM-head chunks: large enough that the head's GEMMs have hundreds of rows at a 128k vocabulary
   // (~510 rows at the default 256 MiB: the weight read per chunk is amortised), far below [N, V].
   head_rows_ = std::clamp<int64_t>(options.head_chunk_bytes / (V * 4), 1, N);
+  if (head_rows_ > 256 && head_rows_ < N) head_rows_ -= head_rows_ % 256;  // whole GEMM tiles (523 -> 512 rows)
   const int64_t gemm_scratch = 2 * std::max({N, V, I, C, max_in, max_out}) + 2 * max_seq_;
   // LoRA dropout's masked input and input gradient (unfolded projections; the MLP's per chunk)
   const int64_t dropout_ws = options.lora_dropout > 0 ? 2 * std::max(N * std::max(C, H * D), NM * max_in) : 0;
