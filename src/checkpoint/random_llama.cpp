@@ -41,6 +41,22 @@ nlohmann::json llama_config_json(const LlamaSizes& o, DType dtype, double init_s
 std::vector<float> random_normal(uint64_t seed, const std::string& fqn, int64_t n, double std) {
   uint64_t h = 1469598103934665603ull ^ seed;  // FNV-1a over the name, mixed with the seed
   for (unsigned char c : fqn) h = (h ^ c) * 1099511628211ull;
+  if (n > kFastNormalElements) {
+    // Counter-based: value i from splitmix64(h + i) as four 16-bit uniforms, summed, centred and
+    // scaled to unit variance (Irwin-Hall, |z| <= 2 sqrt(3)).
+    std::vector<float> v(static_cast<size_t>(n));
+    const double scale = std * std::sqrt(3.0) / 65536.0;  // (sum of 4 u16 - 4 * 32767.5) -> N(0, std)
+    for (int64_t i = 0; i < n; ++i) {
+      uint64_t z = h + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      z ^= z >> 31;
+      const int64_t sum = static_cast<int64_t>(z & 0xffff) + static_cast<int64_t>((z >> 16) & 0xffff) +
+                          static_cast<int64_t>((z >> 32) & 0xffff) + static_cast<int64_t>(z >> 48);
+      v[static_cast<size_t>(i)] = static_cast<float>((static_cast<double>(sum) - 131070.0) * scale);
+    }
+    return v;
+  }
   std::mt19937_64 g(h);
   auto uniform = [&g] { return (static_cast<double>(g() >> 11) + 0.5) * (1.0 / 9007199254740992.0); };
   std::vector<float> v(static_cast<size_t>(n));

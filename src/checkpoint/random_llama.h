@@ -4,7 +4,8 @@
 // Weights: projections and embeddings ~ N(0, init_std) (transformers' initializer_range,
 // default 0.02), norm weights 1. One generator for every random Llama qshard makes:
 // random_normal(seed, fqn, ...) draws each tensor from its own std::mt19937_64 seeded by the seed
-// and an FNV-1a hash of its name, with Box-Muller (the same bytes on every platform, in any visiting
+// and an FNV-1a hash of its name, with Box-Muller (large tensors: a counter-based generator, see
+// kFastNormalElements) (the same bytes on every platform, in any visiting
 // order, on any rank): `qshard init-model --seed s` writes the model that `model.init.seed: s`
 // trains from (train/model_init.h), value for value in the same dtype. Streams one tensor at a
 // time. The folder is written as "DIR.partial-<pid>" and renamed; DIR must not exist or be empty.
@@ -36,6 +37,10 @@ struct LlamaSizes {
 nlohmann::json llama_config_json(const LlamaSizes& sizes, DType dtype, double init_std = 0.02);
 
 // n values ~ N(0, std) for the tensor named `fqn` under `seed` (the one generator, see above).
+// Tensors of more than kFastNormalElements values (8B- and 70B-shaped models) draw from a
+// counter-based generator instead (an Irwin-Hall sum of four uniforms: ~10x faster, same mean and
+// variance, tails cut at 3.46 sigma), so a 70B random base is built in seconds per core, not minutes.
+inline constexpr int64_t kFastNormalElements = int64_t{1} << 24;
 std::vector<float> random_normal(uint64_t seed, const std::string& fqn, int64_t n, double std);
 
 struct RandomLlamaOptions : LlamaSizes {

@@ -8,6 +8,7 @@
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -26,6 +27,9 @@ using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 void check(fe::error_t e, const char* what) {
   if (e.is_bad()) throw Error(std::string("cuDNN attention: ") + what + ": " + e.get_message());
 }
+
+// The most workspace the deterministic backward may take before the non-deterministic one is used.
+int64_t attention_workspace_limit() { return int64_t{2} << 30; }
 
 // uids of the graphs' tensors
 enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
@@ -114,7 +118,7 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
     finish(*g, s.handle, gr.fwd_ws, "forward graph");
     gr.fwd = g;
   }
-  {
+  auto backward_graph = [&](bool deterministic, int64_t& ws) {
     auto g = bf16_graph();
     TensorPtr q = g->tensor(bthd("Q", kQ, B, T, H, D));
     TensorPtr k = g->tensor(bthd("K", kK, B, T, Hkv, D));
@@ -131,13 +135,30 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
                     .set_name("sdpa_backward")
                     .set_attn_scale(scale)
                     .set_causal_mask(true)
-                    .set_deterministic_algorithm(true);
+                    .set_deterministic_algorithm(deterministic);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, opts);
     dq->set_output(true).set_uid(kDQ).set_dim({B, H, T, D}).set_stride({T * H * D, D, H * D, 1});
     dk->set_output(true).set_uid(kDK).set_dim({B, Hkv, T, D}).set_stride({T * Hkv * D, D, Hkv * D, 1});
     dv->set_output(true).set_uid(kDV).set_dim({B, Hkv, T, D}).set_stride({T * Hkv * D, D, Hkv * D, 1});
-    finish(*g, s.handle, gr.bwd_ws, "backward graph");
-    gr.bwd = g;
+    finish(*g, s.handle, ws, "backward graph");
+    return g;
+  };
+  gr.bwd = backward_graph(true, gr.bwd_ws);
+  // The deterministic backward's workspace grows with the sequence (it failed to allocate at
+  // 131072 tokens next to the step's 65 GB on an H200): past attention_workspace_limit() the
+  // non-deterministic algorithm (an f32 dQ accumulator, ~B*H*T*D*4 bytes) takes over. The same
+  // run is then not bitwise repeatable in its attention gradients; a note says so once.
+  if (gr.bwd_ws > attention_workspace_limit()) {
+    const int64_t det_ws = gr.bwd_ws;
+    gr.bwd = backward_graph(false, gr.bwd_ws);
+    static std::once_flag noted;
+    std::call_once(noted, [&] {
+      std::fprintf(stderr,
+                   "qshard: note: attention backward at %lld x %lld tokens: cuDNN's deterministic algorithm wants "
+                   "%.1f GB of workspace; using the non-deterministic one (%.1f GB): attention gradients are not "
+                   "bitwise repeatable at this length\n",
+                   static_cast<long long>(B), static_cast<long long>(T), det_ws / 1e9, gr.bwd_ws / 1e9);
+    });
   }
   // One workspace for every graph, grown here (a build is start-up work, never inside a step
   // once prepare_attention has seen the step's shape).

@@ -450,6 +450,9 @@ LlamaStepBytes llama_step_bytes(const LlamaConfig& c, const LlamaModelOptions& o
   if (act_t != DType::kF32) act_elems += R * (7 * C + 2 * q + 2 * kv + 3 * I);  // lora_cvt
   act_elems += (Rq + Rg) * C;                                                     // lora_cat
   b.activations = act_elems * esz + attn_saved + 3 * N * 4 + T * D * 4 + 2 * N * 8 + 8 + 3 * C * 4 + 7 * std::max({C, I, q}) * 4;
+  // cuDNN's attention workspace (prepare_attention): past its limit the non-deterministic backward,
+  // whose f32 dQ accumulator is about B*T*H*D*4 bytes (the estimate; small at short sequences).
+  if (backend == Backend::kCuda) b.workspace_attention = N * q * 4;
   const bool head_cvt = backend == Backend::kCuda ? head_t != act_t : false;
   if (head_cvt) b.activations += V * C * esz;
   b.activations += 40 * 256;  // per-piece alignment

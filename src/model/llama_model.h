@@ -125,7 +125,8 @@ struct LlamaModelOptions {
 struct LlamaStepBytes {
   double activations = 0;
   double workspace = 0;
-  double total() const { return activations + workspace; }
+  double workspace_attention = 0;  // the fused attention's own workspace (cuDNN; estimate)
+  double total() const { return activations + workspace + workspace_attention; }
 };
 LlamaStepBytes llama_step_bytes(const LlamaConfig& config, const LlamaModelOptions& options, Backend backend,
                                 DType activation_dtype, DType head_dtype, int64_t lora_r);

@@ -389,3 +389,38 @@ TEST(HfFolder, RandomLlamaIsValidAndQuantizes) {
 
 }  // namespace
 }  // namespace qshard
+
+namespace qshard {
+namespace {
+
+// Large tensors (8B / 70B shapes) draw from the counter-based generator: deterministic per seed and
+// name, N(0, std) in mean and variance (Irwin-Hall: bounded at 2 sqrt(3) sigma, kurtosis 2.7).
+TEST(RandomNormal, LargeTensorsAreFastAndNormalEnough) {
+  const int64_t n = kFastNormalElements + 7;
+  const std::vector<float> a = random_normal(3, "model.layers.0.mlp.up_proj.weight", n, 0.02);
+  const std::vector<float> b = random_normal(3, "model.layers.0.mlp.up_proj.weight", n, 0.02);
+  const std::vector<float> c = random_normal(3, "model.layers.1.mlp.up_proj.weight", n, 0.02);
+  ASSERT_EQ(static_cast<int64_t>(a.size()), n);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  double sum = 0, sq = 0, quad = 0, big = 0;
+  for (float x : a) {
+    sum += x;
+    sq += double(x) * x;
+    quad += double(x) * x * x * x;
+    big = std::max(big, std::fabs(double(x)));
+  }
+  const double mean = sum / n, var = sq / n - mean * mean;
+  EXPECT_NEAR(mean, 0.0, 2e-5);
+  EXPECT_NEAR(std::sqrt(var), 0.02, 2e-5);
+  EXPECT_NEAR(quad / n / (var * var), 2.7, 0.02);  // Irwin-Hall n=4 (a normal's is 3)
+  EXPECT_LE(big, 0.02 * 2 * std::sqrt(3.0) + 1e-6);
+  // Small tensors keep Box-Muller over mt19937_64 (the values tests and golden folders were made with).
+  const std::vector<float> s = random_normal(3, "x", 1000, 1.0);
+  double ss = 0;
+  for (float x : s) ss += double(x) * x;
+  EXPECT_NEAR(std::sqrt(ss / 1000), 1.0, 0.1);
+}
+
+}  // namespace
+}  // namespace qshard
