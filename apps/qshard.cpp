@@ -110,7 +110,7 @@ int run(int argc, char** argv) {
   inspect->add_flag("--check", ins_check, "exit non-zero if any key does not resolve or any tensor fails validation");
   inspect->add_flag("--quiet", ins_quiet, "print only the summary and problems");
 
-  auto* tokenize = app.add_subcommand("tokenize", "tokenize text or jsonl files with the byte-level tokenizer");
+  auto* tokenize = app.add_subcommand("tokenize", "tokenize text or jsonl files (the byte-level tokenizer, or --tokenizer)");
   std::vector<std::string> tok_in;
   std::string tok_out, tok_format = "auto", tok_field = "text", tok_split = "file";
   tokenize->add_option("INPUTS", tok_in, "text or jsonl files")->required();
@@ -118,6 +118,9 @@ int run(int argc, char** argv) {
   tokenize->add_option("--format", tok_format, "auto | text | jsonl");
   tokenize->add_option("--field", tok_field, "jsonl field holding the text");
   tokenize->add_option("--split", tok_split, "text documents: file (one per file) | blank-lines");
+  std::string tok_tokenizer;
+  tokenize->add_option("--tokenizer", tok_tokenizer,
+                       "a model folder (or tokenizer.json): its tokenizer, natively, instead of the byte tokenizer");
 
   auto* trainc = app.add_subcommand("train", "run a QLoRA training job (mpirun -np N for N ranks)");
   std::string tr_config;
@@ -224,6 +227,7 @@ int run(int argc, char** argv) {
     TokenizeOptions to;
     to.format = parse_input_format(tok_format);
     to.jsonl_field = tok_field;
+    to.tokenizer = tok_tokenizer;
     if (tok_split == "file") to.text_split = TextSplit::kFile;
     else if (tok_split == "blank-lines") to.text_split = TextSplit::kBlankLines;
     else throw InputError("--split '" + tok_split + "' is not 'file' or 'blank-lines'");

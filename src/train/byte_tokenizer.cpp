@@ -1,4 +1,9 @@
 #include "train/byte_tokenizer.h"
+
+#include <optional>
+#if QSHARD_WITH_TOKENIZER
+#include "train/hf_tokenizer.h"
+#endif
 #include "runtime/input_file.h"
 
 #include <filesystem>
@@ -118,11 +123,32 @@ TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const Token
       throw InputError(fmt::format("--out {} is also an input; tokenizing would overwrite it", out_path));
   }
   TokenizeStats stats;
+#if QSHARD_WITH_TOKENIZER
+  std::optional<HfTokenizer> hf;
+  if (!options.tokenizer.empty()) hf = HfTokenizer::load(options.tokenizer);
+  TokenFileWriter writer(out_path, hf ? hf->vocab_size() : kByteVocabSize);
+#else
+  if (!options.tokenizer.empty())
+    throw InputError("--tokenizer " + options.tokenizer + ": this build has no native tokenizer (PCRE2 was not found; "
+                     "run scripts/setup.sh and rebuild)");
   TokenFileWriter writer(out_path, kByteVocabSize);
+#endif
   for (const auto& path : inputs) {
     const std::string contents = read_whole_file(path);
     for (const auto& doc : split_documents(contents, options.format, options, path)) {
-      const auto tokens = byte_tokenize(doc);
+      std::vector<uint32_t> tokens;
+#if QSHARD_WITH_TOKENIZER
+      if (hf) {
+        if (auto b = hf->bos_id()) tokens.push_back(*b);
+        const std::vector<uint32_t> ids = hf->encode(doc);
+        tokens.insert(tokens.end(), ids.begin(), ids.end());
+        if (auto e = hf->eos_id()) tokens.push_back(*e);
+      } else {
+        tokens = byte_tokenize(doc);
+      }
+#else
+      tokens = byte_tokenize(doc);
+#endif
       writer.append(tokens);
       ++stats.documents;
       stats.bytes += static_cast<int64_t>(doc.size());

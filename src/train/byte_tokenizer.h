@@ -42,6 +42,11 @@ struct TokenizeOptions {
   InputFormat format = InputFormat::kAuto;
   std::string jsonl_field = "text";
   TextSplit text_split = TextSplit::kFile;
+  // A model folder (or tokenizer.json): its tokenizer instead of the byte tokenizer. A document
+  // becomes BOS + its ids (no special tokens added) + EOS with the bos/eos tokens of the folder's
+  // tokenizer_config.json where it names them (as scripts/tokenize_hf.py writes it); the token
+  // file's vocab_size is the tokenizer's (vocabulary and added tokens).
+  std::string tokenizer;
 };
 
 struct TokenizeStats {
