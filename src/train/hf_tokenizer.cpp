@@ -602,6 +602,7 @@ struct HfTokenizer::Impl {
   std::optional<PreTokenizer> pre_tokenizer;
   std::optional<Decoder> decoder;
   std::vector<AddedToken> added;       // longest first
+  std::array<std::vector<const AddedToken*>, 256> added_by_byte;  // by first byte, longest first
   std::vector<bool> special;           // per id
   std::vector<std::vector<uint32_t>> template_single;  // post-processor: ids before / after ($A = empty marker)
   std::vector<uint32_t> prefix_ids, suffix_ids;
@@ -796,6 +797,7 @@ HfTokenizer HfTokenizer::load(const std::string& path_in) {
       }
     std::stable_sort(t.added.begin(), t.added.end(),
                      [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
+    for (const AddedToken& a : t.added) t.added_by_byte[static_cast<unsigned char>(a.content[0])].push_back(&a);
     t.special.assign(t.id_to_token.size(), false);
     for (const AddedToken& a : t.added) t.special[a.id] = a.special;
     if (j.contains("normalizer") && !j["normalizer"].is_null()) t.normalizer = parse_normalizer(j["normalizer"], path);
@@ -861,8 +863,9 @@ std::vector<uint32_t> HfTokenizer::encode(std::string_view raw, bool add_special
   size_t at = 0, section = 0;
   while (at < text.size()) {
     const AddedToken* hit = nullptr;
-    if (!t.added.empty()) {
-      for (const AddedToken& a : t.added) {
+    for (const AddedToken* ap : t.added_by_byte[static_cast<unsigned char>(text[at])]) {
+      const AddedToken& a = *ap;
+      {
         if (text.compare(at, a.content.size(), a.content) != 0) continue;
         if (a.single_word) {
           size_t k = at;
@@ -878,7 +881,7 @@ std::vector<uint32_t> HfTokenizer::encode(std::string_view raw, bool add_special
       }
     }
     if (!hit) {
-      at += utf8_len(static_cast<unsigned char>(text[at]));
+      ++at;  // (a token starts on a character boundary: continuation bytes start none)
       continue;
     }
     size_t b = at, e = at + hit->content.size();
