@@ -115,7 +115,8 @@ int run(int argc, char** argv) {
   std::string tok_out, tok_format = "auto", tok_field = "text", tok_split = "file";
   tokenize->add_option("INPUTS", tok_in, "text or jsonl files")->required();
   tokenize->add_option("--out", tok_out, "output token file")->required();
-  tokenize->add_option("--format", tok_format, "auto | text | jsonl");
+  tokenize->add_option("--format", tok_format,
+                       "auto | text | jsonl | alpaca (instruction/input/output records: loss on the responses only)");
   tokenize->add_option("--field", tok_field, "jsonl field holding the text");
   tokenize->add_option("--split", tok_split, "text documents: file (one per file) | blank-lines");
   std::string tok_tokenizer;
@@ -232,8 +233,9 @@ int run(int argc, char** argv) {
     else if (tok_split == "blank-lines") to.text_split = TextSplit::kBlankLines;
     else throw InputError("--split '" + tok_split + "' is not 'file' or 'blank-lines'");
     const TokenizeStats st = tokenize_files(tok_in, to, tok_out);
-    std::printf("tokenized %lld files, %lld documents, %lld bytes -> %lld tokens in %s\n", (long long)st.files,
-                (long long)st.documents, (long long)st.bytes, (long long)st.tokens, tok_out.c_str());
+    std::printf("tokenized %lld files, %lld documents, %lld bytes -> %lld tokens (%lld targets) in %s\n",
+                (long long)st.files, (long long)st.documents, (long long)st.bytes, (long long)st.tokens,
+                (long long)st.targets, tok_out.c_str());
     return 0;
   }
   if (trainc->parsed()) {

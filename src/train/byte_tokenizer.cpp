@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -41,8 +42,60 @@ InputFormat parse_input_format(std::string_view name) {
   if (name == "auto") return InputFormat::kAuto;
   if (name == "text") return InputFormat::kText;
   if (name == "jsonl") return InputFormat::kJsonl;
-  throw InputError(fmt::format("unknown input format '{}' (expected auto, text or jsonl)", name));
+  if (name == "alpaca") return InputFormat::kAlpaca;
+  throw InputError(fmt::format("unknown input format '{}' (expected auto, text, jsonl or alpaca)", name));
 }
+
+std::string alpaca_prompt(std::string_view instruction, std::string_view input) {
+  if (input.empty())
+    return fmt::format("Below is an instruction that describes a task. Write a response that appropriately completes "
+                       "the request.\n\n### Instruction:\n{}\n\n### Response:\n",
+                       instruction);
+  return fmt::format("Below is an instruction that describes a task, paired with an input that provides further "
+                     "context. Write a response that appropriately completes the request.\n\n### Instruction:\n{}"
+                     "\n\n### Input:\n{}\n\n### Response:\n",
+                     instruction, input);
+}
+
+namespace {
+
+struct Instruction {
+  std::string prompt, response;
+};
+
+std::vector<Instruction> read_alpaca(std::string_view contents, const std::string& label) {
+  std::vector<Instruction> out;
+  size_t pos = 0;
+  int64_t line_no = 0;
+  while (pos < contents.size()) {
+    size_t end = contents.find('\n', pos);
+    if (end == std::string_view::npos) end = contents.size();
+    const std::string_view line = contents.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (is_blank(line)) continue;
+    const std::string where = fmt::format("{}:{}", label, line_no);
+    const nlohmann::json j = parse_json_input(line, where);
+    if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object per line, got {}", where, j.type_name()));
+    auto field = [&](const char* key, bool required) -> std::string {
+      const auto it = j.find(key);
+      if (it == j.end()) {
+        if (required) throw InputError(fmt::format("{}: no field \"{}\" (alpaca records have instruction, input, output)", where, key));
+        return {};
+      }
+      if (!it->is_string()) throw InputError(fmt::format("{}: field \"{}\" is {}, expected a string", where, key, it->type_name()));
+      return it->get<std::string>();
+    };
+    Instruction r;
+    r.prompt = alpaca_prompt(field("instruction", true), field("input", false));
+    r.response = field("output", true);
+    if (r.response.empty()) throw InputError(fmt::format("{}: field \"output\" is empty: nothing to train on", where));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace
 
 std::vector<uint32_t> byte_tokenize(std::string_view doc) {
   std::vector<uint32_t> out;
@@ -123,32 +176,54 @@ TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const Token
       throw InputError(fmt::format("--out {} is also an input; tokenizing would overwrite it", out_path));
   }
   TokenizeStats stats;
+  const bool alpaca = options.format == InputFormat::kAlpaca;
+  // The tokenizer: ids of a text (no BOS/EOS) and the BOS / EOS ids, byte-level or the model's.
+  std::function<std::vector<uint32_t>(std::string_view)> encode = [](std::string_view text) {
+    return std::vector<uint32_t>(reinterpret_cast<const uint8_t*>(text.data()),
+                                 reinterpret_cast<const uint8_t*>(text.data()) + text.size());
+  };
+  std::optional<uint32_t> bos = kByteBos, eos = kByteEos;
+  uint32_t vocab = kByteVocabSize;
 #if QSHARD_WITH_TOKENIZER
   std::optional<HfTokenizer> hf;
-  if (!options.tokenizer.empty()) hf = HfTokenizer::load(options.tokenizer);
-  TokenFileWriter writer(out_path, hf ? hf->vocab_size() : kByteVocabSize);
+  if (!options.tokenizer.empty()) {
+    hf = HfTokenizer::load(options.tokenizer);
+    encode = [&hf](std::string_view text) { return hf->encode(text); };
+    bos = hf->bos_id();
+    eos = hf->eos_id();
+    vocab = hf->vocab_size();
+  }
 #else
   if (!options.tokenizer.empty())
     throw InputError("--tokenizer " + options.tokenizer + ": this build has no native tokenizer (PCRE2 was not found; "
                      "run scripts/setup.sh and rebuild)");
-  TokenFileWriter writer(out_path, kByteVocabSize);
 #endif
+  TokenFileWriter writer(out_path, vocab, /*loss_mask=*/alpaca);
   for (const auto& path : inputs) {
     const std::string contents = read_whole_file(path);
+    if (alpaca) {
+      for (const Instruction& r : read_alpaca(contents, path)) {
+        std::vector<uint32_t> tokens;
+        if (bos) tokens.push_back(*bos | kTokenNoLoss);
+        for (uint32_t id : encode(r.prompt)) tokens.push_back(id | kTokenNoLoss);
+        const size_t first_target = tokens.size();
+        for (uint32_t id : encode(r.response)) tokens.push_back(id);
+        if (eos) tokens.push_back(*eos);
+        stats.targets += static_cast<int64_t>(tokens.size() - first_target);
+        writer.append(tokens);
+        ++stats.documents;
+        stats.bytes += static_cast<int64_t>(r.prompt.size() + r.response.size());
+      }
+      ++stats.files;
+      continue;
+    }
     for (const auto& doc : split_documents(contents, options.format, options, path)) {
       std::vector<uint32_t> tokens;
-#if QSHARD_WITH_TOKENIZER
-      if (hf) {
-        if (auto b = hf->bos_id()) tokens.push_back(*b);
-        const std::vector<uint32_t> ids = hf->encode(doc);
-        tokens.insert(tokens.end(), ids.begin(), ids.end());
-        if (auto e = hf->eos_id()) tokens.push_back(*e);
-      } else {
-        tokens = byte_tokenize(doc);
-      }
-#else
-      tokens = byte_tokenize(doc);
-#endif
+      if (bos) tokens.push_back(*bos);
+      const std::vector<uint32_t> ids = encode(doc);
+      tokens.insert(tokens.end(), ids.begin(), ids.end());
+      if (eos) tokens.push_back(*eos);
+      stats.targets += static_cast<int64_t>(tokens.size());
       writer.append(tokens);
       ++stats.documents;
       stats.bytes += static_cast<int64_t>(doc.size());

@@ -16,6 +16,12 @@
 //          (default "text"), its UTF-8 bytes. A line that is not a JSON object, or lacks the
 //          field, or whose field is not a string, is an InputError naming file:line.
 //   auto   by extension: ".jsonl" / ".json" -> jsonl, anything else -> text.
+//   alpaca instruction data, one JSON object per non-empty line with string fields "instruction",
+//          "output" and optionally "input": the prompt is Stanford Alpaca's template (alpaca_prompt())
+//          and the response the output. A record becomes BOS + prompt + response + EOS, and only
+//          the response and EOS are targets: the token file is version 2 (token_file.h) with BOS and
+//          the prompt marked kTokenNoLoss. Prompt and response are tokenized separately. A bad
+//          record is an InputError naming file:line and the field.
 // Errors (unreadable input, bad JSONL, output I/O) are InputError naming the file.
 // The output is written with TokenFileWriter (token_file.h): complete or absent, never partial.
 #pragma once
@@ -32,7 +38,7 @@ constexpr uint32_t kByteBos = 256;
 constexpr uint32_t kByteEos = 257;
 constexpr uint32_t kByteVocabSize = 258;
 
-enum class InputFormat : uint8_t { kAuto, kText, kJsonl };
+enum class InputFormat : uint8_t { kAuto, kText, kJsonl, kAlpaca };
 enum class TextSplit : uint8_t { kFile, kBlankLines };
 
 // "auto" | "text" | "jsonl"; anything else throws InputError naming the value.
@@ -51,10 +57,14 @@ struct TokenizeOptions {
 
 struct TokenizeStats {
   int64_t files = 0;
-  int64_t documents = 0;  // non-empty documents written
-  int64_t bytes = 0;      // content bytes (tokens - 2 * documents)
+  int64_t documents = 0;  // non-empty documents (alpaca: records) written
+  int64_t bytes = 0;      // content bytes
   int64_t tokens = 0;
+  int64_t targets = 0;    // tokens the loss is taken on (all of them but for alpaca)
 };
+
+// Stanford Alpaca's prompt for an instruction and an optional input (the text before the response).
+std::string alpaca_prompt(std::string_view instruction, std::string_view input);
 
 // BOS + the bytes of `doc` + EOS.
 std::vector<uint32_t> byte_tokenize(std::string_view doc);

@@ -30,6 +30,7 @@ uint64_t bounded(uint64_t& s, uint64_t bound) {
 PackedDataset::PackedDataset(const TokenFile& file, int max_seq_len, bool pad_last) {
   QS_CHECK(max_seq_len > 0, "max_seq_len must be > 0");
   tokens_ = file.tokens();
+  loss_mask_ = file.loss_mask();
   T_ = max_seq_len;
   const int64_t n = static_cast<int64_t>(tokens_.size());
   int64_t full = n >= 1 ? (n - 1) / T_ : 0;
@@ -53,10 +54,12 @@ void PackedDataset::get(int64_t i, int32_t* inputs, int32_t* targets) const {
   QS_CHECK(i >= 0 && i < count_, "sequence index out of range");
   const int64_t start = (first_ + i) * T_;
   const int64_t n = static_cast<int64_t>(tokens_.size());
+  const uint32_t id_bits = loss_mask_ ? ~kTokenNoLoss : ~0u;
   for (int j = 0; j < T_; ++j) {
     const int64_t a = start + j, b = start + j + 1;
-    inputs[j] = a < n ? static_cast<int32_t>(tokens_[a]) : 0;
-    targets[j] = b < n ? static_cast<int32_t>(tokens_[b]) : kIgnoreIndex;
+    inputs[j] = a < n ? static_cast<int32_t>(tokens_[a] & id_bits) : 0;
+    targets[j] = b < n && !(loss_mask_ && (tokens_[b] & kTokenNoLoss)) ? static_cast<int32_t>(tokens_[b] & id_bits)
+                                                                        : kIgnoreIndex;
   }
 }
 

@@ -54,7 +54,8 @@ class PackedDataset {
   int max_seq_len() const { return T_; }
   // Sequences [first, first + count) of this dataset as a dataset. REQUIRES: in range.
   PackedDataset range(int64_t first, int64_t count) const;
-  // Writes sequence i's inputs and targets (T each). REQUIRES: 0 <= i < num_sequences().
+  // Writes sequence i's inputs and targets (T each; a target past the stream, or a token the file
+  // marks kTokenNoLoss, is kIgnoreIndex). REQUIRES: 0 <= i < num_sequences().
   void get(int64_t i, int32_t* inputs, int32_t* targets) const;
 
  private:
@@ -64,6 +65,7 @@ class PackedDataset {
   int64_t first_ = 0;  // in sequences of the whole stream
   int64_t count_ = 0;
   int64_t total_ = 0;  // sequences of the whole stream (incl. a padded tail)
+  bool loss_mask_ = false;  // version 2 file: kTokenNoLoss tokens are never targets
 };
 
 // {train, eval}: eval = the last max(1, floor(n * eval_fraction)) sequences. REQUIRES:

@@ -10,6 +10,10 @@
 //   [32, 32 + 4N)  the tokens, u32 each, one stream: documents back to back, each normally
 //                  BOS + content + EOS (the tokenizer's choice; the format does not care)
 // The file is exactly 32 + 4N bytes. scripts/tokenize_hf.py writes the same format.
+// Version 2 (a loss mask; `qshard tokenize --format alpaca` writes it): the same layout, and bit 31
+// of a token (kTokenNoLoss) marks it as context only: it is read as an input but is never a
+// target (no loss on predicting it: BOS and the prompt of instruction data). Ids stay < 2^31.
+// Version 1 files read as before: every token a target.
 //
 // Reader (TokenFile): open() maps the file read-only and checks the header and the size; every
 // malformation is an InputError naming the file and what was expected (bad magic, unsupported
@@ -35,6 +39,8 @@ namespace qshard {
 
 constexpr char kTokenFileMagic[8] = {'Q', 'S', 'T', 'O', 'K', 'E', 'N', 'S'};
 constexpr uint32_t kTokenFileVersion = 1;
+constexpr uint32_t kTokenFileVersionMasked = 2;
+constexpr uint32_t kTokenNoLoss = 0x80000000u;  // version 2: this token is never a target
 constexpr uint32_t kTokenDtypeU32 = 4;
 constexpr size_t kTokenFileHeaderBytes = 32;
 
@@ -54,6 +60,8 @@ class TokenFile {
   int64_t size() const { return static_cast<int64_t>(num_tokens_); }
   std::span<const uint32_t> tokens() const { return {tokens_, num_tokens_}; }
   uint32_t operator[](int64_t i) const { return tokens_[i]; }
+  // Version 2: tokens carry the kTokenNoLoss bit.
+  bool loss_mask() const { return loss_mask_; }
 
   // Scans every token; throws InputError "<path>: token 1234 at index 56 is >= <limit> (...)"
   // for the first id >= min(vocab_size(), max_vocab).
@@ -69,12 +77,14 @@ class TokenFile {
   const uint32_t* tokens_ = nullptr;
   size_t num_tokens_ = 0;
   uint32_t vocab_size_ = 0;
+  bool loss_mask_ = false;
 };
 
 class TokenFileWriter {
  public:
   // Creates "<path>.tmp.<pid>" (the parent directory must exist). REQUIRES: vocab_size > 0.
-  TokenFileWriter(std::string path, uint32_t vocab_size);
+  // loss_mask: a version 2 file; append() then takes ids with the kTokenNoLoss bit.
+  TokenFileWriter(std::string path, uint32_t vocab_size, bool loss_mask = false);
   ~TokenFileWriter();
   TokenFileWriter(const TokenFileWriter&) = delete;
   TokenFileWriter& operator=(const TokenFileWriter&) = delete;
@@ -87,6 +97,7 @@ class TokenFileWriter {
  private:
   std::string path_, temp_path_;
   uint32_t vocab_size_;
+  bool loss_mask_ = false;
   std::FILE* f_ = nullptr;
   uint64_t count_ = 0;
 };

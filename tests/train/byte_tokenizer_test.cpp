@@ -4,7 +4,9 @@
 
 #include "runtime/error.h"
 #include "test_util.h"
+#include "model/llama_ops.h"
 #include "train/byte_tokenizer.h"
+#include "train/data_loader.h"
 #include "train/token_file.h"
 
 namespace qshard {
@@ -114,6 +116,98 @@ TEST(ByteTokenizer, ShippedText) {
   const TokenFile f = TokenFile::open(dir.file("p.tok"));
   EXPECT_NO_THROW(f.validate(kByteVocabSize));
   EXPECT_EQ(byte_detokenize(f.tokens().subspan(1, 10)), "Persuasion");
+}
+
+}  // namespace
+}  // namespace qshard
+
+namespace qshard {
+namespace {
+
+using testing_util::TempDir;
+using testing_util::write_bytes;
+
+// Instruction data (--format alpaca): BOS + the Alpaca prompt (context only) + the output + EOS
+// (targets) per record; the file is version 2; counted by hand: the targets are the outputs'
+// bytes plus one EOS per record, and exactly those reach the data loader as targets.
+TEST(ByteTokenizer, AlpacaRecordsTrainOnTheResponseOnly) {
+  TempDir dir;
+  const std::string in = dir.file("data.jsonl"), out = dir.file("data.tok");
+  write_bytes(in,
+              "{\"instruction\": \"Say hi\", \"output\": \"hi!\"}\n"
+              "\n"
+              "{\"instruction\": \"Add\", \"input\": \"2+2\", \"output\": \"4\"}\n");
+  TokenizeOptions o;
+  o.format = InputFormat::kAlpaca;
+  const TokenizeStats st = tokenize_files({in}, o, out);
+  EXPECT_EQ(st.documents, 2);
+  EXPECT_EQ(st.targets, (3 + 1) + (1 + 1));
+  const std::string p1 = alpaca_prompt("Say hi", ""), p2 = alpaca_prompt("Add", "2+2");
+  EXPECT_NE(p1.find("### Instruction:\nSay hi\n\n### Response:\n"), std::string::npos);
+  EXPECT_NE(p2.find("### Input:\n2+2\n\n### Response:\n"), std::string::npos);
+  EXPECT_EQ(st.tokens, static_cast<int64_t>(1 + p1.size() + 3 + 1 + 1 + p2.size() + 1 + 1));
+
+  const TokenFile f = TokenFile::open(out);
+  EXPECT_TRUE(f.loss_mask());
+  f.validate(kByteVocabSize);
+  int64_t masked = 0;
+  for (uint32_t t : f.tokens()) masked += (t & kTokenNoLoss) != 0;
+  EXPECT_EQ(masked, st.tokens - st.targets);
+  EXPECT_EQ(f[0], kByteBos | kTokenNoLoss);
+  EXPECT_EQ(f[static_cast<int64_t>(1 + p1.size())], uint32_t{'h'});  // the first target
+  // The data loader: one sequence over the whole stream; its non-ignored targets are exactly the
+  // response tokens, inputs carry no mask bit.
+  const PackedDataset d(f, static_cast<int>(f.size() - 1));
+  ASSERT_EQ(d.num_sequences(), 1);
+  std::vector<int32_t> inputs(static_cast<size_t>(f.size() - 1)), targets(inputs.size());
+  d.get(0, inputs.data(), targets.data());
+  std::string trained;
+  for (size_t j = 0; j < targets.size(); ++j) {
+    EXPECT_LT(inputs[j], static_cast<int32_t>(kByteVocabSize));
+    if (targets[j] != kIgnoreIndex) trained.push_back(targets[j] < 256 ? static_cast<char>(targets[j]) : '$');
+  }
+  EXPECT_EQ(trained, "hi!$4$");  // $ = EOS
+}
+
+TEST(ByteTokenizer, AlpacaErrorsNameTheLine) {
+  TempDir dir;
+  const std::string in = dir.file("bad.jsonl");
+  TokenizeOptions o;
+  o.format = InputFormat::kAlpaca;
+  auto expect = [&](const std::string& body, const std::string& needle) {
+    write_bytes(in, body);
+    try {
+      tokenize_files({in}, o, dir.file("x.tok"));
+      ADD_FAILURE() << needle;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(std::filesystem::exists(dir.file("x.tok")));
+  };
+  expect("{\"instruction\": \"a\", \"output\": \"b\"}\n{\"instruction\": \"a\"}\n", "bad.jsonl:2: no field \"output\"");
+  expect("{\"instruction\": 3, \"output\": \"b\"}\n", "bad.jsonl:1: field \"instruction\" is number");
+  expect("{\"instruction\": \"a\", \"output\": \"\"}\n", "bad.jsonl:1: field \"output\" is empty");
+  expect("[1]\n", "bad.jsonl:1: expected a JSON object");
+  EXPECT_EQ(parse_input_format("alpaca"), InputFormat::kAlpaca);
+}
+
+// Version 1 files still load (every token a target); a version 2 file's ids are checked without
+// the mask bit, and a version 1 file with the bit set is an out-of-vocabulary id.
+TEST(TokenFile, LossMaskVersions) {
+  TempDir dir;
+  write_token_file(dir.file("v1.tok"), 10, std::vector<uint32_t>{1, 2, 3});
+  EXPECT_FALSE(TokenFile::open(dir.file("v1.tok")).loss_mask());
+  {
+    TokenFileWriter w(dir.file("v2.tok"), 10, /*loss_mask=*/true);
+    w.append(std::vector<uint32_t>{1 | kTokenNoLoss, 2, 9});
+    EXPECT_THROW(w.append(std::vector<uint32_t>{10 | kTokenNoLoss}), InputError);
+    w.finish();
+  }
+  const TokenFile f = TokenFile::open(dir.file("v2.tok"));
+  EXPECT_TRUE(f.loss_mask());
+  EXPECT_NO_THROW(f.validate(10));
+  EXPECT_THROW(f.validate(9), InputError);
+  EXPECT_THROW(write_token_file(dir.file("bad.tok"), 10, std::vector<uint32_t>{1 | kTokenNoLoss}), InputError);
 }
 
 }  // namespace
