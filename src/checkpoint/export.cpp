@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 #include <thread>
+#include <map>
 #include <set>
 
 #include "checkpoint/bnb_folder.h"
@@ -474,6 +475,7 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
   // ---- stream the units: gather, copy to host and write on rank 0, release ----
   std::exception_ptr failure;
   std::unique_ptr<SafetensorsWriter> writer;
+  std::map<std::string, Tensor> peft_tensors;  // kPeft: name -> host copy
   size_t cur_file = SIZE_MAX;
   SafetensorsIndex index;
   for (size_t begin = 0; begin < L.tensors.size();) {
@@ -493,7 +495,13 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
           alive += host.back().second.nbytes();
         }
         rep.peak_unit_bytes = std::max(rep.peak_unit_bytes, alive);
-        for (size_t i = begin; i < end; ++i) {
+        if (o.format == ExportFormat::kPeft) {
+          // The adapter is written at the end, in safetensors' own order (by name: all f32), as
+          // PEFT's save_pretrained writes it; its tensors are small, kept until then.
+          for (size_t i = begin; i < end; ++i) peft_tensors.emplace(L.tensors[i].name, host[i - begin].second.clone());
+          host.clear();
+        }
+        for (size_t i = begin; i < end && o.format != ExportFormat::kPeft; ++i) {
           if (L.file_of[i] != cur_file) {
             if (writer) writer->finish();
             cur_file = L.file_of[i];
@@ -518,6 +526,15 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
   // ---- rank 0: finish the files, write the configs, self-check, rename ----
   if (root && !failure) {
     try {
+      if (o.format == ExportFormat::kPeft) {
+        writer = std::make_unique<SafetensorsWriter>((partial / L.files[0]).string());
+        for (const auto& [name, t] : peft_tensors) writer->declare(name, t.dtype(), t.shape());
+        writer->begin({{"format", "pt"}});
+        for (const auto& [name, t] : peft_tensors) {
+          writer->write(name, t.bytes());
+          index.total_size += t.nbytes();
+        }
+      }
       if (writer) writer->finish();
       writer.reset();
       if (L.files.size() > 1) write_safetensors_index((partial / kSafetensorsIndexName).string(), index);

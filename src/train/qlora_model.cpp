@@ -2,7 +2,11 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "checkpoint/llama_tree.h"
+#include "checkpoint/peft_adapter.h"
 #include "checkpoint/random_llama.h"
 #include "model/llama_model.h"
 #include "runtime/machine.h"
@@ -49,6 +53,27 @@ void check_job_fits(const TrainConfig& config, const LlamaConfig& lc, Runtime& r
                                                            std::to_string(rt.data.size()) + " ranks"));
 }
 
+// lora.init_adapter: the adapter's LoRA weights replace PEFT's init, once its settings are the job's.
+void start_from_adapter(Module& tree, const TrainConfig& config) {
+  const std::string& dir = config.lora.init_adapter;
+  const PeftLoraConfig a = read_peft_config(dir);
+  const LoraConfig& l = config.lora;
+  auto mismatch = [&](const std::string& what, const std::string& theirs, const std::string& ours) {
+    throw InputError(config.source + ": lora.init_adapter " + dir + ": the adapter's " + what + " is " + theirs +
+                     " but this job's is " + ours + "; set the job's to the adapter's, or start without it");
+  };
+  if (a.r != l.r) mismatch("r (lora.r)", std::to_string(a.r), std::to_string(l.r));
+  if (a.lora_alpha != l.alpha) mismatch("lora_alpha (lora.alpha)", fmt::format("{}", a.lora_alpha), fmt::format("{}", l.alpha));
+  if (a.use_rslora != l.rslora) mismatch("use_rslora (lora.rslora)", a.use_rslora ? "true" : "false", l.rslora ? "true" : "false");
+  std::vector<std::string> theirs = a.target_modules, ours = l.target_modules;
+  std::sort(theirs.begin(), theirs.end());
+  std::sort(ours.begin(), ours.end());
+  if (theirs != ours)
+    mismatch("target_modules (lora.target_modules)", fmt::format("[{}]", fmt::join(theirs, ", ")),
+             fmt::format("[{}]", fmt::join(ours, ", ")));
+  load_peft_adapter(tree, dir);
+}
+
 }  // namespace
 
 std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime& rt, bool for_training) {
@@ -69,6 +94,7 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
   if (config.model.path.empty()) init_random_base(*m->tree, config.model.init.seed);
   else load_base_weights(*m->tree, config.model.path, quant);
   init_lora(*m->tree, config.seed);
+  if (for_training && !config.lora.init_adapter.empty()) start_from_adapter(*m->tree, config);
   for (const auto& [k, t] : state_dict(*m->tree, {true, false, true})) m->trainable_parameters += t.numel();
 
   ShardOptions so;

@@ -148,6 +148,7 @@ const std::vector<Field>& fields() {
       QS_FIELD("lora.dropout", lora.dropout),
       QS_FIELD("lora.rslora", lora.rslora),
       QS_FIELD("lora.target_modules", lora.target_modules),
+      QS_FIELD("lora.init_adapter", lora.init_adapter),
       QS_FIELD("optimizer.lr", optimizer.lr),
       QS_FIELD("optimizer.beta1", optimizer.beta1),
       QS_FIELD("optimizer.beta2", optimizer.beta2),

@@ -81,6 +81,9 @@ struct LoraConfig {
   bool rslora = false;  // scale alpha / sqrt(r) instead of alpha / r
   std::vector<std::string> target_modules = {"q_proj",    "k_proj", "v_proj",   "o_proj",
                                              "gate_proj", "up_proj", "down_proj"};
+  // A PEFT adapter folder whose LoRA weights start the job (instead of PEFT's init); its r,
+  // lora_alpha, use_rslora and target modules must equal this section's. Empty: PEFT's init.
+  std::string init_adapter;
 };
 
 // torch.optim.AdamW's hyper-parameters (train/adamw.h) and global-norm clipping.

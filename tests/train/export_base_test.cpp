@@ -182,3 +182,75 @@ TEST(ExportBase, TrainerAndCheckpointExportsGiveTheFolderBack) {
 
 }  // namespace
 }  // namespace qshard
+
+namespace qshard {
+namespace {
+
+// lora.init_adapter: a job started from a PEFT adapter (tests/data/model/nf4_adapter, written by
+// PEFT's save_pretrained for the tiny NF4 folder) holds the adapter's weights before any step: the
+// PEFT export gives every tensor back with the same name, dtype, shape and bytes. Settings that
+// differ from the adapter's (r, alpha, rsLoRA, target modules) are refused naming both values.
+TEST(ExportBase, JobFromAPeftAdapterExportsItBack) {
+  MpiCommunicator comm(World::get().comm());
+  DeviceContext ctx(Backend::kCpu, -1);
+  Runtime rt{ctx, comm, comm};
+  const std::string adapter = std::string(QSHARD_TEST_DATA_DIR) + "/model/nf4_adapter";
+  TrainConfig cfg = job_on("tiny_llama_bnb4_nf4_dq", "");
+  cfg.lora.init_adapter = adapter;
+  cfg.lora.alpha = 8;
+  std::unique_ptr<QloraModel> m = build_qlora_model(cfg, rt);
+  ExportOptions o;
+  o.out_dir = tmp_path("from_adapter");
+  o.format = ExportFormat::kPeft;
+  o.r = cfg.lora.r;
+  o.lora_alpha = cfg.lora.alpha;
+  o.target_modules = cfg.lora.target_modules;
+  export_model(comm, *m->tree, m->config, *m->mgr, m->units, o);
+  if (World::get().rank() == 0) {
+    const SafetensorsFolder g = SafetensorsFolder::open_file(o.out_dir + "/adapter_model.safetensors"),
+                            w = SafetensorsFolder::open_file(adapter + "/adapter_model.safetensors");
+    std::vector<std::string> gn = g.names(), wn = w.names();
+    std::sort(gn.begin(), gn.end());
+    std::sort(wn.begin(), wn.end());
+    ASSERT_EQ(gn, wn);
+    for (const std::string& name : wn) {
+      EXPECT_EQ(g.find(name)->dtype_name, w.find(name)->dtype_name) << name;
+      EXPECT_EQ(g.find(name)->shape, w.find(name)->shape) << name;
+      const auto x = g.bytes(name), y = w.bytes(name);
+      EXPECT_TRUE(x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin())) << name << ": bytes differ";
+    }
+    const bool same_file = read_file(fs::path(o.out_dir) / "adapter_model.safetensors") ==
+                           read_file(fs::path(adapter) / "adapter_model.safetensors");
+    std::printf("adapter export: %zu tensors equal to PEFT's; the whole file %s\n", wn.size(),
+                same_file ? "byte for byte" : "differs (header or order)");
+    EXPECT_TRUE(same_file);
+  }
+  remove_on_rank0(o.out_dir);
+
+  auto expect_refused = [&](TrainConfig c, const std::string& needle) {
+    try {
+      build_qlora_model(c, rt);
+      ADD_FAILURE() << needle;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  TrainConfig bad = cfg;
+  bad.lora.r = 8;
+  expect_refused(bad, "the adapter's r (lora.r) is 4 but this job's is 8");
+  bad = cfg;
+  bad.lora.alpha = 16;
+  expect_refused(bad, "lora_alpha (lora.alpha) is 8 but this job's is 16");
+  bad = cfg;
+  bad.lora.target_modules = {"q_proj", "v_proj"};
+  expect_refused(bad, "target_modules (lora.target_modules)");
+  bad = cfg;
+  bad.lora.rslora = true;
+  expect_refused(bad, "use_rslora");
+  bad = cfg;
+  bad.lora.init_adapter = std::string(QSHARD_TEST_DATA_DIR) + "/model/no_such_adapter";
+  expect_refused(bad, "no_such_adapter");
+}
+
+}  // namespace
+}  // namespace qshard
