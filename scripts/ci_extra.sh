@@ -2,7 +2,8 @@
 # CI's checks beyond scripts/test.sh:
 #   1. every CPU test again under AddressSanitizer + UndefinedBehaviorSanitizer (preset `asan`);
 #   2. libFuzzer, each target for a bounded time (QSHARD_FUZZ_SECONDS, default 60): the safetensors
-#      header parser, the job YAML, config.json and token files, seeded with the checked-in files.
+#      header parser, the job YAML, config.json and token files, seeded with the checked-in files,
+#      and the native tokenizer on GPT-2's tokenizer.json (ids in the vocabulary, lossless decode).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --fuzz
@@ -22,7 +23,8 @@ ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ctest --test-dir build/asan --outpu
 
 CC=clang CXX=clang++ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQSHARD_CUDA=OFF \
   -DQSHARD_FUZZ=ON > /dev/null
-cmake --build build/fuzz -j "$jobs" --target safetensors_fuzz config_yaml_fuzz hf_config_fuzz token_file_fuzz
+cmake --build build/fuzz -j "$jobs" --target safetensors_fuzz config_yaml_fuzz hf_config_fuzz token_file_fuzz \
+  tokenizer_fuzz
 seconds=${QSHARD_FUZZ_SECONDS:-60}
 # fuzz TARGET SEEDS_DIR MAX_LEN: runs one target for $seconds from the given seeds; a crash fails CI.
 fuzz() {
@@ -38,7 +40,7 @@ fuzz() {
 }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/safetensors" "$work/yaml" "$work/json" "$work/tok"
+mkdir -p "$work/safetensors" "$work/yaml" "$work/json" "$work/tok" "$work/text"
 find tests/data -name '*.safetensors' -size -64k -exec cp {} "$work/safetensors/" \;
 i=0; for f in configs/*.yaml bench/configs/*.yaml; do cp "$f" "$work/yaml/$((i++)).yaml"; done
 i=0; for f in $(find tests/data -name config.json -size -16k); do cp "$f" "$work/json/$((i++)).json"; done
@@ -48,3 +50,6 @@ fuzz safetensors_fuzz "$work/safetensors" 4096
 fuzz config_yaml_fuzz "$work/yaml" 4096
 fuzz hf_config_fuzz "$work/json" 4096
 fuzz token_file_fuzz "$work/tok" 16384
+cp "$work/sample.txt" "$work/text/" && head -c 3000 src/train/hf_tokenizer.cpp > "$work/text/code.txt"
+printf 'caf\xc3\xa9 \xe2\x82 \xf0\x9f\x98\x80  \t\n 12345 <|endoftext|>' > "$work/text/mixed.txt"
+fuzz tokenizer_fuzz "$work/text" 4096
