@@ -14,6 +14,12 @@
 
 namespace qshard {
 
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
 namespace {
 
 // A "Key:   123 kB" line of a /proc file, in bytes; -1 when absent.

@@ -29,6 +29,9 @@ struct HostMemory {
 HostMemory host_memory_available();
 uint64_t disk_free_bytes(const std::string& path);
 std::string human_bytes(double bytes);
+
+// The most resident memory this process has used so far (getrusage's ru_maxrss), bytes.
+int64_t peak_rss_bytes();
 void require_host_memory(double need_bytes, const std::string& what, const std::string& detail);
 void require_disk(double need_bytes, const std::string& path, const std::string& what);
 // The same for the current GPU's free memory (cudaMemGetInfo); nothing when it is unknown.

@@ -1,6 +1,5 @@
 #include "train/bench.h"
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include "runtime/allocator.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/machine.h"
 #include "runtime/runtime.h"
 #include "runtime/tensor.h"
 #include "train/flops.h"
@@ -42,12 +42,6 @@ const Preset& find_preset(const std::string& name) {
 }
 
 double gib(double bytes) { return bytes / double(1 << 30); }
-
-int64_t peak_rss() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<int64_t>(u.ru_maxrss) * 1024;
-}
 
 }  // namespace
 
@@ -158,7 +152,7 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
   j["useful_gflop_per_token"] = p.flops_per_token * 1e-9;
   j["peak_gpu_bytes"] = p.peak_gpu_bytes;
   j["peak_pinned_host_bytes"] = pinned_host_peak_bytes();
-  j["peak_rss_bytes"] = peak_rss();
+  j["peak_rss_bytes"] = peak_rss_bytes();
   j["losses"] = s.losses;
   j["limits"] = {{"gemm_tflops", p.gemm_flops * 1e-12}, {"copy_gbps", copy_bps * 1e-9}, {"h2d_pinned_gbps", h2d_bps * 1e-9}};
   nlohmann::json split = nlohmann::json::object();
@@ -193,7 +187,7 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
           t += fmt::format("    {:<22} {:9.2f} ms  {:5.1f}%\n", step_part_name(static_cast<StepPart>(i)),
                            s.profile.ms[i] * per, total > 0 ? 100 * s.profile.ms[i] / total : 0.0);
     }
-    t += fmt::format("  {:<26} {:.2f} GiB\n", "peak host RSS", gib(static_cast<double>(peak_rss())));
+    t += fmt::format("  {:<26} {:.2f} GiB\n", "peak host RSS", gib(static_cast<double>(peak_rss_bytes())));
     std::fputs(t.c_str(), stdout);
     std::fflush(stdout);
     if (!o.json.empty()) {

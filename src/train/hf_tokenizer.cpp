@@ -287,7 +287,8 @@ struct Normalizer {
   enum Kind { kSequence, kPrepend, kReplace, kStrip } kind = kSequence;
   std::vector<Normalizer> children;
   std::string text, content;
-  std::shared_ptr<Regex> re;
+  std::shared_ptr<Regex> re;  // Replace; Strip: leading whitespace
+  std::shared_ptr<Regex> trail;  // Strip: trailing whitespace
   bool left = false, right = false;
 
   void apply(std::string& s) const {
@@ -301,14 +302,12 @@ struct Normalizer {
       case kReplace:
         s = regex_replace(s, *re, content);
         break;
-      case kStrip: {
-        const Regex lead("^\\s+", "strip"), trail("\\s+$", "strip");
+      case kStrip:
         if (right)
-          for (auto [b, e] : trail.find_all(s)) s.erase(b, e - b);
+          for (auto [b, e] : trail->find_all(s)) s.erase(b, e - b);
         if (left)
-          for (auto [b, e] : lead.find_all(s)) s.erase(b, e - b);
+          for (auto [b, e] : re->find_all(s)) s.erase(b, e - b);
         break;
-      }
     }
   }
 };
@@ -330,6 +329,8 @@ Normalizer parse_normalizer(const json& j, const std::string& where) {
     n.kind = Normalizer::kStrip;
     n.left = j.value("strip_left", false);
     n.right = j.value("strip_right", false);
+    n.re = std::make_shared<Regex>("^\\s+", w);
+    n.trail = std::make_shared<Regex>("\\s+$", w);
   } else {
     throw InputError(where + ": normalizer type '" + type +
                      "' is not supported (Sequence, Prepend, Replace and Strip are; Unicode normalization forms "
@@ -344,7 +345,7 @@ constexpr const char* kGpt2Pattern =
 struct PreTokenizer {
   enum Kind { kSequence, kByteLevel, kSplit, kMetaspace } kind = kSequence;
   std::vector<PreTokenizer> children;
-  std::shared_ptr<Regex> re;  // ByteLevel (use_regex), Split
+  std::shared_ptr<Regex> re;  // ByteLevel (use_regex), Split, Metaspace (the replacement, for split)
   Behavior behavior = Behavior::kIsolated;
   bool invert = false, add_prefix_space = false, split = true;
   std::string replacement;
@@ -384,7 +385,7 @@ struct PreTokenizer {
           const bool starts = p.text.compare(0, replacement.size(), replacement) == 0;
           if (!starts && (prepend_scheme == "always" || (prepend_scheme == "first" && p.at_origin)))
             p.text.insert(0, replacement);
-          if (split) split_piece(p, Regex(regex_escape(replacement), "Metaspace"), Behavior::kMergedWithNext, false, out);
+          if (split) split_piece(p, *re, Behavior::kMergedWithNext, false, out);
           else out.push_back(std::move(p));
         }
         pieces = std::move(out);
@@ -429,6 +430,7 @@ PreTokenizer parse_pre_tokenizer(const json& j, const std::string& where) {
     if (j.contains("prepend_scheme") && j["prepend_scheme"].is_string()) p.prepend_scheme = j["prepend_scheme"];
     else if (j.contains("add_prefix_space")) p.prepend_scheme = j.value("add_prefix_space", true) ? "always" : "never";
     p.split = j.value("split", true);
+    p.re = std::make_shared<Regex>(regex_escape(p.replacement), w);
   } else {
     throw InputError(where + ": pre_tokenizer type '" + type +
                      "' is not supported (Sequence, ByteLevel, Split, Digits, Metaspace, Whitespace and "
@@ -604,9 +606,7 @@ struct HfTokenizer::Impl {
   std::vector<AddedToken> added;       // longest first
   std::array<std::vector<const AddedToken*>, 256> added_by_byte;  // by first byte, longest first
   std::vector<bool> special;           // per id
-  std::vector<std::vector<uint32_t>> template_single;  // post-processor: ids before / after ($A = empty marker)
-  std::vector<uint32_t> prefix_ids, suffix_ids;
-  bool has_template = false;
+  std::vector<uint32_t> prefix_ids, suffix_ids;  // the post-processor's template around the text
   std::optional<uint32_t> bos, eos;
   mutable std::mutex cache_mu;
   mutable std::unordered_map<std::string, std::vector<uint32_t>> cache;
@@ -810,7 +810,6 @@ HfTokenizer HfTokenizer::load(const std::string& path_in) {
       if (type == "Sequence") {
         for (const json& c : p.at("processors")) post(c);
       } else if (type == "TemplateProcessing") {
-        t.has_template = true;
         bool seen_a = false;
         for (const json& item : p.at("single")) {
           if (item.contains("Sequence")) {
@@ -863,22 +862,19 @@ std::vector<uint32_t> HfTokenizer::encode(std::string_view raw, bool add_special
   size_t at = 0, section = 0;
   while (at < text.size()) {
     const AddedToken* hit = nullptr;
-    for (const AddedToken* ap : t.added_by_byte[static_cast<unsigned char>(text[at])]) {
-      const AddedToken& a = *ap;
-      {
-        if (text.compare(at, a.content.size(), a.content) != 0) continue;
-        if (a.single_word) {
-          size_t k = at;
-          while (k > 0 && (static_cast<unsigned char>(text[--k]) & 0xC0) == 0x80) {
-          }
-          const bool left_ok = at == 0 || !is_word_char(utf8_decode_at(text, k));
-          const size_t e = at + a.content.size();
-          const bool right_ok = e >= text.size() || !is_word_char(utf8_decode_at(text, e));
-          if (!left_ok || !right_ok) continue;
+    for (const AddedToken* a : t.added_by_byte[static_cast<unsigned char>(text[at])]) {
+      if (text.compare(at, a->content.size(), a->content) != 0) continue;
+      if (a->single_word) {
+        size_t k = at;
+        while (k > 0 && (static_cast<unsigned char>(text[--k]) & 0xC0) == 0x80) {
         }
-        hit = &a;
-        break;
+        const bool left_ok = at == 0 || !is_word_char(utf8_decode_at(text, k));
+        const size_t e = at + a->content.size();
+        const bool right_ok = e >= text.size() || !is_word_char(utf8_decode_at(text, e));
+        if (!left_ok || !right_ok) continue;
       }
+      hit = a;
+      break;
     }
     if (!hit) {
       ++at;  // (a token starts on a character boundary: continuation bytes start none)

@@ -1,6 +1,5 @@
 #include "train/trainer.h"
 
-#include <sys/resource.h>
 
 #include <cerrno>
 #include <chrono>
@@ -18,6 +17,7 @@
 #include "runtime/collective_status.h"
 #include "model/llama_model.h"
 #include "runtime/log.h"
+#include "runtime/machine.h"
 #include "shard/sharded_parameter_manager.h"
 #include "train/adamw.h"
 #include "train/data_loader.h"
@@ -87,12 +87,6 @@ void check_checkpoint_dir(const TrainConfig& config, bool resuming) {
   if (non_empty_dir(fin))
     throw InputError("checkpoint.dir " + dir + " holds the exports of an earlier run (" + fin +
                      "): choose another checkpoint.dir, or move it away");
-}
-
-int64_t peak_rss_bytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
 
 }  // namespace

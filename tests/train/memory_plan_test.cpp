@@ -7,6 +7,7 @@
 
 #include "model/llama_model.h"
 #include "runtime/error.h"
+#include "train/qlora_model.h"
 
 namespace qshard {
 namespace {
@@ -30,19 +31,7 @@ TrainConfig job_8b(int64_t micro, int64_t seq) {
   return c;
 }
 
-LlamaConfig llama(const TrainConfig& c) {
-  LlamaConfig l;
-  const ModelInitConfig& m = c.model.init;
-  l.vocab_size = m.vocab_size;
-  l.hidden_size = m.hidden_size;
-  l.intermediate_size = m.intermediate_size;
-  l.num_hidden_layers = m.num_hidden_layers;
-  l.num_attention_heads = m.num_attention_heads;
-  l.num_key_value_heads = m.num_key_value_heads;
-  l.head_dim = m.hidden_size / m.num_attention_heads;
-  l.max_position_embeddings = m.max_position_embeddings;
-  return l;
-}
+LlamaConfig llama(const TrainConfig& c) { return job_llama_config(c.model); }
 
 TEST(MemoryPlan, NoBudgetKeepsTheConfig) {
   TrainConfig c = job_8b(4, 2048);
