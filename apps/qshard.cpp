@@ -11,11 +11,17 @@
 //   export CKPT --format bnb4|peft|merged --out DIR
 //                                   a training checkpoint as a Hugging Face / PEFT folder
 //   eval --model DIR [--adapter DIR] --data FILE [--dump-logits FILE]   loss and perplexity
+//   generate --model DIR [--adapter DIR] --prompt TEXT [--chat] [--max-new-tokens N]
+//            [--temperature T --top-k K --top-p P --seed S]   text from a model, streamed
 //   bench [--preset 8b] [--batch B --seq T --rank R] [--offload] [--gpu-budget-gb G] [--json F]
 //                                   training speed and memory on a random Llama-shaped model
 // Exit codes: 0 success, 2 bad input (the message names the file, key or value), 1 other errors.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -30,6 +36,7 @@
 #include "train/bench.h"
 #include "train/byte_tokenizer.h"
 #include "train/evaluate.h"
+#include "train/generate.h"
 #include "train/train_checkpoint.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -179,6 +186,27 @@ int run(int argc, char** argv) {
   evalc->add_option("--device", eval_device, "auto (the GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
+  auto* genc = app.add_subcommand("generate", "text from a model folder (+ PEFT adapter), streamed as it comes");
+  GenerateOptions go;
+  std::string gen_device = "auto", gen_ids, gen_json;
+  genc->add_option("--model", go.model_dir, "HF folder: f32/bf16/f16 or bitsandbytes 4-bit")->required();
+  genc->add_option("--adapter", go.adapter_dir, "PEFT LoRA adapter folder");
+  genc->add_option("--tokenizer", go.tokenizer_dir, "folder with tokenizer.json (default: --model; none: bytes)");
+  genc->add_option("--prompt", go.prompt, "the prompt text (with --chat: the user's message)");
+  genc->add_option("--prompt-ids", gen_ids, "the prompt as token ids, comma-separated (instead of --prompt)");
+  genc->add_flag("--chat", go.chat, "render the prompt with the folder's chat template (generation prompt added)");
+  genc->add_option("--system", go.system, "with --chat: a system message first");
+  genc->add_option("--max-new-tokens", go.max_new_tokens, "tokens to generate at most (default 128)");
+  genc->add_option("--temperature", go.sampling.temperature, "0 (default): greedy; else sample from softmax(logits / T)");
+  genc->add_option("--top-k", go.sampling.top_k, "sample among the k most likely tokens (0: all)");
+  genc->add_option("--top-p", go.sampling.top_p, "sample among the most likely tokens holding this probability (1: all)");
+  genc->add_option("--seed", go.sampling.seed, "the sampler's seed (default 0)");
+  genc->add_flag("--ignore-eos", go.ignore_eos, "do not stop at an end token");
+  genc->add_option("--dump-logits", go.dump_logits, "write the first step's float32 logits [1, vocab] (key 'logits')");
+  genc->add_option("--json", gen_json, "write prompt ids, new ids, text and timings as JSON here");
+  genc->add_option("--device", gen_device, "auto (the GPU when there is one), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+
   CLI11_PARSE(app, argc, argv);
   set_log_level(log_level);
 
@@ -222,6 +250,40 @@ int run(int argc, char** argv) {
     std::printf("eval: %lld sequences, %lld tokens: loss %.6f, perplexity %.4f\n", (long long)r.sequences,
                 (long long)r.tokens, r.loss, r.perplexity);
     if (!eo.dump_logits.empty()) std::printf("logits written to %s\n", eo.dump_logits.c_str());
+    return 0;
+  }
+  if (genc->parsed()) {
+    go.device = *parse_device_choice(gen_device);
+    for (size_t at = 0; at < gen_ids.size();) {  // "1,2,3"
+      const size_t comma = std::min(gen_ids.find(',', at), gen_ids.size());
+      const std::string item = gen_ids.substr(at, comma - at);
+      char* end = nullptr;
+      const long long v = std::strtoll(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || v < 0)
+        throw InputError("--prompt-ids: '" + item + "' is not a token id (expected ids like 1,2,3)");
+      go.prompt_ids.push_back(v);
+      at = comma + 1;
+    }
+    const GenerateResult r = generate_text(go, [](std::string_view piece) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    });
+    std::printf("\n");
+    const double n = static_cast<double>(r.ids.size());
+    std::fprintf(stderr, "generate (%s): %zu prompt tokens in %.3f s (%.1f tokens/s), %zu new tokens in %.3f s (%.1f tokens/s)%s\n",
+                 r.device.c_str(), r.prompt_ids.size(), r.prefill_seconds,
+                 static_cast<double>(r.prompt_ids.size()) / std::max(r.prefill_seconds, 1e-9), r.ids.size(),
+                 r.decode_seconds, n > 1 ? (n - 1) / std::max(r.decode_seconds, 1e-9) : 0.0,
+                 r.stopped_at_eos ? ", stopped at an end token" : "");
+    if (!gen_json.empty()) {
+      nlohmann::json j = {{"prompt_ids", r.prompt_ids}, {"ids", r.ids}, {"text", r.text},
+                          {"stopped_at_eos", r.stopped_at_eos}, {"prefill_seconds", r.prefill_seconds},
+                          {"decode_seconds", r.decode_seconds}, {"device", r.device}};
+      std::ofstream f(gen_json);
+      f << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+      if (!f) throw InputError("--json " + gen_json + ": cannot write");
+    }
+    if (!go.dump_logits.empty()) std::fprintf(stderr, "first-step logits written to %s\n", go.dump_logits.c_str());
     return 0;
   }
   if (tokenize->parsed()) {

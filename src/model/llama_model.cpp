@@ -151,6 +151,8 @@ struct LlamaModel::Activations {
   void* head_cvt = nullptr;  // [V, C] the LM head in the activation dtype (when the GEMM does not
                              // take the head's own dtype with activations)
   bool head_converted = false;  // head_cvt holds the bound root's head
+  void* k_cache = nullptr;   // [L, kv_cache_tokens, Hkv*D] generation's keys (after RoPE)
+  void* v_cache = nullptr;   // [L, kv_cache_tokens, Hkv*D] and values
 };
 
 const char* step_part_name(StepPart p) {
@@ -329,6 +331,12 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   if (fold_r_max[0] + fold_r_max[1] > 0) add(&a.lora_cat, (fold_r_max[0] + fold_r_max[1]) * C * esz);
   const bool head_cvt = !ops::gemm_supports(ctx_, act_t, slots_->head->tensor.dtype());
   if (head_cvt) add(&a.head_cvt, V * C * esz);
+  QS_CHECK(options.kv_cache_tokens >= 0 && options.kv_cache_tokens <= max_seq_,
+           "kv_cache_tokens must be in [0, max_seq]");
+  if (options.kv_cache_tokens > 0) {
+    add(&a.k_cache, L * options.kv_cache_tokens * Hkv * D * esz);
+    add(&a.v_cache, L * options.kv_cache_tokens * Hkv * D * esz);
+  }
   size_t total = 0;
   for (const Piece& p : pieces) total += (p.bytes + 255) / 256 * 256;
   a.storage = Tensor::zeros({static_cast<int64_t>(total)}, DType::kU8, ctx_.compute_device());
@@ -448,6 +456,7 @@ LlamaStepBytes llama_step_bytes(const LlamaConfig& c, const LlamaModelOptions& o
                      + 5 * N * C + N * (C + Rq) + N * (C + Rg)  // dx, dprev, dx2, xf, dxf, dh1, dh2
                      + 3 * NM * I + 2 * N * q + 2 * N * kv;  // dm, dg, du, da, dq, dk, dv
   if (act_t != DType::kF32) act_elems += R * (7 * C + 2 * q + 2 * kv + 3 * I);  // lora_cvt
+  act_elems += 2 * L * static_cast<double>(o.kv_cache_tokens) * kv;             // generation's KV cache
   act_elems += (Rq + Rg) * C;                                                     // lora_cat
   b.activations = act_elems * esz + attn_saved + 3 * N * 4 + T * D * 4 + 2 * N * 8 + 8 + 3 * C * 4 + 7 * std::max({C, I, q}) * 4;
   // cuDNN's attention workspace (prepare_attention): past its limit the non-deterministic backward,
@@ -826,7 +835,7 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
   mark(StepPart::kOther);
 }
 
-void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T) {
+void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int64_t cache_pos) {
   const LlamaConfig& c = config_;
   const int64_t N = B * T, C = c.hidden_size;
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
@@ -840,10 +849,23 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T) {
   linear_fwd(kK, a.k, a.h1, N, ld1);
   linear_fwd(kV, a.v, a.h1, N, ld1);
   mark(StepPart::kRope);
-  ops::rope_fwd(a.q, a.rope_cos, a.rope_sin, B, T, H, D, ctx_);
-  ops::rope_fwd(a.k, a.rope_cos, a.rope_sin, B, T, Hkv, D, ctx_);
+  const int64_t rope_off = cache_pos > 0 ? cache_pos * (D / 2) : 0;  // positions cache_pos ..
+  ops::rope_fwd(a.q, a.rope_cos + rope_off, a.rope_sin + rope_off, B, T, H, D, ctx_);
+  ops::rope_fwd(a.k, a.rope_cos + rope_off, a.rope_sin + rope_off, B, T, Hkv, D, ctx_);
   mark(StepPart::kAttention);
-  ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_);
+  if (cache_pos >= 0) {
+    const int64_t row = Hkv * D, layer_off = layer_.layer * options_.kv_cache_tokens * row;
+    void* kc = act(a.k_cache, layer_off);
+    void* vc = act(a.v_cache, layer_off);
+    ops::copy(act(kc, cache_pos * row), a.k, T * row, ctx_);
+    ops::copy(act(vc, cache_pos * row), a.v, T * row, ctx_);
+    if (cache_pos == 0)  // the prompt: the training / eval kernel, so its logits are eval's
+      ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_);
+    else
+      ops::attention_cached_fwd(a.a, a.q, kc, vc, T, cache_pos, H, Hkv, D, ctx_);
+  } else {
+    ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_);
+  }
   mark(StepPart::kOther);
   linear_fwd(kO, a.x2, a.a, N);
   mark(StepPart::kResidual);
@@ -1145,6 +1167,36 @@ std::vector<float> LlamaModel::forward_logits(std::span<const int64_t> ids, int6
   if (before_root) before_root(Pass::kForward);
   bind_root();
   head_forward(x, logits.data(), B, T);
+  if (after_root) after_root(Pass::kForward);
+  return logits;
+}
+
+std::vector<float> LlamaModel::forward_cached(std::span<const int64_t> ids, int64_t pos) {
+  const int64_t T = static_cast<int64_t>(ids.size()), L = config_.num_hidden_layers, C = config_.hidden_size;
+  QS_CHECK(options_.kv_cache_tokens > 0, "forward_cached: the model was built without a KV cache");
+  QS_CHECK(pos >= 0 && T >= 1 && pos + T <= options_.kv_cache_tokens,
+           "forward_cached: positions " + std::to_string(pos) + ".." + std::to_string(pos + T) +
+               " are past the KV cache of " + std::to_string(options_.kv_cache_tokens));
+  check_sizes(1, T);
+  Activations& a = *act_;
+  const int64_t NC = T * C;
+  if (before_root) before_root(Pass::kForward);
+  bind_root();
+  embed(ids, a.xs, 1, T);
+  if (after_root) after_root(Pass::kForward);
+  for (int64_t l = 0; l < L; ++l) {
+    if (before_layer) before_layer(l, Pass::kForward);
+    bind_layer(l, layer_lora ? layer_lora(l, Pass::kForward) : LayerLora{});
+    ctx_.workspace().reset();
+    dequantize_layer();
+    run_layer(act(a.xs, (l % 2) * NC), act(a.xs, ((l + 1) % 2) * NC), 1, T, pos);
+    ctx_.workspace().reset();
+    if (after_layer) after_layer(l, Pass::kForward);
+  }
+  std::vector<float> logits(static_cast<size_t>(config_.vocab_size));
+  if (before_root) before_root(Pass::kForward);
+  bind_root();
+  head_chunks(act(a.xs, (L % 2) * NC + (T - 1) * C), nullptr, nullptr, 1, 0.0f, logits.data());
   if (after_root) after_root(Pass::kForward);
   return logits;
 }

@@ -116,6 +116,9 @@ struct LlamaModelOptions {
   // many (its [rows, I] buffers and gradients chunk-sized: long sequences); the backward
   // recomputes a chunk's gate/up just before its gradients. REQUIRES keep_layers == 0 then.
   int64_t mlp_chunk_rows = 0;
+  // Generation (forward_cached): a KV cache of this many positions per layer, [L, tokens, Hkv*D]
+  // for keys and for values in the activation dtype. REQUIRES: <= max_seq (the RoPE tables).
+  int64_t kv_cache_tokens = 0;
 };
 
 // What a LlamaModel allocates for `options` (its activation buffers and the workspace it
@@ -222,6 +225,13 @@ class LlamaModel {
   void reset_profile() { profile_ = StepProfile{}; }
   // logits [B,T,V] f32 on the host (for --dump-logits and tests; written chunk by chunk).
   std::vector<float> forward_logits(std::span<const int64_t> ids, int64_t B, int64_t T);
+  // Generation (options.kv_cache_tokens > 0; hooks called): ids (one sequence, T new tokens) at
+  // positions [pos, pos + T) through every layer, their keys and values appended to the cache
+  // (positions past pos + T are dropped: pos rewinds). pos == 0 (the prompt) runs attention_fwd,
+  // so its logits are forward_logits' bits; later calls read the cache (attention_cached_fwd).
+  // Returns the logits of the last position [V] f32 on the host (waits for the compute stream).
+  // REQUIRES: 0 <= pos, T >= 1, pos + T <= kv_cache_tokens.
+  std::vector<float> forward_cached(std::span<const int64_t> ids, int64_t pos);
 
   // ---- the pieces, for tests and trainers that drive the loop (hooks NOT called) ----
   void bind_root();
@@ -260,7 +270,9 @@ class LlamaModel {
   void upload(int64_t* device_dst, std::span<const int64_t> values);
   // The bound layer's forward into the working set (or kept set) of internals; with x_out null the
   // MLP (only its output depends on it) is left to the backward: the recompute.
-  void run_layer(const void* x, void* x_out, int64_t B, int64_t T);
+  // cache_pos >= 0: generation (B == 1): RoPE at positions cache_pos.., K/V appended to the bound
+  // layer's cache, attention over it.
+  void run_layer(const void* x, void* x_out, int64_t B, int64_t T, int64_t cache_pos = -1);
   void mlp_rows_fwd(int64_t r0, int64_t rows);  // gate/up/SwiGLU of rows [r0, r0+rows) into g, u, m
   // forward_backward's layers: kept (-1: recompute) index of layer l's own internals set; the
   // working set holds the last layer's from its forward to its backward (unless chunked).

@@ -256,6 +256,59 @@ __global__ void rope_kernel(bf16* x, const float* cos, const float* sin, int64_t
   }
 }
 
+// Cached attention (generation): block (t, h) of 4 warps; warp w takes keys w, w + 4, ...; each
+// lane holds D/32 of the query's and the accumulator's elements. Per key: the score by a warp
+// sum, then the online-softmax update (running max m, sum l, acc rescaled by exp(m_old - m)).
+// The warps' (m, l, acc) are merged through shared memory.
+constexpr int kCachedAttnWarps = 4;
+constexpr int kCachedAttnMaxPer = 8;  // D / 32 <= 8: D <= 256
+__global__ void attention_cached_fwd_kernel(bf16* out, const bf16* q, const bf16* kc, const bf16* vc, int64_t T,
+                                            int64_t P, int H, int Hkv, int D, float scale) {
+  const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int hk = h / (H / Hkv), per = D / 32;
+  const int64_t keys = P + t + 1;
+  float qv[kCachedAttnMaxPer], acc[kCachedAttnMaxPer];
+  const bf16* qt = q + (static_cast<int64_t>(t) * H + h) * D;
+  for (int j = 0; j < per; ++j) {
+    qv[j] = __bfloat162float(qt[lane + 32 * j]);
+    acc[j] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t u = warp; u < keys; u += kCachedAttnWarps) {
+    const bf16* ku = kc + (u * Hkv + hk) * D;
+    float dot = 0.0f;
+    for (int j = 0; j < per; ++j) dot += qv[j] * __bfloat162float(ku[lane + 32 * j]);
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    const float s = dot * scale, m_new = fmaxf(m, s);
+    const float corr = expf(m - m_new), p = expf(s - m_new);
+    l = l * corr + p;
+    const bf16* vu = vc + (u * Hkv + hk) * D;
+    for (int j = 0; j < per; ++j) acc[j] = acc[j] * corr + p * __bfloat162float(vu[lane + 32 * j]);
+    m = m_new;
+  }
+  __shared__ float sm[kCachedAttnWarps], sl[kCachedAttnWarps], sacc[kCachedAttnWarps][256];
+  if (lane == 0) {
+    sm[warp] = m;
+    sl[warp] = l;
+  }
+  for (int j = 0; j < per; ++j) sacc[warp][lane + 32 * j] = acc[j];
+  __syncthreads();
+  if (warp != 0) return;
+  float M = -INFINITY;
+  for (int w = 0; w < kCachedAttnWarps; ++w) M = fmaxf(M, sm[w]);
+  float L = 0.0f, f[kCachedAttnWarps];
+  for (int w = 0; w < kCachedAttnWarps; ++w) {
+    f[w] = sm[w] == -INFINITY ? 0.0f : expf(sm[w] - M);  // a warp with no keys adds nothing
+    L += sl[w] * f[w];
+  }
+  bf16* ot = out + (static_cast<int64_t>(t) * H + h) * D;
+  for (int j = 0; j < per; ++j) {
+    float o = 0.0f;
+    for (int w = 0; w < kCachedAttnWarps; ++w) o += sacc[w][lane + 32 * j] * f[w];
+    ot[lane + 32 * j] = __float2bfloat16_rn(o / L);
+  }
+}
+
 struct SwigluOp {  // silu(gate) * up
   __device__ bf16 operator()(bf16 gate, bf16 up) const {
     const float g = __bfloat162float(gate);
@@ -551,6 +604,19 @@ void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64
   const int64_t n = B * T * nh * (D / 2);
   if (n == 0) return;
   rope_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(dx), cos, sin, B, T, nh, D, -1.0f);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void attention_cached_fwd(uint16_t* out, const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                          int64_t T, int64_t P, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx) {
+  QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
+  QS_CHECK(D % 32 == 0 && D <= 32 * kCachedAttnMaxPer, "attention_cached_fwd: head_dim must be a multiple of 32, at most 256");
+  QS_CHECK(T <= 65535 && H <= 65535, "attention_cached_fwd: too many queries or heads for one launch");
+  if (T == 0) return;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  attention_cached_fwd_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(H)), 32 * kCachedAttnWarps, 0,
+                                st(ctx)>>>(B16(out), B16(q), B16(k_cache), B16(v_cache), T, P, static_cast<int>(H),
+                                           static_cast<int>(Hkv), static_cast<int>(D), scale);
   QS_CUDA_CHECK_LAUNCH();
 }
 

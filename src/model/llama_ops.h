@@ -161,6 +161,15 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout /*[B,T,H,D
                    const float* v, const float* out, const void* saved, int64_t B, int64_t T, int64_t H,
                    int64_t Hkv, int64_t D, DeviceContext& ctx);
 
+// Generation's attention: T new queries of one sequence at positions [P, P + T) over a KV cache
+// holding positions [0, P + T) (this call's keys and values already appended): query t reads
+// keys u <= P + t, with attention_fwd's arithmetic (scores in f32, max subtracted, the same
+// order), so a cached step gives attention_fwd's bits for the same rows. Scratch: P + T floats
+// of ctx's workspace. REQUIRES: H % Hkv == 0.
+void attention_cached_fwd(float* out /*[T,H,D]*/, const float* q /*[T,H,D]*/, const float* k_cache /*[P+T,Hkv,D]*/,
+                          const float* v_cache /*[P+T,Hkv,D]*/, int64_t T, int64_t P, int64_t H, int64_t Hkv,
+                          int64_t D, DeviceContext& ctx);
+
 // h = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
 void swiglu_fwd(float* h /*[n]*/, const float* gate, const float* up, int64_t n, DeviceContext& ctx);
 // dgate, dup OVERWRITTEN (silu(g) recomputed from the saved gate).
@@ -219,6 +228,10 @@ void rope_fwd(uint16_t* x, const float* cos, const float* sin, int64_t B, int64_
               DeviceContext& ctx);
 void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
               DeviceContext& ctx);
+// One block per (query, head), one warp per stripe of keys with an online softmax, the warps'
+// partial sums merged in shared memory (f32 throughout). REQUIRES: D <= 256, D % 32 == 0.
+void attention_cached_fwd(uint16_t* out, const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                          int64_t T, int64_t P, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx);
 void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx);
 void swiglu_bwd(uint16_t* dgate, uint16_t* dup, const uint16_t* dh, const uint16_t* gate, const uint16_t* up,
                 int64_t n, DeviceContext& ctx);
@@ -272,6 +285,8 @@ void attention_fwd(void* out, void* saved, const void* q, const void* k, const v
 void attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
                    const void* out, const void* saved, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                    DeviceContext& ctx);
+void attention_cached_fwd(void* out, const void* q, const void* k_cache, const void* v_cache, int64_t T, int64_t P,
+                          int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx);
 void swiglu_fwd(void* h, const void* gate, const void* up, int64_t n, DeviceContext& ctx);
 void swiglu_bwd(void* dgate, void* dup, const void* dh, const void* gate, const void* up, int64_t n,
                 DeviceContext& ctx);

@@ -289,6 +289,44 @@ void attention_fwd(float* out, void* saved, const float* q, const float* k, cons
     }
 }
 
+void attention_cached_fwd(float* out, const float* q, const float* k_cache, const float* v_cache, int64_t T, int64_t P,
+                          int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx) {
+  QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
+  Workspace& ws = ctx.workspace();
+  const size_t mark = ws.used();
+  float* a = ws.take<float>(static_cast<size_t>(P + T), "cached attention scores");
+  const int64_t group = H / Hkv;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t hk = h / group;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t last = P + t;  // the query's position: keys 0..last
+      const float* qt = q + (t * H + h) * D;
+      float maxv = -INFINITY;
+      for (int64_t u = 0; u <= last; ++u) {
+        const float* ku = k_cache + (u * Hkv + hk) * D;
+        float dot = 0.0f;
+        for (int64_t d = 0; d < D; ++d) dot += qt[d] * ku[d];
+        a[u] = dot * scale;
+        maxv = std::max(maxv, a[u]);
+      }
+      float sum = 0.0f;
+      for (int64_t u = 0; u <= last; ++u) {
+        a[u] = std::exp(a[u] - maxv);
+        sum += a[u];
+      }
+      for (int64_t u = 0; u <= last; ++u) a[u] /= sum;
+      float* ot = out + (t * H + h) * D;
+      for (int64_t d = 0; d < D; ++d) {
+        float acc = 0.0f;
+        for (int64_t u = 0; u <= last; ++u) acc += a[u] * v_cache[(u * Hkv + hk) * D + d];
+        ot[d] = acc;
+      }
+    }
+  }
+  ws.rewind(mark);
+}
+
 void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                    const float* v, const float* out, const void* saved, int64_t B, int64_t T, int64_t H,
                    int64_t Hkv, int64_t D, DeviceContext& ctx) {

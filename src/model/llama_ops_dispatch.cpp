@@ -22,7 +22,10 @@ const uint16_t* h(const void* p) { return static_cast<const uint16_t*>(p); }
   throw Error(std::string("op ") + op + ": no " + backend_name(ctx.backend()) + " implementation in this build");
 }
 
-[[maybe_unused]] bool is_attention(const char* op) { return op && std::strncmp(op, "attention", 9) == 0; }
+// The ops of cuDNN's fused attention (attention_cached_fwd is a kernel of this project's own).
+[[maybe_unused]] bool is_attention(const char* op) {
+  return op && std::strncmp(op, "attention", 9) == 0 && std::strcmp(op, "attention_cached_fwd") != 0;
+}
 
 }  // namespace
 
@@ -130,6 +133,11 @@ void attention_fwd(void* out, void* saved, const void* q, const void* k, const v
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx) {
   QS_DISPATCH_ATTENTION("attention_fwd", cpu::attention_fwd(f(out), saved, f(q), f(k), f(v), B, T, H, Hkv, D, ctx),
                         cuda::attention_fwd(h(out), saved, h(q), h(k), h(v), B, T, H, Hkv, D, ctx));
+}
+void attention_cached_fwd(void* out, const void* q, const void* k_cache, const void* v_cache, int64_t T, int64_t P,
+                          int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx) {
+  QS_DISPATCH("attention_cached_fwd", cpu::attention_cached_fwd(f(out), f(q), f(k_cache), f(v_cache), T, P, H, Hkv, D, ctx),
+              cuda::attention_cached_fwd(h(out), h(q), h(k_cache), h(v_cache), T, P, H, Hkv, D, ctx));
 }
 void attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
                    const void* out, const void* saved, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,

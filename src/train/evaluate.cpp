@@ -39,7 +39,8 @@ std::vector<std::vector<int64_t>> read_json_ids(const std::string& path, int64_t
   return out;
 }
 
-// Every tensor of the tree (parameters, buffers, 4-bit data and statistics) onto `device`.
+}  // namespace
+
 void move_tree_to(Module& m, Device device) {
   for (const Module::Slot& cs : m.slots()) {
     Module::Slot& s = *m.slot(cs.name);
@@ -49,11 +50,10 @@ void move_tree_to(Module& m, Device device) {
   for (const auto& [name, child] : m.children()) move_tree_to(*child, device);
 }
 
-}  // namespace
-
-EvalResult evaluate_model(const EvalOptions& o) {
-  if (o.seq_len < 0) throw InputError("eval --seq-len " + std::to_string(o.seq_len) + ": expected a positive length");
-  const LlamaConfig cfg = LlamaConfig::load(o.model_dir);
+InferenceModel load_inference_model(const std::string& model_dir, const std::string& adapter_dir) {
+  InferenceModel im;
+  im.config = LlamaConfig::load(model_dir);
+  const LlamaConfig& cfg = im.config;
   LlamaTreeOptions to;
   to.dtype = DType::kF32;
   QuantizeOptions quant;
@@ -63,23 +63,40 @@ EvalResult evaluate_model(const EvalOptions& o) {
     quant.compress_statistics = q.value("bnb_4bit_use_double_quant", false);
     to.quant = quant;
   }
-  LlamaModelOptions mo;
-  PeftLoraConfig peft;
-  if (!o.adapter_dir.empty()) {
-    peft = read_peft_config(o.adapter_dir);
+  if (!adapter_dir.empty()) {
+    const PeftLoraConfig peft = read_peft_config(adapter_dir);
     to.lora.r = peft.r;
     to.lora.targets = peft.target_modules;
-    mo.lora_alpha = peft.lora_alpha;
-    mo.use_rslora = peft.use_rslora;
+    im.options.lora_alpha = peft.lora_alpha;
+    im.options.use_rslora = peft.use_rslora;
+    im.lora_r = peft.r;
   }
   // The tree holds 4-bit projections as stored, every other weight in f32 (on the host, then on
-  // the GPU when eval runs there).
+  // the GPU when the command runs there).
   const LlamaSize sz = llama_size(cfg);
-  const double tree_bytes = cfg.quantized ? sz.projection_params * 0.5 + sz.other_params * 4.0 : sz.total() * 4.0;
-  require_host_memory(tree_bytes, "eval of " + o.model_dir, llama_size_keys(cfg));
-  auto tree = build_llama_tree(cfg, to);
-  load_base_weights(*tree, o.model_dir, quant);
-  if (!o.adapter_dir.empty()) load_peft_adapter(*tree, o.adapter_dir);
+  im.tree_bytes = cfg.quantized ? sz.projection_params * 0.5 + sz.other_params * 4.0 : sz.total() * 4.0;
+  require_host_memory(im.tree_bytes, "loading " + model_dir, llama_size_keys(cfg));
+  im.tree = build_llama_tree(cfg, to);
+  load_base_weights(*im.tree, model_dir, quant);
+  if (!adapter_dir.empty()) load_peft_adapter(*im.tree, adapter_dir);
+  return im;
+}
+
+std::unique_ptr<DeviceContext> inference_context(DeviceChoice choice, const std::string& setting) {
+  const int gpu = cuda_available() ? 0 : -1;
+  std::unique_ptr<DeviceContext> ctx = make_device_context(choice, gpu, setting);
+  if (ctx->is_cuda() && !ops::has_backend(Backend::kCuda, "attention_fwd"))
+    throw InputError(setting + ": this build has no fused attention on CUDA (built without cuDNN); use --device cpu");
+  return ctx;
+}
+
+EvalResult evaluate_model(const EvalOptions& o) {
+  if (o.seq_len < 0) throw InputError("eval --seq-len " + std::to_string(o.seq_len) + ": expected a positive length");
+  InferenceModel im = load_inference_model(o.model_dir, o.adapter_dir);
+  const LlamaConfig& cfg = im.config;
+  LlamaModelOptions mo = im.options;
+  const double tree_bytes = im.tree_bytes;
+  auto& tree = im.tree;
 
   // Sequences and their aligned targets.
   std::vector<std::vector<int64_t>> seqs, targets;
@@ -115,11 +132,8 @@ EvalResult evaluate_model(const EvalOptions& o) {
                          std::to_string(seqs[0].size()) + " and " + std::to_string(s.size()));
 
   // `qshard eval` runs in one process: on the first GPU (bf16 activations) or the CPU reference.
-  const int gpu = cuda_available() ? 0 : -1;
-  std::unique_ptr<DeviceContext> ctx_ptr = make_device_context(o.device, gpu, "eval --device");
+  std::unique_ptr<DeviceContext> ctx_ptr = inference_context(o.device, "eval --device");
   DeviceContext& ctx = *ctx_ptr;
-  if (ctx.is_cuda() && !ops::has_backend(Backend::kCuda, "attention_fwd"))
-    throw InputError("eval --device: this build has no fused attention on CUDA (built without cuDNN); use --device cpu");
   if (ctx.is_cuda()) require_device_memory(tree_bytes, "eval of " + o.model_dir + " on the GPU", llama_size_keys(cfg));
   move_tree_to(*tree, ctx.compute_device());
   int64_t max_len = 0;
@@ -127,7 +141,7 @@ EvalResult evaluate_model(const EvalOptions& o) {
   mo.max_seq = max_len;
   {  // the step's buffers (the CPU keeps attention probabilities: B H T^2 floats)
     const double step = llama_step_bytes(cfg, mo, ctx.backend(), ctx.activation_dtype(), ctx.activation_dtype(),
-                                         o.adapter_dir.empty() ? 0 : peft.r).total();
+                                         im.lora_r).total();
     const std::string detail = "activations for sequences of " + std::to_string(max_len) + " tokens, " + llama_size_keys(cfg);
     if (ctx.is_cuda()) require_device_memory(step, "eval on the GPU", detail);
     else require_host_memory(step, "eval", detail);

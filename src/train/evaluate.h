@@ -11,9 +11,32 @@
 #include <cstdint>
 #include <string>
 
+#include <memory>
+
+#include "checkpoint/hf_config.h"
+#include "checkpoint/module_tree.h"
+#include "model/llama_model.h"
 #include "runtime/device_context.h"
 
 namespace qshard {
+
+// A model folder (f32/bf16/f16, or bitsandbytes 4-bit) with an optional PEFT adapter, loaded as
+// `qshard eval` and `qshard generate` run it: 4-bit projections as stored, every other weight f32,
+// on the host (move_tree_to puts it on the GPU). options: LoRA alpha / rsLoRA from the adapter.
+// Errors: InputError naming the folder, file or value; a host too small for the tree names its bytes.
+struct InferenceModel {
+  LlamaConfig config;
+  std::unique_ptr<Module> tree;
+  LlamaModelOptions options;
+  int64_t lora_r = 0;       // the adapter's rank (0: none)
+  double tree_bytes = 0;    // the tree's bytes (host, then device)
+};
+InferenceModel load_inference_model(const std::string& model_dir, const std::string& adapter_dir);
+// Every tensor of the tree (parameters, buffers, 4-bit data and statistics) onto `device`.
+void move_tree_to(Module& m, Device device);
+// The context of a one-process inference command: the first GPU or the CPU as `choice` says
+// (`setting` names the flag in errors); a CUDA build without fused attention refuses the GPU.
+std::unique_ptr<DeviceContext> inference_context(DeviceChoice choice, const std::string& setting);
 
 struct EvalOptions {
   std::string model_dir;

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
@@ -411,6 +412,50 @@ TEST(OpHarness, Attention) {
         for (float x : got) finite = finite && std::isfinite(x);
         EXPECT_TRUE(finite) << name << what << ": NaN or Inf";
         report(ctx, (name + what).c_str(), in.adversarial, got, want, t);
+      }
+    }
+  });
+}
+
+// Generation's cached attention: T queries at positions [P, P + T) over a cache of P + T keys,
+// against the oracle of the whole sequence's causal attention (its rows P..P+T-1); the prompt
+// (P = 0), one token after a long prefix, a few tokens after one; GQA 1 and 4, D 64 and 128.
+// CPU tol: attention's (same arithmetic), and the CPU twin must give attention_fwd's rows bit for
+// bit (the generate path's promise that a cached step is the full forward's).
+// CUDA tol (this project's kernel: scores, softmax and P.V in f32 from the bf16 inputs, one bf16
+// rounding of out): 4e-3 of the output scale.
+TEST(OpHarness, AttentionCached) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    struct Shape {
+      int64_t P, T, ratio, D;
+    };
+    for (const Shape& sh : {Shape{0, 5, 1, 64}, Shape{37, 1, 4, 64}, Shape{200, 3, 4, 128}, Shape{129, 1, 1, 128}}) {
+      const int64_t S = sh.P + sh.T, Hkv = 2, H = Hkv * sh.ratio, D = sh.D;
+      const float qk = in.adversarial ? 3.0f : 0.5f;
+      const std::vector<float> Qf = in.bounded(S * H * D, qk), Kf = in.bounded(S * Hkv * D, qk), Vf = in.vec(S * Hkv * D);
+      Tensor k = to_act(ctx, Kf), v = to_act(ctx, Vf);
+      const std::vector<float> Qnew(Qf.begin() + sh.P * H * D, Qf.end());
+      Tensor q = to_act(ctx, Qnew), out = to_act(ctx, std::vector<float>(Qnew.size(), 9.0f));
+      ops::attention_cached_fwd(out.raw(), q.raw(), k.raw(), v.raw(), sh.T, sh.P, H, Hkv, D, ctx);
+      // The oracle over the whole sequence, queries as the backend holds them.
+      std::vector<float> Qheld = Qf;
+      const std::vector<float> qb = back(ctx, q);
+      std::copy(qb.begin(), qb.end(), Qheld.begin() + sh.P * H * D);
+      const AttentionOracle o =
+          attention_oracle(Qheld, back(ctx, k), back(ctx, v), std::vector<float>(Qf.size(), 0.0f), 1, S, H, Hkv, D);
+      const std::vector<double> want(o.out.begin() + sh.P * H * D, o.out.end());
+      const std::vector<float> got = back(ctx, out);
+      const double t_cpu = std::max(1e-5, 4 * 6e-8 * o.max_score);
+      const std::string name = "attention_cached P" + std::to_string(sh.P) + " T" + std::to_string(sh.T) + " gqa " +
+                               std::to_string(sh.ratio) + " D" + std::to_string(D);
+      report(ctx, name.c_str(), in.adversarial, got, want, tol(ctx, t_cpu, 4e-3));
+      if (ctx.backend() == Backend::kCpu) {  // the same bits as attention_fwd's rows
+        Tensor qa = to_act(ctx, Qf), full = to_act(ctx, std::vector<float>(Qf.size()));
+        Tensor saved = Tensor::zeros({static_cast<int64_t>(attention_saved_bytes(ctx.backend(), 1, S, H, Hkv, D))},
+                                     DType::kU8, ctx.compute_device());
+        ops::attention_fwd(full.raw(), saved.raw(), qa.raw(), k.raw(), v.raw(), 1, S, H, Hkv, D, ctx);
+        const std::vector<float> f = back(ctx, full);
+        EXPECT_EQ(0, std::memcmp(got.data(), f.data() + sh.P * H * D, got.size() * 4)) << name << ": not attention_fwd's bits";
       }
     }
   });
