@@ -2,8 +2,9 @@
 """Tokenizes text / JSONL files with a local Hugging Face tokenizer into a qshard token file.
 
 The output is the token-file format of src/train/token_file.h (32-byte header "QSTOKENS",
-u32 version 1, u32 vocab_size, u64 num_tokens, u32 dtype 4 = uint32, u32 reserved 0, then
-little-endian uint32 tokens), the same that `qshard tokenize` writes with the byte tokenizer.
+u32 version 3, u32 vocab_size, u64 num_tokens, u32 dtype 4 = uint32, u32 reserved 0, then
+little-endian uint32 tokens, the first token of each document with bit 30 set), the same that
+`qshard tokenize` writes.
 Documents are split as the C++ tokenizer does (src/train/byte_tokenizer.h): text files are one
 document each (or paragraphs with --split blank-lines), JSONL lines give the string field
 --field (default "text"); by default --format auto picks jsonl for .jsonl/.json files. Each
@@ -23,6 +24,7 @@ import sys
 
 MAGIC = b"QSTOKENS"
 HEADER = struct.Struct("<8sIIQII")  # 32 bytes
+DOC_START = 1 << 30  # version 3: the first token of a document
 assert HEADER.size == 32
 
 
@@ -93,7 +95,7 @@ def main():
     count = docs = 0
     try:
         with open(tmp, "wb") as out:
-            out.write(HEADER.pack(MAGIC, 1, vocab, 0, 4, 0))
+            out.write(HEADER.pack(MAGIC, 3, vocab, 0, 4, 0))  # version 3: document starts flagged
             for path in args.inputs:
                 for doc in documents(path, args.format, args.field, args.split):
                     ids = tok.encode(doc, add_special_tokens=False)
@@ -101,6 +103,8 @@ def main():
                     bad = [i for i in ids if not 0 <= i < vocab]
                     if bad:
                         raise SystemExit(f"{path}: token id {bad[0]} outside [0, {vocab})")
+                    if ids:
+                        ids[0] |= DOC_START
                     out.write(struct.pack(f"<{len(ids)}I", *ids))
                     count += len(ids)
                     docs += 1

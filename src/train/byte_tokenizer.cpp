@@ -198,7 +198,8 @@ TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const Token
     throw InputError("--tokenizer " + options.tokenizer + ": this build has no native tokenizer (PCRE2 was not found; "
                      "run scripts/setup.sh and rebuild)");
 #endif
-  TokenFileWriter writer(out_path, vocab, /*loss_mask=*/alpaca);
+  // Version 3: each document's first token flagged (data.packing: padded keeps documents apart).
+  TokenFileWriter writer(out_path, vocab, /*loss_mask=*/true, /*doc_starts=*/true);
   for (const auto& path : inputs) {
     const std::string contents = read_whole_file(path);
     if (alpaca) {
@@ -209,6 +210,7 @@ TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const Token
         const size_t first_target = tokens.size();
         for (uint32_t id : encode(r.response)) tokens.push_back(id);
         if (eos) tokens.push_back(*eos);
+        if (!tokens.empty()) tokens[0] |= kTokenDocStart;
         stats.targets += static_cast<int64_t>(tokens.size() - first_target);
         writer.append(tokens);
         ++stats.documents;
@@ -223,6 +225,7 @@ TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const Token
       const std::vector<uint32_t> ids = encode(doc);
       tokens.insert(tokens.end(), ids.begin(), ids.end());
       if (eos) tokens.push_back(*eos);
+      if (!tokens.empty()) tokens[0] |= kTokenDocStart;
       stats.targets += static_cast<int64_t>(tokens.size());
       writer.append(tokens);
       ++stats.documents;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <tuple>
+
 #include "runtime/error.h"
 
 namespace qshard {
@@ -27,12 +29,38 @@ uint64_t bounded(uint64_t& s, uint64_t bound) {
 
 // ---- PackedDataset --------------------------------------------------------------------------
 
-PackedDataset::PackedDataset(const TokenFile& file, int max_seq_len, bool pad_last) {
+Packing parse_packing(const std::string& name) {
+  if (name == "packed") return Packing::kPacked;
+  if (name == "padded") return Packing::kPadded;
+  throw InputError(fmt::format("data.packing '{}': expected packed or padded", name));
+}
+
+PackedDataset::PackedDataset(const TokenFile& file, int max_seq_len, bool pad_last, Packing packing) {
   QS_CHECK(max_seq_len > 0, "max_seq_len must be > 0");
   tokens_ = file.tokens();
   loss_mask_ = file.loss_mask();
+  id_bits_ = file.id_bits();
   T_ = max_seq_len;
   const int64_t n = static_cast<int64_t>(tokens_.size());
+  if (packing == Packing::kPadded) {
+    if (!file.doc_starts())
+      throw InputError(fmt::format("{}: data.packing padded needs the document starts of a version 3 token file; this "
+                                   "one was written without them (re-tokenize it with qshard tokenize or "
+                                   "scripts/tokenize_hf.py)",
+                                   file.path()));
+    auto windows = std::make_shared<std::vector<std::pair<int64_t, int64_t>>>();
+    int64_t begin = 0;
+    for (int64_t i = 1; i <= n; ++i) {
+      if (i < n && !(tokens_[static_cast<size_t>(i)] & kTokenDocStart)) continue;
+      for (int64_t s = begin; i - s >= 2; s += T_) windows->push_back({s, i});  // document [begin, i)
+      begin = i;
+    }
+    count_ = total_ = static_cast<int64_t>(windows->size());
+    windows_ = std::move(windows);
+    if (count_ == 0)
+      throw InputError(fmt::format("{}: no document of 2 or more tokens (data.packing padded)", file.path()));
+    return;
+  }
   int64_t full = n >= 1 ? (n - 1) / T_ : 0;
   const int64_t tail = n - full * T_;  // tokens from the first unused sequence start
   if (pad_last && tail >= 2) ++full;
@@ -52,9 +80,10 @@ PackedDataset PackedDataset::range(int64_t first, int64_t count) const {
 
 void PackedDataset::get(int64_t i, int32_t* inputs, int32_t* targets) const {
   QS_CHECK(i >= 0 && i < count_, "sequence index out of range");
-  const int64_t start = (first_ + i) * T_;
-  const int64_t n = static_cast<int64_t>(tokens_.size());
-  const uint32_t id_bits = loss_mask_ ? ~kTokenNoLoss : ~0u;
+  int64_t start = (first_ + i) * T_;
+  int64_t n = static_cast<int64_t>(tokens_.size());
+  if (windows_) std::tie(start, n) = (*windows_)[static_cast<size_t>(first_ + i)];  // the document ends at n
+  const uint32_t id_bits = id_bits_;
   for (int j = 0; j < T_; ++j) {
     const int64_t a = start + j, b = start + j + 1;
     inputs[j] = a < n ? static_cast<int32_t>(tokens_[a] & id_bits) : 0;

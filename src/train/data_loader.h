@@ -8,6 +8,12 @@
 // training batches have no padding. With pad_last = true the tail (if it has >= 2 tokens)
 // becomes one more sequence whose missing positions have input 0 and target kIgnoreIndex (-100,
 // the loss skips them); eval uses this so that small eval files still count.
+// Padded (Packing::kPadded; data.packing: padded): no sequence holds more than one document, so no
+// token attends across a document boundary. Documents are found by the kTokenDocStart bit of a
+// version 3 token file (train/token_file.h; an older file is an InputError naming it). A document
+// of n >= 2 tokens gives ceil((n - 1) / T) sequences: sequence k of it is tokens [k*T, k*T + T + 1)
+// of the document, the positions past its end input 0 and target kIgnoreIndex (the causal mask
+// keeps the padding from touching the real positions). Documents of one token are skipped.
 // A dataset may be a contiguous range of sequences of a larger one (`range`), which is how the
 // eval split is held out: split_eval(all, f) keeps the last max(1, floor(n * f)) sequences for
 // eval (when f > 0 and n >= 2) and the rest for training, the same on every rank and world size.
@@ -33,6 +39,8 @@
 #include "model/llama_ops.h"
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <span>
 #include <utility>
 #include <vector>
@@ -45,10 +53,15 @@ namespace qshard {
 
 // kIgnoreIndex (-100, the target of padded positions) comes from model/llama_ops.h.
 
+enum class Packing : uint8_t { kPacked, kPadded };
+// "packed" | "padded"; anything else throws InputError naming the value.
+Packing parse_packing(const std::string& name);
+
 class PackedDataset {
  public:
   // REQUIRES: max_seq_len > 0. Throws InputError naming the file if it holds no sequence.
-  PackedDataset(const TokenFile& file, int max_seq_len, bool pad_last = false);
+  // pad_last: packed mode only.
+  PackedDataset(const TokenFile& file, int max_seq_len, bool pad_last = false, Packing packing = Packing::kPacked);
 
   int64_t num_sequences() const { return count_; }
   int max_seq_len() const { return T_; }
@@ -66,6 +79,9 @@ class PackedDataset {
   int64_t count_ = 0;
   int64_t total_ = 0;  // sequences of the whole stream (incl. a padded tail)
   bool loss_mask_ = false;  // version 2 file: kTokenNoLoss tokens are never targets
+  uint32_t id_bits_ = ~0u;
+  // Padded: per sequence of the whole stream, its first token and its document's end.
+  std::shared_ptr<const std::vector<std::pair<int64_t, int64_t>>> windows_;
 };
 
 // {train, eval}: eval = the last max(1, floor(n * eval_fraction)) sequences. REQUIRES:

@@ -72,10 +72,11 @@ TokenFile TokenFile::open(const std::string& path) {
   if (std::memcmp(h, kTokenFileMagic, 8) != 0)
     throw InputError(fmt::format("{}: bad magic: not a token file (expected the bytes \"QSTOKENS\" at offset 0)", path));
   const auto version = read_le<uint32_t>(h + 8);
-  if (version != kTokenFileVersion && version != kTokenFileVersionMasked)
-    throw InputError(fmt::format("{}: unsupported token file version {} (expected {} or {})", path, version,
-                                 kTokenFileVersion, kTokenFileVersionMasked));
-  t.loss_mask_ = version == kTokenFileVersionMasked;
+  if (version != kTokenFileVersion && version != kTokenFileVersionMasked && version != kTokenFileVersionDocs)
+    throw InputError(fmt::format("{}: unsupported token file version {} (expected {}, {} or {})", path, version,
+                                 kTokenFileVersion, kTokenFileVersionMasked, kTokenFileVersionDocs));
+  t.loss_mask_ = version >= kTokenFileVersionMasked;
+  t.doc_starts_ = version == kTokenFileVersionDocs;
   t.vocab_size_ = read_le<uint32_t>(h + 12);
   const auto n = read_le<uint64_t>(h + 16);
   const auto dtype = read_le<uint32_t>(h + 24);
@@ -102,7 +103,8 @@ TokenFile::TokenFile(TokenFile&& o) noexcept
       tokens_(std::exchange(o.tokens_, nullptr)),
       num_tokens_(std::exchange(o.num_tokens_, 0)),
       vocab_size_(o.vocab_size_),
-      loss_mask_(o.loss_mask_) {}
+      loss_mask_(o.loss_mask_),
+      doc_starts_(o.doc_starts_) {}
 
 TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
   if (this != &o) {
@@ -114,6 +116,7 @@ TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
     num_tokens_ = std::exchange(o.num_tokens_, 0);
     vocab_size_ = o.vocab_size_;
     loss_mask_ = o.loss_mask_;
+    doc_starts_ = o.doc_starts_;
   }
   return *this;
 }
@@ -127,30 +130,32 @@ void TokenFile::unmap() {
 
 void TokenFile::validate(uint32_t max_vocab) const {
   const uint32_t limit = std::min(vocab_size_, max_vocab);
-  const uint32_t id_bits = loss_mask_ ? ~kTokenNoLoss : ~0u;
+  const uint32_t ids = id_bits();
   for (size_t i = 0; i < num_tokens_; ++i) {
-    if ((tokens_[i] & id_bits) >= limit) {
+    if ((tokens_[i] & ids) >= limit) {
       const std::string why = limit == vocab_size_
                                   ? fmt::format("the file's vocab_size {}", vocab_size_)
                                   : fmt::format("the model's vocab size {} (the file says {})", max_vocab, vocab_size_);
-      throw InputError(fmt::format("{}: token {} at index {} is >= {}", path_, tokens_[i] & id_bits, i, why));
+      throw InputError(fmt::format("{}: token {} at index {} is >= {}", path_, tokens_[i] & ids, i, why));
     }
   }
 }
 
 // ---- writer ---------------------------------------------------------------------------------
 
-TokenFileWriter::TokenFileWriter(std::string path, uint32_t vocab_size, bool loss_mask)
+TokenFileWriter::TokenFileWriter(std::string path, uint32_t vocab_size, bool loss_mask, bool doc_starts)
     : path_(std::move(path)), temp_path_(path_ + ".tmp." + std::to_string(static_cast<long>(::getpid()))),
-      vocab_size_(vocab_size), loss_mask_(loss_mask) {
+      vocab_size_(vocab_size), loss_mask_(loss_mask || doc_starts), doc_starts_(doc_starts) {
   if (loss_mask_ && vocab_size_ > kTokenNoLoss)
     throw InputError(fmt::format("{}: vocab_size {} does not leave bit 31 for the loss mask", path_, vocab_size_));
+  if (doc_starts_ && vocab_size_ > kTokenDocStart)
+    throw InputError(fmt::format("{}: vocab_size {} does not leave bit 30 for document starts", path_, vocab_size_));
   if (vocab_size_ == 0) throw InputError(fmt::format("{}: vocab_size must be > 0", path_));
   f_ = std::fopen(temp_path_.c_str(), "wb");
   if (f_ == nullptr) io_error(path_, fmt::format("creating \"{}\"", temp_path_), errno);
   uint8_t header[kTokenFileHeaderBytes] = {};  // count written by finish()
   std::memcpy(header, kTokenFileMagic, 8);
-  std::memcpy(header + 8, loss_mask_ ? &kTokenFileVersionMasked : &kTokenFileVersion, 4);
+  std::memcpy(header + 8, doc_starts_ ? &kTokenFileVersionDocs : loss_mask_ ? &kTokenFileVersionMasked : &kTokenFileVersion, 4);
   std::memcpy(header + 12, &vocab_size_, 4);
   std::memcpy(header + 24, &kTokenDtypeU32, 4);
   if (std::fwrite(header, 1, sizeof(header), f_) != sizeof(header)) io_error(path_, "writing the header", errno);
@@ -165,7 +170,7 @@ TokenFileWriter::~TokenFileWriter() {
 
 void TokenFileWriter::append(std::span<const uint32_t> tokens) {
   QS_CHECK(f_ != nullptr, "TokenFileWriter::append after finish");
-  const uint32_t id_bits = loss_mask_ ? ~kTokenNoLoss : ~0u;
+  const uint32_t id_bits = ~((loss_mask_ ? kTokenNoLoss : 0u) | (doc_starts_ ? kTokenDocStart : 0u));
   for (size_t i = 0; i < tokens.size(); ++i)
     if ((tokens[i] & id_bits) >= vocab_size_)
       throw InputError(fmt::format("{}: token {} (at index {}) is >= vocab_size {}", path_, tokens[i] & id_bits,

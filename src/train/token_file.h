@@ -13,6 +13,9 @@
 // Version 2 (a loss mask; `qshard tokenize --format alpaca` writes it): the same layout, and bit 31
 // of a token (kTokenNoLoss) marks it as context only: it is read as an input but is never a
 // target (no loss on predicting it: BOS and the prompt of instruction data). Ids stay < 2^31.
+// Version 3 (`qshard tokenize` writes it): version 2's mask, and bit 30 of a token (kTokenDocStart)
+// marks the first token of a document, so a reader can keep documents apart (data.packing:
+// padded). Ids stay < 2^30.
 // Version 1 files read as before: every token a target.
 //
 // Reader (TokenFile): open() maps the file read-only and checks the header and the size; every
@@ -40,7 +43,9 @@ namespace qshard {
 constexpr char kTokenFileMagic[8] = {'Q', 'S', 'T', 'O', 'K', 'E', 'N', 'S'};
 constexpr uint32_t kTokenFileVersion = 1;
 constexpr uint32_t kTokenFileVersionMasked = 2;
+constexpr uint32_t kTokenFileVersionDocs = 3;
 constexpr uint32_t kTokenNoLoss = 0x80000000u;  // version 2: this token is never a target
+constexpr uint32_t kTokenDocStart = 0x40000000u;  // version 3: this token begins a document
 constexpr uint32_t kTokenDtypeU32 = 4;
 constexpr size_t kTokenFileHeaderBytes = 32;
 
@@ -60,8 +65,12 @@ class TokenFile {
   int64_t size() const { return static_cast<int64_t>(num_tokens_); }
   std::span<const uint32_t> tokens() const { return {tokens_, num_tokens_}; }
   uint32_t operator[](int64_t i) const { return tokens_[i]; }
-  // Version 2: tokens carry the kTokenNoLoss bit.
+  // Version 2 and 3: tokens carry the kTokenNoLoss bit.
   bool loss_mask() const { return loss_mask_; }
+  // Version 3: tokens carry the kTokenDocStart bit.
+  bool doc_starts() const { return doc_starts_; }
+  // The bits of a token that are its id.
+  uint32_t id_bits() const { return ~((loss_mask_ ? kTokenNoLoss : 0u) | (doc_starts_ ? kTokenDocStart : 0u)); }
 
   // Scans every token; throws InputError "<path>: token 1234 at index 56 is >= <limit> (...)"
   // for the first id >= min(vocab_size(), max_vocab).
@@ -78,13 +87,15 @@ class TokenFile {
   size_t num_tokens_ = 0;
   uint32_t vocab_size_ = 0;
   bool loss_mask_ = false;
+  bool doc_starts_ = false;
 };
 
 class TokenFileWriter {
  public:
   // Creates "<path>.tmp.<pid>" (the parent directory must exist). REQUIRES: vocab_size > 0.
   // loss_mask: a version 2 file; append() then takes ids with the kTokenNoLoss bit.
-  TokenFileWriter(std::string path, uint32_t vocab_size, bool loss_mask = false);
+  // doc_starts: a version 3 file; append() takes ids with the kTokenNoLoss and kTokenDocStart bits.
+  TokenFileWriter(std::string path, uint32_t vocab_size, bool loss_mask = false, bool doc_starts = false);
   ~TokenFileWriter();
   TokenFileWriter(const TokenFileWriter&) = delete;
   TokenFileWriter& operator=(const TokenFileWriter&) = delete;
@@ -98,6 +109,7 @@ class TokenFileWriter {
   std::string path_, temp_path_;
   uint32_t vocab_size_;
   bool loss_mask_ = false;
+  bool doc_starts_ = false;
   std::FILE* f_ = nullptr;
   uint64_t count_ = 0;
 };

@@ -162,6 +162,7 @@ const std::vector<Field>& fields() {
       QS_FIELD("data.eval", data.eval),
       QS_FIELD("data.eval_fraction", data.eval_fraction),
       QS_FIELD("data.max_seq_len", data.max_seq_len),
+      QS_FIELD("data.packing", data.packing),
       QS_FIELD("data.seed", data.seed),
       QS_FIELD("batch.global_batch_size", batch.global_batch_size),
       QS_FIELD("batch.micro_batch_size", batch.micro_batch_size),
@@ -427,6 +428,7 @@ void TrainConfig::validate(int world_size) const {
   // data
   ck.require(!data.train.empty(), "data.train", "''", "a token file path");
   ck.require(data.max_seq_len > 0, "data.max_seq_len", data.max_seq_len, "> 0");
+  ck.require(data.packing == "packed" || data.packing == "padded", "data.packing", data.packing, "packed or padded");
   ck.require(data.eval_fraction >= 0 && data.eval_fraction < 1, "data.eval_fraction", data.eval_fraction, "in [0, 1)");
   ck.require(data.eval.empty() || data.eval_fraction == 0, "data.eval_fraction", data.eval_fraction,
              fmt::format("0 when data.eval is set ('{}'): use one or the other", data.eval));

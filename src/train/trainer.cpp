@@ -185,14 +185,15 @@ TrainSummary train(const TrainConfig& config, Runtime& rt, const TrainCallbacks*
   if (config.data.train.empty()) throw InputError(config.source + ": data.train (a token file) is required");
   const TokenFile train_file = TokenFile::open(config.data.train);
   train_file.validate(static_cast<uint32_t>(mc.vocab_size));
-  PackedDataset all(train_file, T);
+  const Packing packing = parse_packing(config.data.packing);
+  PackedDataset all(train_file, T, /*pad_last=*/false, packing);
   PackedDataset train_data = all;
   std::optional<PackedDataset> eval_data;
   std::optional<TokenFile> eval_file;
   if (!config.data.eval.empty()) {
     eval_file = TokenFile::open(config.data.eval);
     eval_file->validate(static_cast<uint32_t>(mc.vocab_size));
-    eval_data = PackedDataset(*eval_file, T);
+    eval_data = PackedDataset(*eval_file, T, /*pad_last=*/false, packing);
   } else if (config.data.eval_fraction > 0) {
     auto [tr, ev] = split_eval(all, config.data.eval_fraction);
     train_data = tr;

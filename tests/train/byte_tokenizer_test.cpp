@@ -40,7 +40,8 @@ TEST(ByteTokenizer, TextOneDocumentPerFileByDefault) {
   EXPECT_EQ(stats.bytes, 8);
   EXPECT_EQ(stats.tokens, 12);
   EXPECT_EQ(read_all(dir.file("o.tok")),
-            (std::vector<uint32_t>{256, 'a', 'b', '\n', '\n', 'c', 'd', '\n', 257, 256, 'z', 257}));
+            (std::vector<uint32_t>{256 | kTokenDocStart, 'a', 'b', '\n', '\n', 'c', 'd', '\n', 257, 256 | kTokenDocStart,
+                                   'z', 257}));  // version 3: each document's first token flagged
   EXPECT_EQ(TokenFile::open(dir.file("o.tok")).vocab_size(), kByteVocabSize);
 }
 
@@ -56,7 +57,7 @@ TEST(ByteTokenizer, JsonlFieldAndErrors) {
   write_bytes(dir.file("d.jsonl"), "{\"text\": \"hi\", \"id\": 1}\n\n{\"text\": \"\"}\n{\"text\": \"\\u00e9\"}\n");
   const auto stats = tokenize_files({dir.file("d.jsonl")}, {}, dir.file("o.tok"));  // auto: by extension
   EXPECT_EQ(stats.documents, 2);
-  EXPECT_EQ(read_all(dir.file("o.tok")), (std::vector<uint32_t>{256, 'h', 'i', 257, 256, 0xC3, 0xA9, 257}));
+  EXPECT_EQ(read_all(dir.file("o.tok")), (std::vector<uint32_t>{256 | kTokenDocStart, 'h', 'i', 257, 256 | kTokenDocStart, 0xC3, 0xA9, 257}));
 
   TokenizeOptions o;
   o.format = InputFormat::kJsonl;
@@ -128,7 +129,7 @@ using testing_util::TempDir;
 using testing_util::write_bytes;
 
 // Instruction data (--format alpaca): BOS + the Alpaca prompt (context only) + the output + EOS
-// (targets) per record; the file is version 2; counted by hand: the targets are the outputs'
+// (targets) per record; the file is version 3 (mask and document starts); counted by hand: the targets are the outputs'
 // bytes plus one EOS per record, and exactly those reach the data loader as targets.
 TEST(ByteTokenizer, AlpacaRecordsTrainOnTheResponseOnly) {
   TempDir dir;
@@ -153,7 +154,8 @@ TEST(ByteTokenizer, AlpacaRecordsTrainOnTheResponseOnly) {
   int64_t masked = 0;
   for (uint32_t t : f.tokens()) masked += (t & kTokenNoLoss) != 0;
   EXPECT_EQ(masked, st.tokens - st.targets);
-  EXPECT_EQ(f[0], kByteBos | kTokenNoLoss);
+  EXPECT_TRUE(f.doc_starts());
+  EXPECT_EQ(f[0], kByteBos | kTokenNoLoss | kTokenDocStart);
   EXPECT_EQ(f[static_cast<int64_t>(1 + p1.size())], uint32_t{'h'});  // the first target
   // The data loader: one sequence over the whole stream; its non-ignored targets are exactly the
   // response tokens, inputs carry no mask bit.

@@ -45,6 +45,68 @@ TEST(PackedDataset, PadLastUsesIgnoreIndex) {
   EXPECT_EQ(tg, (std::vector<int32_t>{33, 34, -100, -100, -100, -100, -100, -100}));
 }
 
+// Padded: documents A (3 tokens), B (1 token: skipped), C (12 tokens) of a version 3 file, T = 4.
+// Every sequence holds one document: A padded; C in 3 windows (k*4 .. k*4 + 5), the last padded;
+// the loss mask is honoured; no target is ever a token of another document.
+TEST(PackedDataset, PaddedKeepsDocumentsApart) {
+  TempDir dir;
+  std::vector<uint32_t> t;
+  auto doc = [&](uint32_t first, int n, bool masked_head) {
+    for (int i = 0; i < n; ++i) {
+      uint32_t id = first + static_cast<uint32_t>(i);
+      if (i == 0) id |= kTokenDocStart;
+      if (masked_head && i < 2) id |= kTokenNoLoss;
+      t.push_back(id);
+    }
+  };
+  doc(10, 3, false);  // A: 10 11 12
+  doc(20, 1, false);  // B: 20
+  doc(30, 12, true);  // C: 30 .. 41, its first two tokens context only
+  {
+    TokenFileWriter w(dir.file("d.tok"), 64, /*loss_mask=*/true, /*doc_starts=*/true);
+    w.append(t);
+    w.finish();
+  }
+  const TokenFile f = TokenFile::open(dir.file("d.tok"));
+  EXPECT_TRUE(f.doc_starts());
+  EXPECT_NO_THROW(f.validate(64));
+  const PackedDataset d(f, 4, false, Packing::kPadded);
+  ASSERT_EQ(d.num_sequences(), 4);
+  std::vector<int32_t> in(4), tg(4);
+  const int32_t X = static_cast<int32_t>(kIgnoreIndex);
+  d.get(0, in.data(), tg.data());
+  EXPECT_EQ(in, (std::vector<int32_t>{10, 11, 12, 0}));
+  EXPECT_EQ(tg, (std::vector<int32_t>{11, 12, X, X}));
+  d.get(1, in.data(), tg.data());
+  EXPECT_EQ(in, (std::vector<int32_t>{30, 31, 32, 33}));
+  EXPECT_EQ(tg, (std::vector<int32_t>{X, 32, 33, 34}));  // 31 is context only
+  d.get(3, in.data(), tg.data());
+  EXPECT_EQ(in, (std::vector<int32_t>{38, 39, 40, 41}));
+  EXPECT_EQ(tg, (std::vector<int32_t>{39, 40, 41, X}));
+  // The same file packed: A's last target is B's token (documents share sequences).
+  const PackedDataset p(f, 4);
+  p.get(0, in.data(), tg.data());
+  EXPECT_EQ(tg, (std::vector<int32_t>{11, 12, 20, X}));
+  // Ranges and the eval split work on padded sequences too.
+  const auto [train, eval] = split_eval(d, 0.25);
+  EXPECT_EQ(train.num_sequences(), 3);
+  eval.get(0, in.data(), tg.data());
+  EXPECT_EQ(in[0], 38);
+}
+
+TEST(PackedDataset, PaddedNeedsDocumentStarts) {
+  TempDir dir;
+  const TokenFile f = TokenFile::open(iota_file(dir, 35));
+  try {
+    PackedDataset d(f, 8, false, Packing::kPadded);
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(f.path()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("version 3"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_packing("sorted"), InputError);
+}
+
 TEST(PackedDataset, TooFewTokensNamesTheFile) {
   TempDir dir;
   const TokenFile f = TokenFile::open(iota_file(dir, 8));
