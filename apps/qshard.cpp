@@ -123,7 +123,7 @@ int run(int argc, char** argv) {
   tokenize->add_option("INPUTS", tok_in, "text or jsonl files")->required();
   tokenize->add_option("--out", tok_out, "output token file")->required();
   tokenize->add_option("--format", tok_format,
-                       "auto | text | jsonl | alpaca (instruction/input/output records: loss on the responses only)");
+                       "auto | text | jsonl | alpaca (instruction/input/output records) | chat (messages records, rendered by --tokenizer's chat template): loss on the responses only");
   tokenize->add_option("--field", tok_field, "jsonl field holding the text");
   tokenize->add_option("--split", tok_split, "text documents: file (one per file) | blank-lines");
   std::string tok_tokenizer;
@@ -269,6 +269,7 @@ int run(int argc, char** argv) {
       std::fflush(stdout);
     });
     std::printf("\n");
+    std::fflush(stdout);  // the text before the statistics (stderr) when both go to one file
     const double n = static_cast<double>(r.ids.size());
     std::fprintf(stderr, "generate (%s): %zu prompt tokens in %.3f s (%.1f tokens/s), %zu new tokens in %.3f s (%.1f tokens/s)%s\n",
                  r.device.c_str(), r.prompt_ids.size(), r.prefill_seconds,

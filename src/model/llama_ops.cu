@@ -265,25 +265,28 @@ constexpr int kCachedAttnMaxPer = 8;  // D / 32 <= 8: D <= 256
 __global__ void attention_cached_fwd_kernel(bf16* out, const bf16* q, const bf16* kc, const bf16* vc, int64_t T,
                                             int64_t P, int H, int Hkv, int D, float scale) {
   const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int hk = h / (H / Hkv), per = D / 32;
+  const int hk = h / (H / Hkv), per = (D + 31) / 32;  // lane's elements: d = lane + 32 j < D
   const int64_t keys = P + t + 1;
   float qv[kCachedAttnMaxPer], acc[kCachedAttnMaxPer];
   const bf16* qt = q + (static_cast<int64_t>(t) * H + h) * D;
   for (int j = 0; j < per; ++j) {
-    qv[j] = __bfloat162float(qt[lane + 32 * j]);
+    const int d = lane + 32 * j;
+    qv[j] = d < D ? __bfloat162float(qt[d]) : 0.0f;
     acc[j] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
   for (int64_t u = warp; u < keys; u += kCachedAttnWarps) {
     const bf16* ku = kc + (u * Hkv + hk) * D;
     float dot = 0.0f;
-    for (int j = 0; j < per; ++j) dot += qv[j] * __bfloat162float(ku[lane + 32 * j]);
+    for (int j = 0; j < per; ++j)
+      if (lane + 32 * j < D) dot += qv[j] * __bfloat162float(ku[lane + 32 * j]);
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     const float s = dot * scale, m_new = fmaxf(m, s);
     const float corr = expf(m - m_new), p = expf(s - m_new);
     l = l * corr + p;
     const bf16* vu = vc + (u * Hkv + hk) * D;
-    for (int j = 0; j < per; ++j) acc[j] = acc[j] * corr + p * __bfloat162float(vu[lane + 32 * j]);
+    for (int j = 0; j < per; ++j)
+      if (lane + 32 * j < D) acc[j] = acc[j] * corr + p * __bfloat162float(vu[lane + 32 * j]);
     m = m_new;
   }
   __shared__ float sm[kCachedAttnWarps], sl[kCachedAttnWarps], sacc[kCachedAttnWarps][256];
@@ -291,7 +294,8 @@ __global__ void attention_cached_fwd_kernel(bf16* out, const bf16* q, const bf16
     sm[warp] = m;
     sl[warp] = l;
   }
-  for (int j = 0; j < per; ++j) sacc[warp][lane + 32 * j] = acc[j];
+  for (int j = 0; j < per; ++j)
+    if (lane + 32 * j < D) sacc[warp][lane + 32 * j] = acc[j];
   __syncthreads();
   if (warp != 0) return;
   float M = -INFINITY;
@@ -302,7 +306,7 @@ __global__ void attention_cached_fwd_kernel(bf16* out, const bf16* q, const bf16
     L += sl[w] * f[w];
   }
   bf16* ot = out + (static_cast<int64_t>(t) * H + h) * D;
-  for (int j = 0; j < per; ++j) {
+  for (int j = 0; j < per && lane + 32 * j < D; ++j) {
     float o = 0.0f;
     for (int w = 0; w < kCachedAttnWarps; ++w) o += sacc[w][lane + 32 * j] * f[w];
     ot[lane + 32 * j] = __float2bfloat16_rn(o / L);
@@ -610,7 +614,7 @@ void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64
 void attention_cached_fwd(uint16_t* out, const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                           int64_t T, int64_t P, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx) {
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
-  QS_CHECK(D % 32 == 0 && D <= 32 * kCachedAttnMaxPer, "attention_cached_fwd: head_dim must be a multiple of 32, at most 256");
+  QS_CHECK(D >= 1 && D <= 32 * kCachedAttnMaxPer, "attention_cached_fwd: head_dim must be at most 256");
   QS_CHECK(T <= 65535 && H <= 65535, "attention_cached_fwd: too many queries or heads for one launch");
   if (T == 0) return;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));

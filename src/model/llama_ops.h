@@ -229,7 +229,7 @@ void rope_fwd(uint16_t* x, const float* cos, const float* sin, int64_t B, int64_
 void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
               DeviceContext& ctx);
 // One block per (query, head), one warp per stripe of keys with an online softmax, the warps'
-// partial sums merged in shared memory (f32 throughout). REQUIRES: D <= 256, D % 32 == 0.
+// partial sums merged in shared memory (f32 throughout). REQUIRES: D <= 256.
 void attention_cached_fwd(uint16_t* out, const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                           int64_t T, int64_t P, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx);
 void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx);

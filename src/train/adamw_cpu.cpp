@@ -1,4 +1,7 @@
+#include <algorithm>
 #include <cmath>
+#include <thread>
+#include <vector>
 
 #include "runtime/error.h"
 #include "train/adamw.h"
@@ -20,17 +23,31 @@ void cpu::adamw_step(float* p, const float* g, float* m, float* v, int64_t n, co
   const float eps = static_cast<float>(a.eps);
   const float scale = grad_scale_ptr ? *grad_scale_ptr : static_cast<float>(a.grad_scale);
   const bool scaled = grad_scale_ptr ? scale != 1.0f : a.grad_scale != 1.0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = scaled ? g[i] * scale : g[i];
-    float pi = p[i] * decay;
-    const float mi = m[i] + one_minus_b1 * (gi - m[i]);
-    const float vi = v[i] * b2 + one_minus_b2 * gi * gi;
-    const float denom = std::sqrt(vi) / bc2_sqrt + eps;
-    pi = pi + (neg_step_size * mi) / denom;  // torch addcdiv_: self + (value * t1) / t2
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
-  }
+  auto run = [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float gi = scaled ? g[i] * scale : g[i];
+      float pi = p[i] * decay;
+      const float mi = m[i] + one_minus_b1 * (gi - m[i]);
+      const float vi = v[i] * b2 + one_minus_b2 * gi * gi;
+      const float denom = std::sqrt(vi) / bc2_sqrt + eps;
+      pi = pi + (neg_step_size * mi) / denom;  // torch addcdiv_: self + (value * t1) / t2
+      p[i] = pi;
+      m[i] = mi;
+      v[i] = vi;
+    }
+  };
+  // Element-wise, so threads over contiguous slices give the same bits as one loop. The host
+  // step of offload.optimizer is memory-bound (~20 bytes per element): one core takes ~0.2 s for
+  // an 8B model's r16 LoRA shards, the machine's cores a fraction of it.
+  constexpr int64_t kPerThread = int64_t{1} << 18;
+  const int64_t threads = std::min<int64_t>({static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency())),
+                                             16, n / kPerThread});
+  if (threads <= 1) return run(0, n);
+  std::vector<std::thread> pool;
+  const int64_t per = (n + threads - 1) / threads;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(run, t * per, std::min(n, (t + 1) * per));
+  run(0, std::min(n, per));
+  for (auto& th : pool) th.join();
 }
 
 double sum_squares(const float* x, int64_t n) {

@@ -1,4 +1,5 @@
 #include "train/byte_tokenizer.h"
+#include "train/chat_template.h"
 
 #include <optional>
 #if QSHARD_WITH_TOKENIZER
@@ -43,7 +44,8 @@ InputFormat parse_input_format(std::string_view name) {
   if (name == "text") return InputFormat::kText;
   if (name == "jsonl") return InputFormat::kJsonl;
   if (name == "alpaca") return InputFormat::kAlpaca;
-  throw InputError(fmt::format("unknown input format '{}' (expected auto, text, jsonl or alpaca)", name));
+  if (name == "chat") return InputFormat::kChat;
+  throw InputError(fmt::format("unknown input format '{}' (expected auto, text, jsonl, alpaca or chat)", name));
 }
 
 std::string alpaca_prompt(std::string_view instruction, std::string_view input) {
@@ -63,8 +65,9 @@ struct Instruction {
   std::string prompt, response;
 };
 
-std::vector<Instruction> read_alpaca(std::string_view contents, const std::string& label) {
-  std::vector<Instruction> out;
+// Calls fn(record, "file:line") for each JSON object of a JSONL text (blank lines skipped).
+template <class Fn>
+void for_each_record(std::string_view contents, const std::string& label, Fn&& fn) {
   size_t pos = 0;
   int64_t line_no = 0;
   while (pos < contents.size()) {
@@ -75,8 +78,15 @@ std::vector<Instruction> read_alpaca(std::string_view contents, const std::strin
     ++line_no;
     if (is_blank(line)) continue;
     const std::string where = fmt::format("{}:{}", label, line_no);
-    const nlohmann::json j = parse_json_input(line, where);
+    nlohmann::ordered_json j = parse_json_input(line, where);
     if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object per line, got {}", where, j.type_name()));
+    fn(j, where);
+  }
+}
+
+std::vector<Instruction> read_alpaca(std::string_view contents, const std::string& label) {
+  std::vector<Instruction> out;
+  for_each_record(contents, label, [&](const nlohmann::ordered_json& j, const std::string& where) {
     auto field = [&](const char* key, bool required) -> std::string {
       const auto it = j.find(key);
       if (it == j.end()) {
@@ -91,7 +101,35 @@ std::vector<Instruction> read_alpaca(std::string_view contents, const std::strin
     r.response = field("output", true);
     if (r.response.empty()) throw InputError(fmt::format("{}: field \"output\" is empty: nothing to train on", where));
     out.push_back(std::move(r));
-  }
+  });
+  return out;
+}
+
+// A chat record: {"messages": [{"role": "...", "content": "..."}, ...]} with at least one
+// assistant message; each message an object with string role and content (other keys kept).
+struct ChatRecord {
+  nlohmann::ordered_json messages;
+  std::string where;
+};
+
+std::vector<ChatRecord> read_chat(std::string_view contents, const std::string& label) {
+  std::vector<ChatRecord> out;
+  for_each_record(contents, label, [&](nlohmann::ordered_json& j, const std::string& where) {
+    const auto it = j.find("messages");
+    if (it == j.end() || !it->is_array() || it->empty())
+      throw InputError(fmt::format("{}: expected a field \"messages\" holding a non-empty list of messages", where));
+    bool assistant = false;
+    for (size_t i = 0; i < it->size(); ++i) {
+      const auto& m = (*it)[i];
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+        throw InputError(fmt::format("{}: message {} has no string \"role\"", where, i));
+      if (!m.contains("content") || !(m["content"].is_string() || m["content"].is_null()))
+        throw InputError(fmt::format("{}: message {} ({}) has no string \"content\"", where, i, m["role"].get<std::string>()));
+      assistant = assistant || m["role"] == "assistant";
+    }
+    if (!assistant) throw InputError(fmt::format("{}: no assistant message: nothing to train on", where));
+    out.push_back({std::move(*it), where});
+  });
   return out;
 }
 
@@ -177,6 +215,9 @@ TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const Token
   }
   TokenizeStats stats;
   const bool alpaca = options.format == InputFormat::kAlpaca;
+  const bool chat = options.format == InputFormat::kChat;
+  if (chat && options.tokenizer.empty())
+    throw InputError("--format chat needs --tokenizer: a model folder with tokenizer.json and a chat template");
   // The tokenizer: ids of a text (no BOS/EOS) and the BOS / EOS ids, byte-level or the model's.
   std::function<std::vector<uint32_t>(std::string_view)> encode = [](std::string_view text) {
     return std::vector<uint32_t>(reinterpret_cast<const uint8_t*>(text.data()),
@@ -200,8 +241,47 @@ TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const Token
 #endif
   // Version 3: each document's first token flagged (data.packing: padded keeps documents apart).
   TokenFileWriter writer(out_path, vocab, /*loss_mask=*/true, /*doc_starts=*/true);
+  std::optional<ChatTemplate> chat_template;
+  if (chat) chat_template = ChatTemplate::from_model_dir(options.tokenizer);
   for (const auto& path : inputs) {
     const std::string contents = read_whole_file(path);
+    if (chat) {
+      // The conversation as the template renders it; the assistant messages' spans are the
+      // targets, the rest context. Each piece is encoded on its own (no special tokens added: the
+      // template writes them), as generation sees it: the prompt encoded, the reply generated.
+      for (const ChatRecord& r : read_chat(contents, path)) {
+        ChatRender cr;
+        try {
+          cr = render_with_spans(*chat_template, r.messages);
+        } catch (const InputError& e) {
+          throw InputError(fmt::format("{}: {}", r.where, e.what()));
+        }
+        std::vector<uint32_t> tokens;
+        size_t at = 0;
+        int64_t targets = 0;
+        auto piece = [&](size_t end, bool target) {
+          if (end <= at) return;
+          for (uint32_t id : encode(std::string_view(cr.text).substr(at, end - at))) {
+            tokens.push_back(target ? id : id | kTokenNoLoss);
+            targets += target;
+          }
+          at = end;
+        };
+        for (const auto& [b, e] : cr.assistant_spans) {
+          piece(b, false);
+          piece(e, true);
+        }
+        piece(cr.text.size(), false);
+        if (targets == 0) throw InputError(fmt::format("{}: the assistant messages render to no tokens", r.where));
+        tokens[0] |= kTokenDocStart;
+        stats.targets += targets;
+        writer.append(tokens);
+        ++stats.documents;
+        stats.bytes += static_cast<int64_t>(cr.text.size());
+      }
+      ++stats.files;
+      continue;
+    }
     if (alpaca) {
       for (const Instruction& r : read_alpaca(contents, path)) {
         std::vector<uint32_t> tokens;

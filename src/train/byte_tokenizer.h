@@ -22,6 +22,16 @@
 //          the response and EOS are targets: the token file is version 2 (token_file.h) with BOS and
 //          the prompt marked kTokenNoLoss. Prompt and response are tokenized separately. A bad
 //          record is an InputError naming file:line and the field.
+//   chat   conversations, one JSON object per non-empty line with "messages": a list of
+//          {"role", "content"} objects holding at least one assistant message. Needs --tokenizer (a
+//          model folder with a chat template: train/chat_template.h). A record is rendered by the
+//          template as transformers' apply_chat_template does (no generation prompt); the
+//          assistant messages' text (render_with_spans: each reply through its end-of-turn tokens)
+//          are the targets, everything else kTokenNoLoss. The pieces are encoded one by one
+//          without special tokens added (the template writes BOS and the turn markers), so a
+//          reply's tokens are the ones generation produces after its prompt. A template that does
+//          not render the conversation prefix-consistently is an InputError naming file:line.
+// Every format writes version 3 (token_file.h): each document's first token flagged.
 // Errors (unreadable input, bad JSONL, output I/O) are InputError naming the file.
 // The output is written with TokenFileWriter (token_file.h): complete or absent, never partial.
 #pragma once
@@ -38,7 +48,7 @@ constexpr uint32_t kByteBos = 256;
 constexpr uint32_t kByteEos = 257;
 constexpr uint32_t kByteVocabSize = 258;
 
-enum class InputFormat : uint8_t { kAuto, kText, kJsonl, kAlpaca };
+enum class InputFormat : uint8_t { kAuto, kText, kJsonl, kAlpaca, kChat };
 enum class TextSplit : uint8_t { kFile, kBlankLines };
 
 // "auto" | "text" | "jsonl"; anything else throws InputError naming the value.

@@ -14,9 +14,7 @@
 #include "runtime/input_file.h"
 #include "runtime/machine.h"
 #include "train/byte_tokenizer.h"
-#if QS_TMP_CHAT
 #include "train/chat_template.h"
-#endif
 #include "train/evaluate.h"
 #if QSHARD_WITH_TOKENIZER
 #include "train/hf_tokenizer.h"
@@ -208,13 +206,11 @@ GenerateResult generate_text(const GenerateOptions& o, const std::function<void(
   if (!o.prompt.empty() || fs::exists(fs::path(tok_dir) / "tokenizer.json") || V >= static_cast<int64_t>(kByteVocabSize))
     codec = open_codec(tok_dir, V);
   if (o.chat) {
-#if QS_TMP_CHAT
     const ChatTemplate tmpl = ChatTemplate::from_model_dir(tok_dir);
-    nlohmann::json messages = nlohmann::json::array();
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
     messages.push_back({{"role", "user"}, {"content", o.prompt}});
     r.prompt_ids = codec->encode(tmpl.render(messages, /*add_generation_prompt=*/true), /*special=*/false);
-#endif
   } else if (!o.prompt.empty()) {
     r.prompt_ids = codec->encode(o.prompt, /*special=*/true);
   } else {

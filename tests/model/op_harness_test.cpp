@@ -429,7 +429,7 @@ TEST(OpHarness, AttentionCached) {
     struct Shape {
       int64_t P, T, ratio, D;
     };
-    for (const Shape& sh : {Shape{0, 5, 1, 64}, Shape{37, 1, 4, 64}, Shape{200, 3, 4, 128}, Shape{129, 1, 1, 128}}) {
+    for (const Shape& sh : {Shape{0, 5, 1, 64}, Shape{37, 1, 4, 64}, Shape{200, 3, 4, 128}, Shape{129, 1, 1, 128}, Shape{9, 2, 2, 48}}) {
       const int64_t S = sh.P + sh.T, Hkv = 2, H = Hkv * sh.ratio, D = sh.D;
       const float qk = in.adversarial ? 3.0f : 0.5f;
       const std::vector<float> Qf = in.bounded(S * H * D, qk), Kf = in.bounded(S * Hkv * D, qk), Vf = in.vec(S * Hkv * D);

@@ -21,8 +21,10 @@
 // operations differently (fused multiply-add in lerp/addcmul); the formula and order are the same.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "train/adamw.h"
@@ -99,5 +101,34 @@ TEST(GradClip, SumSquaresAndCoefficient) {
   EXPECT_DOUBLE_EQ(clip_coefficient(NAN, 1.0), 1.0);
 }
 
+}  // namespace
+}  // namespace qshard
+
+namespace qshard {
+namespace {
+// A large array runs on several threads (contiguous slices): the same bits as slice-sized calls,
+// which run on one thread each.
+TEST(AdamW, ThreadedStepIsBitwiseTheSerialOne) {
+  const int64_t n = 3'000'017;
+  std::vector<float> p(n), g(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = std::sin(0.001f * i);
+    g[i] = std::cos(0.0007f * i) * 1e-2f;
+    m[i] = 1e-3f * std::sin(0.01f * i);
+    v[i] = 1e-6f * (1.0f + std::cos(0.02f * i));
+  }
+  auto p2 = p, g2 = g, m2 = m, v2 = v;
+  AdamWParams a;
+  a.lr = 2e-4;
+  a.grad_scale = 0.5;
+  cpu::adamw_step(p.data(), g.data(), m.data(), v.data(), n, a, 3);
+  for (int64_t lo = 0; lo < n; lo += 100'000) {
+    const int64_t len = std::min<int64_t>(100'000, n - lo);
+    cpu::adamw_step(p2.data() + lo, g2.data() + lo, m2.data() + lo, v2.data() + lo, len, a, 3);
+  }
+  EXPECT_EQ(0, std::memcmp(p.data(), p2.data(), n * 4));
+  EXPECT_EQ(0, std::memcmp(m.data(), m2.data(), n * 4));
+  EXPECT_EQ(0, std::memcmp(v.data(), v2.data(), n * 4));
+}
 }  // namespace
 }  // namespace qshard
