@@ -18,6 +18,7 @@ loopcontrols, its tojson, raise_exception and strftime_now; its message normaliz
              add_generation_prompt False and True.
   Spans      for every conversation, the byte spans of the assistant messages as
              render_with_spans() defines them (the render of messages[:i] with a generation prompt
+             -- or, where the finished turn does not repeat all of it, the part it does repeat --
              must be a prefix of the render of messages[:i+1], itself a prefix of the whole
              render; the span is [len(prefix), len(render(messages[:i+1])))), or the error.
 
@@ -229,11 +230,20 @@ def spans(render, messages):
             raise ValueError("message 0 is an assistant message: there is no prompt before it")
         prompt = render(messages[:i], True)
         upto = render(messages[: i + 1], False)
+        begin = len(prompt)
         if not upto.startswith(prompt):
-            raise ValueError(f"message {i}: render(messages[:{i}], add_generation_prompt=True) is not a prefix of render(messages[:{i + 1}])")
+            # A generation prompt the finished turn does not repeat (DeepSeek-R1's "<think>\n"):
+            # the reply starts where the two part, if that is inside the generation prompt.
+            base = render(messages[:i], False)
+            k = 0
+            while k < min(len(prompt), len(upto)) and prompt[k] == upto[k]:
+                k += 1
+            if not (prompt.startswith(base) and upto.startswith(base) and k >= len(base)):
+                raise ValueError(f"message {i}: render(messages[:{i}], add_generation_prompt=True) is not a prefix of render(messages[:{i + 1}])")
+            begin = k
         if not full.startswith(upto):
             raise ValueError(f"message {i}: render(messages[:{i + 1}]) is not a prefix of the whole render")
-        out.append([len(prompt.encode("utf-8")), len(upto.encode("utf-8"))])
+        out.append([len(upto[:begin].encode("utf-8")), len(upto.encode("utf-8"))])
     return out
 
 

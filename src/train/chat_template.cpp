@@ -185,7 +185,18 @@ ChatRender render_with_spans(const ChatTemplate& t, const nlohmann::ordered_json
     if (i == 0) throw InputError(t.label() + ": message 0 is an assistant message: there is no prompt before it to render");
     const std::string prompt = t.render(head(i), true, extra);
     const std::string upto = t.render(head(i + 1), false, extra);
+    size_t begin = prompt.size();
     if (upto.compare(0, prompt.size(), prompt) != 0) {
+      // A generation prompt the finished turn does not repeat (DeepSeek-R1's "<think>\n"): the
+      // reply starts where the two part (at a character boundary), if that is inside the
+      // generation prompt, i.e. past the render of the conversation before it.
+      const std::string base = t.render(head(i), false, extra);
+      size_t k = mismatch(prompt, upto);
+      while (k > 0 && k < upto.size() && (static_cast<unsigned char>(upto[k]) & 0xC0) == 0x80) --k;
+      if (prompt.compare(0, base.size(), base) == 0 && upto.compare(0, base.size(), base) == 0 && k >= base.size())
+        begin = k;
+    }
+    if (begin == prompt.size() && upto.compare(0, prompt.size(), prompt) != 0) {
       throw InputError(fmt::format(
           "{}: message {}: the template is not prefix-consistent: render(messages[:{}], add_generation_prompt=true) is not a "
           "prefix of render(messages[:{}]) (they differ at byte {})",
@@ -197,7 +208,7 @@ ChatRender render_with_spans(const ChatTemplate& t, const nlohmann::ordered_json
           "conversation's render (they differ at byte {})",
           t.label(), i, i + 1, mismatch(upto, r.text)));
     }
-    r.assistant_spans.emplace_back(prompt.size(), upto.size());
+    r.assistant_spans.emplace_back(begin, upto.size());
   }
   return r;
 }

@@ -105,7 +105,9 @@ struct ChatRender {
 
 // For each assistant message i: render(messages[:i], add_generation_prompt=true) must be a prefix
 // of render(messages[:i+1], false), which must be a prefix of the full render; the span is
-// [len(prefix_i), len(render(messages[:i+1]))). Throws InputError naming the message index when
+// [len(prefix_i), len(render(messages[:i+1]))). A template whose finished turn does not repeat its
+// whole generation prompt (DeepSeek-R1's "<think>\n") is taken where the two part, when that is
+// past render(messages[:i], false): the reply's span then starts there. Throws InputError naming the message index when
 // the template does not render the conversation prefix-consistently (e.g. it drops earlier turns'
 // reasoning, or appends eos only at the very end), or when an assistant message comes first.
 ChatRender render_with_spans(const ChatTemplate& t, const nlohmann::ordered_json& messages,
