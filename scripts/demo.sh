@@ -71,9 +71,11 @@ if [ -n "${QSHARD_DEMO_MODEL:-}" ]; then
   prompt=$(python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).readline()); m=r.get('messages'); print([x for x in m if x['role']=='user'][0]['content'] if m else r['instruction'])" "${heldout:-$data}")
   echo "demo: $model before fine-tuning:"
   build/qshard generate --model "$model" --chat --prompt "$prompt" --max-new-tokens 96
+  real_steps=${QSHARD_DEMO_STEPS:-60}
   scripts/launch/single_node.sh 1 train --config configs/smollm2_135m_qlora.yaml --set model.path="$model" \
     --set data.train="$real/train.tok" --set data.eval="" --set data.eval_fraction=0.05 --set data.packing=padded \
-    --set steps="${QSHARD_DEMO_STEPS:-60}" --set checkpoint.dir="$real/ckpt" --set logging.metrics_jsonl="$real/metrics.jsonl"
+    --set steps="$real_steps" --set schedule.warmup_steps=$(( real_steps < 5 ? real_steps : 5 )) \
+    --set checkpoint.dir="$real/ckpt" --set logging.metrics_jsonl="$real/metrics.jsonl"
   echo "demo: $model after fine-tuning (4-bit base + adapter):"
   build/qshard generate --model "$real/ckpt/final/base_bnb4" --adapter "$real/ckpt/final/adapter" --tokenizer "$model" \
     --chat --prompt "$prompt" --max-new-tokens 96
