@@ -920,13 +920,13 @@ void LlamaModel::layer_forward(const void* x_in, void* x_out, int64_t B, int64_t
   layer_forward_kept(x_in, x_out, B, T, -1);
 }
 
-void LlamaModel::layer_forward_kept(const void* x_in, void* x_out, int64_t B, int64_t T, int set) {
+void LlamaModel::layer_forward_kept(const void* x_in, void* x_out, int64_t B, int64_t T, int set, int64_t cache_pos) {
   Activations& a = *act_;
   const bool own = set >= 0 && set < static_cast<int>(a.kept.size());
   if (own) a.use(a.kept[static_cast<size_t>(set)]);
   ctx_.workspace().reset();
   dequantize_layer();
-  run_layer(x_in, x_out, B, T);
+  run_layer(x_in, x_out, B, T, cache_pos);
   ctx_.workspace().reset();
   if (own) a.use(a.work);
 }
@@ -1129,7 +1129,8 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
 // Embedding and every decoder layer (forward hooks). Training keeps every layer's input
 // (x_l in checkpoint l, activation checkpointing); eval alternates between two buffers.
 // Returns the final hidden state [B,T,C].
-const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, int64_t T, bool keep_checkpoints) {
+const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, int64_t T, bool keep_checkpoints,
+                                       int64_t cache_pos) {
   auto slot = [&](int64_t l) { return keep_checkpoints ? l : l % 2; };
   check_sizes(B, T);
   const int64_t L = config_.num_hidden_layers, NC = B * T * config_.hidden_size;
@@ -1145,7 +1146,8 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
     if (before_layer) before_layer(l, Pass::kForward);
     mark(StepPart::kOther);
     bind_layer(l, layer_lora ? layer_lora(l, Pass::kForward) : LayerLora{});
-    layer_forward_kept(act(a.xs, slot(l) * NC), act(a.xs, slot(l + 1) * NC), B, T, keep_checkpoints ? kept_set(l) : -1);
+    layer_forward_kept(act(a.xs, slot(l) * NC), act(a.xs, slot(l + 1) * NC), B, T, keep_checkpoints ? kept_set(l) : -1,
+                       cache_pos);
     if (after_layer) after_layer(l, Pass::kForward);
   }
   return act(a.xs, slot(L) * NC);
@@ -1172,31 +1174,16 @@ std::vector<float> LlamaModel::forward_logits(std::span<const int64_t> ids, int6
 }
 
 std::vector<float> LlamaModel::forward_cached(std::span<const int64_t> ids, int64_t pos) {
-  const int64_t T = static_cast<int64_t>(ids.size()), L = config_.num_hidden_layers, C = config_.hidden_size;
+  const int64_t T = static_cast<int64_t>(ids.size());
   QS_CHECK(options_.kv_cache_tokens > 0, "forward_cached: the model was built without a KV cache");
   QS_CHECK(pos >= 0 && T >= 1 && pos + T <= options_.kv_cache_tokens,
            "forward_cached: positions " + std::to_string(pos) + ".." + std::to_string(pos + T) +
                " are past the KV cache of " + std::to_string(options_.kv_cache_tokens));
-  check_sizes(1, T);
-  Activations& a = *act_;
-  const int64_t NC = T * C;
-  if (before_root) before_root(Pass::kForward);
-  bind_root();
-  embed(ids, a.xs, 1, T);
-  if (after_root) after_root(Pass::kForward);
-  for (int64_t l = 0; l < L; ++l) {
-    if (before_layer) before_layer(l, Pass::kForward);
-    bind_layer(l, layer_lora ? layer_lora(l, Pass::kForward) : LayerLora{});
-    ctx_.workspace().reset();
-    dequantize_layer();
-    run_layer(act(a.xs, (l % 2) * NC), act(a.xs, ((l + 1) % 2) * NC), 1, T, pos);
-    ctx_.workspace().reset();
-    if (after_layer) after_layer(l, Pass::kForward);
-  }
+  const void* x = forward_layers(ids, 1, T, /*keep_checkpoints=*/false, pos);
   std::vector<float> logits(static_cast<size_t>(config_.vocab_size));
   if (before_root) before_root(Pass::kForward);
   bind_root();
-  head_chunks(act(a.xs, (L % 2) * NC + (T - 1) * C), nullptr, nullptr, 1, 0.0f, logits.data());
+  head_chunks(act(x, (T - 1) * config_.hidden_size), nullptr, nullptr, 1, 0.0f, logits.data());  // the last position
   if (after_root) after_root(Pass::kForward);
   return logits;
 }

@@ -265,7 +265,9 @@ class LlamaModel {
   struct Internals;    // one layer's forward results the backward reads
 
   void check_sizes(int64_t B, int64_t T) const;
-  const void* forward_layers(std::span<const int64_t> ids, int64_t B, int64_t T, bool keep_checkpoints);
+  // cache_pos >= 0: generation (forward_cached): B == 1, positions cache_pos.., the KV cache.
+  const void* forward_layers(std::span<const int64_t> ids, int64_t B, int64_t T, bool keep_checkpoints,
+                             int64_t cache_pos = -1);
   // ids or targets -> a device buffer, through the next pinned staging slot (asynchronous).
   void upload(int64_t* device_dst, std::span<const int64_t> values);
   // The bound layer's forward into the working set (or kept set) of internals; with x_out null the
@@ -278,7 +280,7 @@ class LlamaModel {
   // working set holds the last layer's from its forward to its backward (unless chunked).
   int kept_set(int64_t layer) const;
   bool chunked(int64_t N) const;
-  void layer_forward_kept(const void* x_in, void* x_out, int64_t B, int64_t T, int set);
+  void layer_forward_kept(const void* x_in, void* x_out, int64_t B, int64_t T, int set, int64_t cache_pos = -1);
   void layer_backward_impl(const void* x_in, const void* dout, void* dx, int64_t B, int64_t T, int set);
   void dequantize_layer();
   // x (and dx) rows ldx apart (0 = the projection's input width); a folded projection reads its

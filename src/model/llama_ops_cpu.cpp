@@ -251,6 +251,35 @@ void rope_bwd(float* dx, const float* cos, const float* sin, int64_t B, int64_t 
 }
 
 // ---- attention --------------------------------------------------------------------------------
+namespace {
+// One query row of causal attention over keys 0..last (key u at k0 + u * stride, value u at
+// v0 + u * stride): a[u] = its probabilities (scores in f32, max subtracted, divided by the sum),
+// ot = sum_u a[u] v_u. The one arithmetic of attention_fwd and attention_cached_fwd, so a cached
+// step gives the full forward's bits.
+void attend_row(float* ot, float* a, const float* qt, const float* k0, const float* v0, int64_t stride, int64_t last,
+                int64_t D, float scale) {
+  float maxv = -INFINITY;
+  for (int64_t u = 0; u <= last; ++u) {
+    const float* ku = k0 + u * stride;
+    float dot = 0.0f;
+    for (int64_t d = 0; d < D; ++d) dot += qt[d] * ku[d];
+    a[u] = dot * scale;
+    maxv = std::max(maxv, a[u]);
+  }
+  float sum = 0.0f;
+  for (int64_t u = 0; u <= last; ++u) {
+    a[u] = std::exp(a[u] - maxv);
+    sum += a[u];
+  }
+  for (int64_t u = 0; u <= last; ++u) a[u] /= sum;
+  for (int64_t d = 0; d < D; ++d) {
+    float acc = 0.0f;
+    for (int64_t u = 0; u <= last; ++u) acc += a[u] * v0[u * stride + d];
+    ot[d] = acc;
+  }
+}
+}  // namespace
+
 void attention_fwd(float* out, void* saved, const float* q, const float* k, const float* v, int64_t B, int64_t T,
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx) {
   (void)ctx;
@@ -261,30 +290,12 @@ void attention_fwd(float* out, void* saved, const float* q, const float* k, cons
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = h / group;
+      const int64_t kv0 = (b * T * Hkv + hk) * D;  // key / value 0 of this sequence and kv head
       for (int64_t t = 0; t < T; ++t) {
-        const float* qt = q + ((b * T + t) * H + h) * D;
         float* a = att + ((b * H + h) * T + t) * T;
-        float maxv = -INFINITY;
-        for (int64_t u = 0; u <= t; ++u) {
-          const float* ku = k + ((b * T + u) * Hkv + hk) * D;
-          float dot = 0.0f;
-          for (int64_t d = 0; d < D; ++d) dot += qt[d] * ku[d];
-          a[u] = dot * scale;
-          maxv = std::max(maxv, a[u]);
-        }
-        float sum = 0.0f;
-        for (int64_t u = 0; u <= t; ++u) {
-          a[u] = std::exp(a[u] - maxv);
-          sum += a[u];
-        }
-        for (int64_t u = 0; u <= t; ++u) a[u] /= sum;
+        attend_row(out + ((b * T + t) * H + h) * D, a, q + ((b * T + t) * H + h) * D, k + kv0, v + kv0, Hkv * D, t, D,
+                   scale);
         for (int64_t u = t + 1; u < T; ++u) a[u] = 0.0f;
-        float* ot = out + ((b * T + t) * H + h) * D;
-        for (int64_t d = 0; d < D; ++d) {
-          float acc = 0.0f;
-          for (int64_t u = 0; u <= t; ++u) acc += a[u] * v[((b * T + u) * Hkv + hk) * D + d];
-          ot[d] = acc;
-        }
       }
     }
 }
@@ -299,30 +310,9 @@ void attention_cached_fwd(float* out, const float* q, const float* k_cache, cons
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   for (int64_t h = 0; h < H; ++h) {
     const int64_t hk = h / group;
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t last = P + t;  // the query's position: keys 0..last
-      const float* qt = q + (t * H + h) * D;
-      float maxv = -INFINITY;
-      for (int64_t u = 0; u <= last; ++u) {
-        const float* ku = k_cache + (u * Hkv + hk) * D;
-        float dot = 0.0f;
-        for (int64_t d = 0; d < D; ++d) dot += qt[d] * ku[d];
-        a[u] = dot * scale;
-        maxv = std::max(maxv, a[u]);
-      }
-      float sum = 0.0f;
-      for (int64_t u = 0; u <= last; ++u) {
-        a[u] = std::exp(a[u] - maxv);
-        sum += a[u];
-      }
-      for (int64_t u = 0; u <= last; ++u) a[u] /= sum;
-      float* ot = out + (t * H + h) * D;
-      for (int64_t d = 0; d < D; ++d) {
-        float acc = 0.0f;
-        for (int64_t u = 0; u <= last; ++u) acc += a[u] * v_cache[(u * Hkv + hk) * D + d];
-        ot[d] = acc;
-      }
-    }
+    for (int64_t t = 0; t < T; ++t)  // the query at position P + t reads keys 0..P+t
+      attend_row(out + (t * H + h) * D, a, q + (t * H + h) * D, k_cache + hk * D, v_cache + hk * D, Hkv * D, P + t, D,
+                 scale);
   }
   ws.rewind(mark);
 }

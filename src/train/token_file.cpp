@@ -170,7 +170,7 @@ TokenFileWriter::~TokenFileWriter() {
 
 void TokenFileWriter::append(std::span<const uint32_t> tokens) {
   QS_CHECK(f_ != nullptr, "TokenFileWriter::append after finish");
-  const uint32_t id_bits = ~((loss_mask_ ? kTokenNoLoss : 0u) | (doc_starts_ ? kTokenDocStart : 0u));
+  const uint32_t id_bits = token_id_bits(loss_mask_, doc_starts_);
   for (size_t i = 0; i < tokens.size(); ++i)
     if ((tokens[i] & id_bits) >= vocab_size_)
       throw InputError(fmt::format("{}: token {} (at index {}) is >= vocab_size {}", path_, tokens[i] & id_bits,

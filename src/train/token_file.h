@@ -46,6 +46,10 @@ constexpr uint32_t kTokenFileVersionMasked = 2;
 constexpr uint32_t kTokenFileVersionDocs = 3;
 constexpr uint32_t kTokenNoLoss = 0x80000000u;  // version 2: this token is never a target
 constexpr uint32_t kTokenDocStart = 0x40000000u;  // version 3: this token begins a document
+// The bits of a token that are its id, given which flag bits the file's version carries.
+constexpr uint32_t token_id_bits(bool loss_mask, bool doc_starts) {
+  return ~((loss_mask ? kTokenNoLoss : 0u) | (doc_starts ? kTokenDocStart : 0u));
+}
 constexpr uint32_t kTokenDtypeU32 = 4;
 constexpr size_t kTokenFileHeaderBytes = 32;
 
@@ -70,7 +74,7 @@ class TokenFile {
   // Version 3: tokens carry the kTokenDocStart bit.
   bool doc_starts() const { return doc_starts_; }
   // The bits of a token that are its id.
-  uint32_t id_bits() const { return ~((loss_mask_ ? kTokenNoLoss : 0u) | (doc_starts_ ? kTokenDocStart : 0u)); }
+  uint32_t id_bits() const { return token_id_bits(loss_mask_, doc_starts_); }
 
   // Scans every token; throws InputError "<path>: token 1234 at index 56 is >= <limit> (...)"
   // for the first id >= min(vocab_size(), max_vocab).
