@@ -11,6 +11,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 
 cmake --preset asan > /dev/null
 cmake --build build/asan -j "$jobs"
+echo "ci_extra: asan build done at ${SECONDS}s"
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 ctest --test-dir build/asan --output-on-failure -j "$jobs" -LE mpi
 # Open MPI itself leaks at exit (its dlopen'ed components cannot even be named in a suppression
@@ -20,11 +21,13 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 ctest --test-dir build/asan --outpu
 # under ulimit -v 4 GiB, which AddressSanitizer's shadow memory cannot start in: normal run only.
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ctest --test-dir build/asan --output-on-failure -j "$jobs" -L mpi \
   -E "trainer_mpi_np[34]|trainer_resume_np3|cli_train_tiny|cli_probe_suite"
+echo "ci_extra: asan tests done at ${SECONDS}s"
 
 CC=clang CXX=clang++ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQSHARD_CUDA=OFF \
   -DQSHARD_FUZZ=ON > /dev/null
 cmake --build build/fuzz -j "$jobs" --target safetensors_fuzz config_yaml_fuzz hf_config_fuzz token_file_fuzz \
   tokenizer_fuzz
+echo "ci_extra: fuzz build done at ${SECONDS}s"
 seconds=${QSHARD_FUZZ_SECONDS:-60}
 # fuzz TARGET SEEDS_DIR MAX_LEN: runs one target for $seconds from the given seeds; a crash fails CI.
 fuzz() {

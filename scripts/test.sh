@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+echo "test.sh: setup done at ${SECONDS}s"
 scripts/build.sh
+echo "test.sh: build done at ${SECONDS}s"
 jobs=$(nproc 2>/dev/null || echo 2)
 ctest --test-dir build --output-on-failure -j "$jobs"
+echo "test.sh: tests done at ${SECONDS}s"

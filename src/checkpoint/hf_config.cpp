@@ -145,9 +145,14 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
   }
   if (j.contains("quantization_config") && j["quantization_config"].is_object()) {
     const json& q = j["quantization_config"];
-    if (q.value("quant_method", "") != "bitsandbytes" || !q.value("load_in_4bit", false))
+    const std::string ql = label + " (quantization_config)";
+    if (json_string(q, "quant_method", ql, "") != "bitsandbytes" || !json_bool(q, "load_in_4bit", ql, false))
       throw InputError(where(label, "quantization_config") + " is not a bitsandbytes 4-bit config: " + q.dump());
     c.quantized = true;
+    c.bnb_quant_type = json_string(q, "bnb_4bit_quant_type", ql, "nf4");
+    if (c.bnb_quant_type != "nf4" && c.bnb_quant_type != "fp4")
+      throw InputError(ql + ": key \"bnb_4bit_quant_type\" is \"" + c.bnb_quant_type + "\" (expected \"nf4\" or \"fp4\")");
+    c.bnb_double_quant = json_bool(q, "bnb_4bit_use_double_quant", ql, false);
   }
   return c;
 }

@@ -47,6 +47,8 @@ struct LlamaConfig {
   std::vector<int64_t> eos_token_ids;
   std::optional<DType> dtype;  // "torch_dtype" or "dtype"
   bool quantized = false;      // has a bitsandbytes quantization_config
+  std::string bnb_quant_type = "nf4";  // its bnb_4bit_quant_type ("nf4" or "fp4"), when quantized
+  bool bnb_double_quant = false;       // its bnb_4bit_use_double_quant, when quantized
   nlohmann::json raw;          // the whole config.json as read
   std::string source_dir;      // the folder load() read it from; empty for from_json()
 

@@ -74,10 +74,9 @@ LoadedLlama load_llama_folder(const std::string& dir) {
   o.dtype = *emb->dtype;
   o.float_dtypes = float_dtypes_of(folder);
   if (out.config.quantized) {
-    const auto& q = out.config.raw["quantization_config"];
     QuantizeOptions qo;
-    qo.quant_type = parse_quant_type(q.value("bnb_4bit_quant_type", std::string("nf4")));
-    qo.compress_statistics = q.value("bnb_4bit_use_double_quant", false);
+    qo.quant_type = parse_quant_type(out.config.bnb_quant_type);
+    qo.compress_statistics = out.config.bnb_double_quant;
     o.quant = qo;
   }
   out.tree = build_llama_tree(out.config, o);

@@ -15,8 +15,10 @@ PeftLoraConfig read_peft_config(const std::string& dir) {
   if (!fs::exists(path)) throw InputError("adapter folder " + dir + " has no adapter_config.json");
   const nlohmann::json j = parse_json_input(read_input_file(path, "adapter config"), path);
   if (!j.is_object()) throw InputError(path + ": must be a JSON object");
-  if (j.value("peft_type", std::string()) != "LORA")
-    throw InputError(path + ": key \"peft_type\" is " + j.value("peft_type", std::string("missing")) + ", expected \"LORA\"");
+  const std::string peft_type = json_string(j, "peft_type", path, "");
+  if (peft_type != "LORA")
+    throw InputError(path + ": key \"peft_type\" is " + (peft_type.empty() ? std::string("missing") : "\"" + peft_type + "\"") +
+                     ", expected \"LORA\"");
   PeftLoraConfig c;
   if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() <= 0)
     throw InputError(path + ": key \"r\" must be a positive integer");
@@ -24,12 +26,15 @@ PeftLoraConfig read_peft_config(const std::string& dir) {
   if (!j.contains("lora_alpha") || !j["lora_alpha"].is_number())
     throw InputError(path + ": key \"lora_alpha\" must be a number");
   c.lora_alpha = j["lora_alpha"].get<double>();
-  c.lora_dropout = j.value("lora_dropout", 0.0);
-  c.use_rslora = j.value("use_rslora", false);
+  c.lora_dropout = json_number(j, "lora_dropout", path, 0.0);
+  c.use_rslora = json_bool(j, "use_rslora", path, false);
   const auto& t = j["target_modules"];
   if (t.is_string()) c.target_modules.push_back(t.get<std::string>());
   else if (t.is_array())
-    for (const auto& s : t) c.target_modules.push_back(s.get<std::string>());
+    for (const auto& s : t) {
+      if (!s.is_string()) throw InputError(path + ": key \"target_modules\" holds " + s.dump() + ", not a module name");
+      c.target_modules.push_back(s.get<std::string>());
+    }
   else throw InputError(path + ": key \"target_modules\" must be a list of module names");
   // LoRA features qshard does not implement are refused, never ignored (an ignored alpha_pattern
   // would silently compute another model than PEFT does).
@@ -39,10 +44,10 @@ PeftLoraConfig read_peft_config(const std::string& dir) {
   for (const char* key : {"alpha_pattern", "rank_pattern"})
     if (j.contains(key) && !j[key].is_null() && !(j[key].is_object() && j[key].empty()))
       refuse(key, "sets per-module values");
-  if (j.value("use_dora", false)) refuse("use_dora", "is true (DoRA)");
+  if (json_bool(j, "use_dora", path, false)) refuse("use_dora", "is true (DoRA)");
   if (j.contains("bias") && !j["bias"].is_null() && j["bias"] != "none") refuse("bias", "trains biases");
-  if (j.value("fan_in_fan_out", false)) refuse("fan_in_fan_out", "is true (Conv1D-style weights)");
-  if (j.value("lora_bias", false)) refuse("lora_bias", "is true (a bias on lora_B)");
+  if (json_bool(j, "fan_in_fan_out", path, false)) refuse("fan_in_fan_out", "is true (Conv1D-style weights)");
+  if (json_bool(j, "lora_bias", path, false)) refuse("lora_bias", "is true (a bias on lora_B)");
   for (const char* key : {"modules_to_save", "layers_to_transform", "layer_replication", "exclude_modules",
                           "target_parameters", "trainable_token_indices"})
     if (j.contains(key) && !j[key].is_null() && !(j[key].is_array() && j[key].empty())) refuse(key, "is set");

@@ -10,6 +10,7 @@
 #include "runtime/error.h"
 
 namespace qshard {
+using json = nlohmann::json;
 
 namespace {
 const char* file_kind(mode_t m) {
@@ -48,7 +49,6 @@ std::string read_input_file(const std::string& path, const std::string& what, ui
 }
 
 nlohmann::json parse_json_input(std::string_view text, const std::string& label) {
-  using json = nlohmann::json;
   bool too_deep = false;
   const json::parser_callback_t bound = [&too_deep](int depth, json::parse_event_t event, json&) {
     if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
@@ -68,6 +68,40 @@ nlohmann::json parse_json_input(std::string_view text, const std::string& label)
   } catch (const json::exception& e) {
     throw InputError(label + ": not valid JSON (" + e.what() + ")");
   }
+}
+
+namespace {
+const json* json_field(const json& obj, const std::string& key) {
+  auto it = obj.find(key);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+[[noreturn]] void json_field_error(const std::string& label, const std::string& key, const char* expected,
+                                   const json& v) {
+  std::string shown = v.dump();
+  if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
+  throw InputError(label + ": key \"" + key + "\" must be " + expected + ", got " + shown);
+}
+}  // namespace
+
+std::string json_string(const json& obj, const std::string& key, const std::string& label, const std::string& def) {
+  const json* v = json_field(obj, key);
+  if (!v) return def;
+  if (!v->is_string()) json_field_error(label, key, "a string", *v);
+  return v->get<std::string>();
+}
+
+bool json_bool(const json& obj, const std::string& key, const std::string& label, bool def) {
+  const json* v = json_field(obj, key);
+  if (!v) return def;
+  if (!v->is_boolean()) json_field_error(label, key, "true or false", *v);
+  return v->get<bool>();
+}
+
+double json_number(const json& obj, const std::string& key, const std::string& label, double def) {
+  const json* v = json_field(obj, key);
+  if (!v) return def;
+  if (!v->is_number()) json_field_error(label, key, "a number", *v);
+  return v->get<double>();
 }
 
 }  // namespace qshard

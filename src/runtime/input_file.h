@@ -9,6 +9,9 @@
 // parse_json_input: JSON text -> json with the nesting bounded by kMaxJsonDepth (checked while
 //   parsing, before a deep document is built: deeper input is an InputError naming `label`, not a
 //   stack overflow in a later recursive copy); syntax errors are InputErrors naming `label`.
+// json_string / json_bool / json_number: `obj[key]` with its type checked; absent or null gives
+//   `def`; any other type is an InputError `label: key "key" must be ..., got <value>` (never a
+//   nlohmann type_error escaping from a config file a user wrote). `obj` must be an object.
 // Thread safety: free functions, no shared state.
 #pragma once
 
@@ -25,5 +28,9 @@ inline constexpr uint64_t kMaxConfigBytes = uint64_t{64} << 20;  // YAML jobs, c
 uint64_t check_input_file(const std::string& path, const std::string& what);
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes = kMaxConfigBytes);
 nlohmann::json parse_json_input(std::string_view text, const std::string& label);
+std::string json_string(const nlohmann::json& obj, const std::string& key, const std::string& label,
+                        const std::string& def);
+bool json_bool(const nlohmann::json& obj, const std::string& key, const std::string& label, bool def);
+double json_number(const nlohmann::json& obj, const std::string& key, const std::string& label, double def);
 
 }  // namespace qshard

@@ -58,9 +58,8 @@ InferenceModel load_inference_model(const std::string& model_dir, const std::str
   to.dtype = DType::kF32;
   QuantizeOptions quant;
   if (cfg.quantized) {
-    const auto& q = cfg.raw["quantization_config"];
-    quant.quant_type = parse_quant_type(q.value("bnb_4bit_quant_type", std::string("nf4")));
-    quant.compress_statistics = q.value("bnb_4bit_use_double_quant", false);
+    quant.quant_type = parse_quant_type(cfg.bnb_quant_type);
+    quant.compress_statistics = cfg.bnb_double_quant;
     to.quant = quant;
   }
   if (!adapter_dir.empty()) {

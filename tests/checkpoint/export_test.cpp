@@ -225,7 +225,11 @@ TEST_F(ExportTest, PeftAdapterLoadsBackIdentically) {
                                                              {"use_dora", true},
                                                              {"bias", "lora_only"},
                                                              {"fan_in_fan_out", true},
-                                                             {"modules_to_save", {"lm_head"}}}) {
+                                                             {"modules_to_save", {"lm_head"}},
+                                                             {"peft_type", true},
+                                                             {"use_rslora", "no"},
+                                                             {"lora_dropout", "0.1"},
+                                                             {"target_modules", {"q_proj", 7}}}) {
       nlohmann::json bad = orig;
       bad[key] = value;
       std::ofstream(cfg_path) << bad.dump(2);

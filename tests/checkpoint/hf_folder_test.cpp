@@ -102,6 +102,25 @@ TEST(HfConfig, BadConfigsNameTheKey) {
   bad = j;
   bad["model_type"] = "mistral";
   expect_input_error([&] { LlamaConfig::from_json(bad, "cfg.json"); }, {"model_type", "mistral"});
+  // quantization_config's fields are type-checked (a fuzzer found a boolean quant_method escaping
+  // as a nlohmann type_error instead of an InputError).
+  const nlohmann::json q = {{"quant_method", "bitsandbytes"}, {"load_in_4bit", true}};
+  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"quant_method", true}, {"load_in_4bit", "yes"}, {"bnb_4bit_quant_type", 4}, {"bnb_4bit_quant_type", "int4"},
+           {"bnb_4bit_use_double_quant", "true"}}) {
+    bad = j;
+    bad["quantization_config"] = q;
+    bad["quantization_config"][key] = value;
+    expect_input_error([&] { LlamaConfig::from_json(bad, "cfg.json"); }, {"cfg.json", "quantization_config"});
+  }
+  bad = j;
+  bad["quantization_config"] = q;
+  bad["quantization_config"]["bnb_4bit_quant_type"] = "fp4";
+  bad["quantization_config"]["bnb_4bit_use_double_quant"] = true;
+  const LlamaConfig fp4 = LlamaConfig::from_json(bad, "cfg.json");
+  EXPECT_TRUE(fp4.quantized);
+  EXPECT_EQ(fp4.bnb_quant_type, "fp4");
+  EXPECT_TRUE(fp4.bnb_double_quant);
 }
 
 // A weight holding NaN is refused by name (its block's absmax would be NaN and the block lost), and
