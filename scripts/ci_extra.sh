@@ -16,11 +16,12 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 ctest --test-dir build/asan --output-on-failure -j "$jobs" -LE mpi
 # Open MPI itself leaks at exit (its dlopen'ed components cannot even be named in a suppression
 # file), so the multi-rank tests run with leak detection off; every other check stays on.
-# The training runs at 3-4 ranks (incl. the 2 -> 3 resume) and the CLI training run are the slowest under an unoptimised
-# sanitizer build and repeat what np1/np2 cover: left to the normal run. The probe suite runs
+# The training runs at 1, 3 and 4 ranks (incl. the 2 -> 3 resume) and the CLI training run are the slowest under an
+# unoptimised sanitizer build (np1 alone took 290 s) and repeat what np2 covers, which runs every
+# same test case through the collectives: left to the normal run. The probe suite runs
 # under ulimit -v 4 GiB, which AddressSanitizer's shadow memory cannot start in: normal run only.
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ctest --test-dir build/asan --output-on-failure -j "$jobs" -L mpi \
-  -E "trainer_mpi_np[34]|trainer_resume_np3|cli_train_tiny|cli_probe_suite"
+  -E "trainer_mpi_np[134]|trainer_resume_np[13]|cli_train_tiny|cli_probe_suite"
 echo "ci_extra: asan tests done at ${SECONDS}s"
 
 CC=clang CXX=clang++ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQSHARD_CUDA=OFF \
@@ -49,10 +50,25 @@ i=0; for f in configs/*.yaml bench/configs/*.yaml; do cp "$f" "$work/yaml/$((i++
 i=0; for f in $(find tests/data -name config.json -size -16k); do cp "$f" "$work/json/$((i++)).json"; done
 head -c 3000 data/persuasion_vol1.txt > "$work/sample.txt"
 build/qshard tokenize "$work/sample.txt" --out "$work/tok/sample.tok" > /dev/null 2>&1 || true
-fuzz safetensors_fuzz "$work/safetensors" 4096
-fuzz config_yaml_fuzz "$work/yaml" 4096
-fuzz hf_config_fuzz "$work/json" 4096
-fuzz token_file_fuzz "$work/tok" 16384
 cp "$work/sample.txt" "$work/text/" && head -c 3000 src/train/hf_tokenizer.cpp > "$work/text/code.txt"
 printf 'caf\xc3\xa9 \xe2\x82 \xf0\x9f\x98\x80  \t\n 12345 <|endoftext|>' > "$work/text/mixed.txt"
-fuzz tokenizer_fuzz "$work/text" 4096
+# One fuzzer per core at a time (each is single-threaded); any crash fails CI once its batch ends.
+pids=()
+wait_batch() {
+  local failed=0
+  for p in "${pids[@]}"; do wait "$p" || failed=1; done
+  pids=()
+  [ "$failed" = 0 ] || exit 1
+}
+run_fuzz() {
+  fuzz "$@" &
+  pids+=($!)
+  [ "${#pids[@]}" -lt "$jobs" ] || wait_batch
+}
+run_fuzz safetensors_fuzz "$work/safetensors" 4096
+run_fuzz config_yaml_fuzz "$work/yaml" 4096
+run_fuzz hf_config_fuzz "$work/json" 4096
+run_fuzz token_file_fuzz "$work/tok" 16384
+run_fuzz tokenizer_fuzz "$work/text" 4096
+wait_batch
+echo "ci_extra: fuzzing done at ${SECONDS}s"
