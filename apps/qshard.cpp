@@ -72,6 +72,7 @@ int run(int argc, char** argv) {
   int64_t q_blocksize = 64;
   bool q_no_dq = false, q_cpu = false, q_nonfinite = false;
   double q_shard_gb = 5.0;
+  int q_threads = 0;
   quantize->add_option("IN_DIR", q_in, "input folder (config.json + safetensors)")->required();
   quantize->add_option("OUT_DIR", q_out, "output folder (must not exist or be empty)")->required();
   quantize->add_option("--quant-type", q_type, "nf4 | fp4");
@@ -82,6 +83,10 @@ int run(int argc, char** argv) {
   quantize->add_flag("--cpu", q_cpu, "quantize on the CPU even when a GPU is present");
   quantize->add_flag("--allow-nonfinite", q_nonfinite, "quantize weights holding NaN/Inf (refused by default)");
   quantize->add_option("--max-shard-size-gb", q_shard_gb, "split the output into files of at most this size");
+  quantize->add_option("--threads", q_threads,
+                       "host threads quantizing tensors at once on the CPU (default: the host's, at most 16, as "
+                       "memory allows); the output is the same for any count")
+      ->check(CLI::Range(1, 256));
 
   auto* dequantize = app.add_subcommand("dequantize", "dequantize a bitsandbytes 4-bit folder");
   std::string d_in, d_out, d_dtype;
@@ -226,6 +231,7 @@ int run(int argc, char** argv) {
     o.quant.compress_statistics = !q_no_dq;
     o.use_cuda = !q_cpu;
     o.allow_nonfinite = q_nonfinite;
+    o.threads = q_threads;
     const auto compute = parse_dtype(q_compute);
     if (!compute || !dtype_is_float(*compute))
       throw InputError("--compute-dtype '" + q_compute + "' is not float32, bfloat16 or float16");

@@ -3,16 +3,21 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "checkpoint/hf_config.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_index.h"
 #include "quant/blockwise.h"
 #include "runtime/log.h"
+#include "runtime/machine.h"
 
 namespace qshard {
 namespace fs = std::filesystem;
@@ -27,10 +32,116 @@ struct OutEntry {
 };
 
 // Output entries are produced in groups (one input tensor -> one or six outputs); `emit` returns
-// the tensors of a group, in the declared order.
+// the tensors of a group, in the declared order, and counts what it did into the report it is
+// given (its own, merged into the folder's in group order: the figures do not depend on threads).
+// `work_bytes`: host memory emit needs at its most (bounds how many run at once).
 struct OutGroup {
   std::vector<OutEntry> entries;
-  std::function<NamedTensors()> emit;
+  std::function<NamedTensors(FolderReport&)> emit;
+  uint64_t work_bytes = 0;
+};
+
+void merge_report(FolderReport& into, const FolderReport& part) {
+  into.converted_tensors += part.converted_tensors;
+  into.copied_tensors += part.copied_tensors;
+  into.converted_elements += part.converted_elements;
+  into.max_abs_err = std::max(into.max_abs_err, part.max_abs_err);
+  into.sum_sq_err += part.sum_sq_err;
+  into.sum_sq_ref += part.sum_sq_ref;
+  into.nonfinite_values += part.nonfinite_values;
+}
+
+// How many groups may be emitted at once: the host's threads (at most 16), no more than half of
+// the available host memory holds (each group's work_bytes), at least one.
+int emit_workers(const std::vector<OutGroup>& groups) {
+  uint64_t most = 1;
+  for (const auto& g : groups) most = std::max(most, g.work_bytes);
+  const uint64_t by_memory = host_memory_available().bytes / 2 / most;
+  const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+  return static_cast<int>(std::clamp<uint64_t>(by_memory, 1, static_cast<uint64_t>(threads)));
+}
+
+// Runs groups[i].emit for every i on `workers` threads, at most `workers` results ahead of the
+// consumer, which takes them in order through next(i). The first failure (in group order) is
+// rethrown by next() for that group; the workers stop taking new groups once one failed or the
+// runner is destroyed.
+class EmitPipeline {
+ public:
+  EmitPipeline(std::vector<OutGroup>& groups, int workers)
+      : groups_(groups), slots_(groups.size()), ahead_(workers > 1 ? static_cast<size_t>(workers) : 0) {
+    for (size_t w = 0; w < ahead_; ++w) pool_.emplace_back([this] { work(); });
+  }
+  ~EmitPipeline() {
+    {
+      const std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : pool_) t.join();
+  }
+  // Group i's tensors and report part; i must go 0, 1, 2, ... (the consumer's order).
+  NamedTensors next(size_t i, FolderReport& part) {
+    std::unique_lock<std::mutex> lock(mu_);
+    consumed_ = i;
+    cv_.notify_all();
+    if (ahead_ == 0 && slots_[i].state == kTodo) {  // one worker: the consumer emits itself
+      slots_[i].state = kRunning;
+      lock.unlock();
+      run(i);
+      lock.lock();
+    }
+    cv_.wait(lock, [&] { return slots_[i].state == kDone; });
+    Slot s = std::move(slots_[i]);
+    slots_[i] = Slot{};
+    slots_[i].state = kDone;
+    if (s.error) std::rethrow_exception(s.error);
+    part = s.report;
+    return std::move(s.tensors);
+  }
+
+ private:
+  enum State { kTodo, kRunning, kDone };
+  struct Slot {
+    State state = kTodo;
+    NamedTensors tensors;
+    FolderReport report;
+    std::exception_ptr error;
+  };
+  void run(size_t i) {
+    Slot out;
+    try {
+      out.tensors = groups_[i].emit(out.report);
+    } catch (...) {
+      out.error = std::current_exception();
+    }
+    const std::lock_guard<std::mutex> lock(mu_);
+    out.state = kDone;
+    slots_[i] = std::move(out);
+    if (slots_[i].error) failed_ = true;
+    cv_.notify_all();
+  }
+  void work() {
+    for (;;) {
+      size_t i;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        // Groups consumed_ .. consumed_ + ahead_ - 1 may be running or waiting for the consumer.
+        cv_.wait(lock, [&] { return stop_ || failed_ || next_ >= slots_.size() || next_ < consumed_ + ahead_; });
+        if (stop_ || failed_ || next_ >= slots_.size()) return;
+        i = next_++;
+        slots_[i].state = kRunning;
+      }
+      run(i);
+    }
+  }
+  std::vector<OutGroup>& groups_;
+  std::vector<Slot> slots_;
+  const size_t ahead_;  // worker threads (0: the consumer emits each group itself)
+  std::vector<std::thread> pool_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t next_ = 0, consumed_ = 0;
+  bool stop_ = false, failed_ = false;
 };
 
 fs::path prepare_out_dir(const std::string& out_dir) {
@@ -59,7 +170,8 @@ void write_json(const fs::path& path, const nlohmann::json& j) {
 }
 
 // Writes all groups into one or more safetensors files under `out`.
-int write_groups(const fs::path& out, std::vector<OutGroup>& groups, uint64_t max_shard_bytes, FolderReport& rep) {
+int write_groups(const fs::path& out, std::vector<OutGroup>& groups, uint64_t max_shard_bytes, FolderReport& rep,
+                 int workers) {
   // Shards split between groups only, so a 4-bit weight keeps its statistics in its own file.
   std::vector<std::pair<std::string, uint64_t>> sizes;
   for (const auto& g : groups) {
@@ -68,6 +180,17 @@ int write_groups(const fs::path& out, std::vector<OutGroup>& groups, uint64_t ma
     sizes.emplace_back(g.entries.front().name, b);
   }
   const ShardPlan plan = plan_shards(sizes, max_shard_bytes);
+  // The groups in the order they are written (file by file), emitted ahead on the workers.
+  std::vector<OutGroup> ordered;
+  std::vector<size_t> order;
+  for (size_t f = 0; f < plan.files.size(); ++f)
+    for (size_t gi = 0; gi < groups.size(); ++gi)
+      if (plan.file_of_tensor[gi] == f) {
+        order.push_back(gi);
+        ordered.push_back(groups[gi]);
+      }
+  EmitPipeline pipeline(ordered, workers);
+  size_t taken = 0;
   SafetensorsIndex index;
   for (size_t f = 0; f < plan.files.size(); ++f) {
     SafetensorsWriter w((out / plan.files[f]).string());
@@ -77,7 +200,10 @@ int write_groups(const fs::path& out, std::vector<OutGroup>& groups, uint64_t ma
     w.begin({{"format", "pt"}});
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       if (plan.file_of_tensor[gi] != f) continue;
-      NamedTensors ts = groups[gi].emit();
+      QS_CHECK(order[taken] == gi, "groups taken out of order");
+      FolderReport part;
+      NamedTensors ts = pipeline.next(taken++, part);
+      merge_report(rep, part);
       QS_CHECK(ts.size() == groups[gi].entries.size(), "emitted tensor count differs from the declaration");
       for (size_t k = 0; k < ts.size(); ++k) {
         const auto& [name, t] = ts[k];
@@ -100,10 +226,10 @@ int write_groups(const fs::path& out, std::vector<OutGroup>& groups, uint64_t ma
 // Writes the converted folder: tensors, config.json, side files, all under OUT.partial-<pid>,
 // renamed to OUT at the end; on any error the partial folder is removed and nothing else touched.
 void write_output_folder(const std::string& in_dir, const std::string& out_dir, std::vector<OutGroup>& groups,
-                         uint64_t max_shard_bytes, const nlohmann::json& config, FolderReport& rep) {
+                         uint64_t max_shard_bytes, const nlohmann::json& config, FolderReport& rep, int workers) {
   const fs::path partial = prepare_out_dir(out_dir);
   try {
-    rep.files_written = write_groups(partial, groups, max_shard_bytes, rep);
+    rep.files_written = write_groups(partial, groups, max_shard_bytes, rep, workers);
     write_json(partial / "config.json", config);
     copy_model_side_files(in_dir, partial.string());
     finish_out_dir(partial, out_dir);
@@ -114,7 +240,7 @@ void write_output_folder(const std::string& in_dir, const std::string& out_dir, 
   }
 }
 
-void accumulate_error(FolderReport& rep, const std::vector<float>& ref, const std::vector<float>& got) {
+void accumulate_error(FolderReport& rep, const std::vector<float>& ref, const float* got) {
   for (size_t i = 0; i < ref.size(); ++i) {
     if (!std::isfinite(ref[i])) continue;  // counted in nonfinite_values (allow_nonfinite)
     const double d = static_cast<double>(got[i]) - ref[i];
@@ -196,6 +322,63 @@ FolderReport quantize_model_folder(const std::string& in_dir, const std::string&
       throw InputError(in_dir + ": tensor '" + name + "' has dtype " + e->dtype_name + " (expected F32, BF16 or F16)");
   }
   const bool cuda = opt.use_cuda && cuda_available();
+  // Pass 1 (header): the packed JSON's length depends on the double-quant offset, a mean of the
+  // block absmax, which is cheap to compute without encoding; one tensor per thread.
+  std::vector<std::string> projections;
+  uint64_t largest = 1;
+  for (const std::string& name : in.names())
+    if (is_llama_projection_weight(name)) {
+      const SafetensorsEntry& e = *in.find(name);
+      if (!e.dtype || !dtype_is_float(*e.dtype))
+        throw InputError(in_dir + ": tensor '" + name + "' has dtype " + e.dtype_name + " (expected F32, BF16 or F16)");
+      projections.push_back(name);
+      largest = std::max<uint64_t>(largest, static_cast<uint64_t>(shape_numel(e.shape)));
+    }
+  // Host bytes per element that one tensor's quantization holds at its most (input, f32 copy,
+  // quantizer's f32 copy, dequantized f32, packed); on the GPU path one tensor at a time.
+  const uint64_t per_element = 16;
+  const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+  const int workers =
+      cuda ? 1
+      : opt.threads > 0
+          ? opt.threads
+          : static_cast<int>(std::clamp<uint64_t>(host_memory_available().bytes / 2 / (largest * per_element), 1,
+                                                  static_cast<uint64_t>(threads)));
+  std::map<std::string, float> offsets;
+  if (opt.quant.compress_statistics) {
+    std::vector<float> found(projections.size());
+    std::atomic<size_t> next{0};
+    std::mutex mu;
+    std::exception_ptr failure;
+    auto offset_of = [&] {
+      try {
+        for (size_t k = next++; k < projections.size(); k = next++) {
+          const std::vector<float> x = in.get(projections[k]).to_f32_vector();
+          const int64_t n = static_cast<int64_t>(x.size()), bs = opt.quant.blocksize, nb = (n + bs - 1) / bs;
+          std::vector<float> amax(static_cast<size_t>(nb), 0.0f);
+          for (int64_t b = 0; b < nb; ++b) {  // max |x| per block; a NaN never wins (as fmax)
+            float m = 0.0f;
+            for (int64_t i = b * bs; i < std::min(n, (b + 1) * bs); ++i) {
+              const float a = std::fabs(x[i]);
+              m = a > m ? a : m;
+            }
+            amax[b] = m;
+          }
+          found[k] = absmax_mean_cpu(amax.data(), nb);
+        }
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(mu);
+        if (!failure) failure = std::current_exception();
+        next = projections.size();
+      }
+    };
+    std::vector<std::thread> pool;
+    for (int w = 1; w < workers; ++w) pool.emplace_back(offset_of);
+    offset_of();
+    for (auto& t : pool) t.join();
+    if (failure) std::rethrow_exception(failure);
+    for (size_t k = 0; k < projections.size(); ++k) offsets[projections[k]] = found[k];
+  }
   FolderReport rep;
   std::vector<OutGroup> groups;
   for (const std::string& name : in.names()) {
@@ -203,14 +386,14 @@ FolderReport quantize_model_folder(const std::string& in_dir, const std::string&
     rep.bytes_in += e.nbytes();
     if (!is_llama_projection_weight(name)) {
       if (!e.dtype) throw InputError(in_dir + ": tensor '" + name + "' has dtype " + e.dtype_name + " that qshard cannot copy");
-      groups.push_back({{{name, *e.dtype, e.shape}}, [&in, name, &rep] {
-                          ++rep.copied_tensors;
+      groups.push_back({{{name, *e.dtype, e.shape}},
+                        [&in, name](FolderReport& part) {
+                          ++part.copied_tensors;
                           return NamedTensors{{name, in.get(name)}};
-                        }});
+                        },
+                        e.nbytes()});
       continue;
     }
-    // Pass 1 (header): the packed JSON's length depends on the double-quant offset, a mean of
-    // the block absmax, which is cheap to compute without encoding.
     QuantState st;
     st.quant_type = opt.quant.quant_type;
     st.blocksize = opt.quant.blocksize;
@@ -218,11 +401,8 @@ FolderReport quantize_model_folder(const std::string& in_dir, const std::string&
     st.shape = e.shape;
     const int64_t n = shape_numel(e.shape), nb = (n + st.blocksize - 1) / st.blocksize;
     if (opt.quant.compress_statistics) {
-      const std::vector<float> x = in.get(name).to_f32_vector();
-      std::vector<float> amax(static_cast<size_t>(nb), 0.0f);
-      for (int64_t i = 0; i < n; ++i) amax[i / st.blocksize] = std::fmax(amax[i / st.blocksize], std::fabs(x[i]));
       st.state2 = NestedQuantState{};
-      st.state2->offset = absmax_mean_cpu(amax.data(), nb);
+      st.state2->offset = offsets.at(name);
     }
     std::vector<OutEntry> entries = {{name, DType::kU8, {(n + 1) / 2, 1}},
                                      {name + ".absmax", st.nested() ? DType::kU8 : DType::kF32, {nb}},
@@ -234,34 +414,36 @@ FolderReport quantize_model_folder(const std::string& in_dir, const std::string&
     entries.push_back({name + ".quant_state.bitsandbytes__" + quant_type_name(st.quant_type), DType::kU8,
                        {static_cast<int64_t>(st.packed_json().size())}});
     const float planned_offset = st.nested() ? st.state2->offset : 0.0f;
-    groups.push_back({entries, [&in, name, &rep, &opt, cuda, planned_offset] {
-                        Tensor x = in.get(name);
+    groups.push_back({entries,
+                      [&in, name, &opt, cuda, planned_offset](FolderReport& part) {
+                        const Tensor x = in.get(name);
+                        const std::vector<float> v = x.to_f32_vector();
                         int64_t bad = 0, first_bad = -1;
-                        {
-                          const std::vector<float> v = x.to_f32_vector();
-                          for (size_t i = 0; i < v.size(); ++i)
-                            if (!std::isfinite(v[i])) {
-                              if (first_bad < 0) first_bad = static_cast<int64_t>(i);
-                              ++bad;
-                            }
-                        }
+                        for (size_t i = 0; i < v.size(); ++i)
+                          if (!std::isfinite(v[i])) {
+                            if (first_bad < 0) first_bad = static_cast<int64_t>(i);
+                            ++bad;
+                          }
                         if (bad > 0 && !opt.allow_nonfinite)
                           throw InputError(in.dir() + ": tensor '" + name + "' holds " + std::to_string(bad) +
                                            " NaN/Inf values (the first at flat index " + std::to_string(first_bad) +
                                            "); refusing to quantize them (--allow-nonfinite to quantize anyway)");
-                        rep.nonfinite_values += bad;
+                        part.nonfinite_values += bad;
                         Params4bit p = quantize_4bit(cuda ? x.to(Device::kCuda) : x, opt.quant);
                         if (p.quant_state.nested())
                           QS_CHECK(p.quant_state.state2->offset == planned_offset, "offset differs from pass 1");
-                        accumulate_error(rep, x.to_f32_vector(), dequantize_4bit(p, DType::kF32).to(Device::kCpu).to_f32_vector());
-                        ++rep.converted_tensors;
-                        rep.converted_elements += x.numel();
+                        Tensor back = dequantize_4bit(p, DType::kF32);
+                        if (back.device() != Device::kCpu) back = back.to(Device::kCpu);
+                        accumulate_error(part, v, back.data<float>());
+                        ++part.converted_tensors;
+                        part.converted_elements += x.numel();
                         return params4bit_state_dict(p, name);
-                      }});
+                      },
+                      static_cast<uint64_t>(n) * per_element});
   }
   nlohmann::json config = cfg.raw;
   config["quantization_config"] = bnb_quantization_config(opt.quant, opt.compute_dtype);
-  write_output_folder(in_dir, out_dir, groups, opt.max_shard_bytes, config, rep);
+  write_output_folder(in_dir, out_dir, groups, opt.max_shard_bytes, config, rep, workers);
   return rep;
 }
 
@@ -302,20 +484,25 @@ FolderReport dequantize_model_folder(const std::string& in_dir, const std::strin
       const DType dt = out_dtype.value_or(st.dtype);  // bitsandbytes' dequantize_4bit gives st.dtype
       if (weights_dtype && *weights_dtype != dt) mixed = true;
       weights_dtype = dt;
-      groups.push_back({{{name, dt, st.shape}}, [name, lookup, label, dt, &rep] {
+      groups.push_back({{{name, dt, st.shape}},
+                        [name, lookup, label, dt](FolderReport& part) {
                           Params4bit p = params4bit_from_state_dict(name, lookup, label);
-                          ++rep.converted_tensors;
-                          rep.converted_elements += p.quant_state.numel();
+                          ++part.converted_tensors;
+                          part.converted_elements += p.quant_state.numel();
                           return NamedTensors{{name, dequantize_4bit(p, dt)}};
-                        }});
+                        },
+                        // packed + statistics, f32 values, the output
+                        static_cast<uint64_t>(st.numel()) * (5 + dtype_size(dt))});
       continue;
     }
     const SafetensorsEntry& e = *in.find(name);
     if (!e.dtype) throw InputError(in_dir + ": tensor '" + name + "' has dtype " + e.dtype_name + " that qshard cannot copy");
-    groups.push_back({{{name, *e.dtype, e.shape}}, [&in, name, &rep] {
-                        ++rep.copied_tensors;
+    groups.push_back({{{name, *e.dtype, e.shape}},
+                      [&in, name](FolderReport& part) {
+                        ++part.copied_tensors;
                         return NamedTensors{{name, in.get(name)}};
-                      }});
+                      },
+                      e.nbytes()});
   }
   nlohmann::json config = cfg.raw;
   config.erase("quantization_config");
@@ -323,7 +510,7 @@ FolderReport dequantize_model_folder(const std::string& in_dir, const std::strin
   if (weights_dtype && !mixed)
     for (const char* k : {"torch_dtype", "dtype"})
       if (config.contains(k)) config[k] = dtype_torch_name(*weights_dtype);
-  write_output_folder(in_dir, out_dir, groups, max_shard_bytes, config, rep);
+  write_output_folder(in_dir, out_dir, groups, max_shard_bytes, config, rep, emit_workers(groups));
   return rep;
 }
 

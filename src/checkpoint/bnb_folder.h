@@ -39,6 +39,9 @@ struct QuantizeFolderOptions {
   // A weight holding NaN or Inf is refused (its block's absmax would be NaN/Inf and every value of
   // the block lost) unless this is set; then the count is reported.
   bool allow_nonfinite = false;
+  // Host threads quantizing tensors at once on the CPU path (0: the host's threads, at most 16,
+  // no more than half the available host memory holds). The output is the same for any count.
+  int threads = 0;
 };
 
 struct FolderReport {

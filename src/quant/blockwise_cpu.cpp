@@ -9,39 +9,62 @@
 
 namespace qshard {
 namespace {
-// max |x| over [begin, end), subnormals read as zero (bitsandbytes' flush-to-zero).
+// max |x| over [begin, end), subnormals read as zero (bitsandbytes' flush-to-zero). A NaN never
+// wins (as with fmax); written as a compare so that it inlines (std::fmax is a libm call).
 float block_absmax(const float* x, int64_t begin, int64_t end) {
   float m = 0.0f;
-  for (int64_t i = begin; i < end; ++i) m = std::fmax(m, std::fabs(flush_subnormal(x[i])));
+  for (int64_t i = begin; i < end; ++i) {
+    const float a = std::fabs(flush_subnormal(x[i]));
+    m = a > m ? a : m;
+  }
   return m;
+}
+
+// The 4-bit encoder for one quant type, chosen once per call rather than per element.
+template <QuantType kType>
+[[gnu::always_inline]] inline uint8_t encode_scaled(float x, float scale) {
+  const float v = flush_subnormal(flush_subnormal(x) * scale);
+  return kType == QuantType::kNf4 ? nf4_encode(v) : fp4_encode(v);
+}
+
+template <QuantType kType>
+void quantize_4bit_blocks(const float* x, int64_t n, int64_t blocksize, uint8_t* packed, float* absmax) {
+  const int64_t nblocks = (n + blocksize - 1) / blocksize;
+  const uint8_t pad = zero_code(kType);
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t begin = b * blocksize;  // even: blocksizes are powers of two >= 32
+    const int64_t end = std::min(n, begin + blocksize);
+    const float m = block_absmax(x, begin, end);
+    absmax[b] = m;
+    const float scale = 1.0f / m;  // inf for an all-zero block: 0 * inf = NaN -> code 0 (as CUDA)
+    const int64_t pairs_end = begin + ((end - begin) & ~int64_t{1});
+    for (int64_t i = begin; i < pairs_end; i += 2)
+      packed[i / 2] = static_cast<uint8_t>((encode_scaled<kType>(x[i], scale) << 4) | encode_scaled<kType>(x[i + 1], scale));
+    if (pairs_end < end) packed[pairs_end / 2] = static_cast<uint8_t>((encode_scaled<kType>(x[pairs_end], scale) << 4) | pad);
+  }
 }
 }  // namespace
 
 void quantize_4bit_cpu(const float* x, int64_t n, int64_t blocksize, QuantType type, uint8_t* packed,
                        float* absmax) {
-  const int64_t nblocks = (n + blocksize - 1) / blocksize;
-  const uint8_t pad = zero_code(type);
-  for (int64_t b = 0; b < nblocks; ++b) {
-    const int64_t begin = b * blocksize;
-    const int64_t end = std::min(n, begin + blocksize);
-    const float m = block_absmax(x, begin, end);
-    absmax[b] = m;
-    const float scale = 1.0f / m;  // inf for an all-zero block: 0 * inf = NaN -> code 0 (as CUDA)
-    auto scaled = [&](int64_t i) { return flush_subnormal(flush_subnormal(x[i]) * scale); };
-    for (int64_t i = begin; i < end; i += 2) {
-      const uint8_t hi = encode_4bit(type, scaled(i));
-      const uint8_t lo = i + 1 < end ? encode_4bit(type, scaled(i + 1)) : pad;
-      packed[i / 2] = static_cast<uint8_t>((hi << 4) | lo);
-    }
-  }
+  if (type == QuantType::kNf4) quantize_4bit_blocks<QuantType::kNf4>(x, n, blocksize, packed, absmax);
+  else quantize_4bit_blocks<QuantType::kFp4>(x, n, blocksize, packed, absmax);
 }
 
 void dequantize_4bit_cpu(const uint8_t* packed, const float* absmax, const float* code, int64_t n,
                          int64_t blocksize, float* out) {
-  for (int64_t i = 0; i < n; ++i) {
-    const uint8_t byte = packed[i / 2];
-    const uint8_t nib = (i % 2 == 0) ? (byte >> 4) : (byte & 0x0f);
-    out[i] = flush_subnormal(code[nib] * absmax[i / blocksize]);
+  // Block by block, a byte (two values) at a time: no division per element. Blocks start at even
+  // indices (blocksizes are even), so a byte never straddles two blocks.
+  for (int64_t b = 0, begin = 0; begin < n; ++b, begin += blocksize) {
+    const int64_t end = std::min(n, begin + blocksize);
+    const float a = absmax[b];
+    int64_t i = begin;
+    for (; i + 1 < end; i += 2) {
+      const uint8_t byte = packed[i / 2];
+      out[i] = flush_subnormal(code[byte >> 4] * a);
+      out[i + 1] = flush_subnormal(code[byte & 0x0f] * a);
+    }
+    if (i < end) out[i] = flush_subnormal(code[packed[i / 2] >> 4] * a);
   }
 }
 

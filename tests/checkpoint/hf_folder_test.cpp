@@ -5,6 +5,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <optional>
 #include <nlohmann/json.hpp>
 
@@ -144,12 +146,65 @@ TEST(HfFolder, NonFiniteWeightsAreRefusedUnlessAllowed) {
   save_safetensors(t / "model/model.safetensors", tensors);
   QuantizeFolderOptions o;
   o.use_cuda = false;
-  expect_input_error([&] { quantize_model_folder(t / "model", t / "out", o); }, {victim, "1 NaN/Inf", "index 5"});
-  EXPECT_FALSE(fs::exists(t / "out"));
+  for (int threads : {1, 3, 16}) {  // the failing tensor's error, whichever thread met it; nothing left
+    o.threads = threads;
+    expect_input_error([&] { quantize_model_folder(t / "model", t / "out", o); }, {victim, "1 NaN/Inf", "index 5"});
+    EXPECT_FALSE(fs::exists(t / "out"));
+  }
+  o.threads = 0;
   o.allow_nonfinite = true;
   const FolderReport r = quantize_model_folder(t / "model", t / "out", o);
   EXPECT_EQ(r.nonfinite_values, 1);
   EXPECT_TRUE(fs::exists(t / "out/config.json"));
+}
+
+// Tensors are quantized on several threads, written in order: the folder (every file, the index)
+// and the report are the same for any thread count, with the output split over several files.
+TEST(HfFolder, QuantizeIsTheSameForAnyThreadCount) {
+  TempDir t;
+  RandomLlamaOptions ro;
+  ro.hidden_size = 64;
+  ro.intermediate_size = 192;
+  ro.num_hidden_layers = 4;
+  ro.vocab_size = 120;
+  write_random_llama_folder(t / "r", ro);
+  const auto read_all = [](const fs::path& dir) {
+    std::map<std::string, std::string> files;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      std::ifstream in(e.path(), std::ios::binary);
+      files[e.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    return files;
+  };
+  QuantizeFolderOptions o;
+  o.use_cuda = false;
+  o.max_shard_bytes = 40000;  // several files
+  std::map<std::string, std::string> want;
+  FolderReport first;
+  for (int threads : {1, 2, 5, 16}) {
+    o.threads = threads;
+    const fs::path out = t / ("q" + std::to_string(threads));
+    const FolderReport r = quantize_model_folder(t / "r", out, o);
+    const auto got = read_all(out);
+    if (threads == 1) {
+      want = got;
+      first = r;
+      EXPECT_GT(r.files_written, 2);
+      EXPECT_EQ(r.converted_tensors, 4 * 7);
+      continue;
+    }
+    EXPECT_EQ(got, want) << threads << " threads";
+    EXPECT_EQ(r.files_written, first.files_written);
+    EXPECT_EQ(r.converted_elements, first.converted_elements);
+    EXPECT_EQ(r.copied_tensors, first.copied_tensors);
+    EXPECT_EQ(r.max_abs_err, first.max_abs_err);
+    EXPECT_EQ(r.sum_sq_err, first.sum_sq_err);
+    EXPECT_EQ(r.sum_sq_ref, first.sum_sq_ref);
+  }
+  // And dequantizing it back (also on threads) gives one folder.
+  const FolderReport d = dequantize_model_folder(t / "q1", t / "d", DType::kBF16, 40000);
+  EXPECT_EQ(d.converted_tensors, 4 * 7);
+  EXPECT_EQ(LlamaConfig::load(t / "d").num_hidden_layers, 4);
 }
 
 TEST(HfFolder, MissingConfigJson) {
