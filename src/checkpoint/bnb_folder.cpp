@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +17,7 @@
 #include "quant/blockwise.h"
 #include "runtime/log.h"
 #include "runtime/machine.h"
+#include "runtime/parallel.h"
 
 namespace qshard {
 namespace fs = std::filesystem;
@@ -51,24 +51,29 @@ void merge_report(FolderReport& into, const FolderReport& part) {
   into.nonfinite_values += part.nonfinite_values;
 }
 
-// How many groups may be emitted at once: the host's threads (at most 16), no more than half of
-// the available host memory holds (each group's work_bytes), at least one.
+// How many tensors may be worked on at once: `requested` when set, else the host's threads (at
+// most 16), no more than half the available host memory holds at `most_bytes` each; at least one.
+int worker_count(uint64_t most_bytes, int requested) {
+  if (requested > 0) return requested;
+  const uint64_t by_memory = host_memory_available().bytes / 2 / std::max<uint64_t>(most_bytes, 1);
+  return static_cast<int>(std::clamp<uint64_t>(by_memory, 1, static_cast<uint64_t>(host_threads(16))));
+}
+
 int emit_workers(const std::vector<OutGroup>& groups) {
   uint64_t most = 1;
   for (const auto& g : groups) most = std::max(most, g.work_bytes);
-  const uint64_t by_memory = host_memory_available().bytes / 2 / most;
-  const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
-  return static_cast<int>(std::clamp<uint64_t>(by_memory, 1, static_cast<uint64_t>(threads)));
+  return worker_count(most, 0);
 }
 
-// Runs groups[i].emit for every i on `workers` threads, at most `workers` results ahead of the
-// consumer, which takes them in order through next(i). The first failure (in group order) is
-// rethrown by next() for that group; the workers stop taking new groups once one failed or the
+// Runs groups[order[k]].emit for every k on `workers` threads, at most `workers` results ahead of
+// the consumer, which takes them in order through next(k). The first failure (in that order) is
+// rethrown by next() for its group; the workers stop taking new groups once one failed or the
 // runner is destroyed.
 class EmitPipeline {
  public:
-  EmitPipeline(std::vector<OutGroup>& groups, int workers)
-      : groups_(groups), slots_(groups.size()), ahead_(workers > 1 ? static_cast<size_t>(workers) : 0) {
+  EmitPipeline(std::vector<OutGroup>& groups, std::vector<size_t> order, int workers)
+      : groups_(groups), order_(std::move(order)), slots_(order_.size()),
+        ahead_(workers > 1 ? static_cast<size_t>(workers) : 0) {
     for (size_t w = 0; w < ahead_; ++w) pool_.emplace_back([this] { work(); });
   }
   ~EmitPipeline() {
@@ -79,7 +84,7 @@ class EmitPipeline {
     cv_.notify_all();
     for (auto& t : pool_) t.join();
   }
-  // Group i's tensors and report part; i must go 0, 1, 2, ... (the consumer's order).
+  // Group order[i]'s tensors and report part; i must go 0, 1, 2, ... (the consumer's order).
   NamedTensors next(size_t i, FolderReport& part) {
     std::unique_lock<std::mutex> lock(mu_);
     consumed_ = i;
@@ -110,7 +115,7 @@ class EmitPipeline {
   void run(size_t i) {
     Slot out;
     try {
-      out.tensors = groups_[i].emit(out.report);
+      out.tensors = groups_[order_[i]].emit(out.report);
     } catch (...) {
       out.error = std::current_exception();
     }
@@ -135,6 +140,7 @@ class EmitPipeline {
     }
   }
   std::vector<OutGroup>& groups_;
+  const std::vector<size_t> order_;
   std::vector<Slot> slots_;
   const size_t ahead_;  // worker threads (0: the consumer emits each group itself)
   std::vector<std::thread> pool_;
@@ -181,15 +187,11 @@ int write_groups(const fs::path& out, std::vector<OutGroup>& groups, uint64_t ma
   }
   const ShardPlan plan = plan_shards(sizes, max_shard_bytes);
   // The groups in the order they are written (file by file), emitted ahead on the workers.
-  std::vector<OutGroup> ordered;
   std::vector<size_t> order;
   for (size_t f = 0; f < plan.files.size(); ++f)
     for (size_t gi = 0; gi < groups.size(); ++gi)
-      if (plan.file_of_tensor[gi] == f) {
-        order.push_back(gi);
-        ordered.push_back(groups[gi]);
-      }
-  EmitPipeline pipeline(ordered, workers);
+      if (plan.file_of_tensor[gi] == f) order.push_back(gi);
+  EmitPipeline pipeline(groups, order, workers);
   size_t taken = 0;
   SafetensorsIndex index;
   for (size_t f = 0; f < plan.files.size(); ++f) {
@@ -200,7 +202,6 @@ int write_groups(const fs::path& out, std::vector<OutGroup>& groups, uint64_t ma
     w.begin({{"format", "pt"}});
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       if (plan.file_of_tensor[gi] != f) continue;
-      QS_CHECK(order[taken] == gi, "groups taken out of order");
       FolderReport part;
       NamedTensors ts = pipeline.next(taken++, part);
       merge_report(rep, part);
@@ -337,46 +338,24 @@ FolderReport quantize_model_folder(const std::string& in_dir, const std::string&
   // Host bytes per element that one tensor's quantization holds at its most (input, f32 copy,
   // quantizer's f32 copy, dequantized f32, packed); on the GPU path one tensor at a time.
   const uint64_t per_element = 16;
-  const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
-  const int workers =
-      cuda ? 1
-      : opt.threads > 0
-          ? opt.threads
-          : static_cast<int>(std::clamp<uint64_t>(host_memory_available().bytes / 2 / (largest * per_element), 1,
-                                                  static_cast<uint64_t>(threads)));
+  const int workers = cuda ? 1 : worker_count(largest * per_element, opt.threads);
   std::map<std::string, float> offsets;
   if (opt.quant.compress_statistics) {
     std::vector<float> found(projections.size());
-    std::atomic<size_t> next{0};
-    std::mutex mu;
-    std::exception_ptr failure;
-    auto offset_of = [&] {
-      try {
-        for (size_t k = next++; k < projections.size(); k = next++) {
-          const std::vector<float> x = in.get(projections[k]).to_f32_vector();
-          const int64_t n = static_cast<int64_t>(x.size()), bs = opt.quant.blocksize, nb = (n + bs - 1) / bs;
-          std::vector<float> amax(static_cast<size_t>(nb), 0.0f);
-          for (int64_t b = 0; b < nb; ++b) {  // max |x| per block; a NaN never wins (as fmax)
-            float m = 0.0f;
-            for (int64_t i = b * bs; i < std::min(n, (b + 1) * bs); ++i) {
-              const float a = std::fabs(x[i]);
-              m = a > m ? a : m;
-            }
-            amax[b] = m;
-          }
-          found[k] = absmax_mean_cpu(amax.data(), nb);
+    parallel_for(projections.size(), workers, [&](size_t k) {
+      const std::vector<float> x = in.get(projections[k]).to_f32_vector();
+      const int64_t n = static_cast<int64_t>(x.size()), bs = opt.quant.blocksize, nb = (n + bs - 1) / bs;
+      std::vector<float> amax(static_cast<size_t>(nb), 0.0f);
+      for (int64_t b = 0; b < nb; ++b) {  // max |x| per block; a NaN never wins (as fmax)
+        float m = 0.0f;
+        for (int64_t i = b * bs; i < std::min(n, (b + 1) * bs); ++i) {
+          const float a = std::fabs(x[i]);
+          m = a > m ? a : m;
         }
-      } catch (...) {
-        const std::lock_guard<std::mutex> lock(mu);
-        if (!failure) failure = std::current_exception();
-        next = projections.size();
+        amax[b] = m;
       }
-    };
-    std::vector<std::thread> pool;
-    for (int w = 1; w < workers; ++w) pool.emplace_back(offset_of);
-    offset_of();
-    for (auto& t : pool) t.join();
-    if (failure) std::rethrow_exception(failure);
+      found[k] = absmax_mean_cpu(amax.data(), nb);
+    });
     for (size_t k = 0; k < projections.size(); ++k) offsets[projections[k]] = found[k];
   }
   FolderReport rep;

@@ -1,11 +1,6 @@
 #include "train/model_init.h"
 
-#include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <exception>
-#include <mutex>
-#include <thread>
 #include <utility>
 #include <vector>
 #include <functional>
@@ -14,6 +9,7 @@
 
 #include "checkpoint/random_llama.h"
 #include "checkpoint/safetensors_index.h"
+#include "runtime/parallel.h"
 
 namespace qshard {
 namespace {
@@ -82,25 +78,7 @@ void init_random_base(Module& root, uint64_t seed, double init_std) {
                                 : random_normal(seed, fqn, s.tensor.numel(), init_std);
     s.tensor.copy_from(Tensor::from_f32(s.tensor.shape(), s.tensor.dtype(), v));
   };
-  const unsigned threads = std::clamp(std::thread::hardware_concurrency(), 1u, 32u);
-  std::atomic<size_t> next{0};
-  std::mutex mu;
-  std::exception_ptr failure;
-  auto worker = [&] {
-    for (size_t i = next++; i < todo.size(); i = next++) {
-      try {
-        fill(*todo[i].first, todo[i].second);
-      } catch (...) {
-        const std::lock_guard<std::mutex> lock(mu);
-        if (!failure) failure = std::current_exception();
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
-  if (failure) std::rethrow_exception(failure);
+  parallel_for(todo.size(), host_threads(32), [&](size_t i) { fill(*todo[i].first, todo[i].second); });
 }
 
 void init_lora(Module& root, uint64_t seed) {
