@@ -50,7 +50,7 @@ i=0; for f in configs/*.yaml bench/configs/*.yaml; do cp "$f" "$work/yaml/$((i++
 i=0; for f in $(find tests/data -name config.json -size -16k); do cp "$f" "$work/json/$((i++)).json"; done
 head -c 3000 data/persuasion_vol1.txt > "$work/sample.txt"
 build/qshard tokenize "$work/sample.txt" --out "$work/tok/sample.tok" > /dev/null 2>&1 || true
-cp "$work/sample.txt" "$work/text/" && head -c 3000 src/train/hf_tokenizer.cpp > "$work/text/code.txt"
+cp "$work/sample.txt" "$work/text/" && head -c 3000 src/text/hf_tokenizer.cpp > "$work/text/code.txt"
 printf 'caf\xc3\xa9 \xe2\x82 \xf0\x9f\x98\x80  \t\n 12345 <|endoftext|>' > "$work/text/mixed.txt"
 # One fuzzer per core at a time (each is single-threaded); any crash fails CI once its batch ends.
 pids=()

@@ -154,12 +154,12 @@ for stage in "${stages[@]}"; do
     gentest)
       mkdir -p $W; : > "$OUT/gentest.log"
       build/tests/model/op_harness_test --gtest_filter='*AttentionCached*' 2>&1 | grep -E "cuda|OK|FAIL" | tee -a "$OUT/gentest.log"
-      build/tests/train/generate_test 2>&1 | grep -E "GPU|OK|FAIL|differ" | tee -a "$OUT/gentest.log"
-      build/tests/train/train_test --gtest_filter='EvalGpu*' 2>&1 | grep -E "GPU vs CPU|OK|FAIL" | tee -a "$OUT/gentest.log"
+      build/tests/infer/infer_test 2>&1 | grep -E "GPU|OK|FAIL|differ" | tee -a "$OUT/gentest.log"
+      build/tests/infer/infer_test --gtest_filter='EvalGpu*' 2>&1 | grep -E "GPU vs CPU|OK|FAIL" | tee -a "$OUT/gentest.log"
       compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 build/tests/model/op_harness_test \
         --gtest_filter='*AttentionCached*' > $W/san_gen_ops.log 2>&1
       echo "memcheck cached attention: exit $? $(grep 'ERROR SUMMARY' $W/san_gen_ops.log | tail -1)" | tee -a "$OUT/gentest.log"
-      compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 build/tests/train/generate_test \
+      compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 build/tests/infer/infer_test \
         --gtest_filter='GenerateGpu*' > $W/san_gen.log 2>&1
       echo "memcheck generate GPU test: exit $? $(grep 'ERROR SUMMARY' $W/san_gen.log | tail -1)" | tee -a "$OUT/gentest.log"
       grep -q FAIL "$OUT/gentest.log" && rc_all=1

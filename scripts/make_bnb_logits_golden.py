@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Golden logits of the bf16-original bitsandbytes 4-bit folders as transformers + bitsandbytes
-compute them, for `qshard eval` (tests/train/evaluate_test.cpp, Eval.Bnb4FoldersMatchBitsandbytes).
+compute them, for `qshard eval` (tests/infer/evaluate_test.cpp, Eval.Bnb4FoldersMatchBitsandbytes).
 
 For each folder (tests/data/hf/tiny_llama_bnb4_nf4_dq, tests/data/hf/tiny_llama_bnb4_fp4):
   1. transformers loads it with its bitsandbytes integration on the CPU (AutoModelForCausalLM,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden data for the native chat-template renderer (src/train/chat_template.h), made by the real
+"""Golden data for the native chat-template renderer (src/text/chat_template.h), made by the real
 transformers library: tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=...)
 (transformers' own code path: its ImmutableSandboxedEnvironment with trim_blocks/lstrip_blocks,
 loopcontrols, its tojson, raise_exception and strftime_now; its message normalization).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden data for the native tokenizer (src/train/hf_tokenizer.h), made by the real `tokenizers`
+"""Golden data for the native tokenizer (src/text/hf_tokenizer.h), made by the real `tokenizers`
 library (pip install tokenizers).
 
   corpus   writes tests/data/tokenizer/corpus.bin: a frozen mixed corpus of documents (> 1 MB):

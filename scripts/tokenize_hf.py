@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Tokenizes text / JSONL files with a local Hugging Face tokenizer into a qshard token file.
 
-The output is the token-file format of src/train/token_file.h (32-byte header "QSTOKENS",
+The output is the token-file format of src/text/token_file.h (32-byte header "QSTOKENS",
 u32 version 3, u32 vocab_size, u64 num_tokens, u32 dtype 4 = uint32, u32 reserved 0, then
 little-endian uint32 tokens, the first token of each document with bit 30 set), the same that
 `qshard tokenize` writes.
-Documents are split as the C++ tokenizer does (src/train/byte_tokenizer.h): text files are one
+Documents are split as the C++ tokenizer does (src/text/byte_tokenizer.h): text files are one
 document each (or paragraphs with --split blank-lines), JSONL lines give the string field
 --field (default "text"); by default --format auto picks jsonl for .jsonl/.json files. Each
 document is encoded without special tokens and wrapped as BOS + ids + EOS with the tokenizer's

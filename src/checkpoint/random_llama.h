@@ -7,7 +7,7 @@
 // and an FNV-1a hash of its name, with Box-Muller (large tensors: a counter-based generator, see
 // kFastNormalElements) (the same bytes on every platform, in any visiting
 // order, on any rank): `qshard init-model --seed s` writes the model that `model.init.seed: s`
-// trains from (train/model_init.h), value for value in the same dtype. Streams one tensor at a
+// trains from (checkpoint/model_init.h), value for value in the same dtype. Streams one tensor at a
 // time. The folder is written as "DIR.partial-<pid>" and renamed; DIR must not exist or be empty.
 // LlamaSizes is the one struct of a Llama's sizes (init-model's flags and the train YAML's
 // model.init both extend it); llama_config_json() the one place sizes become a config.json.

@@ -24,10 +24,9 @@
 #include "quant/blockwise.h"
 #include "runtime/device_context.h"
 #include "runtime/dtype.h"
+#include "runtime/ignore_index.h"
 
 namespace qshard {
-
-constexpr int64_t kIgnoreIndex = -100;
 
 // C[M,N] = alpha * op(A)[M,K] . op(B)[K,N] + beta * C, row-major.
 // op(A) = A stored [M,K], or with trans_a A stored [K,M]; op(B) = B stored [K,N], or with trans_b

@@ -16,7 +16,7 @@
 #include "runtime/runtime.h"
 #include "runtime/tensor.h"
 #include "train/flops.h"
-#include "train/token_file.h"
+#include "text/token_file.h"
 #include "train/trainer.h"
 
 namespace qshard {

@@ -11,7 +11,7 @@
 #include "model/llama_model.h"
 #include "runtime/machine.h"
 #include "train/memory_plan.h"
-#include "train/model_init.h"
+#include "checkpoint/model_init.h"
 
 namespace qshard {
 

@@ -40,7 +40,7 @@
 
 #include "checkpoint/export.h"
 #include "checkpoint/sharded_checkpoint.h"
-#include "train/data_loader.h"
+#include "text/data_loader.h"
 #include "train/lr_schedule.h"
 #include "runtime/runtime.h"
 #include "train/train_config.h"

@@ -52,7 +52,7 @@ inline constexpr int64_t kMaxEpochs = int64_t{1} << 20;
 
 struct ModelInitConfig : LlamaSizes {
   ModelInitConfig() {
-    vocab_size = 258;  // the byte tokenizer (train/byte_tokenizer.h)
+    vocab_size = 258;  // the byte tokenizer (text/byte_tokenizer.h)
     hidden_size = 128;
     intermediate_size = 352;
     num_hidden_layers = 4;
@@ -86,7 +86,7 @@ struct LoraConfig {
   std::string init_adapter;
 };
 
-// torch.optim.AdamW's hyper-parameters (train/adamw.h) and global-norm clipping.
+// torch.optim.AdamW's hyper-parameters (optim/adamw.h) and global-norm clipping.
 struct OptimizerConfig {
   double lr = 2e-4;
   double beta1 = 0.9;
@@ -103,13 +103,13 @@ struct ScheduleConfig {
 };
 
 struct DataConfig {
-  std::string train;           // token file (train/token_file.h)
+  std::string train;           // token file (text/token_file.h)
   std::string eval;            // optional separate eval token file
   double eval_fraction = 0.0;  // else: hold out the last fraction of the packed sequences
   int64_t max_seq_len = 128;   // T: tokens per training sequence
   std::string packing = "packed";  // packed: documents back to back across sequences; padded: one
                                    // document per sequence, padded (no attention across documents;
-                                   // needs a version 3 token file: train/data_loader.h)
+                                   // needs a version 3 token file: text/data_loader.h)
   uint64_t seed = 1234;        // sampler shuffle
 };
 

@@ -29,8 +29,8 @@
 
 #include "model/llama_model.h"
 #include "runtime/runtime.h"
-#include "train/adamw.h"
-#include "train/data_loader.h"
+#include "optim/adamw.h"
+#include "text/data_loader.h"
 #include "train/qlora_model.h"
 
 namespace qshard {

@@ -19,18 +19,18 @@
 #include "runtime/log.h"
 #include "runtime/machine.h"
 #include "shard/sharded_parameter_manager.h"
-#include "train/adamw.h"
-#include "train/data_loader.h"
+#include "optim/adamw.h"
+#include "text/data_loader.h"
 #include "train/lr_schedule.h"
 #include "train/memory_plan.h"
 #include "train/metrics.h"
-#include "train/model_init.h"
+#include "checkpoint/model_init.h"
 #include "train/qlora_model.h"
-#include "train/eval_loss.h"
+#include "model/eval_loss.h"
 #include "train/flops.h"
 #include "train/train_checkpoint.h"
 #include "train/train_step.h"
-#include "train/token_file.h"
+#include "text/token_file.h"
 
 namespace qshard {
 namespace {

@@ -1,4 +1,4 @@
-// libFuzzer target for token files (train/token_file.h): the bytes are written to a file, opened,
+// libFuzzer target for token files (text/token_file.h): the bytes are written to a file, opened,
 // validated against a 258-token vocabulary and packed into sequences of 16 read back in full.
 // Property: an InputError, or sequences whose ids are all < 258; no crash, nothing else.
 #include <unistd.h>
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "runtime/error.h"
-#include "train/data_loader.h"
-#include "train/token_file.h"
+#include "text/data_loader.h"
+#include "text/token_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string path = "/tmp/qshard_token_fuzz_" + std::to_string(::getpid()) + ".tok";

@@ -1,4 +1,4 @@
-// libFuzzer target for the native tokenizer (train/hf_tokenizer.h) on GPT-2's real tokenizer.json
+// libFuzzer target for the native tokenizer (text/hf_tokenizer.h) on GPT-2's real tokenizer.json
 // (tests/data/tokenizer/gpt2.tar.xz, unpacked by CMake): any bytes are text.
 // Properties: every id is in the vocabulary, and decoding gives the text back as Python would read
 // it (bytes.decode("utf-8", errors="replace")): byte-level BPE is lossless. No crash, no other error.
@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "train/hf_tokenizer.h"
+#include "text/hf_tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const qshard::HfTokenizer tok = qshard::HfTokenizer::load(QSHARD_FUZZ_TOKENIZER);

@@ -14,7 +14,7 @@
 #include "runtime/sync_counters.h"
 #include "runtime/world.h"
 #include "shard/sharded_parameter_manager.h"
-#include "train/adamw.h"
+#include "optim/adamw.h"
 #ifdef QSHARD_WITH_NCCL
 #include <cuda_runtime.h>
 

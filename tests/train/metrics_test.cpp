@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "test_util.h"
+#include "common/test_util.h"
 #include "train/metrics.h"
 
 namespace qshard {

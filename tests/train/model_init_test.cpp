@@ -7,7 +7,7 @@
 
 #include "checkpoint/llama_tree.h"
 #include "checkpoint/random_llama.h"
-#include "train/model_init.h"
+#include "checkpoint/model_init.h"
 #include "train/qlora_model.h"
 #include "train/train_config.h"
 

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/error.h"
-#include "test_util.h"
+#include "common/test_util.h"
 #include "train/train_config.h"
 
 namespace qshard {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "runtime/world.h"
-#include "train/token_file.h"
+#include "text/token_file.h"
 #include "train/train_config.h"
 
 namespace qshard {

@@ -15,7 +15,7 @@
 
 #include "runtime/mpi_communicator.h"
 #include "runtime/world.h"
-#include "train/token_file.h"
+#include "text/token_file.h"
 #include "train/trainer.h"
 #include "train/trainer_fixture.h"
 
@@ -66,7 +66,7 @@ TEST(Trainer, DataParallelEquivalenceAndOffload) {
 
 // Instruction data (a version 3 file: documents flagged, prompts kTokenNoLoss) with
 // data.packing: padded: the loss curve does not depend on the world size, and the model learns
-// the responses (the only targets; counted by the data loader: tests/train/data_loader_test.cpp).
+// the responses (the only targets; counted by the data loader: tests/text/data_loader_test.cpp).
 TEST(Trainer, InstructionDataPaddedAcrossWorldSizes) {
   const std::string path = tmp_path("instr.tok");
   if (World::get().rank() == 0) {

@@ -1,0 +1,97 @@
+#include "checkpoint/model_init.h"
+
+#include <cmath>
+#include <utility>
+#include <vector>
+#include <functional>
+#include <random>
+#include <string>
+
+#include "checkpoint/random_llama.h"
+#include "checkpoint/safetensors_index.h"
+#include "runtime/parallel.h"
+
+namespace qshard {
+namespace {
+
+// LoRA A's generator per tensor: seed mixed with an FNV-1a hash of the name (as random_normal),
+// so the values do not depend on visiting order, rank or world size.
+std::mt19937_64 rng_for(uint64_t seed, const std::string& fqn) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (unsigned char c : fqn) h = (h ^ c) * 1099511628211ull;
+  return std::mt19937_64(h);
+}
+
+double uniform01(std::mt19937_64& g) { return (static_cast<double>(g() >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+
+void visit(Module& m, const std::string& prefix, const std::function<void(Module::Slot&, const std::string&)>& f) {
+  for (const auto& s : m.slots()) f(const_cast<Module::Slot&>(s), prefix + s.name);
+  for (const auto& [name, child] : m.children()) visit(*child, prefix + name + ".", f);
+}
+
+}  // namespace
+
+// Base weights from an HF folder into the tree: 4-bit tensors as stored, float projections
+// quantized, other float tensors converted to the tree's dtype. Every tensor must be present.
+void load_base_weights(Module& tree, const std::string& dir, const QuantizeOptions& quant) {
+  const SafetensorsFolder folder = SafetensorsFolder::open(dir);
+  const TensorLookup lookup = [&folder](const std::string& k) -> std::optional<Tensor> {
+    if (!folder.contains(k)) return std::nullopt;
+    return folder.get(k);
+  };
+  visit(tree, "", [&](Module::Slot& s, const std::string& fqn) {
+    if (s.trainable) return;
+    if (s.kind == Module::SlotKind::kParams4bit) {
+      if (is_4bit_weight(fqn, lookup)) {
+        *s.params4bit = params4bit_from_state_dict(fqn, lookup, dir);
+      } else {
+        if (!folder.contains(fqn)) throw InputError(dir + ": tensor '" + fqn + "' required by config.json is missing");
+        *s.params4bit = quantize_4bit(folder.get(fqn), quant);
+      }
+      return;
+    }
+    if (!folder.contains(fqn)) throw InputError(dir + ": tensor '" + fqn + "' required by config.json is missing");
+    const Tensor t = folder.get(fqn);
+    if (t.shape() != s.tensor.shape())
+      throw InputError(dir + ": tensor '" + fqn + "' has shape " + shape_str(t.shape()) + ", expected " +
+                       shape_str(s.tensor.shape()));
+    s.tensor.copy_from(Tensor::from_f32(t.shape(), s.tensor.dtype(), t.to_f32_vector()));
+  });
+}
+
+void init_random_base(Module& root, uint64_t seed, double init_std) {
+  // Every tensor has its own generator (random_normal), so tensors are filled in parallel and the
+  // values do not depend on the thread count.
+  std::vector<std::pair<Module::Slot*, std::string>> todo;
+  visit(root, "", [&](Module::Slot& s, const std::string& fqn) {
+    if (!s.trainable) todo.emplace_back(&s, fqn);
+  });
+  auto fill = [&](Module::Slot& s, const std::string& fqn) {
+    if (s.kind == Module::SlotKind::kParams4bit) {
+      const QuantState& st = s.params4bit->quant_state;
+      const Tensor w = Tensor::from_f32(st.shape, st.dtype, random_normal(seed, fqn, st.numel(), init_std));
+      *s.params4bit = quantize_4bit(w, {st.quant_type, st.blocksize, st.nested()});
+      return;
+    }
+    const bool norm = fqn.find("norm.weight") != std::string::npos;
+    std::vector<float> v = norm ? std::vector<float>(static_cast<size_t>(s.tensor.numel()), 1.0f)
+                                : random_normal(seed, fqn, s.tensor.numel(), init_std);
+    s.tensor.copy_from(Tensor::from_f32(s.tensor.shape(), s.tensor.dtype(), v));
+  };
+  parallel_for(todo.size(), host_threads(32), [&](size_t i) { fill(*todo[i].first, todo[i].second); });
+}
+
+void init_lora(Module& root, uint64_t seed) {
+  visit(root, "", [&](Module::Slot& s, const std::string& fqn) {
+    if (!s.trainable) return;
+    std::vector<float> v(static_cast<size_t>(s.tensor.numel()), 0.0f);
+    if (fqn.find(".lora_A.") != std::string::npos) {
+      auto g = rng_for(seed, fqn);
+      const double bound = 1.0 / std::sqrt(static_cast<double>(s.tensor.shape().back()));
+      for (auto& x : v) x = static_cast<float>((2.0 * uniform01(g) - 1.0) * bound);
+    }
+    s.tensor.copy_from(Tensor::from_f32(s.tensor.shape(), s.tensor.dtype(), v));
+  });
+}
+
+}  // namespace qshard

@@ -1,0 +1,216 @@
+// chat_template.cpp: ChatTemplate (chat_template.h): loading a model folder's template and special
+// tokens, rendering with apply_chat_template's variables and message normalization, and
+// render_with_spans. The interpreter itself: chat_template_ast.h and the chat_template_*.cpp files.
+#include "text/chat_template.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "text/chat_template_ast.h"
+
+namespace qshard {
+namespace jinja {
+namespace {
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw InputError(path.string() + ": cannot open");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+nlohmann::ordered_json read_json(const std::filesystem::path& path) {
+  try {
+    return nlohmann::ordered_json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path.string() + ": not valid JSON: " + e.what());
+  }
+}
+
+// A special token as transformers reads it: a string, or an AddedToken object's "content".
+std::optional<std::string> token_text(const nlohmann::ordered_json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  return std::nullopt;
+}
+
+// What apply_chat_template does to each message before rendering: keys whose value is null are
+// dropped; reasoning found under reasoning_content, thinking or reasoning (first non-null) is
+// given under "thinking" (first) and "reasoning_content" (last) too.
+Value prepare_messages(const std::string& label, const nlohmann::ordered_json& messages) {
+  if (!messages.is_array()) throw InputError(label + ": messages must be a JSON array of message objects");
+  if (messages.empty()) throw InputError(label + ": cannot render an empty conversation (messages is [])");
+  ValueList out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    if (!m.is_object()) throw InputError(fmt::format("{}: messages[{}] is not a JSON object", label, i));
+    Dict d;
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      if (!it.value().is_null()) d.set(it.key(), from_json(it.value()));
+    }
+    for (const char* key : {"reasoning_content", "thinking", "reasoning"}) {
+      const Value* r = d.find(key);
+      if (r == nullptr) continue;
+      const Value reasoning = *r;
+      Dict aliased;
+      aliased.set("thinking", reasoning);
+      for (auto& [k, v] : d.entries) aliased.set(k, v);
+      aliased.set("reasoning_content", reasoning);
+      d = std::move(aliased);
+      break;
+    }
+    out.push_back(Value::make_dict(std::move(d)));
+  }
+  return Value::make_list(std::move(out));
+}
+
+}  // namespace
+}  // namespace jinja
+
+ChatTemplate ChatTemplate::parse(std::string source, std::string label) {
+  ChatTemplate t;
+  t.label_ = label;
+  t.program_ = jinja::parse_program(std::move(source), std::move(label));
+  return t;
+}
+
+ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path root(dir);
+  const fs::path jinja_file = root / "chat_template.jinja";
+  const fs::path config_file = root / "tokenizer_config.json";
+  nlohmann::ordered_json config = nlohmann::ordered_json::object();
+  if (fs::exists(config_file)) config = jinja::read_json(config_file);
+  if (!config.is_object()) throw InputError(config_file.string() + ": expected a JSON object");
+
+  std::string source;
+  std::string label;
+  if (fs::exists(jinja_file)) {
+    source = jinja::read_file(jinja_file);
+    label = jinja_file.string();
+  } else if (config.contains("chat_template") && !config["chat_template"].is_null()) {
+    const auto& ct = config["chat_template"];
+    label = config_file.string() + " (chat_template)";
+    if (ct.is_string()) {
+      source = ct.get<std::string>();
+    } else if (ct.is_array()) {
+      std::string names;
+      bool found = false;
+      for (const auto& entry : ct) {
+        if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() || !entry.contains("template") ||
+            !entry["template"].is_string()) {
+          throw InputError(config_file.string() + ": chat_template: expected a list of {\"name\": ..., \"template\": ...} objects");
+        }
+        const std::string name = entry["name"].get<std::string>();
+        names += (names.empty() ? "" : ", ") + name;
+        if (name == "default") {
+          source = entry["template"].get<std::string>();
+          found = true;
+        }
+      }
+      if (!found) throw InputError(config_file.string() + ": chat_template: no template named \"default\" (have: " + names + ")");
+      label = config_file.string() + " (chat_template \"default\")";
+    } else {
+      throw InputError(config_file.string() + ": chat_template: expected a string or a list of {name, template}");
+    }
+  } else {
+    throw InputError(dir + ": no chat template (neither chat_template.jinja nor a \"chat_template\" in tokenizer_config.json)");
+  }
+
+  ChatTemplate t = parse(std::move(source), label);
+  static const char* const kSpecial[] = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"};
+  nlohmann::ordered_json legacy = nlohmann::ordered_json::object();
+  const fs::path map_file = root / "special_tokens_map.json";
+  if (fs::exists(map_file)) {
+    legacy = jinja::read_json(map_file);
+    if (!legacy.is_object()) legacy = nlohmann::ordered_json::object();
+  }
+  for (const char* key : kSpecial) {
+    std::optional<std::string> v;
+    if (config.contains(key)) v = jinja::token_text(config[key]);
+    if (!v && !config.contains(key) && legacy.contains(key)) v = jinja::token_text(legacy[key]);
+    if (v) t.special_tokens_[key] = *v;
+  }
+  return t;
+}
+
+std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                 const nlohmann::ordered_json& extra) const {
+  if (!program_) throw InputError("render: the chat template was not loaded");
+  if (!extra.is_object()) throw InputError(label_ + ": the extra template variables must be a JSON object");
+  std::vector<std::pair<std::string, jinja::Value>> vars;
+  for (auto it = special_tokens_.begin(); it != special_tokens_.end(); ++it) vars.emplace_back(it.key(), jinja::from_json(it.value()));
+  jinja::Value tools = jinja::Value::none();
+  jinja::Value documents = jinja::Value::none();
+  for (auto it = extra.begin(); it != extra.end(); ++it) {
+    if (it.key() == "messages" || it.key() == "add_generation_prompt") {
+      throw InputError(label_ + ": extra variable '" + it.key() + "' is set by render() itself");
+    }
+    if (it.key() == "tools") {
+      tools = jinja::from_json(it.value());
+    } else if (it.key() == "documents") {
+      documents = jinja::from_json(it.value());
+    } else {
+      vars.emplace_back(it.key(), jinja::from_json(it.value()));
+    }
+  }
+  vars.emplace_back("messages", jinja::prepare_messages(label_, messages));
+  vars.emplace_back("tools", std::move(tools));
+  vars.emplace_back("documents", std::move(documents));
+  vars.emplace_back("add_generation_prompt", jinja::Value::boolean(add_generation_prompt));
+  return jinja::run_program(*program_, std::move(vars), fixed_time_);
+}
+
+ChatRender render_with_spans(const ChatTemplate& t, const nlohmann::ordered_json& messages, const nlohmann::ordered_json& extra) {
+  ChatRender r;
+  r.text = t.render(messages, false, extra);
+  auto head = [&](size_t n) {
+    nlohmann::ordered_json part = nlohmann::ordered_json::array();
+    for (size_t k = 0; k < n; ++k) part.push_back(messages[k]);
+    return part;
+  };
+  auto mismatch = [](const std::string& a, const std::string& b) {
+    size_t k = 0;
+    while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
+    return k;
+  };
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || m["role"] != "assistant") continue;
+    if (i == 0) throw InputError(t.label() + ": message 0 is an assistant message: there is no prompt before it to render");
+    const std::string prompt = t.render(head(i), true, extra);
+    const std::string upto = t.render(head(i + 1), false, extra);
+    size_t begin = prompt.size();
+    if (upto.compare(0, prompt.size(), prompt) != 0) {
+      // A generation prompt the finished turn does not repeat (DeepSeek-R1's "<think>\n"): the
+      // reply starts where the two part (at a character boundary), if that is inside the
+      // generation prompt, i.e. past the render of the conversation before it.
+      const std::string base = t.render(head(i), false, extra);
+      size_t k = mismatch(prompt, upto);
+      while (k > 0 && k < upto.size() && (static_cast<unsigned char>(upto[k]) & 0xC0) == 0x80) --k;
+      if (prompt.compare(0, base.size(), base) == 0 && upto.compare(0, base.size(), base) == 0 && k >= base.size())
+        begin = k;
+    }
+    if (begin == prompt.size() && upto.compare(0, prompt.size(), prompt) != 0) {
+      throw InputError(fmt::format(
+          "{}: message {}: the template is not prefix-consistent: render(messages[:{}], add_generation_prompt=true) is not a "
+          "prefix of render(messages[:{}]) (they differ at byte {})",
+          t.label(), i, i, i + 1, mismatch(prompt, upto)));
+    }
+    if (r.text.compare(0, upto.size(), upto) != 0) {
+      throw InputError(fmt::format(
+          "{}: message {}: the template is not prefix-consistent: render(messages[:{}]) is not a prefix of the whole "
+          "conversation's render (they differ at byte {})",
+          t.label(), i, i + 1, mismatch(upto, r.text)));
+    }
+    r.assistant_spans.emplace_back(begin, upto.size());
+  }
+  return r;
+}
+
+}  // namespace qshard

@@ -1,0 +1,116 @@
+// chat_template.h: a model's chat template (the Jinja2 text Hugging Face models ship), rendered
+// natively as transformers' tokenizer.apply_chat_template(messages, tokenize=False, ...) renders it.
+//
+// What: a Jinja2 interpreter for the subset chat templates use, with the environment transformers
+// builds (utils/chat_template_utils.py, transformers 5.x): jinja2's ImmutableSandboxedEnvironment
+// with trim_blocks, lstrip_blocks and the loopcontrols extension; `tojson` as json.dumps
+// (ensure_ascii=False, indent, separators, sort_keys); globals raise_exception(msg),
+// strftime_now(fmt) (the local clock, or set_fixed_time), namespace(...), dict(...), range(...);
+// the {% generation %} block renders its body. The variables: the special tokens from_model_dir
+// read (bos_token, eos_token, unk_token, pad_token, ... those the config has), then `extra`, then
+// messages, add_generation_prompt, tools and documents (none unless `extra` gives them).
+// As apply_chat_template does, keys of a message whose value is null are dropped, and a message
+// with reasoning under "reasoning_content", "thinking" or "reasoning" gets it under both
+// "thinking" and "reasoning_content".
+// Supported Jinja: {{ }}, {% %}, {# #} with `-`/`+` whitespace control and jinja2's exact
+// trim_blocks/lstrip_blocks rules; if/elif/else, for (loop.*, else, `if` filter, unpacking), set
+// (names, tuples, namespace attributes, block set), macro, with, break/continue, raw, generation;
+// Python expression semantics (int vs float printing, str/list/dict methods, slicing, chained
+// comparisons, `in`, and/or returning operands, x if c else y, non-str dict keys) with jinja2's
+// Undefined, markupsafe's Markup (|safe + str escapes the str) and lazy results (map/select/...
+// give generators: truthy, no len, no tojson). Refused with an InputError naming the template, line
+// and column: include/extends/import/block, call and filter blocks, recursive loops, *args,
+// printf-style `str % x`, unknown filters or tests (unless inside an if, as jinja2 defers those).
+// Known differences from Python: case mapping covers ASCII, Latin-1, Latin Extended-A, Greek and
+// Cyrillic only; repr() escapes the non-printables we list, not unassigned code points; a
+// generator can be iterated more than once; a macro called after the scope it was defined in has
+// ended sees the top-level variables; integers are 64-bit (overflow is an error).
+// Checked byte for byte against transformers on real templates: tests/text/chat_template_test.cpp,
+// scripts/make_chat_template_golden.py.
+// Strings are UTF-8; lengths, indexes and slices count code points as Python does. Spans
+// (ChatRender) are byte offsets into the UTF-8 text.
+// Thread safety: render() is const and may run on several threads at once (each call has its own
+// state; the parsed template is shared, immutable); set_fixed_time() must not race with render().
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <ctime>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/error.h"
+
+namespace qshard {
+
+namespace jinja {
+struct Program;
+}
+
+// Thrown when the template calls raise_exception(message); message() is the template's text.
+class ChatTemplateRaise : public InputError {
+ public:
+  ChatTemplateRaise(const std::string& what, std::string message)
+      : InputError(what), message_(std::move(message)) {}
+  const std::string& message() const { return message_; }
+
+ private:
+  std::string message_;
+};
+
+// A chat template compiled once; render() is const and thread-compatible.
+class ChatTemplate {
+ public:
+  // source: the Jinja text; label: where it came from (a file name) for error messages.
+  // Throws InputError "label:line:col: ..." on a syntax error or an unsupported construct.
+  static ChatTemplate parse(std::string source, std::string label);
+  // Reads DIR/chat_template.jinja, else tokenizer_config.json's "chat_template" (a string, or the
+  // entry named "default" of a list of {name, template}), and the special tokens (bos_token,
+  // eos_token, ...: strings or AddedToken objects) from tokenizer_config.json, then
+  // special_tokens_map.json for those it lacks. Throws InputError naming the folder when there
+  // is no template.
+  static ChatTemplate from_model_dir(const std::string& dir);
+
+  // messages: a JSON array of {"role": ..., "content": ...} objects (other keys passed through;
+  // pass an ordered_json to keep key order where the template iterates over a dict: a
+  // nlohmann::json converts implicitly but with its keys sorted). extra: more variables
+  // (e.g. tools, date_string, enable_thinking). Throws InputError naming the template, line and
+  // column on a runtime error, ChatTemplateRaise when the template raises.
+  std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                     const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
+
+  // strftime_now() formats this time (seconds since the epoch, as UTC) instead of reading the local
+  // clock: renders that do not change with the day (tests, reproducible data). nullopt: the clock.
+  void set_fixed_time(std::optional<std::time_t> utc_seconds) { fixed_time_ = utc_seconds; }
+
+  const std::string& label() const { return label_; }
+  // The special tokens given to the template ({"bos_token": "<s>", ...}; empty after parse()).
+  const nlohmann::ordered_json& special_tokens() const { return special_tokens_; }
+
+ private:
+  std::shared_ptr<const jinja::Program> program_;
+  std::string label_;
+  nlohmann::ordered_json special_tokens_ = nlohmann::ordered_json::object();
+  std::optional<std::time_t> fixed_time_;
+};
+
+// The text of render(messages, false) and the byte spans of the assistant messages in it.
+struct ChatRender {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> assistant_spans;  // [begin, end) per assistant message
+};
+
+// For each assistant message i: render(messages[:i], add_generation_prompt=true) must be a prefix
+// of render(messages[:i+1], false), which must be a prefix of the full render; the span is
+// [len(prefix_i), len(render(messages[:i+1]))). A template whose finished turn does not repeat its
+// whole generation prompt (DeepSeek-R1's "<think>\n") is taken where the two part, when that is
+// past render(messages[:i], false): the reply's span then starts there. Throws InputError naming the message index when
+// the template does not render the conversation prefix-consistently (e.g. it drops earlier turns'
+// reasoning, or appends eos only at the very end), or when an assistant message comes first.
+ChatRender render_with_spans(const ChatTemplate& t, const nlohmann::ordered_json& messages,
+                             const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
+
+}  // namespace qshard

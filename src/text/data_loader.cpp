@@ -1,0 +1,201 @@
+#include "text/data_loader.h"
+
+#include <fmt/format.h>
+
+#include <tuple>
+
+#include "runtime/error.h"
+
+namespace qshard {
+namespace {
+
+uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, bound) without modulo bias (rejection of the short last interval).
+uint64_t bounded(uint64_t& s, uint64_t bound) {
+  const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
+  uint64_t x;
+  do x = splitmix64(s);
+  while (x >= limit);
+  return x % bound;
+}
+
+}  // namespace
+
+// ---- PackedDataset --------------------------------------------------------------------------
+
+Packing parse_packing(const std::string& name) {
+  if (name == "packed") return Packing::kPacked;
+  if (name == "padded") return Packing::kPadded;
+  throw InputError(fmt::format("data.packing '{}': expected packed or padded", name));
+}
+
+PackedDataset::PackedDataset(const TokenFile& file, int max_seq_len, bool pad_last, Packing packing) {
+  QS_CHECK(max_seq_len > 0, "max_seq_len must be > 0");
+  tokens_ = file.tokens();
+  loss_mask_ = file.loss_mask();
+  id_bits_ = file.id_bits();
+  T_ = max_seq_len;
+  const int64_t n = static_cast<int64_t>(tokens_.size());
+  if (packing == Packing::kPadded) {
+    if (!file.doc_starts())
+      throw InputError(fmt::format("{}: data.packing padded needs the document starts of a version 3 token file; this "
+                                   "one was written without them (re-tokenize it with qshard tokenize or "
+                                   "scripts/tokenize_hf.py)",
+                                   file.path()));
+    auto windows = std::make_shared<std::vector<std::pair<int64_t, int64_t>>>();
+    int64_t begin = 0;
+    for (int64_t i = 1; i <= n; ++i) {
+      if (i < n && !(tokens_[static_cast<size_t>(i)] & kTokenDocStart)) continue;
+      for (int64_t s = begin; i - s >= 2; s += T_) windows->push_back({s, i});  // document [begin, i)
+      begin = i;
+    }
+    count_ = total_ = static_cast<int64_t>(windows->size());
+    windows_ = std::move(windows);
+    if (count_ == 0)
+      throw InputError(fmt::format("{}: no document of 2 or more tokens (data.packing padded)", file.path()));
+    return;
+  }
+  int64_t full = n >= 1 ? (n - 1) / T_ : 0;
+  const int64_t tail = n - full * T_;  // tokens from the first unused sequence start
+  if (pad_last && tail >= 2) ++full;
+  count_ = total_ = full;
+  if (count_ == 0)
+    throw InputError(fmt::format("{}: {} tokens make no sequence of max_seq_len {} (needs {} tokens)", file.path(), n,
+                                 T_, T_ + 1));
+}
+
+PackedDataset PackedDataset::range(int64_t first, int64_t count) const {
+  QS_CHECK(first >= 0 && count >= 0 && first + count <= count_, "PackedDataset::range out of bounds");
+  PackedDataset d = *this;
+  d.first_ = first_ + first;
+  d.count_ = count;
+  return d;
+}
+
+void PackedDataset::get(int64_t i, int32_t* inputs, int32_t* targets) const {
+  QS_CHECK(i >= 0 && i < count_, "sequence index out of range");
+  int64_t start = (first_ + i) * T_;
+  int64_t n = static_cast<int64_t>(tokens_.size());
+  if (windows_) std::tie(start, n) = (*windows_)[static_cast<size_t>(first_ + i)];  // the document ends at n
+  const uint32_t id_bits = id_bits_;
+  for (int j = 0; j < T_; ++j) {
+    const int64_t a = start + j, b = start + j + 1;
+    inputs[j] = a < n ? static_cast<int32_t>(tokens_[a] & id_bits) : 0;
+    targets[j] = b < n && !(loss_mask_ && (tokens_[b] & kTokenNoLoss)) ? static_cast<int32_t>(tokens_[b] & id_bits)
+                                                                        : kIgnoreIndex;
+  }
+}
+
+std::pair<PackedDataset, PackedDataset> split_eval(const PackedDataset& all, double eval_fraction) {
+  QS_CHECK(eval_fraction > 0 && eval_fraction < 1, "eval_fraction must be in (0, 1)");
+  const int64_t n = all.num_sequences();
+  if (n < 2)
+    throw InputError(fmt::format("data.eval_fraction = {}: only {} sequence(s) of max_seq_len {}; need >= 2 to hold "
+                                 "some out",
+                                 eval_fraction, n, all.max_seq_len()));
+  int64_t n_eval = static_cast<int64_t>(static_cast<double>(n) * eval_fraction);
+  n_eval = std::max<int64_t>(1, std::min(n_eval, n - 1));
+  return {all.range(0, n - n_eval), all.range(n - n_eval, n_eval)};
+}
+
+// ---- DistributedSampler ---------------------------------------------------------------------
+
+DistributedSampler::DistributedSampler(int64_t num_sequences, int64_t global_batch, uint64_t seed, int rank, int world)
+    : n_(num_sequences), G_(global_batch), seed_(seed), rank_(rank), world_(world) {
+  QS_CHECK(world >= 1 && rank >= 0 && rank < world, "bad rank / world");
+  QS_CHECK(global_batch > 0 && global_batch % world == 0, "global_batch must be a positive multiple of world");
+  if (n_ < G_)
+    throw InputError(fmt::format("the training data has {} sequences, fewer than one global batch of {} "
+                                 "(use more data, a shorter data.max_seq_len or a smaller batch.global_batch_size)",
+                                 n_, G_));
+  steps_per_epoch_ = n_ / G_;
+}
+
+std::vector<int64_t> DistributedSampler::permutation(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) p[i] = i;
+  uint64_t s = seed ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(epoch + 1));
+  splitmix64(s);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(p[i], p[bounded(s, static_cast<uint64_t>(i + 1))]);
+  return p;
+}
+
+void DistributedSampler::ensure_permutation() {
+  if (perm_epoch_ != state_.epoch) {
+    perm_ = permutation(n_, seed_, state_.epoch);
+    perm_epoch_ = state_.epoch;
+  }
+}
+
+std::vector<int64_t> DistributedSampler::next(int64_t micro) {
+  const int64_t per_rank = G_ / world_;
+  QS_CHECK(micro > 0 && per_rank % micro == 0,
+           fmt::format("micro batch {} must divide global_batch / world = {}", micro, per_rank));
+  ensure_permutation();
+  const int64_t begin = state_.step * G_ + rank_ * per_rank + state_.offset;
+  std::vector<int64_t> out(perm_.begin() + begin, perm_.begin() + begin + micro);
+  state_.offset += micro;
+  if (state_.offset == per_rank) {
+    state_.offset = 0;
+    if (++state_.step == steps_per_epoch_) {
+      state_.step = 0;
+      ++state_.epoch;
+    }
+  }
+  return out;
+}
+
+nlohmann::json DistributedSampler::state_json() const {
+  return {{"epoch", state_.epoch},   {"step", state_.step}, {"offset", state_.offset},
+          {"seed", seed_},           {"num_sequences", n_}, {"global_batch", G_}};
+}
+
+void DistributedSampler::restore(const nlohmann::json& j) {
+  SamplerState s;
+  uint64_t seed = 0;
+  int64_t n = 0, g = 0;
+  try {
+    s.epoch = j.at("epoch").get<int64_t>();
+    s.step = j.at("step").get<int64_t>();
+    s.offset = j.at("offset").get<int64_t>();
+    seed = j.at("seed").get<uint64_t>();
+    n = j.at("num_sequences").get<int64_t>();
+    g = j.at("global_batch").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("data loader state {}: {}", j.dump(), e.what()));
+  }
+  if (seed != seed_ || n != n_ || g != G_)
+    throw InputError(fmt::format("data loader state (seed {}, {} sequences, global batch {}) does not match this run "
+                                 "(seed {}, {} sequences, global batch {}): data, data.seed, data.max_seq_len and "
+                                 "batch.global_batch_size must stay the same on resume",
+                                 seed, n, g, seed_, n_, G_));
+  if (s.epoch < 0 || s.step < 0 || s.step >= steps_per_epoch_ || s.offset < 0 || s.offset >= G_ / world_)
+    throw InputError(fmt::format("data loader state {}: out of range for {} steps per epoch and {} sequences per rank",
+                                 j.dump(), steps_per_epoch_, G_ / world_));
+  state_ = s;
+}
+
+// ---- batches --------------------------------------------------------------------------------
+
+Batch make_batch(const PackedDataset& data, std::span<const int64_t> indices) {
+  Batch b;
+  b.B = static_cast<int>(indices.size());
+  b.T = data.max_seq_len();
+  b.inputs.resize(static_cast<size_t>(b.B) * b.T);
+  b.targets.resize(b.inputs.size());
+  for (int i = 0; i < b.B; ++i)
+    data.get(indices[i], b.inputs.data() + static_cast<size_t>(i) * b.T, b.targets.data() + static_cast<size_t>(i) * b.T);
+  return b;
+}
+
+std::pair<int64_t, int64_t> eval_range(int64_t n, int rank, int world) {
+  return {n * rank / world, n * (rank + 1) / world};
+}
+
+}  // namespace qshard

@@ -1,0 +1,72 @@
+// hf_tokenizer.h: a model folder's tokenizer.json (the Hugging Face `tokenizers` format), natively:
+// encode text to ids and decode ids to text, with no Python at run time.
+//
+// What is read (anything else is refused at load with an InputError naming the file and the type):
+//   model          BPE: vocab, merges ("a b" strings or [a, b] pairs; rank = position), unk_token,
+//                  fuse_unk, byte_fallback ("<0xAB>" tokens for characters outside the vocab),
+//                  ignore_merges (a whole pre-token found in the vocab is one token: Llama 3).
+//   normalizer     null, Sequence, Prepend, Replace (String or Regex pattern), Strip, Lowercase
+//                  (ASCII). Unicode normalization forms (NFC, NFKC, ...) are refused.
+//   pre_tokenizer  null, Sequence, ByteLevel (add_prefix_space, use_regex: GPT-2's pattern), Split
+//                  (Regex or String pattern; Isolated, Removed, MergedWithPrevious, MergedWithNext,
+//                  Contiguous; invert), Digits (individual_digits), Metaspace (replacement,
+//                  prepend_scheme always|first|never, split), Whitespace, WhitespaceSplit.
+//   added_tokens   matched in the text before anything else (leftmost, then longest), with lstrip,
+//                  rstrip and single_word; special ones are skipped by decode(skip_special = true).
+//   post_processor TemplateProcessing (single sequence), ByteLevel, Sequence: applied by
+//                  encode(add_special_tokens = true) only.
+//   decoder        ByteLevel, Metaspace, Sequence, Replace, ByteFallback, Fuse, Strip.
+// Regular expressions run through PCRE2 (UTF + Unicode properties, JIT where available).
+// Text that is not valid UTF-8 is read as Python's bytes.decode("utf-8", errors="replace") reads it
+// (each maximal ill-formed subsequence becomes U+FFFD), so ids match the library fed that string.
+// Checked against the `tokenizers` library on real tokenizer files over a mixed corpus
+// (tests/text/hf_tokenizer_test.cpp, scripts/make_tokenizer_golden.py).
+// Thread safety: encode/decode are const and safe from several threads (the word cache is locked).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qshard {
+
+class HfTokenizer {
+ public:
+  // `path`: a tokenizer.json file, or a folder holding one. Throws InputError naming the file and
+  // the key or type it cannot read.
+  static HfTokenizer load(const std::string& path);
+  HfTokenizer(HfTokenizer&&) noexcept;
+  HfTokenizer& operator=(HfTokenizer&&) noexcept;
+  ~HfTokenizer();
+
+  // Ids of `text`; with add_special_tokens the post-processor's template (e.g. <|begin_of_text|>).
+  std::vector<uint32_t> encode(std::string_view text, bool add_special_tokens = false) const;
+  // Text of `ids` (the decoder's chain); skip_special drops special added tokens. Ids past the
+  // vocabulary are an InputError.
+  std::string decode(std::span<const uint32_t> ids, bool skip_special = false) const;
+
+  uint32_t vocab_size() const;  // largest id + 1 (the vocabulary and the added tokens)
+  std::optional<uint32_t> token_to_id(std::string_view token) const;
+  std::string id_to_token(uint32_t id) const;  // "" for an id with no token
+  bool is_special(uint32_t id) const;
+  // bos_token / eos_token of the tokenizer_config.json beside tokenizer.json (as transformers reads
+  // them), when it names tokens of this vocabulary.
+  std::optional<uint32_t> bos_id() const;
+  std::optional<uint32_t> eos_id() const;
+  const std::string& path() const;
+
+ private:
+  struct Impl;
+  explicit HfTokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Python's bytes.decode("utf-8", errors="replace"): every maximal ill-formed subsequence becomes
+// U+FFFD; valid text comes back unchanged.
+std::string utf8_replace_invalid(std::string_view bytes);
+
+}  // namespace qshard
