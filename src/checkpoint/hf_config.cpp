@@ -197,6 +197,13 @@ LlamaSize llama_size(const LlamaConfig& c) {
   return s;
 }
 
+Llama4bitBytes llama_4bit_bytes(const LlamaConfig& c, int64_t blocksize, bool double_quant, double other_bytes) {
+  const LlamaSize s = llama_size(c);
+  const double blocks = s.projection_params / static_cast<double>(blocksize);
+  const double absmax = double_quant ? blocks * (1.0 + 4.0 / 256.0) : blocks * 4.0;
+  return {s.projection_params * 0.5 + absmax, s.other_params * other_bytes};
+}
+
 double llama_min_weight_bytes(const LlamaConfig& c) {
   const LlamaSize s = llama_size(c);
   return s.projection_params * 0.5 + s.other_params * 2.0;

@@ -68,6 +68,16 @@ struct LlamaSize {
   double total() const { return projection_params + other_params; }
 };
 LlamaSize llama_size(const LlamaConfig& c);
+// The one size of a 4-bit base: every projection in bitsandbytes 4-bit (half a byte per weight,
+// the absmax per block of `blocksize`: one byte with double quantization plus the nested f32
+// absmax per 256 blocks, else f32), every other weight at `other_bytes` per parameter. Used by
+// the memory plan, the start-up refusals and `qshard eval/generate`.
+struct Llama4bitBytes {
+  double projections = 0;  // all decoder layers' projections (one layer: projections / L)
+  double other = 0;        // embeddings, LM head, norms, biases
+  double total() const { return projections + other; }
+};
+Llama4bitBytes llama_4bit_bytes(const LlamaConfig& c, int64_t blocksize, bool double_quant, double other_bytes);
 // The fewest bytes its weights can take in a folder qshard reads: projections in 4-bit (half a
 // byte each), everything else in a 2-byte float.
 double llama_min_weight_bytes(const LlamaConfig& c);

@@ -72,8 +72,8 @@ InferenceModel load_inference_model(const std::string& model_dir, const std::str
   }
   // The tree holds 4-bit projections as stored, every other weight in f32 (on the host, then on
   // the GPU when the command runs there).
-  const LlamaSize sz = llama_size(cfg);
-  im.tree_bytes = cfg.quantized ? sz.projection_params * 0.5 + sz.other_params * 4.0 : sz.total() * 4.0;
+  im.tree_bytes = cfg.quantized ? llama_4bit_bytes(cfg, quant.blocksize, cfg.bnb_double_quant, 4.0).total()
+                                 : llama_size(cfg).total() * 4.0;
   require_host_memory(im.tree_bytes, "loading " + model_dir, llama_size_keys(cfg));
   im.tree = build_llama_tree(cfg, to);
   load_base_weights(*im.tree, model_dir, quant);

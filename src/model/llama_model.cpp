@@ -78,83 +78,6 @@ struct LlamaModel::Slots {
   Module::Slot* head = nullptr;
 };
 
-// Every buffer of the step, sized once for max_rows = max_batch * max_seq (N) rows. Pointers are
-// into one device allocation, in the activation dtype unless noted.
-// One layer's forward results that its backward reads (m is recomputed from g and u).
-struct LlamaModel::Internals {
-  void* h1 = nullptr;
-  float* rstd1 = nullptr;
-  void* q = nullptr;
-  void* k = nullptr;
-  void* v = nullptr;
-  void* att_saved = nullptr;
-  void* a = nullptr;
-  void* x2 = nullptr;
-  void* h2 = nullptr;
-  float* rstd2 = nullptr;
-  void* g = nullptr;
-  void* u = nullptr;
-};
-
-struct LlamaModel::Activations {
-  Tensor storage;
-  Tensor kept_storage;
-  std::vector<Internals> kept;  // keep_layers - 1 sets: layers L-keep .. L-2 (the last: the working set)
-  Internals work;               // the working set's pointers (saved while a kept set is in use)
-  Internals get() const { return {h1, rstd1, q, k, v, att_saved, a, x2, h2, rstd2, g, u}; }
-  void use(const Internals& s) {
-    h1 = s.h1, rstd1 = s.rstd1, q = s.q, k = s.k, v = s.v, att_saved = s.att_saved, a = s.a, x2 = s.x2, h2 = s.h2;
-    rstd2 = s.rstd2, g = s.g, u = s.u;
-  }
-  void* xs = nullptr;        // [L+1, N, C] layer inputs (checkpoints); xs[L] the final hidden state
-  void* h1 = nullptr;        // [N, C]   input_layernorm(x)
-  float* rstd1 = nullptr;    // [N] f32
-  void* q = nullptr;         // [N, H*D] after RoPE
-  void* k = nullptr;         // [N, Hkv*D] after RoPE
-  void* v = nullptr;         // [N, Hkv*D]
-  void* att_saved = nullptr; // attention_saved_bytes(...)
-  void* a = nullptr;         // [N, H*D]  attention output (o_proj input)
-  void* x2 = nullptr;        // [N, C]   x + o_proj(a)
-  void* h2 = nullptr;        // [N, C]   post_attention_layernorm(x2)
-  float* rstd2 = nullptr;    // [N] f32
-  void* g = nullptr;         // [NM, I]  gate_proj(h2)     (NM: N, or the MLP's chunk of rows)
-  void* u = nullptr;         // [NM, I]  up_proj(h2)
-  void* m = nullptr;         // [NM, I]  silu(g) * u (down_proj input)
-  // gradients
-  void* dx = nullptr;        // [N, C]
-  void* dprev = nullptr;     // [N, C]
-  void* dx2 = nullptr;       // [N, C]
-  void* dm = nullptr;        // [NM, I]
-  void* dg = nullptr;        // [NM, I]
-  void* du = nullptr;        // [NM, I]
-  void* dh2 = nullptr;       // [N, C]
-  void* da = nullptr;        // [N, H*D]
-  void* dq = nullptr;        // [N, H*D]
-  void* dk = nullptr;        // [N, Hkv*D]
-  void* dv = nullptr;        // [N, Hkv*D]
-  void* dh1 = nullptr;       // [N, C]
-  // head
-  void* xf = nullptr;        // [N, C]   final norm
-  float* rstdf = nullptr;    // [N] f32
-  void* dxf = nullptr;       // [N, C]
-  float* rope_cos = nullptr; // [max_seq, D/2] f32
-  float* rope_sin = nullptr; // [max_seq, D/2] f32
-  int64_t* ids = nullptr;    // [N]
-  int64_t* targets = nullptr;// [N]
-  double* loss_sum = nullptr;// [1] f64 accumulator
-  float* norms = nullptr;    // [3, C] f32: the bound layer's two norms, the root's final norm
-  float* biases = nullptr;   // [7, max_out] f32: the bound layer's biases
-  void* lora_cat = nullptr;  // the LoRA fold: the bound layer's A matrices stacked per group,
-                             // [R_qkv, C] then [R_gu, C] (activation dtype)
-  void* lora_cvt = nullptr;  // the bound layer's LoRA A/B in the activation dtype (when not f32
-                             // and no compute copies were handed over)
-  void* head_cvt = nullptr;  // [V, C] the LM head in the activation dtype (when the GEMM does not
-                             // take the head's own dtype with activations)
-  bool head_converted = false;  // head_cvt holds the bound root's head
-  void* k_cache = nullptr;   // [L, kv_cache_tokens, Hkv*D] generation's keys (after RoPE)
-  void* v_cache = nullptr;   // [L, kv_cache_tokens, Hkv*D] and values
-};
-
 const char* step_part_name(StepPart p) {
   switch (p) {
     case StepPart::kDequant: return "dequant";
@@ -194,7 +117,7 @@ struct LlamaModel::Staging {
 
 LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& ctx, const LlamaModelOptions& options)
     : config_(config), root_(root), ctx_(ctx), options_(options), slots_(std::make_unique<Slots>()),
-      act_(std::make_unique<Activations>()) {
+      act_(std::make_unique<LlamaActivations>()) {
   const LlamaConfig& c = config_;
   QS_CHECK(c.head_dim % 2 == 0, "head_dim must be even for RoPE");
   QS_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
@@ -288,92 +211,29 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   slots_->head = (c.tie_word_embeddings || !head || !head->slot("weight")) ? slots_->embed : head->slot("weight");
   check_shape("lm_head.weight", slots_->head->tensor.shape(), {V, C});
 
-  // ---- activations, once ----
-  const size_t esz = dtype_size(ctx_.activation_dtype());
-  struct Piece {
-    void** ptr;
-    size_t bytes;
-  };
-  std::vector<Piece> pieces;
-  auto add = [&](void** p, size_t bytes) { pieces.push_back({p, bytes}); };
-  auto addf = [&](float** p, int64_t n) { pieces.push_back({reinterpret_cast<void**>(p), static_cast<size_t>(n) * 4}); };
-  Activations& a = *act_;
-  add(&a.xs, (L + 1) * N * C * esz);
-  add(&a.h1, N * (C + fold_r_max[0]) * esz);  // [N, C + R_qkv]: h1 and, folded, h1 A_qkv^T
-  addf(&a.rstd1, N);
-  add(&a.q, N * H * D * esz);
-  add(&a.k, N * Hkv * D * esz);
-  add(&a.v, N * Hkv * D * esz);
-  add(&a.att_saved, attention_saved_bytes(ctx_.backend(), options.max_batch, max_seq_, H, Hkv, D));
-  add(&a.a, N * H * D * esz);
-  add(&a.x2, N * C * esz);
-  add(&a.h2, N * (C + fold_r_max[1]) * esz);  // [N, C + R_gu]
-  addf(&a.rstd2, N);
-  const int64_t NM = mlp_rows_;
-  add(&a.g, NM * I * esz);
-  add(&a.u, NM * I * esz);
-  add(&a.m, NM * I * esz);
-  for (void** p : {&a.dx, &a.dprev, &a.dx2, &a.xf, &a.dxf}) add(p, N * C * esz);
-  add(&a.dh1, N * (C + fold_r_max[0]) * esz);  // folded: the extra columns receive s dt
-  add(&a.dh2, N * (C + fold_r_max[1]) * esz);
-  for (void** p : {&a.dm, &a.dg, &a.du}) add(p, NM * I * esz);
-  for (void** p : {&a.da, &a.dq}) add(p, N * H * D * esz);
-  for (void** p : {&a.dk, &a.dv}) add(p, N * Hkv * D * esz);
-  addf(&a.rstdf, N);
-  addf(&a.rope_cos, max_seq_ * D / 2);
-  addf(&a.rope_sin, max_seq_ * D / 2);
-  add(reinterpret_cast<void**>(&a.ids), N * 8);
-  add(reinterpret_cast<void**>(&a.targets), N * 8);
-  add(reinterpret_cast<void**>(&a.loss_sum), 8);
-  addf(&a.norms, 3 * C);
-  addf(&a.biases, 7 * max_out);
-  if (act_t != DType::kF32) add(&a.lora_cvt, lora_elems * esz);
-  if (fold_r_max[0] + fold_r_max[1] > 0) add(&a.lora_cat, (fold_r_max[0] + fold_r_max[1]) * C * esz);
-  const bool head_cvt = !ops::gemm_supports(ctx_, act_t, slots_->head->tensor.dtype());
-  if (head_cvt) add(&a.head_cvt, V * C * esz);
+  // ---- the buffers, once: the plan of this tree (model/llama_buffers.h) ----
   QS_CHECK(options.kv_cache_tokens >= 0 && options.kv_cache_tokens <= max_seq_,
            "kv_cache_tokens must be in [0, max_seq]");
-  if (options.kv_cache_tokens > 0) {
-    add(&a.k_cache, L * options.kv_cache_tokens * Hkv * D * esz);
-    add(&a.v_cache, L * options.kv_cache_tokens * Hkv * D * esz);
-  }
-  size_t total = 0;
-  for (const Piece& p : pieces) total += (p.bytes + 255) / 256 * 256;
-  a.storage = Tensor::zeros({static_cast<int64_t>(total)}, DType::kU8, ctx_.compute_device());
-  size_t off = 0;
-  for (const Piece& p : pieces) {
-    *p.ptr = static_cast<uint8_t*>(a.storage.raw()) + off;
-    off += (p.bytes + 255) / 256 * 256;
-  }
-  a.work = a.get();
-  // Kept layers' internals: one set per kept layer but the last (it uses the working set).
-  const int64_t kept_sets = std::max<int64_t>(std::min(options.keep_layers, L) - 1, 0);
-  if (kept_sets > 0) {
-    a.kept.resize(static_cast<size_t>(kept_sets));
-    pieces.clear();
-    for (Internals& k : a.kept) {
-      add(&k.h1, N * (C + fold_r_max[0]) * esz);
-      addf(&k.rstd1, N);
-      add(&k.q, N * H * D * esz);
-      add(&k.k, N * Hkv * D * esz);
-      add(&k.v, N * Hkv * D * esz);
-      add(&k.att_saved, attention_saved_bytes(ctx_.backend(), options.max_batch, max_seq_, H, Hkv, D));
-      add(&k.a, N * H * D * esz);
-      add(&k.x2, N * C * esz);
-      add(&k.h2, N * (C + fold_r_max[1]) * esz);
-      addf(&k.rstd2, N);
-      add(&k.g, N * I * esz);
-      add(&k.u, N * I * esz);
-    }
-    size_t kept_total = 0;
-    for (const Piece& p : pieces) kept_total += (p.bytes + 255) / 256 * 256;
-    a.kept_storage = Tensor::empty({static_cast<int64_t>(kept_total)}, DType::kU8, ctx_.compute_device());
-    off = 0;
-    for (const Piece& p : pieces) {
-      *p.ptr = static_cast<uint8_t*>(a.kept_storage.raw()) + off;
-      off += (p.bytes + 255) / 256 * 256;
-    }
-  }
+  LlamaBufferDims d;
+  d.L = L, d.C = C, d.I = I, d.V = V, d.H = H, d.Hkv = Hkv, d.D = D;
+  d.B = options.max_batch, d.T = max_seq_, d.N = N, d.NM = mlp_rows_;
+  d.max_in = max_in, d.max_out = max_out, d.max_r = max_r;
+  d.dequant_elems = dequant_floats;
+  d.lora_elems = lora_elems;
+  d.fold_r = fold_r_max;
+  d.fold_extra = fold_extra;
+  d.convert_lora = act_t != DType::kF32;
+  d.convert_head = !ops::gemm_supports(ctx_, act_t, slots_->head->tensor.dtype());
+  d.kept_sets = std::max<int64_t>(std::min(options.keep_layers, L) - 1, 0);
+  d.kv_cache_tokens = options.kv_cache_tokens;
+  d.dropout = options.lora_dropout > 0;
+  d.head_rows = llama_head_rows(options.head_chunk_bytes, V, N);
+  head_rows_ = d.head_rows;
+  LlamaActivations& a = *act_;
+  plan_ = llama_buffer_plan(d, ctx_.backend(), act_t, &a);
+  a.storage = plan_.allocate(BufferLife::kRun, ctx_.compute_device(), /*zero=*/true);
+  a.kept_storage = plan_.allocate(BufferLife::kKept, ctx_.compute_device(), /*zero=*/false);
+  a.work = a;
   RopeParams rp;
   rp.theta = c.rope_theta;
   rp.head_dim = D;
@@ -386,18 +246,8 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D);
   ops::rope_tables(a.rope_cos, a.rope_sin, rp, max_seq_, ctx_);
 
-  // ---- workspace: the larger of a layer's and the head's scratch ----
-  // LM-head chunks: large enough that the head's GEMMs have hundreds of rows at a 128k vocabulary
-  // (~510 rows at the default 256 MiB: the weight read per chunk is amortised), far below [N, V].
-  head_rows_ = std::clamp<int64_t>(options.head_chunk_bytes / (V * 4), 1, N);
-  if (head_rows_ > 256 && head_rows_ < N) head_rows_ -= head_rows_ % 256;  // whole GEMM tiles (523 -> 512 rows)
-  const int64_t gemm_scratch = 2 * std::max({N, V, I, C, max_in, max_out}) + 2 * max_seq_;
-  // LoRA dropout's masked input and input gradient (unfolded projections; the MLP's per chunk)
-  const int64_t dropout_ws = options.lora_dropout > 0 ? 2 * std::max(N * std::max(C, H * D), NM * max_in) : 0;
-  const int64_t layer_ws = dequant_floats + fold_extra[0] + fold_extra[1] + dropout_ws + 2 * N * max_r + gemm_scratch;
-  // f32 logits, and their gradient in the activation dtype when the GEMM does not take f32 with the head
-  const int64_t head_ws = head_rows_ * V * 2 + gemm_scratch;
-  ctx_.workspace().reserve(static_cast<size_t>(std::max(layer_ws, head_ws)) * 4 + 64 * Workspace::kAlign);
+  // ---- workspace: the plan's (the larger of a layer's and an LM-head chunk's scratch) ----
+  ctx_.workspace().reserve(static_cast<size_t>(plan_.total(BufferLife::kWorkspace)));
 
   if (options.profile && ctx_.is_cuda()) {
     timing_ = std::make_unique<Timing>();
@@ -419,64 +269,26 @@ LlamaStepBytes LlamaModel::allocated_bytes() const {
           static_cast<double>(ctx_.workspace().capacity())};
 }
 
-double llama_kept_layer_bytes(const LlamaConfig& c, const LlamaModelOptions& o, Backend backend, DType act_t,
-                              int64_t r) {
-  const double C = static_cast<double>(c.hidden_size), I = static_cast<double>(c.intermediate_size);
-  const double q = static_cast<double>(c.num_attention_heads * c.head_dim);
-  const double kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
-  const double T = static_cast<double>(o.max_seq > 0 ? o.max_seq : c.max_position_embeddings);
-  const double N = static_cast<double>(o.max_batch) * T, esz = static_cast<double>(dtype_size(act_t));
-  const double R = static_cast<double>(r), Rq = o.fold_lora ? 3 * R : 0, Rg = o.fold_lora ? 2 * R : 0;
-  const double saved = static_cast<double>(attention_saved_bytes(backend, o.max_batch, static_cast<int64_t>(T),
-                                                                  c.num_attention_heads, c.num_key_value_heads,
-                                                                  c.head_dim));
-  // h1, q, k, v, a, x2, h2, g, u; rstd1, rstd2; the attention's saved statistics
-  return (N * (C + Rq) + 2 * N * q + 2 * N * kv + N * C + N * (C + Rg) + 2 * N * I) * esz + 2 * N * 4 + saved;
+LlamaStepBytes llama_step_bytes(const BufferPlan& plan) {
+  LlamaStepBytes b;
+  b.activations = static_cast<double>(plan.total(BufferLife::kRun) + plan.total(BufferLife::kKept));
+  b.workspace = static_cast<double>(plan.total(BufferLife::kWorkspace));
+  b.workspace_attention = static_cast<double>(plan.total(BufferLife::kLibrary));
+  return b;
 }
 
-// The constructor's sizes, from the config alone (4-bit projections, LoRA of rank r on all seven).
 LlamaStepBytes llama_step_bytes(const LlamaConfig& c, const LlamaModelOptions& o, Backend backend, DType act_t,
                                 DType head_t, int64_t r) {
-  const double L = static_cast<double>(c.num_hidden_layers), C = static_cast<double>(c.hidden_size);
-  const double I = static_cast<double>(c.intermediate_size), V = static_cast<double>(c.vocab_size);
-  const double H = static_cast<double>(c.num_attention_heads), Hkv = static_cast<double>(c.num_key_value_heads);
-  const double D = static_cast<double>(c.head_dim);
-  const double T = static_cast<double>(o.max_seq > 0 ? o.max_seq : c.max_position_embeddings);
-  const double B = static_cast<double>(o.max_batch), N = B * T, esz = static_cast<double>(dtype_size(act_t));
-  const double R = static_cast<double>(r);
-  const double Rq = o.fold_lora ? 3 * R : 0, Rg = o.fold_lora ? 2 * R : 0;
-  const double q = H * D, kv = Hkv * D;
-  const double attn_saved = static_cast<double>(attention_saved_bytes(backend, o.max_batch, static_cast<int64_t>(T),
-                                                                       c.num_attention_heads, c.num_key_value_heads,
-                                                                       c.head_dim));
-  LlamaStepBytes b;
-  const double NM = o.mlp_chunk_rows > 0 ? std::min(static_cast<double>(o.mlp_chunk_rows), N) : N;
-  double act_elems = (L + 1) * N * C + N * (C + Rq) + N * q + 2 * N * kv + N * q + N * C + N * (C + Rg) +
-                     3 * NM * I                              // xs, h1, q, k, v, a, x2, h2, g, u, m
-                     + 5 * N * C + N * (C + Rq) + N * (C + Rg)  // dx, dprev, dx2, xf, dxf, dh1, dh2
-                     + 3 * NM * I + 2 * N * q + 2 * N * kv;  // dm, dg, du, da, dq, dk, dv
-  if (act_t != DType::kF32) act_elems += R * (7 * C + 2 * q + 2 * kv + 3 * I);  // lora_cvt
-  act_elems += 2 * L * static_cast<double>(o.kv_cache_tokens) * kv;             // generation's KV cache
-  act_elems += (Rq + Rg) * C;                                                     // lora_cat
-  b.activations = act_elems * esz + attn_saved + 3 * N * 4 + T * D * 4 + 2 * N * 8 + 8 + 3 * C * 4 + 7 * std::max({C, I, q}) * 4;
-  // cuDNN's attention workspace (prepare_attention): past its limit the non-deterministic backward,
-  // whose f32 dQ accumulator is about B*T*H*D*4 bytes (the estimate; small at short sequences).
-  if (backend == Backend::kCuda) b.workspace_attention = N * q * 4;
-  const bool head_cvt = backend == Backend::kCuda ? head_t != act_t : false;
-  if (head_cvt) b.activations += V * C * esz;
-  b.activations += 40 * 256;  // per-piece alignment
-  const double kept_sets = std::max(std::min(static_cast<double>(o.keep_layers), L) - 1, 0.0);
-  b.activations += kept_sets * (llama_kept_layer_bytes(c, o, backend, act_t, r) + 12 * 256);
-  const double head_rows = std::clamp(std::floor(static_cast<double>(o.head_chunk_bytes) / (V * 4)), 1.0, N);
-  const double max_in = std::max({C, q, I});
-  const double gemm_scratch = 2 * std::max({N, V, I, C, q}) + 2 * T;
-  const double dequant = 2 * C * q + 2 * C * kv + 3 * C * I;
-  const double fold_extra = (q + 2 * kv) * (Rq + C) + 2 * I * (Rg + C);  // upper bound: dense weights copied too
-  const double dropout_ws = o.lora_dropout > 0 ? 2 * std::max(N * std::max(C, q), NM * max_in) : 0;
-  const double layer_ws = dequant + fold_extra + dropout_ws + 2 * N * R + gemm_scratch;
-  const double head_ws = head_rows * V * 2 + gemm_scratch;
-  b.workspace = std::max(layer_ws, head_ws) * 4 + 65 * 256;
-  return b;
+  return llama_step_bytes(llama_buffer_plan(llama_buffer_dims(c, o, backend, act_t, head_t, r), backend, act_t));
+}
+
+double llama_kept_layer_bytes(const LlamaConfig& c, const LlamaModelOptions& o, Backend backend, DType act_t,
+                              int64_t r) {
+  LlamaModelOptions one = o;
+  one.keep_layers = 2;  // one kept set
+  one.mlp_chunk_rows = 0;
+  const LlamaBufferDims d = llama_buffer_dims(c, one, backend, act_t, act_t, r);
+  return d.kept_sets > 0 ? static_cast<double>(llama_buffer_plan(d, backend, act_t).total(BufferLife::kKept)) : 0.0;
 }
 
 void* LlamaModel::act(void* base, int64_t elems) const {
@@ -840,7 +652,7 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
   const int64_t N = B * T, C = c.hidden_size;
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  Activations& a = *act_;
+  LlamaActivations& a = *act_;
   const int64_t ld1 = fold_ld(0), ld2 = fold_ld(1);
   mark(StepPart::kNorm);
   ops::rmsnorm_fwd(a.h1, a.rstd1, x, layer_.input_norm, N, C, eps, ctx_, ld1);
@@ -893,7 +705,7 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
 }
 
 void LlamaModel::mlp_rows_fwd(int64_t r0, int64_t rows) {
-  Activations& a = *act_;
+  LlamaActivations& a = *act_;
   const int64_t ld2 = fold_ld(1);
   const void* h2 = act(a.h2, r0 * ld2);
   chunk_row_offset_ = r0;
@@ -921,7 +733,7 @@ void LlamaModel::layer_forward(const void* x_in, void* x_out, int64_t B, int64_t
 }
 
 void LlamaModel::layer_forward_kept(const void* x_in, void* x_out, int64_t B, int64_t T, int set, int64_t cache_pos) {
-  Activations& a = *act_;
+  LlamaActivations& a = *act_;
   const bool own = set >= 0 && set < static_cast<int>(a.kept.size());
   if (own) a.use(a.kept[static_cast<size_t>(set)]);
   ctx_.workspace().reset();
@@ -942,7 +754,7 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
   const LlamaConfig& c = config_;
   const int64_t N = B * T, C = c.hidden_size, I = c.intermediate_size;
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
-  Activations& a = *act_;
+  LlamaActivations& a = *act_;
   const bool own = set >= 0 && set < static_cast<int>(a.kept.size());
   if (own) a.use(a.kept[static_cast<size_t>(set)]);
   ctx_.workspace().reset();
@@ -1009,7 +821,7 @@ void LlamaModel::embed(std::span<const int64_t> ids, void* x, int64_t B, int64_t
 void LlamaModel::head_chunks(const void* x, const int64_t* targets, void* dx, int64_t N, float grad_scale,
                              float* logits_out) {
   const int64_t C = config_.hidden_size, V = config_.vocab_size;
-  Activations& a = *act_;
+  LlamaActivations& a = *act_;
   const RootBinding& r = root_binding_;
   const DType act_t = ctx_.activation_dtype();
   mark(StepPart::kHead);
@@ -1105,7 +917,7 @@ double LlamaModel::take_loss_sum() {
 void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B,
                                   int64_t T, double normalizer) {
   const int64_t L = config_.num_hidden_layers, NC = B * T * config_.hidden_size;
-  Activations& a = *act_;
+  LlamaActivations& a = *act_;
   const void* x_final = forward_layers(ids, B, T, /*keep_checkpoints=*/true);
   mark(StepPart::kWait);
   if (before_root) before_root(Pass::kBackward);
@@ -1134,7 +946,7 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
   auto slot = [&](int64_t l) { return keep_checkpoints ? l : l % 2; };
   check_sizes(B, T);
   const int64_t L = config_.num_hidden_layers, NC = B * T * config_.hidden_size;
-  Activations& a = *act_;
+  LlamaActivations& a = *act_;
   mark(StepPart::kWait);
   if (before_root) before_root(Pass::kForward);
   mark(StepPart::kOther);

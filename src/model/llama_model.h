@@ -63,6 +63,7 @@
 
 #include "checkpoint/hf_config.h"
 #include "checkpoint/module_tree.h"
+#include "model/llama_buffers.h"
 #include "model/llama_ops.h"
 #include "quant/blockwise.h"
 
@@ -121,16 +122,19 @@ struct LlamaModelOptions {
   int64_t kv_cache_tokens = 0;
 };
 
-// What a LlamaModel allocates for `options` (its activation buffers and the workspace it
-// reserves), estimated before any tree exists, for planning: every projection taken as 4-bit with
-// LoRA of rank `lora_r` (0: none) folded where it can be; `head_dtype` the embedding / LM head's
-// dtype. Never below what the constructor allocates for such a model (tested).
+// What a LlamaModel allocates for `options` (its activation buffers, the workspace it reserves,
+// the attention library's estimated workspace): the totals of its buffer plan
+// (model/llama_buffers.h), made from the config before any tree exists: every projection 4-bit
+// with LoRA of rank `lora_r` (0: none) on all seven, folded per options.fold_lora; `head_dtype`
+// the embedding / LM head's dtype. Equal to what the constructor allocates for such a model, and
+// never below it for another tree (tested).
 struct LlamaStepBytes {
-  double activations = 0;
-  double workspace = 0;
-  double workspace_attention = 0;  // the fused attention's own workspace (cuDNN; estimate)
+  double activations = 0;          // kRun + kKept
+  double workspace = 0;            // kWorkspace
+  double workspace_attention = 0;  // kLibrary: the fused attention's own workspace (cuDNN; estimate)
   double total() const { return activations + workspace + workspace_attention; }
 };
+LlamaStepBytes llama_step_bytes(const BufferPlan& plan);
 LlamaStepBytes llama_step_bytes(const LlamaConfig& config, const LlamaModelOptions& options, Backend backend,
                                 DType activation_dtype, DType head_dtype, int64_t lora_r);
 
@@ -258,11 +262,11 @@ class LlamaModel {
   int64_t head_chunk_rows() const { return head_rows_; }
   // Bytes this model allocated: its activation buffers and the context workspace it reserved.
   LlamaStepBytes allocated_bytes() const;
+  // Every buffer this model allocated (its tree's plan; the entries' targets are its own).
+  const BufferPlan& buffer_plan() const { return plan_; }
 
  private:
   struct Slots;        // pre-resolved tree slots (llama_model.cpp)
-  struct Activations;  // buffers sized once
-  struct Internals;    // one layer's forward results the backward reads
 
   void check_sizes(int64_t B, int64_t T) const;
   // cache_pos >= 0: generation (forward_cached): B == 1, positions cache_pos.., the KV cache.
@@ -306,7 +310,8 @@ class LlamaModel {
   LlamaModelOptions options_;
   int64_t max_rows_ = 0, max_seq_ = 0, head_rows_ = 0, mlp_rows_ = 0;
   std::unique_ptr<Slots> slots_;
-  std::unique_ptr<Activations> act_;
+  BufferPlan plan_;
+  std::unique_ptr<LlamaActivations> act_;
   LayerBinding layer_;
   RootBinding root_binding_;
   // The bound layer's projections as GEMM operands [out,in] in the activation dtype (dequantized

@@ -64,13 +64,12 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
                                  config.source, m.keep_layers, p.mlp_chunk_rows, m.mlp_chunk_tokens, N));
 
   // Estimates of what stays on the GPU besides the step's buffers.
-  const LlamaSize sz = llama_size(lc);
   const double other_b = config.model.path.empty() ? static_cast<double>(dtype_size(config.model.init.dtype)) : 2.0;
-  const double absmax = config.model.double_quant ? 1.0 : 4.0;  // bytes per block
-  const double proj_b = sz.projection_params * (0.5 + absmax / static_cast<double>(config.model.blocksize));
+  const Llama4bitBytes base = llama_4bit_bytes(lc, config.model.blocksize, config.model.double_quant, other_b);
+  const double proj_b = base.projections;
   const double L = static_cast<double>(lc.num_hidden_layers);
-  const double root = sz.other_params * other_b;  // embeddings, head, norms: gathered whole at the head
-  const double unit = proj_b / L;                 // one decoder layer, gathered (two in flight)
+  const double root = base.other;   // embeddings, head, norms: gathered whole at the head
+  const double unit = proj_b / L;   // one decoder layer, gathered (two in flight)
   const double C = static_cast<double>(lc.hidden_size), I = static_cast<double>(lc.intermediate_size);
   const double q = static_cast<double>(lc.num_attention_heads * lc.head_dim);
   const double kv = static_cast<double>(lc.num_key_value_heads * lc.head_dim);
@@ -82,7 +81,10 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
     b += 2 * (lora_p / L) * (2 + 4);                       // two units' compute copies and full gradients
     return b;
   };
-  p.step = llama_step_bytes(lc, step_options(config, p.mlp_chunk_rows), backend, act_t, act_t, config.lora.r).total();
+  p.step_buffers = llama_buffer_plan(
+      llama_buffer_dims(lc, step_options(config, p.mlp_chunk_rows), backend, act_t, act_t, config.lora.r), backend,
+      act_t);
+  p.step = static_cast<double>(p.step_buffers.total());
   p.per_kept = llama_kept_layer_bytes(lc, step_options(config, 0), backend, act_t, config.lora.r);
   p.resident = resident(p.offload_params, p.offload_optimizer);
   if (p.budget > 0 && backend == Backend::kCuda && !p.offload_params && p.resident + p.step > p.budget) {

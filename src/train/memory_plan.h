@@ -21,6 +21,7 @@
 #include <string>
 
 #include "checkpoint/hf_config.h"
+#include "model/llama_buffers.h"
 #include "runtime/dtype.h"
 #include "runtime/tensor.h"
 #include "train/train_config.h"
@@ -41,7 +42,8 @@ struct MemoryPlan {
   // Estimates, bytes on the GPU:
   double resident = 0;  // base shards (unless offloaded), gathered units, LoRA and optimizer state, runtime
   bool measured = false;  // resident is the device memory in use after the build, not an estimate
-  double step = 0;      // LlamaModel's activation buffers and workspace at keep_layers 0
+  double step = 0;      // LlamaModel's activation buffers and workspace at keep_layers 0 (step_buffers' total)
+  BufferPlan step_buffers;  // those buffers, entry by entry (model/llama_buffers.h; ledger() prints them)
   double per_kept = 0;  // each kept layer but the last
   double total() const { return resident + step + per_kept * static_cast<double>(keep_layers > 1 ? keep_layers - 1 : 0); }
   std::string describe() const;

@@ -26,17 +26,17 @@ namespace {
 // Every rank builds the whole 4-bit base before sharding it, then trains with the step's buffers
 // (LlamaModel's activations and workspace for micro_batch_size x max_seq_len): refuse a job this
 // machine cannot hold before anything is built, naming the keys and the bytes.
-void check_job_fits(const TrainConfig& config, const LlamaConfig& lc, Runtime& rt, bool for_training) {
-  const LlamaSize sz = llama_size(lc);
+void check_job_fits(const TrainConfig& config, const LlamaConfig& lc, Runtime& rt, const MemoryPlan* plan) {
   const double other = config.model.path.empty() ? static_cast<double>(dtype_size(config.model.init.dtype)) : 2.0;
   const double largest =
       static_cast<double>(std::max(lc.vocab_size, lc.intermediate_size)) * static_cast<double>(lc.hidden_size);
   const std::string what =
       config.model.path.empty() ? "the job's model (model.init)" : "the job's model (" + config.model.path + ")";
-  const double base = sz.projection_params * 0.5 + sz.other_params * other;
+  const double base = llama_4bit_bytes(lc, config.model.blocksize, config.model.double_quant, other).total();
   // The step's buffers as the memory plan sizes them (the MLP chunked for long sequences).
-  const double step =
-      for_training ? plan_memory(config, lc, rt.ctx.backend(), rt.ctx.activation_dtype(), rt.data.size()).step : 0.0;
+  const bool for_training = plan != nullptr;
+  const double step = for_training ? plan->step : 0.0;
+  const bool offload = for_training ? plan->offload_params : config.offload.params;
   const std::string batch = "micro_batch_size " + std::to_string(config.batch.micro_batch_size) + " x max_seq_len " +
                             std::to_string(config.data.max_seq_len);
   const bool cuda = rt.ctx.is_cuda();
@@ -44,13 +44,13 @@ void check_job_fits(const TrainConfig& config, const LlamaConfig& lc, Runtime& r
                       llama_size_keys(lc) + ", projections in 4-bit" +
                           (cuda || !for_training ? "" : "; activations for " + batch));
   // On the GPU: the step's buffers, and without offload.params this rank's shard of the base.
-  const double gpu = step + (config.offload.params ? 0.0 : base / rt.data.size());
+  const double gpu = step + (offload ? 0.0 : base / rt.data.size());
   if (cuda && gpu > 0)
     require_device_memory(gpu, what + " on the GPU",
                           (for_training ? "activations for " + batch : std::string("no step")) +
-                              (config.offload.params ? std::string()
-                                                     : ", this rank's shard of the 4-bit base over " +
-                                                           std::to_string(rt.data.size()) + " ranks"));
+                              (offload ? std::string()
+                                       : ", this rank's shard of the 4-bit base over " +
+                                             std::to_string(rt.data.size()) + " ranks"));
 }
 
 // lora.init_adapter: the adapter's LoRA weights replace PEFT's init, once its settings are the job's.
@@ -76,11 +76,19 @@ void start_from_adapter(Module& tree, const TrainConfig& config) {
 
 }  // namespace
 
-std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime& rt, bool for_training) {
+std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime& rt, BuildFor what) {
+  if (what == BuildFor::kExport) return build_qlora_model(config, rt, nullptr);
+  const MemoryPlan plan =
+      plan_memory(config, job_llama_config(config.model), rt.ctx.backend(), rt.ctx.activation_dtype(), rt.data.size());
+  return build_qlora_model(config, rt, &plan);
+}
+
+std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime& rt, const MemoryPlan* plan) {
   auto m = std::make_unique<QloraModel>();
+  const bool for_training = plan != nullptr;
   const QuantizeOptions quant{config.model.quant_type, config.model.blocksize, config.model.double_quant};
   m->config = job_llama_config(config.model);
-  check_job_fits(config, m->config, rt, for_training);
+  check_job_fits(config, m->config, rt, plan);
   LlamaTreeOptions to;
   // Frozen float tensors keep the dtype they have in model.path's folder (bf16 stays bf16), so
   // exports write them back as they came in; the model widens them to f32 when it binds them.
@@ -98,8 +106,8 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
   for (const auto& [k, t] : state_dict(*m->tree, {true, false, true})) m->trainable_parameters += t.numel();
 
   ShardOptions so;
-  so.offload_params = config.offload.params;
-  so.offload_optimizer = config.offload.optimizer;
+  so.offload_params = for_training ? plan->offload_params : config.offload.params;
+  so.offload_optimizer = for_training ? plan->offload_optimizer : config.offload.optimizer;
   so.compute_device = rt.ctx.compute_device();
   // The GEMMs read LoRA A/B in the activation dtype: bf16 compute copies on CUDA, none on the CPU.
   so.trainable_compute_dtype = rt.ctx.activation_dtype();

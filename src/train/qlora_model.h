@@ -24,6 +24,7 @@
 #include "checkpoint/sharded_tree.h"
 #include "runtime/runtime.h"
 #include "shard/sharded_parameter_manager.h"
+#include "train/memory_plan.h"
 #include "train/train_config.h"
 
 namespace qshard {
@@ -40,10 +41,17 @@ struct QloraModel {
 // The Llama config a job trains: model.path's config.json, or one made from model.init.
 LlamaConfig job_llama_config(const ModelConfig& model);
 
-// Before building, checks that the host (and the GPU) can hold the 4-bit base and, when
-// `for_training`, the step's buffers for micro_batch_size x max_seq_len (llama_step_bytes):
-// a model this machine cannot hold is an InputError naming the keys and the bytes.
-std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime& rt, bool for_training = true);
+// Before building, checks that the host (and the GPU) can hold the 4-bit base
+// (llama_4bit_bytes) and, for training, the step's buffers of `plan` (its BufferPlan for
+// micro_batch_size x max_seq_len): a model this machine cannot hold is an InputError naming the
+// keys and the bytes. Training: `plan` (made once by plan_memory) decides offload.params /
+// .optimizer and lora.init_adapter is applied; null `plan`: a build for export (offload as the
+// config says, PEFT's init).
+std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime& rt, const MemoryPlan* plan);
+// The same with plan_memory's plan for this config and rt (kTraining), or none (kExport).
+enum class BuildFor { kTraining, kExport };
+std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime& rt,
+                                              BuildFor what = BuildFor::kTraining);
 
 // REQUIRES: exp_avg / exp_avg_sq empty or one f32 tensor per unit of the master shard's size.
 std::vector<UnitStateShard> state_shards(QloraModel& model, const std::vector<Tensor>& exp_avg = {},

@@ -151,7 +151,7 @@ ExportReport export_checkpoint(const std::string& checkpoint, ExportOptions opti
   if (comm.rank() == 0)
     QS_LOG_INFO("export {} (step {}, saved by {} ranks) as {} to {}", info.dir, info.step, info.world_size,
                 export_format_name(options.format), options.out_dir);
-  std::unique_ptr<QloraModel> model = build_qlora_model(cfg, rt, /*for_training=*/false);
+  std::unique_ptr<QloraModel> model = build_qlora_model(cfg, rt, BuildFor::kExport);
   load_sharded_checkpoint(comm, info, state_shards(*model));
   options.r = cfg.lora.r;
   options.lora_alpha = cfg.lora.alpha;

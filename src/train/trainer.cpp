@@ -137,13 +137,10 @@ TrainSummary train(const TrainConfig& config, Runtime& rt, const TrainCallbacks*
   // ---- memory plan (offload, MLP chunks), then the model, sharded ----
   MemoryPlan plan = plan_memory(config, job_llama_config(config.model), rt.ctx.backend(), rt.ctx.activation_dtype(),
                                 rt.data.size());
-  TrainConfig built = config;  // the job as built: the plan may offload the base
-  built.offload.params = plan.offload_params;
-  built.offload.optimizer = plan.offload_optimizer;
   if (rank == 0 && plan.offload_params && !config.offload.params)
     QS_LOG_INFO("memory.gpu_budget_gb = {}: the base and its optimizer state go to pinned host memory "
                 "(offload.params and offload.optimizer on)", config.memory.gpu_budget_gb);
-  std::unique_ptr<QloraModel> qm = build_qlora_model(built, rt);
+  std::unique_ptr<QloraModel> qm = build_qlora_model(config, rt, &plan);
   const LlamaConfig& mc = qm->config;
   Module* tree = qm->tree.get();
   ShardedParameterManager& mgr = *qm->mgr;

@@ -284,32 +284,87 @@ TEST(LlamaModel, KeptLayersNeedTheWholeMlp) {
   EXPECT_NO_THROW(LlamaModel(c, *tree, ctx(), opt));
 }
 
-// llama_step_bytes (planning, before any tree exists) never under-estimates what the model
-// allocates, and is not far above it (4-bit base, LoRA on all seven projections, fold on / off).
-TEST(LlamaModel, StepBytesEstimateBoundsTheAllocation) {
+// One memory model: the plan the planner makes from the config (llama_buffer_dims: 4-bit base,
+// LoRA of rank r on all seven projections) is the plan the model makes from its tree, entry for
+// entry, and the model allocates exactly its totals (activations, kept sets, workspace); with
+// LoRA on some projections only, the config's plan still bounds the allocation.
+TEST(LlamaModel, BufferPlanIsWhatTheModelAllocates) {
   for (const auto& [keep, chunk] : {std::pair<int64_t, int64_t>{0, 0}, {3, 0}, {0, 7}, {1, 0}})
-  for (const bool fold : {true, false})
-    for (const int64_t T : {int64_t{5}, int64_t{64}}) {
-      const LlamaConfig c = small_config();
-      LlamaTreeOptions to;
-      to.dtype = DType::kF32;
-      to.quant = QuantizeOptions{};
-      to.lora.r = 2;
-      auto tree = build_llama_tree(c, to);
-      LlamaModelOptions opt;
-      opt.max_batch = 3;
-      opt.max_seq = T;
-      opt.fold_lora = fold;
-      opt.keep_layers = keep;
-      opt.mlp_chunk_rows = chunk;
-      DeviceContext cpu(Backend::kCpu, -1);
-      const LlamaStepBytes want = llama_step_bytes(c, opt, Backend::kCpu, DType::kF32, DType::kF32, 2);
-      LlamaModel model(c, *tree, cpu, opt);
-      const LlamaStepBytes got = model.allocated_bytes();
-      EXPECT_GE(want.activations, got.activations) << "fold " << fold << " T " << T << " keep " << keep << " chunk " << chunk;
-      EXPECT_GE(want.workspace + 256, got.workspace) << "fold " << fold << " T " << T;
-      EXPECT_LE(want.total(), 1.5 * got.total() + 65536) << "fold " << fold << " T " << T;
-    }
+    for (const bool fold : {true, false})
+      for (const int64_t T : {int64_t{5}, int64_t{64}})
+        for (const float dropout : {0.0f, 0.1f}) {
+          const LlamaConfig c = small_config();
+          LlamaTreeOptions to;
+          to.dtype = DType::kF32;
+          to.quant = QuantizeOptions{};
+          to.lora.r = 2;
+          auto tree = build_llama_tree(c, to);
+          LlamaModelOptions opt;
+          opt.max_batch = 3;
+          opt.max_seq = T;
+          opt.fold_lora = fold;
+          opt.keep_layers = keep;
+          opt.mlp_chunk_rows = chunk;
+          opt.lora_dropout = dropout;
+          const std::string what = "fold " + std::to_string(fold) + " T " + std::to_string(T) + " keep " +
+                                   std::to_string(keep) + " chunk " + std::to_string(chunk) + " dropout " +
+                                   std::to_string(dropout);
+          const BufferPlan want = llama_buffer_plan(
+              llama_buffer_dims(c, opt, Backend::kCpu, DType::kF32, DType::kF32, 2), Backend::kCpu, DType::kF32);
+          DeviceContext cpu(Backend::kCpu, -1);
+          LlamaModel model(c, *tree, cpu, opt);
+          const BufferPlan& got = model.buffer_plan();
+          ASSERT_EQ(want.entries().size(), got.entries().size()) << what;
+          for (size_t i = 0; i < want.entries().size(); ++i) {
+            EXPECT_EQ(want.entries()[i].name, got.entries()[i].name) << what;
+            EXPECT_EQ(want.entries()[i].bytes, got.entries()[i].bytes) << what << " " << got.entries()[i].name;
+            EXPECT_EQ(want.entries()[i].life, got.entries()[i].life) << what;
+          }
+          const LlamaStepBytes alloc = model.allocated_bytes();
+          EXPECT_EQ(alloc.activations, static_cast<double>(got.total(BufferLife::kRun) + got.total(BufferLife::kKept)))
+              << what;
+          EXPECT_EQ(alloc.workspace, static_cast<double>(got.total(BufferLife::kWorkspace) + Workspace::kAlign)) << what;
+          const LlamaStepBytes planned = llama_step_bytes(c, opt, Backend::kCpu, DType::kF32, DType::kF32, 2);
+          EXPECT_EQ(planned.activations, alloc.activations) << what;
+          EXPECT_EQ(planned.workspace + Workspace::kAlign, alloc.workspace) << what;
+        }
+  // LoRA on the attention projections only: the estimate (LoRA on all seven) bounds the allocation.
+  const LlamaConfig c = small_config();
+  LlamaTreeOptions to;
+  to.dtype = DType::kF32;
+  to.quant = QuantizeOptions{};
+  to.lora.r = 2;
+  to.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  auto tree = build_llama_tree(c, to);
+  LlamaModelOptions opt;
+  opt.max_batch = 2;
+  opt.max_seq = 16;
+  DeviceContext cpu(Backend::kCpu, -1);
+  LlamaModel model(c, *tree, cpu, opt);
+  const LlamaStepBytes planned = llama_step_bytes(c, opt, Backend::kCpu, DType::kF32, DType::kF32, 2);
+  EXPECT_GE(planned.activations, model.allocated_bytes().activations);
+  EXPECT_GE(planned.workspace + Workspace::kAlign, model.allocated_bytes().workspace);
+  EXPECT_GT(planned.activations, model.allocated_bytes().activations);  // the fold of gate|up is planned, not built
+}
+
+// The ledger names every lifetime's total and its largest buffers.
+TEST(LlamaModel, BufferLedgerNamesTheLargestBuffers) {
+  const LlamaConfig c = small_config();
+  LlamaModelOptions opt;
+  opt.max_batch = 2;
+  opt.max_seq = 16;
+  opt.keep_layers = 3;
+  const BufferPlan p =
+      llama_buffer_plan(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4), Backend::kCuda,
+                        DType::kBF16);
+  const std::string l = p.ledger();
+  EXPECT_NE(l.find("activations"), std::string::npos) << l;
+  EXPECT_NE(l.find("kept layers"), std::string::npos) << l;
+  EXPECT_NE(l.find("workspace"), std::string::npos) << l;
+  EXPECT_NE(l.find("attention workspace (cuDNN)"), std::string::npos) << l;
+  EXPECT_NE(l.find("xs (layer inputs)"), std::string::npos) << l;
+  EXPECT_EQ(p.total(), p.total(BufferLife::kRun) + p.total(BufferLife::kKept) + p.total(BufferLife::kWorkspace) +
+                           p.total(BufferLife::kLibrary));
 }
 
 // The LM head and loss in row chunks (3 rows, so a chunk boundary falls inside each sequence):

@@ -1,0 +1,202 @@
+#include "model/llama_buffers.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "model/llama_model.h"
+#include "model/llama_ops.h"
+#include "runtime/device_context.h"
+#include "runtime/error.h"
+#include "runtime/machine.h"
+
+namespace qshard {
+
+const char* buffer_life_name(BufferLife life) {
+  switch (life) {
+    case BufferLife::kRun: return "activations";
+    case BufferLife::kKept: return "kept layers";
+    case BufferLife::kWorkspace: return "workspace";
+    case BufferLife::kLibrary: return "library workspace (estimate)";
+  }
+  return "?";
+}
+
+void BufferPlan::add(std::string name, int64_t bytes, BufferLife life, void** target) {
+  QS_CHECK(bytes >= 0, "buffer " + name + ": negative size");
+  if (life == BufferLife::kRun || life == BufferLife::kKept) bytes = (bytes + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
+  entries_.push_back({std::move(name), bytes, life, target});
+}
+
+int64_t BufferPlan::total(BufferLife life) const {
+  int64_t t = 0;
+  for (const BufferEntry& e : entries_)
+    if (e.life == life) t += e.bytes;
+  return t;
+}
+
+int64_t BufferPlan::total() const {
+  int64_t t = 0;
+  for (const BufferEntry& e : entries_) t += e.bytes;
+  return t;
+}
+
+std::string BufferPlan::ledger(int top) const {
+  std::string s;
+  for (BufferLife life : {BufferLife::kRun, BufferLife::kKept, BufferLife::kWorkspace, BufferLife::kLibrary}) {
+    const int64_t t = total(life);
+    if (t == 0) continue;
+    std::vector<const BufferEntry*> es;
+    for (const BufferEntry& e : entries_)
+      if (e.life == life && e.bytes > 0) es.push_back(&e);
+    std::stable_sort(es.begin(), es.end(), [](const BufferEntry* a, const BufferEntry* b) { return a->bytes > b->bytes; });
+    s += fmt::format("{}{} {} in {} buffers", s.empty() ? "" : "\n", buffer_life_name(life),
+                     human_bytes(static_cast<double>(t)), es.size());
+    for (size_t i = 0; i < es.size() && static_cast<int>(i) < top; ++i)
+      s += fmt::format("{} {} {}", i == 0 ? ":" : ",", es[i]->name, human_bytes(static_cast<double>(es[i]->bytes)));
+  }
+  return s;
+}
+
+Tensor BufferPlan::allocate(BufferLife life, Device device, bool zero) const {
+  const int64_t bytes = total(life);
+  if (bytes == 0) {
+    for (const BufferEntry& e : entries_)
+      if (e.life == life && e.target) *e.target = nullptr;
+    return Tensor();
+  }
+  Tensor storage = zero ? Tensor::zeros({bytes}, DType::kU8, device) : Tensor::empty({bytes}, DType::kU8, device);
+  int64_t off = 0;
+  for (const BufferEntry& e : entries_) {
+    if (e.life != life) continue;
+    if (e.target) *e.target = static_cast<uint8_t*>(storage.raw()) + off;
+    off += e.bytes;
+  }
+  return storage;
+}
+
+int64_t llama_head_rows(int64_t head_chunk_bytes, int64_t V, int64_t N) {
+  // Large enough that the head's GEMMs have hundreds of rows at a 128k vocabulary (~510 rows at
+  // the default 256 MiB: the weight read per chunk is amortised), far below [N, V].
+  int64_t rows = std::clamp<int64_t>(head_chunk_bytes / (V * 4), 1, std::max<int64_t>(N, 1));
+  if (rows > 256 && rows < N) rows -= rows % 256;  // whole GEMM tiles (523 -> 512 rows)
+  return rows;
+}
+
+LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions& o, Backend backend, DType act_t,
+                                  DType head_t, int64_t r) {
+  LlamaBufferDims d;
+  d.L = c.num_hidden_layers, d.C = c.hidden_size, d.I = c.intermediate_size, d.V = c.vocab_size;
+  d.H = c.num_attention_heads, d.Hkv = c.num_key_value_heads, d.D = c.head_dim;
+  d.B = o.max_batch;
+  d.T = o.max_seq > 0 ? o.max_seq : c.max_position_embeddings;
+  d.N = d.B * d.T;
+  d.NM = o.mlp_chunk_rows > 0 ? std::min(o.mlp_chunk_rows, d.N) : d.N;
+  const int64_t q = d.H * d.D, kv = d.Hkv * d.D;
+  d.max_in = std::max({d.C, q, d.I});
+  d.max_out = std::max({d.C, q, d.I});
+  d.max_r = r;
+  // q (C -> q), k, v (C -> kv), o (q -> C), gate, up (C -> I), down (I -> C): all 4-bit, all dequantized.
+  d.dequant_elems = 2 * d.C * q + 2 * d.C * kv + 3 * d.C * d.I;
+  d.lora_elems = r * (7 * d.C + 2 * q + 2 * kv + 3 * d.I);
+  if (r > 0 && o.fold_lora) {
+    d.fold_r = {3 * r, 2 * r};
+    d.fold_extra = {(q + 2 * kv) * 3 * r, 2 * d.I * 2 * r};  // R more columns per output row
+  }
+  d.convert_lora = act_t != DType::kF32;
+  d.convert_head = backend == Backend::kCuda && head_t != act_t;
+  d.kept_sets = std::max<int64_t>(std::min(o.keep_layers, d.L) - 1, 0);
+  d.kv_cache_tokens = o.kv_cache_tokens;
+  d.dropout = o.lora_dropout > 0;
+  d.head_rows = llama_head_rows(o.head_chunk_bytes, d.V, d.N);
+  return d;
+}
+
+namespace {
+
+// One set of a layer's internals: into the working set (prefix "") or a kept set.
+void add_internals(BufferPlan& p, const LlamaBufferDims& d, Backend backend, int64_t esz, BufferLife life,
+                   const std::string& prefix, int64_t mlp_rows, LlamaInternals* s) {
+  const int64_t N = d.N, C = d.C, q = d.H * d.D, kv = d.Hkv * d.D;
+  auto t = [&](auto* field) { return s ? reinterpret_cast<void**>(field) : nullptr; };
+  p.add(prefix + "h1", N * (C + d.fold_r[0]) * esz, life, t(s ? &s->h1 : nullptr));
+  p.add(prefix + "rstd1", N * 4, life, t(s ? &s->rstd1 : nullptr));
+  p.add(prefix + "q", N * q * esz, life, t(s ? &s->q : nullptr));
+  p.add(prefix + "k", N * kv * esz, life, t(s ? &s->k : nullptr));
+  p.add(prefix + "v", N * kv * esz, life, t(s ? &s->v : nullptr));
+  p.add(prefix + "attention saved", static_cast<int64_t>(attention_saved_bytes(backend, d.B, d.T, d.H, d.Hkv, d.D)),
+        life, t(s ? &s->att_saved : nullptr));
+  p.add(prefix + "a", N * q * esz, life, t(s ? &s->a : nullptr));
+  p.add(prefix + "x2", N * C * esz, life, t(s ? &s->x2 : nullptr));
+  p.add(prefix + "h2", N * (C + d.fold_r[1]) * esz, life, t(s ? &s->h2 : nullptr));
+  p.add(prefix + "rstd2", N * 4, life, t(s ? &s->rstd2 : nullptr));
+  p.add(prefix + "gate", mlp_rows * d.I * esz, life, t(s ? &s->g : nullptr));
+  p.add(prefix + "up", mlp_rows * d.I * esz, life, t(s ? &s->u : nullptr));
+}
+
+}  // namespace
+
+BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType act_t, LlamaActivations* a) {
+  BufferPlan p;
+  const int64_t esz = static_cast<int64_t>(dtype_size(act_t));
+  const int64_t L = d.L, N = d.N, NM = d.NM, C = d.C, I = d.I, V = d.V, T = d.T;
+  const int64_t q = d.H * d.D, kv = d.Hkv * d.D;
+  const BufferLife run = BufferLife::kRun;
+  auto t = [&](auto* field) { return reinterpret_cast<void**>(field); };
+  // ---- activations (one allocation, in this order) ----
+  p.add("xs (layer inputs)", (L + 1) * N * C * esz, run, a ? t(&a->xs) : nullptr);
+  add_internals(p, d, backend, esz, run, "", NM, a);
+  p.add("m", NM * I * esz, run, a ? t(&a->m) : nullptr);
+  p.add("dx", N * C * esz, run, a ? t(&a->dx) : nullptr);
+  p.add("dprev", N * C * esz, run, a ? t(&a->dprev) : nullptr);
+  p.add("dx2", N * C * esz, run, a ? t(&a->dx2) : nullptr);
+  p.add("xf", N * C * esz, run, a ? t(&a->xf) : nullptr);
+  p.add("dxf", N * C * esz, run, a ? t(&a->dxf) : nullptr);
+  p.add("dh1", N * (C + d.fold_r[0]) * esz, run, a ? t(&a->dh1) : nullptr);  // folded: the extra columns get s dt
+  p.add("dh2", N * (C + d.fold_r[1]) * esz, run, a ? t(&a->dh2) : nullptr);
+  p.add("dm", NM * I * esz, run, a ? t(&a->dm) : nullptr);
+  p.add("dg", NM * I * esz, run, a ? t(&a->dg) : nullptr);
+  p.add("du", NM * I * esz, run, a ? t(&a->du) : nullptr);
+  p.add("da", N * q * esz, run, a ? t(&a->da) : nullptr);
+  p.add("dq", N * q * esz, run, a ? t(&a->dq) : nullptr);
+  p.add("dk", N * kv * esz, run, a ? t(&a->dk) : nullptr);
+  p.add("dv", N * kv * esz, run, a ? t(&a->dv) : nullptr);
+  p.add("rstdf", N * 4, run, a ? t(&a->rstdf) : nullptr);
+  p.add("rope cos", T * d.D / 2 * 4, run, a ? t(&a->rope_cos) : nullptr);
+  p.add("rope sin", T * d.D / 2 * 4, run, a ? t(&a->rope_sin) : nullptr);
+  p.add("ids", N * 8, run, a ? t(&a->ids) : nullptr);
+  p.add("targets", N * 8, run, a ? t(&a->targets) : nullptr);
+  p.add("loss sum", 8, run, a ? t(&a->loss_sum) : nullptr);
+  p.add("norms (f32)", 3 * C * 4, run, a ? t(&a->norms) : nullptr);
+  p.add("biases (f32)", 7 * d.max_out * 4, run, a ? t(&a->biases) : nullptr);
+  if (d.convert_lora) p.add("LoRA in the activation dtype", d.lora_elems * esz, run, a ? t(&a->lora_cvt) : nullptr);
+  if (d.fold_r[0] + d.fold_r[1] > 0)
+    p.add("LoRA A stacked (fold)", (d.fold_r[0] + d.fold_r[1]) * C * esz, run, a ? t(&a->lora_cat) : nullptr);
+  if (d.convert_head) p.add("LM head converted", V * C * esz, run, a ? t(&a->head_cvt) : nullptr);
+  if (d.kv_cache_tokens > 0) {
+    p.add("KV cache keys", L * d.kv_cache_tokens * kv * esz, run, a ? t(&a->k_cache) : nullptr);
+    p.add("KV cache values", L * d.kv_cache_tokens * kv * esz, run, a ? t(&a->v_cache) : nullptr);
+  }
+  // ---- kept layers: one set per kept layer but the last (it uses the working set) ----
+  if (a) a->kept.assign(static_cast<size_t>(d.kept_sets), LlamaInternals{});
+  for (int64_t i = 0; i < d.kept_sets; ++i)
+    add_internals(p, d, backend, esz, BufferLife::kKept, "kept[" + std::to_string(i) + "].", N,
+                  a ? &a->kept[static_cast<size_t>(i)] : nullptr);
+  // ---- workspace: the larger of a layer's and the head's scratch (f32 elements) ----
+  const int64_t gemm_scratch = 2 * std::max({N, V, I, C, d.max_in, d.max_out}) + 2 * T;
+  // LoRA dropout's masked input and input gradient (unfolded projections; the MLP's per chunk)
+  const int64_t dropout_ws = d.dropout ? 2 * std::max(N * std::max(C, q), NM * d.max_in) : 0;
+  const int64_t layer_ws =
+      d.dequant_elems + d.fold_extra[0] + d.fold_extra[1] + dropout_ws + 2 * N * d.max_r + gemm_scratch;
+  // f32 logits, and their gradient in the activation dtype when the GEMM does not take f32 with the head
+  const int64_t head_ws = d.head_rows * V * 2 + gemm_scratch;
+  p.add(layer_ws >= head_ws ? "workspace (a layer's scratch)" : "workspace (an LM-head chunk)",
+        std::max(layer_ws, head_ws) * 4 + 64 * static_cast<int64_t>(Workspace::kAlign), BufferLife::kWorkspace);
+  // ---- cuDNN's attention workspace (prepare_attention): past its limit the non-deterministic
+  // backward, whose f32 dQ accumulator is about B*T*H*D*4 bytes (the estimate) ----
+  if (backend == Backend::kCuda) p.add("attention workspace (cuDNN)", N * q * 4, BufferLife::kLibrary);
+  return p;
+}
+
+}  // namespace qshard

@@ -1,0 +1,158 @@
+// llama_buffers.h: the one memory model of LlamaModel: every buffer of the step as a plan.
+//
+// What: llama_buffer_plan() lists every buffer a LlamaModel allocates for its step, each entry a
+// name, a size in bytes and a lifetime:
+//   kRun        the activation storage: one device allocation at construction, lives with the model
+//               (checkpoints x_l, one layer's internals and gradients, head, RoPE tables, ids,
+//               the loss accumulator, per-bind conversions, generation's KV cache);
+//   kKept       the internals of each kept layer but the last (LlamaModelOptions::keep_layers),
+//               one more allocation, "kept[i].<name>";
+//   kWorkspace  the scratch the model reserves in the context's Workspace (dequantized
+//               projections, the fold's widened weights, LoRA and dropout temporaries, one chunk of
+//               LM-head logits): reset and reused per layer;
+//   kLibrary    memory a library takes on the model's behalf (cuDNN's attention workspace): an
+//               estimate, not allocated by the model.
+// The same function serves both sides, so they cannot drift apart:
+//   - LlamaModel's constructor measures its tree (LlamaBufferDims from the slots it found), asks
+//     for the plan with `bind` set, allocates kRun and kKept storage from it (each entry 256-byte
+//     aligned: its `bytes` are already rounded) and reserves total(kWorkspace);
+//   - the memory planner (train/memory_plan.h), the start-up refusals and `qshard eval/generate`
+//     ask for it from the config alone (llama_buffer_dims: every projection 4-bit, LoRA of one rank
+//     on all seven) before any tree exists.
+// For a 4-bit tree with LoRA of rank r on all seven projections the two plans are equal entry for
+// entry (tested); other trees (dense weights, partial LoRA) allocate no more than the estimate.
+// Dimension legend: B batch, T sequence (max_seq), N = B*T rows, NM MLP rows per chunk, C hidden,
+// H heads, Hkv kv heads, D head dim, I intermediate, V vocab, L layers, r LoRA rank.
+// Thread safety: pure functions and plain structs.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checkpoint/hf_config.h"
+#include "runtime/device_context.h"
+#include "runtime/dtype.h"
+#include "runtime/tensor.h"
+
+namespace qshard {
+
+struct LlamaModelOptions;
+
+enum class BufferLife { kRun, kKept, kWorkspace, kLibrary };
+const char* buffer_life_name(BufferLife life);
+
+struct BufferEntry {
+  std::string name;
+  int64_t bytes = 0;        // rounded up to kBufferAlign for kRun / kKept entries
+  BufferLife life = BufferLife::kRun;
+  void** target = nullptr;  // where the allocation's address goes (a plan made with `bind`)
+};
+
+inline constexpr int64_t kBufferAlign = 256;
+
+class BufferPlan {
+ public:
+  void add(std::string name, int64_t bytes, BufferLife life, void** target = nullptr);
+  const std::vector<BufferEntry>& entries() const { return entries_; }
+  int64_t total(BufferLife life) const;
+  int64_t total() const;
+  // The ledger: one line per lifetime with its total and its largest entries (top `top`).
+  std::string ledger(int top = 4) const;
+  // Allocates one tensor of u8 on `device` holding every entry of `life` and writes each entry's
+  // address into its target. zero: zero-filled. Returns an undefined tensor when there are none.
+  Tensor allocate(BufferLife life, Device device, bool zero) const;
+
+ private:
+  std::vector<BufferEntry> entries_;
+};
+
+// The facts of a model that size its buffers: from the tree (the constructor) or estimated from
+// the config (llama_buffer_dims).
+struct LlamaBufferDims {
+  int64_t L = 0, C = 0, I = 0, V = 0, H = 0, Hkv = 0, D = 0;
+  int64_t B = 1, T = 0, N = 0;       // max_batch, max_seq, max rows
+  int64_t NM = 0;                    // MLP rows per chunk (N: whole)
+  int64_t max_in = 0, max_out = 0, max_r = 0;
+  int64_t dequant_elems = 0;         // per layer: projections dequantized / converted into the workspace
+  int64_t lora_elems = 0;            // per layer: sum of r * (in + out) (the bf16 conversions of LoRA)
+  std::array<int64_t, 2> fold_r{};   // per fold group (q|k|v, gate|up): its ranks' sum (0: not folded)
+  std::array<int64_t, 2> fold_extra{};  // per fold group: the widened weights' elements beyond dequant_elems
+  bool convert_lora = false;         // LoRA A/B converted from f32 to the activation dtype at bind
+  bool convert_head = false;         // the LM head converted into a buffer of the model's
+  int64_t kept_sets = 0;             // kept layers but the last
+  int64_t kv_cache_tokens = 0;
+  bool dropout = false;              // LoRA dropout's masked inputs in the workspace
+  int64_t head_rows = 0;             // LM-head logits rows per chunk
+};
+
+// Rows of LM-head logits per chunk for a vocabulary of V and N rows (options.head_chunk_bytes).
+int64_t llama_head_rows(int64_t head_chunk_bytes, int64_t V, int64_t N);
+
+// The dims of a model built from `config` with `options`: every projection 4-bit with LoRA of
+// rank `lora_r` (0: none) on all seven, folded per options.fold_lora; `head_dtype` the LM head's.
+LlamaBufferDims llama_buffer_dims(const LlamaConfig& config, const LlamaModelOptions& options, Backend backend,
+                                  DType activation_dtype, DType head_dtype, int64_t lora_r);
+
+// The activation pointers a plan made with `bind` fills (LlamaModel's; in the activation dtype
+// unless noted; [rows, cols]).
+struct LlamaInternals {  // one layer's forward results that its backward reads
+  void* h1 = nullptr;         // [N, C + R_qkv] input_layernorm(x) (and, folded, x A_qkv^T)
+  float* rstd1 = nullptr;     // [N] f32
+  void* q = nullptr;          // [N, H*D] after RoPE
+  void* k = nullptr;          // [N, Hkv*D] after RoPE
+  void* v = nullptr;          // [N, Hkv*D]
+  void* att_saved = nullptr;  // attention_saved_bytes(...)
+  void* a = nullptr;          // [N, H*D] attention output (o_proj input)
+  void* x2 = nullptr;         // [N, C] x + o_proj(a)
+  void* h2 = nullptr;         // [N, C + R_gu] post_attention_layernorm(x2)
+  float* rstd2 = nullptr;     // [N] f32
+  void* g = nullptr;          // [NM, I] gate_proj(h2)
+  void* u = nullptr;          // [NM, I] up_proj(h2)
+};
+struct LlamaActivations : LlamaInternals {
+  Tensor storage, kept_storage;
+  std::vector<LlamaInternals> kept;  // kept_sets sets: layers L-keep .. L-2 (the last: the working set)
+  LlamaInternals work;               // the working set's pointers (saved while a kept set is in use)
+  void use(const LlamaInternals& s) { static_cast<LlamaInternals&>(*this) = s; }
+  void* xs = nullptr;        // [L+1, N, C] layer inputs (checkpoints); xs[L] the final hidden state
+  void* m = nullptr;         // [NM, I] silu(g) * u (down_proj input)
+  // gradients
+  void* dx = nullptr;        // [N, C]
+  void* dprev = nullptr;     // [N, C]
+  void* dx2 = nullptr;       // [N, C]
+  void* dm = nullptr;        // [NM, I]
+  void* dg = nullptr;        // [NM, I]
+  void* du = nullptr;        // [NM, I]
+  void* dh2 = nullptr;       // [N, C + R_gu]
+  void* da = nullptr;        // [N, H*D]
+  void* dq = nullptr;        // [N, H*D]
+  void* dk = nullptr;        // [N, Hkv*D]
+  void* dv = nullptr;        // [N, Hkv*D]
+  void* dh1 = nullptr;       // [N, C + R_qkv]
+  // head
+  void* xf = nullptr;        // [N, C] final norm
+  float* rstdf = nullptr;    // [N] f32
+  void* dxf = nullptr;       // [N, C]
+  float* rope_cos = nullptr; // [T, D/2] f32
+  float* rope_sin = nullptr; // [T, D/2] f32
+  int64_t* ids = nullptr;    // [N]
+  int64_t* targets = nullptr;// [N]
+  double* loss_sum = nullptr;// [1] f64 accumulator
+  float* norms = nullptr;    // [3, C] f32: the bound layer's two norms, the root's final norm
+  float* biases = nullptr;   // [7, max_out] f32: the bound layer's biases
+  void* lora_cat = nullptr;  // the fold: the bound layer's A matrices stacked per group [R_qkv + R_gu, C]
+  void* lora_cvt = nullptr;  // the bound layer's LoRA A/B in the activation dtype (convert_lora)
+  void* head_cvt = nullptr;  // [V, C] the LM head in the activation dtype (convert_head)
+  bool head_converted = false;  // head_cvt holds the bound root's head
+  void* k_cache = nullptr;   // [L, kv_cache_tokens, Hkv*D] generation's keys (after RoPE)
+  void* v_cache = nullptr;   // [L, kv_cache_tokens, Hkv*D] and values
+};
+
+// Every buffer of a model with `dims`. bind: the activations whose pointers the entries target
+// (its `kept` is resized to dims.kept_sets); null: an estimate.
+BufferPlan llama_buffer_plan(const LlamaBufferDims& dims, Backend backend, DType activation_dtype,
+                             LlamaActivations* bind = nullptr);
+
+}  // namespace qshard
