@@ -1,5 +1,7 @@
 #include "checkpoint/module_tree.h"
 
+#include "runtime/sync_counters.h"
+
 #include <functional>
 #include <map>
 #include <set>
@@ -55,12 +57,14 @@ void Module::add_params4bit(const std::string& name, std::shared_ptr<Params4bit>
 }
 
 Module* Module::child(std::string_view name) {
+  count_name_lookup();
   const auto it = index_.find(name);
   return it != index_.end() && it->second.first ? children_[it->second.second].second.get() : nullptr;
 }
 const Module* Module::child(std::string_view name) const { return const_cast<Module*>(this)->child(name); }
 
 Module::Slot* Module::slot(std::string_view name) {
+  count_name_lookup();
   const auto it = index_.find(name);
   return it != index_.end() && !it->second.first ? &slots_[it->second.second] : nullptr;
 }

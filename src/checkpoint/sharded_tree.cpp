@@ -10,33 +10,49 @@ struct SlotRef {
   std::string fqn;
 };
 
+// One slot's entries in its unit's layouts, found at registration (indices into
+// layout(unit, kind).entries()): a gather binds its views without a name lookup.
+struct SlotEntries {
+  Module::Slot* slot = nullptr;
+  BufferKind kind = BufferKind::kFrozenFloat;  // of a plain tensor (a Params4bit's are kFrozen4bit)
+  size_t data = 0, absmax = 0, quant_map = 0, nested_absmax = 0, nested_quant_map = 0;
+};
+
 void collect_slots(Module& m, const std::string& prefix, std::vector<SlotRef>& out, const Module* skip) {
   if (&m == skip) return;
   for (auto& s : const_cast<std::vector<Module::Slot>&>(m.slots())) out.push_back({&s, prefix + s.name});
   for (auto& [name, child] : m.children()) collect_slots(*child, prefix + name + ".", out, skip);
 }
 
-void register_unit(ShardedParameterManager& mgr, int unit, std::vector<SlotRef> slots) {
-  for (const SlotRef& r : slots) {
+void register_unit(ShardedParameterManager& mgr, int unit, const std::vector<SlotRef>& refs) {
+  std::vector<SlotEntries> slots;
+  for (const SlotRef& r : refs) {
     Module::Slot& s = *r.slot;
+    SlotEntries e;
+    e.slot = &s;
     if (s.kind == Module::SlotKind::kParams4bit) {
       const Params4bit& p = *s.params4bit;
-      mgr.add_tensor(unit, BufferKind::kFrozen4bit, r.fqn, p.data);
-      mgr.add_tensor(unit, BufferKind::kFrozen4bit, r.fqn + ".absmax", p.quant_state.absmax);
-      mgr.add_tensor(unit, BufferKind::kFrozen4bit, r.fqn + ".quant_map", p.quant_state.code);
+      e.kind = BufferKind::kFrozen4bit;
+      e.data = mgr.add_tensor(unit, BufferKind::kFrozen4bit, r.fqn, p.data);
+      e.absmax = mgr.add_tensor(unit, BufferKind::kFrozen4bit, r.fqn + ".absmax", p.quant_state.absmax);
+      e.quant_map = mgr.add_tensor(unit, BufferKind::kFrozen4bit, r.fqn + ".quant_map", p.quant_state.code);
       if (p.quant_state.state2) {
-        mgr.add_tensor(unit, BufferKind::kFrozen4bit, r.fqn + ".nested_absmax", p.quant_state.state2->absmax);
-        mgr.add_tensor(unit, BufferKind::kFrozen4bit, r.fqn + ".nested_quant_map", p.quant_state.state2->code);
+        e.nested_absmax =
+            mgr.add_tensor(unit, BufferKind::kFrozen4bit, r.fqn + ".nested_absmax", p.quant_state.state2->absmax);
+        e.nested_quant_map =
+            mgr.add_tensor(unit, BufferKind::kFrozen4bit, r.fqn + ".nested_quant_map", p.quant_state.state2->code);
       }
     } else {
-      mgr.add_tensor(unit, s.trainable ? BufferKind::kTrainable : BufferKind::kFrozenFloat, r.fqn, s.tensor);
+      e.kind = s.trainable ? BufferKind::kTrainable : BufferKind::kFrozenFloat;
+      e.data = mgr.add_tensor(unit, e.kind, r.fqn, s.tensor);
     }
+    slots.push_back(e);
   }
   // Released: the slots keep shapes and dtypes only (meta tensors), never a view into a slot that
   // another unit reuses; reading a unit that is not gathered finds no data instead of stale bytes.
   mgr.on_released(unit, [slots](int) {
-    for (const SlotRef& r : slots) {
-      Module::Slot& s = *r.slot;
+    for (const SlotEntries& e : slots) {
+      Module::Slot& s = *e.slot;
       if (s.kind == Module::SlotKind::kParams4bit) {
         Params4bit& p = *s.params4bit;
         p.data = p.data.as_meta();
@@ -51,22 +67,23 @@ void register_unit(ShardedParameterManager& mgr, int unit, std::vector<SlotRef> 
       }
     }
   });
+  // Gathered: views through the entries found above (pointer arithmetic, no name lookup).
   mgr.on_gathered(unit, [&mgr, slots](int u) {
-    for (const SlotRef& r : slots) {
-      Module::Slot& s = *r.slot;
+    for (const SlotEntries& e : slots) {
+      Module::Slot& s = *e.slot;
+      const std::vector<FlatEntry>& entries = mgr.layout(u, e.kind).entries();
       if (s.kind == Module::SlotKind::kParams4bit) {
-        // A new Params4bit of views; scalars (type, blocksize, dtype, shape, offset) unchanged.
-        Params4bit p = *s.params4bit;
-        p.data = mgr.view(u, BufferKind::kFrozen4bit, r.fqn);
-        p.quant_state.absmax = mgr.view(u, BufferKind::kFrozen4bit, r.fqn + ".absmax");
-        p.quant_state.code = mgr.view(u, BufferKind::kFrozen4bit, r.fqn + ".quant_map");
+        // The Params4bit's tensors become views; scalars (type, blocksize, dtype, shape, offset) unchanged.
+        Params4bit& p = *s.params4bit;
+        p.data = mgr.view(u, e.kind, entries[e.data]);
+        p.quant_state.absmax = mgr.view(u, e.kind, entries[e.absmax]);
+        p.quant_state.code = mgr.view(u, e.kind, entries[e.quant_map]);
         if (p.quant_state.state2) {
-          p.quant_state.state2->absmax = mgr.view(u, BufferKind::kFrozen4bit, r.fqn + ".nested_absmax");
-          p.quant_state.state2->code = mgr.view(u, BufferKind::kFrozen4bit, r.fqn + ".nested_quant_map");
+          p.quant_state.state2->absmax = mgr.view(u, e.kind, entries[e.nested_absmax]);
+          p.quant_state.state2->code = mgr.view(u, e.kind, entries[e.nested_quant_map]);
         }
-        *s.params4bit = std::move(p);
       } else {
-        s.tensor = mgr.view(u, s.trainable ? BufferKind::kTrainable : BufferKind::kFrozenFloat, r.fqn);
+        s.tensor = mgr.view(u, e.kind, entries[e.data]);
       }
     }
   });
@@ -82,12 +99,12 @@ ShardedTree shard_module_tree(Module& root, ShardedParameterManager& mgr, const 
     const std::string path = layers_path + "." + name;
     std::vector<SlotRef> slots;
     collect_slots(*child, path + ".", slots, nullptr);
-    register_unit(mgr, mgr.add_unit(path), std::move(slots));
+    register_unit(mgr, mgr.add_unit(path), slots);
     out.unit_paths.push_back(path);
   }
   std::vector<SlotRef> rest;
   collect_slots(root, "", rest, layers);
-  register_unit(mgr, mgr.add_unit("root", /*own_slot=*/true), std::move(rest));
+  register_unit(mgr, mgr.add_unit("root", /*own_slot=*/true), rest);
   out.unit_paths.push_back("");
   return out;
 }

@@ -12,32 +12,8 @@ namespace qshard {
 
 namespace {
 
-enum { kQ, kK, kV, kO, kGate, kUp, kDown };
-
-// The LoRA fold's groups: projections sharing one input (q|k|v read h1, gate|up read h2).
-constexpr std::array<std::array<int, 3>, 2> kFoldGroups = {{{kQ, kK, kV}, {kGate, kUp, -1}}};
-int fold_group(int idx) {
-  if (idx == kQ || idx == kK || idx == kV) return 0;
-  if (idx == kGate || idx == kUp) return 1;
-  return -1;
-}
-
 // Pinned staging slots for ids/targets: uploads in flight before the ring laps one.
 constexpr int kStagingSlots = 16;
-
-std::string layer_prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + "."; }
-
-Module::Slot* require_slot(Module* m, const std::string& fqn_module, const char* name) {
-  if (!m) throw InputError("model tree has no module '" + fqn_module + "'");
-  Module::Slot* s = m->slot(name);
-  if (!s) throw InputError("model tree has no parameter '" + fqn_module + "." + name + "'");
-  return s;
-}
-
-void check_shape(const std::string& fqn, const Shape& got, const Shape& want) {
-  if (got != want)
-    throw InputError("parameter '" + fqn + "' has shape " + shape_str(got) + ", expected " + shape_str(want));
-}
 
 // A GEMM shape with its operand types.
 GemmShape typed(GemmShape s, DType a, DType b, DType c) {
@@ -47,62 +23,7 @@ GemmShape typed(GemmShape s, DType a, DType b, DType c) {
   return s;
 }
 
-const Shape& slot_shape(const Module::Slot& s) {
-  return s.kind == Module::SlotKind::kParams4bit ? s.params4bit->quant_state.shape : s.tensor.shape();
-}
-
 }  // namespace
-
-// ---- the tree's slots, found once ---------------------------------------------------------------
-
-struct ProjSlots {
-  std::string fqn;  // "model.layers.0.self_attn.q_proj", for error messages at bind
-  Module::Slot* weight = nullptr;
-  Module::Slot* bias = nullptr;
-  Module::Slot* lora_A = nullptr;
-  Module::Slot* lora_B = nullptr;
-  int64_t in = 0, out = 0, r = 0;
-};
-
-struct LayerSlots {
-  std::array<ProjSlots, 7> proj;
-  Module::Slot* input_norm = nullptr;
-  Module::Slot* post_norm = nullptr;
-  std::string prefix;
-};
-
-struct LlamaModel::Slots {
-  std::vector<LayerSlots> layers;
-  Module::Slot* embed = nullptr;
-  Module::Slot* norm = nullptr;
-  Module::Slot* head = nullptr;
-};
-
-const char* step_part_name(StepPart p) {
-  switch (p) {
-    case StepPart::kDequant: return "dequant";
-    case StepPart::kGemm: return "base GEMM";
-    case StepPart::kLora: return "LoRA";
-    case StepPart::kAttention: return "attention";
-    case StepPart::kHead: return "LM head + loss";
-    case StepPart::kNorm: return "RMSNorm";
-    case StepPart::kRope: return "RoPE";
-    case StepPart::kSwiglu: return "SwiGLU";
-    case StepPart::kResidual: return "residual add / copy";
-    case StepPart::kBind: return "bind (conversions)";
-    case StepPart::kOther: return "other kernels";
-    case StepPart::kWait: return "waits (gather / h2d)";
-    default: return "?";
-  }
-}
-
-// A pool of timing events recorded on the compute stream at each mark (made once).
-struct LlamaModel::Timing {
-  static constexpr size_t kEvents = 32768;
-  std::vector<Event> events;
-  std::vector<StepPart> part;  // the part the interval after events[i] belongs to
-  size_t used = 0;
-};
 
 struct LlamaModel::Staging {
   PinnedHostAllocator pinned;
@@ -116,8 +37,9 @@ struct LlamaModel::Staging {
 };
 
 LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& ctx, const LlamaModelOptions& options)
-    : config_(config), root_(root), ctx_(ctx), options_(options), slots_(std::make_unique<Slots>()),
-      act_(std::make_unique<LlamaActivations>()) {
+    : config_(config), root_(root), ctx_(ctx), options_(options),
+      act_(std::make_unique<LlamaActivations>()),
+      profiler_(ctx.compute(), options.profile && ctx.is_cuda()) {
   const LlamaConfig& c = config_;
   QS_CHECK(c.head_dim % 2 == 0, "head_dim must be even for RoPE");
   QS_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
@@ -132,84 +54,9 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   const int64_t L = c.num_hidden_layers, C = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim, N = max_rows_;
 
-  // ---- find every slot once ----
+  // ---- find every slot once (names and shapes checked) ----
   const DType act_t = ctx_.activation_dtype();
-  int64_t max_in = 0, max_out = 0, max_r = 0, dequant_floats = 0, lora_elems = 0;
-  std::array<int64_t, 2> fold_r_max{}, fold_extra{};
-  for (int64_t l = 0; l < L; ++l) {
-    LayerSlots ls;
-    ls.prefix = layer_prefix(l);
-    int64_t layer_dequant = 0, layer_lora = 0;
-    for (size_t i = 0; i < kLlamaProjections.size(); ++i) {
-      ProjSlots& ps = ls.proj[i];
-      ps.fqn = ls.prefix + kLlamaProjections[i];
-      Module* lin = root_.find_module(ps.fqn);
-      ps.weight = require_slot(lin, ps.fqn, "weight");
-      const Shape shape = llama_projection_shape(c, kLlamaProjections[i]);
-      check_shape(ps.fqn + ".weight", slot_shape(*ps.weight), shape);
-      ps.out = shape[0];
-      ps.in = shape[1];
-      if (Module::Slot* b = lin->slot("bias")) {
-        check_shape(ps.fqn + ".bias", b->tensor.shape(), {ps.out});
-        ps.bias = b;
-      }
-      Module* la = lin->child("lora_A");
-      Module* lb = lin->child("lora_B");
-      if (la || lb) {
-        ps.lora_A = require_slot(la, ps.fqn + ".lora_A", "weight");
-        ps.lora_B = require_slot(lb, ps.fqn + ".lora_B", "weight");
-        if (ps.lora_A->tensor.dtype() != DType::kF32 || ps.lora_B->tensor.dtype() != DType::kF32)
-          throw InputError("LoRA weights of '" + ps.fqn + "' must be F32");
-        ps.r = ps.lora_A->tensor.ndim() == 2 ? ps.lora_A->tensor.dim(0) : 0;
-        check_shape(ps.fqn + ".lora_A.weight", ps.lora_A->tensor.shape(), {ps.r, ps.in});
-        check_shape(ps.fqn + ".lora_B.weight", ps.lora_B->tensor.shape(), {ps.out, ps.r});
-      }
-      max_in = std::max(max_in, ps.in);
-      max_out = std::max(max_out, ps.out);
-      max_r = std::max(max_r, ps.r);
-      layer_lora += ps.r * (ps.in + ps.out);
-      // Workspace operands: dequantized 4-bit weights, dense weights the GEMM does not take as they are.
-      if (ps.weight->kind == Module::SlotKind::kParams4bit || !ops::gemm_supports(ctx_, act_t, ps.weight->tensor.dtype()))
-        layer_dequant += ps.in * ps.out;
-    }
-    lora_elems = std::max(lora_elems, layer_lora);
-    // The fold's extra columns: per group the sum of its ranks (when every projection has LoRA).
-    for (size_t g = 0; g < kFoldGroups.size(); ++g) {
-      int64_t R = 0;
-      bool all = true;
-      for (int idx : kFoldGroups[g]) {
-        if (idx < 0) continue;
-        all = all && ls.proj[static_cast<size_t>(idx)].r > 0;
-        R += ls.proj[static_cast<size_t>(idx)].r;
-      }
-      if (!all || !options.fold_lora) continue;
-      fold_r_max[g] = std::max(fold_r_max[g], R);
-      int64_t extra = 0;  // the widened weights: R more columns per output row, and the whole
-                          // weight when it was not already counted as a workspace operand
-      for (int idx : kFoldGroups[g]) {
-        if (idx < 0) continue;
-        const ProjSlots& ps = ls.proj[static_cast<size_t>(idx)];
-        const bool counted = ps.weight->kind == Module::SlotKind::kParams4bit ||
-                             !ops::gemm_supports(ctx_, act_t, ps.weight->tensor.dtype());
-        extra += ps.out * R + (counted ? 0 : ps.out * ps.in);
-      }
-      fold_extra[g] = std::max(fold_extra[g], extra);
-    }
-    ls.input_norm = require_slot(root_.find_module(ls.prefix + "input_layernorm"), ls.prefix + "input_layernorm", "weight");
-    ls.post_norm = require_slot(root_.find_module(ls.prefix + "post_attention_layernorm"),
-                                ls.prefix + "post_attention_layernorm", "weight");
-    check_shape(ls.prefix + "input_layernorm.weight", ls.input_norm->tensor.shape(), {C});
-    check_shape(ls.prefix + "post_attention_layernorm.weight", ls.post_norm->tensor.shape(), {C});
-    dequant_floats = std::max(dequant_floats, layer_dequant);
-    slots_->layers.push_back(std::move(ls));
-  }
-  slots_->embed = require_slot(root_.find_module("model.embed_tokens"), "model.embed_tokens", "weight");
-  check_shape("model.embed_tokens.weight", slots_->embed->tensor.shape(), {V, C});
-  slots_->norm = require_slot(root_.find_module("model.norm"), "model.norm", "weight");
-  check_shape("model.norm.weight", slots_->norm->tensor.shape(), {C});
-  Module* head = root_.child("lm_head");
-  slots_->head = (c.tie_word_embeddings || !head || !head->slot("weight")) ? slots_->embed : head->slot("weight");
-  check_shape("lm_head.weight", slots_->head->tensor.shape(), {V, C});
+  tree_ = std::make_unique<LlamaTreeSlots>(c, root_, ctx_, options.fold_lora);
 
   // ---- the buffers, once: the plan of this tree (model/llama_buffers.h) ----
   QS_CHECK(options.kv_cache_tokens >= 0 && options.kv_cache_tokens <= max_seq_,
@@ -217,13 +64,8 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   LlamaBufferDims d;
   d.L = L, d.C = C, d.I = I, d.V = V, d.H = H, d.Hkv = Hkv, d.D = D;
   d.B = options.max_batch, d.T = max_seq_, d.N = N, d.NM = mlp_rows_;
-  d.max_in = max_in, d.max_out = max_out, d.max_r = max_r;
-  d.dequant_elems = dequant_floats;
-  d.lora_elems = lora_elems;
-  d.fold_r = fold_r_max;
-  d.fold_extra = fold_extra;
+  tree_->measure(d);
   d.convert_lora = act_t != DType::kF32;
-  d.convert_head = !ops::gemm_supports(ctx_, act_t, slots_->head->tensor.dtype());
   d.kept_sets = std::max<int64_t>(std::min(options.keep_layers, L) - 1, 0);
   d.kv_cache_tokens = options.kv_cache_tokens;
   d.dropout = options.lora_dropout > 0;
@@ -248,13 +90,6 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
 
   // ---- workspace: the plan's (the larger of a layer's and an LM-head chunk's scratch) ----
   ctx_.workspace().reserve(static_cast<size_t>(plan_.total(BufferLife::kWorkspace)));
-
-  if (options.profile && ctx_.is_cuda()) {
-    timing_ = std::make_unique<Timing>();
-    timing_->events.reserve(Timing::kEvents);
-    for (size_t i = 0; i < Timing::kEvents; ++i) timing_->events.emplace_back(true);
-    timing_->part.resize(Timing::kEvents);
-  }
 
   // ---- pinned staging for ids / targets ----
   staging_ = std::make_unique<Staging>();
@@ -317,107 +152,30 @@ void LlamaModel::upload(int64_t* device_dst, std::span<const int64_t> values) {
   ctx_.compute().record(done);
 }
 
-// ---- binding --------------------------------------------------------------------------------------
+// ---- binding (model/llama_binding.h) ---------------------------------------------------------------
 
-namespace {
-const Tensor& bound_tensor(const Module::Slot& s, const std::string& fqn, Device device) {
-  if (!s.tensor.defined())
-    throw Error("parameter '" + fqn + "' is not available (its FSDP unit is not gathered)");
-  if (s.tensor.device() != device)
-    throw Error("parameter '" + fqn + "' is on the " + (s.tensor.device() == Device::kCpu ? "CPU" : "GPU") +
-                ", the model computes on the other device");
-  return s.tensor;
+BindScratch LlamaModel::bind_scratch() const {
+  BindScratch s;
+  s.biases = act_->biases;
+  s.bias_stride = std::max({config_.hidden_size, config_.intermediate_size,
+                            config_.num_attention_heads * config_.head_dim});
+  s.norms = act_->norms;
+  s.lora_cvt = act_->lora_cvt;
+  s.lora_alpha = options_.lora_alpha;
+  s.use_rslora = options_.use_rslora;
+  return s;
 }
-}  // namespace
 
 void LlamaModel::bind_root() {
   mark(StepPart::kBind);
-  const Device dev = ctx_.compute_device();
-  RootBinding& r = root_binding_;
-  const Tensor& e = bound_tensor(*slots_->embed, "model.embed_tokens.weight", dev);
-  r.embed = e.raw();
-  r.embed_dtype = e.dtype();
-  const Tensor& n = bound_tensor(*slots_->norm, "model.norm.weight", dev);
-  float* norm = act_->norms + 2 * config_.hidden_size;
-  ops::to_f32(norm, n.raw(), n.dtype(), config_.hidden_size, ctx_);
-  r.norm = norm;
-  const Tensor& h = bound_tensor(*slots_->head, "lm_head.weight", dev);
-  r.head = h.raw();
-  r.head_dtype = h.dtype();
+  tree_->bind_root(root_binding_, bind_scratch(), ctx_);
   act_->head_converted = false;
   mark(StepPart::kOther);
 }
 
 void LlamaModel::bind_layer(int64_t layer, const LayerLora& lora) {
-  QS_CHECK(layer >= 0 && layer < config_.num_hidden_layers, "layer index out of range");
   mark(StepPart::kBind);
-  const Device dev = ctx_.compute_device();
-  const LayerSlots& ls = slots_->layers[static_cast<size_t>(layer)];
-  const int64_t C = config_.hidden_size;
-  LayerBinding& b = layer_;
-  b.layer = layer;
-  const DType act_t = ctx_.activation_dtype();
-  int64_t bias_off = 0, lora_off = 0;
-  const int64_t max_out = std::max({config_.hidden_size, config_.intermediate_size,
-                                    config_.num_attention_heads * config_.head_dim});
-  for (size_t i = 0; i < ls.proj.size(); ++i) {
-    const ProjSlots& ps = ls.proj[i];
-    ProjectionBinding& pb = b.proj[i];
-    pb = ProjectionBinding{};
-    pb.in = ps.in;
-    pb.out = ps.out;
-    if (ps.weight->kind == Module::SlotKind::kParams4bit) {
-      const Params4bit& p4 = *ps.weight->params4bit;
-      if (!p4.data.defined())
-        throw Error("parameter '" + ps.fqn + ".weight' is not available (its FSDP unit is not gathered)");
-      if (p4.data.device() != dev) throw Error("parameter '" + ps.fqn + ".weight' is on the wrong device");
-      pb.quantized = true;
-      pb.q = dequant_args(p4);
-      pb.weight_dtype = p4.quant_state.dtype;
-    } else {
-      const Tensor& w = bound_tensor(*ps.weight, ps.fqn + ".weight", dev);
-      pb.dense = w.raw();
-      pb.weight_dtype = w.dtype();
-    }
-    if (ps.bias) {
-      const Tensor& bt = bound_tensor(*ps.bias, ps.fqn + ".bias", dev);
-      float* dst = act_->biases + bias_off;
-      QS_CHECK(ps.out <= max_out, "bias larger than its buffer");
-      ops::to_f32(dst, bt.raw(), bt.dtype(), ps.out, ctx_);
-      pb.bias = dst;
-    }
-    bias_off += max_out;
-    if (ps.r > 0) {
-      pb.r = ps.r;
-      const Tensor& ta = bound_tensor(*ps.lora_A, ps.fqn + ".lora_A.weight", dev);
-      const Tensor& tb = bound_tensor(*ps.lora_B, ps.fqn + ".lora_B.weight", dev);
-      if (lora.A[i] && lora.B[i]) {  // compute copies in the activation dtype
-        pb.lora_A = lora.A[i];
-        pb.lora_B = lora.B[i];
-      } else if (act_t == DType::kF32) {
-        pb.lora_A = ta.raw();
-        pb.lora_B = tb.raw();
-      } else {
-        const int64_t na = ps.r * ps.in, nb = ps.out * ps.r;
-        void* ca = act(act_->lora_cvt, lora_off);
-        void* cb = act(act_->lora_cvt, lora_off + na);
-        ops::convert(ca, act_t, ta.raw(), DType::kF32, na, ctx_);
-        ops::convert(cb, act_t, tb.raw(), DType::kF32, nb, ctx_);
-        lora_off += na + nb;
-        pb.lora_A = ca;
-        pb.lora_B = cb;
-      }
-      pb.scaling = lora_scaling(options_.lora_alpha, ps.r, options_.use_rslora);
-      pb.grad_A = lora.grad_A[i];
-      pb.grad_B = lora.grad_B[i];
-    }
-  }
-  const Tensor& n1 = bound_tensor(*ls.input_norm, ls.prefix + "input_layernorm.weight", dev);
-  const Tensor& n2 = bound_tensor(*ls.post_norm, ls.prefix + "post_attention_layernorm.weight", dev);
-  ops::to_f32(act_->norms, n1.raw(), n1.dtype(), C, ctx_);
-  ops::to_f32(act_->norms + C, n2.raw(), n2.dtype(), C, ctx_);
-  b.input_norm = act_->norms;
-  b.post_norm = act_->norms + C;
+  tree_->bind_layer(layer, lora, bind_scratch(), layer_, ctx_);
   mark(StepPart::kOther);
 }
 
@@ -880,31 +638,10 @@ void LlamaModel::head_forward_backward(const void* x, std::span<const int64_t> t
   head_chunks(x, act_->targets, dx, B * T, static_cast<float>(1.0 / normalizer), nullptr);
 }
 
-void LlamaModel::mark(StepPart part) {
-  if (!timing_) return;
-  Timing& t = *timing_;
-  if (t.used == t.events.size()) {
-    profile_.truncated = true;
-    return;
-  }
-  ctx_.compute().record(t.events[t.used]);
-  t.part[t.used++] = part;
-}
-
-void LlamaModel::collect_profile() {
-  if (!timing_) return;
-  Timing& t = *timing_;
-  for (size_t i = 1; i < t.used; ++i) {
-    profile_.ms[static_cast<size_t>(t.part[i - 1])] += t.events[i].elapsed_ms_since(t.events[i - 1]);
-    ++profile_.intervals;
-  }
-  t.used = 0;
-}
-
 double LlamaModel::take_loss_sum() {
   mark(StepPart::kOther);
   ctx_.compute().synchronize();
-  collect_profile();
+  profiler_.collect();
   double v = 0;
   copy_bytes(&v, Device::kCpu, act_->loss_sum, ctx_.compute_device(), sizeof(double));
   const double zero = 0;

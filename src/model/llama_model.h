@@ -6,22 +6,20 @@
 // backend.
 //
 // Weights: the model reads a module tree built by build_llama_tree / load_llama_folder
-// (checkpoint/llama_tree.h): projections are Linear {weight} (f32/bf16/f16) or Linear4bit
-// {weight: Params4bit}, optionally with lora_A {weight [r,in] f32} and lora_B {weight [out,r] f32}.
-// Every slot the model needs is found ONCE, at construction (names checked, shapes checked, errors
-// name the fqn); afterwards binding is typed: bind_layer(l) / bind_root() read the current
-// tensors of the pre-resolved slots (the sharded tree re-points them at gathered views at each
-// gather) into a LayerBinding: 4-bit kernel arguments per projection, norm weights, LoRA
-// operands and - in the backward - LoRA gradient pointers from the `layer_lora` hook. The step
-// does no FQN lookups, no string work and no copies of weight tables. 4-bit weights are
-// dequantized just in time into the workspace, into their QuantState's dtype as bitsandbytes does
-// (a bf16 model's weights dequantize to bf16 values; held in f32 on the CPU).
+// (checkpoint/llama_tree.h) through LlamaTreeSlots (model/llama_binding.h): every slot found ONCE,
+// at construction; bind_layer(l) / bind_root() read the current tensors of those slots (the
+// sharded tree re-points them at gathered views at each gather) into a LayerBinding. The step
+// does no lookups by name and builds no strings (runtime/sync_counters.h counts lookups). 4-bit
+// weights are dequantized just in time into the workspace, into their QuantState's dtype as
+// bitsandbytes does (a bf16 model's weights dequantize to bf16 values; held in f32 on the CPU).
 //
-// Memory: the activation buffers are sized once, at construction, for (max_batch, max_seq): the
-// checkpoints x_l [L+1, N, C], one layer's internals and gradients, the RoPE tables; scratch (the
-// dequantized projections, LoRA temporaries, one chunk of LM-head logits) comes from the
-// context's Workspace, reserved here and reset per layer. The LM head and the loss run in chunks
-// of rows (no [N, V] logits buffer in training or eval).
+// Memory: every buffer comes from one plan (model/llama_buffers.h), made from the tree at
+// construction, the same function the memory planner calls from the config: the activation
+// buffers sized once for (max_batch, max_seq) (the checkpoints x_l [L+1, N, C], one layer's
+// internals and gradients, the RoPE tables, kept layers' sets), and the context's Workspace
+// reserved for the scratch (dequantized projections, LoRA temporaries, one chunk of LM-head
+// logits), reset per layer. The LM head and the loss run in chunks of rows (no [N, V] logits
+// buffer in training or eval). The step's time split: model/step_profiler.h.
 //
 // Training step (forward_backward), activation checkpointing: the forward keeps each decoder
 // layer's input x_l; the backward recomputes a layer's internals from x_l (not its down_proj,
@@ -63,36 +61,13 @@
 
 #include "checkpoint/hf_config.h"
 #include "checkpoint/module_tree.h"
+#include "model/llama_binding.h"
 #include "model/llama_buffers.h"
 #include "model/llama_ops.h"
+#include "model/step_profiler.h"
 #include "quant/blockwise.h"
 
 namespace qshard {
-
-// Where the compute stream's time goes (LlamaModelOptions::profile): the stream time between
-// consecutive marks, attributed to the part the earlier mark opened. kWait: from a hook's start
-// to the model's next op (the gather's event waits: exposed communication and h2d copies).
-enum class StepPart : int {
-  kDequant,
-  kGemm,
-  kLora,
-  kAttention,
-  kHead,
-  kNorm,      // RMSNorm forward / backward
-  kRope,      // RoPE forward / backward
-  kSwiglu,    // SwiGLU forward / backward
-  kResidual,  // residual adds and copies
-  kBind,      // per-layer parameter conversions at bind (norms, biases, LoRA)
-  kOther,
-  kWait,
-  kCount
-};
-const char* step_part_name(StepPart p);
-struct StepProfile {
-  std::array<double, static_cast<size_t>(StepPart::kCount)> ms{};
-  int64_t intervals = 0;
-  bool truncated = false;  // more marks than the event pool holds: later ones were not timed
-};
 
 struct LlamaModelOptions {
   double lora_alpha = 16.0;   // scaling = alpha / r (alpha / sqrt(r) with use_rslora)
@@ -145,53 +120,6 @@ double llama_kept_layer_bytes(const LlamaConfig& config, const LlamaModelOptions
 // Which half of the step a hook is called for.
 enum class Pass { kForward, kBackward };
 
-// The projections of a decoder layer in dropout-module order (module id = layer * 7 + index).
-inline constexpr std::array<const char*, 7> kLlamaProjections = {
-    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
-
-// The LoRA operands of one layer for a bind, per projection. A/B: the weights in the activation
-// dtype (e.g. the sharded manager's bf16 compute copies, [r,in] and [out,r]); null: the model
-// reads the tree's f32 tensors (converted into a buffer of its own when the activation dtype is
-// not f32). grad_A/grad_B: f32 gradient buffers of the parameters' shapes (backward only); null:
-// skip.
-struct LayerLora {
-  std::array<const void*, 7> A{}, B{};
-  std::array<float*, 7> grad_A{}, grad_B{};
-};
-
-// One projection, bound: the frozen base weight (4-bit kernel arguments, or a dense tensor in its
-// own dtype), bias, LoRA weights and gradients.
-struct ProjectionBinding {
-  int64_t in = 0, out = 0;
-  bool quantized = false;
-  Dequant4bitArgs q;                   // when quantized
-  DType weight_dtype = DType::kF32;    // QuantState dtype (quantized) or the dense tensor's dtype
-  const void* dense = nullptr;         // when not quantized: [out,in] in weight_dtype
-  const float* bias = nullptr;         // [out] f32 (converted at bind) or null
-  int64_t r = 0;
-  const void* lora_A = nullptr;        // [r,in] in the activation dtype
-  const void* lora_B = nullptr;        // [out,r] in the activation dtype
-  float* grad_A = nullptr;             // backward only
-  float* grad_B = nullptr;
-  float scaling = 0.0f;
-};
-
-struct LayerBinding {
-  int64_t layer = -1;
-  std::array<ProjectionBinding, 7> proj;
-  const float* input_norm = nullptr;  // [C] f32
-  const float* post_norm = nullptr;   // [C] f32
-};
-
-struct RootBinding {
-  const void* embed = nullptr;  // [V,C]
-  DType embed_dtype = DType::kF32;
-  const float* norm = nullptr;  // [C] f32
-  const void* head = nullptr;   // [V,C] (the embedding when tied), a dtype the GEMM takes with
-  DType head_dtype = DType::kF32;  // activations (converted into the model's buffer otherwise)
-};
-
 class LlamaModel {
  public:
   // REQUIRES: `root` follows config (checked here; errors name the fqn).
@@ -225,8 +153,8 @@ class LlamaModel {
   // a step). With options.profile, also adds the timed intervals so far into profile().
   double take_loss_sum();
   // The time split accumulated since the last reset (options.profile on CUDA).
-  const StepProfile& profile() const { return profile_; }
-  void reset_profile() { profile_ = StepProfile{}; }
+  const StepProfile& profile() const { return profiler_.profile(); }
+  void reset_profile() { profiler_.reset(); }
   // logits [B,T,V] f32 on the host (for --dump-logits and tests; written chunk by chunk).
   std::vector<float> forward_logits(std::span<const int64_t> ids, int64_t B, int64_t T);
   // Generation (options.kv_cache_tokens > 0; hooks called): ids (one sequence, T new tokens) at
@@ -266,9 +194,9 @@ class LlamaModel {
   const BufferPlan& buffer_plan() const { return plan_; }
 
  private:
-  struct Slots;        // pre-resolved tree slots (llama_model.cpp)
 
   void check_sizes(int64_t B, int64_t T) const;
+  BindScratch bind_scratch() const;
   // cache_pos >= 0: generation (forward_cached): B == 1, positions cache_pos.., the KV cache.
   const void* forward_layers(std::span<const int64_t> ids, int64_t B, int64_t T, bool keep_checkpoints,
                              int64_t cache_pos = -1);
@@ -309,7 +237,7 @@ class LlamaModel {
   DeviceContext& ctx_;
   LlamaModelOptions options_;
   int64_t max_rows_ = 0, max_seq_ = 0, head_rows_ = 0, mlp_rows_ = 0;
-  std::unique_ptr<Slots> slots_;
+  std::unique_ptr<LlamaTreeSlots> tree_;  // the tree's slots, found once (model/llama_binding.h)
   BufferPlan plan_;
   std::unique_ptr<LlamaActivations> act_;
   LayerBinding layer_;
@@ -322,11 +250,8 @@ class LlamaModel {
   std::array<bool, 2> fold_{};
   std::array<int64_t, 2> fold_r_{};
   std::array<int64_t, 7> fold_off_{};
-  struct Timing;   // the profile's event pool
-  std::unique_ptr<Timing> timing_;
-  StepProfile profile_;
-  void mark(StepPart part);
-  void collect_profile();
+  StepProfiler profiler_;
+  void mark(StepPart part) { profiler_.mark(part); }
   struct Staging;  // pinned host slots for ids/targets uploads
   std::unique_ptr<Staging> staging_;
   uint64_t step_ = 0;

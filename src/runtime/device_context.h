@@ -17,7 +17,8 @@
 //                  past the capacity throws naming the request and the capacity.
 //   StepScope      RAII over a training step: reads sync_alloc_counts() at the start and, at
 //                  end(), reports the host synchronizations and device allocations the step made
-//                  (both must be 0 on CUDA: runtime/sync_counters.h).
+//                  (both must be 0 on CUDA: runtime/sync_counters.h), and the lookups by name
+//                  (0 on every backend).
 // Device choice (make_device_context): kAuto takes CUDA when this is a CUDA build and the World
 // gave the rank a GPU, else the CPU; kCuda without a GPU is an InputError naming the setting.
 // Ownership: the context owns its stream, workspace and handles. One per process (per rank).
@@ -111,7 +112,8 @@ class DeviceContext {
     StepScope() : start_(sync_alloc_counts()) {}
     SyncAllocCounts end() const {
       const SyncAllocCounts now = sync_alloc_counts();
-      return {now.host_syncs - start_.host_syncs, now.device_allocs - start_.device_allocs};
+      return {now.host_syncs - start_.host_syncs, now.device_allocs - start_.device_allocs,
+              now.name_lookups - start_.name_lookups};
     }
 
    private:

@@ -1,5 +1,7 @@
 #include "shard/flat_layout.h"
 
+#include "runtime/sync_counters.h"
+
 #include <cstring>
 
 namespace qshard {
@@ -25,6 +27,7 @@ void FlatLayout::set_world(int world) {
 }
 
 const FlatEntry* FlatLayout::find(const std::string& name) const {
+  count_name_lookup();
   auto it = index_.find(name);
   return it == index_.end() ? nullptr : &entries_[it->second];
 }

@@ -148,13 +148,15 @@ int ShardedParameterManager::add_unit(const std::string& name, bool own_slot) {
   return num_units() - 1;
 }
 
-void ShardedParameterManager::add_tensor(int unit, BufferKind kind, const std::string& name, const Tensor& full) {
+size_t ShardedParameterManager::add_tensor(int unit, BufferKind kind, const std::string& name, const Tensor& full) {
   QS_CHECK(!finalized_, "add_tensor after finalize");
   if (kind == BufferKind::kTrainable && full.dtype() != DType::kF32)
     throw Error("trainable tensor '" + name + "' must be float32 (master form), got " + dtype_torch_name(full.dtype()));
   Unit& u = unit_at(unit);
-  u.layout[static_cast<int>(kind)].add(name, full.dtype(), full.shape());
+  FlatLayout& layout = u.layout[static_cast<int>(kind)];
+  layout.add(name, full.dtype(), full.shape());
   u.pending[static_cast<int>(kind)].push_back(full);
+  return layout.entries().size() - 1;
 }
 
 bool ShardedParameterManager::host_side(int kind) const {
@@ -336,6 +338,13 @@ Tensor ShardedParameterManager::view(int unit, BufferKind kind, const std::strin
   const FlatEntry* e = l.find(name);
   if (!e) throw Error("FSDP unit '" + u.name + "' has no " + buffer_kind_name(kind) + " tensor '" + name + "'");
   return l.view(slots_[u.slot]->flat[static_cast<int>(kind)], *e);
+}
+
+Tensor ShardedParameterManager::view(int unit, BufferKind kind, const FlatEntry& entry) const {
+  const Unit& u = unit_at(unit);
+  if (u.state != UnitState::kGathered)
+    throw Error("FSDP unit '" + u.name + "': view of '" + entry.name + "' in state " + unit_state_name(u.state));
+  return u.layout[static_cast<int>(kind)].view(slots_[u.slot]->flat[static_cast<int>(kind)], entry);
 }
 
 Tensor ShardedParameterManager::grad(int unit, const std::string& name) const {

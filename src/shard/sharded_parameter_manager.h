@@ -92,7 +92,9 @@ class ShardedParameterManager {
   // own_slot: the unit gets a gathered slot of its own (the root unit).
   int add_unit(const std::string& name, bool own_slot = false);
   // `full` is the whole tensor (every rank passes the same values); kTrainable must be f32.
-  void add_tensor(int unit, BufferKind kind, const std::string& name, const Tensor& full);
+  // Returns the entry's index in layout(unit, kind).entries() (stable: entries are laid out in
+  // the order added), so a caller binds views later without looking the name up.
+  size_t add_tensor(int unit, BufferKind kind, const std::string& name, const Tensor& full);
   // Lays out every unit, keeps this rank's shards, allocates the gathered slots. Collective-free.
   void finalize();
 
@@ -107,6 +109,8 @@ class ShardedParameterManager {
   void gather(int unit, GatherFor purpose = GatherFor::kForward);
   void release(int unit);   // GATHERED -> SHARDED
   Tensor view(int unit, BufferKind kind, const std::string& name) const;  // REQUIRES GATHERED
+  // The same for an entry of layout(unit, kind) found once by the caller (no name lookup).
+  Tensor view(int unit, BufferKind kind, const FlatEntry& entry) const;  // REQUIRES GATHERED
   Tensor grad(int unit, const std::string& name) const;                    // REQUIRES GATHERED
   // The compute copy (trainable_compute_dtype) of a trainable entry. REQUIRES GATHERED and a
   // trainable_compute_dtype other than f32.

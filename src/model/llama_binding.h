@@ -1,0 +1,121 @@
+// llama_binding.h: the weights of a LlamaModel: the tree's slots found once, and binding.
+//
+// What: LlamaTreeSlots finds every slot a LlamaModel reads in a module tree built by
+// build_llama_tree / load_llama_folder (checkpoint/llama_tree.h) ONCE, at construction: names and
+// shapes checked, errors name the fqn. Projections are Linear {weight} (f32/bf16/f16) or
+// Linear4bit {weight: Params4bit}, optionally with lora_A {weight [r,in] f32} and lora_B
+// {weight [out,r] f32}. It also measures what the model's buffers need from the tree (the widest
+// projection, the LoRA ranks, the workspace operands, the fold's extra columns: the tree's part of
+// LlamaBufferDims, model/llama_buffers.h).
+// Binding: bind_layer(l) / bind_root() read the current tensors of the pre-resolved slots (the
+// sharded tree re-points them at gathered views at each gather, through entries it found once)
+// into a LayerBinding / RootBinding: 4-bit kernel arguments per projection, norm weights and
+// biases converted to f32 into the model's scratch, LoRA operands (the LayerLora's compute copies,
+// the tree's f32 tensors, or conversions into the model's scratch) and - in the backward - LoRA
+// gradient pointers. No lookup by name and no string is built, except on an error path.
+// Dimension legend: C hidden, V vocab, r LoRA rank; in/out a projection's input/output width.
+// Ownership: borrows the tree (it outlives the slots). Thread safety: none. Stream: the bind's
+// conversions run on ctx.compute().
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/hf_config.h"
+#include "checkpoint/module_tree.h"
+#include "model/llama_buffers.h"
+#include "quant/blockwise.h"
+#include "runtime/device_context.h"
+
+namespace qshard {
+
+// The projections of a decoder layer in dropout-module order (module id = layer * 7 + index).
+inline constexpr std::array<const char*, 7> kLlamaProjections = {
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+
+// The LoRA operands of one layer for a bind, per projection. A/B: the weights in the activation
+// dtype (e.g. the sharded manager's bf16 compute copies, [r,in] and [out,r]); null: the model
+// reads the tree's f32 tensors (converted into a buffer of its own when the activation dtype is
+// not f32). grad_A/grad_B: f32 gradient buffers of the parameters' shapes (backward only); null:
+// skip.
+struct LayerLora {
+  std::array<const void*, 7> A{}, B{};
+  std::array<float*, 7> grad_A{}, grad_B{};
+};
+
+// One projection, bound: the frozen base weight (4-bit kernel arguments, or a dense tensor in its
+// own dtype), bias, LoRA weights and gradients.
+struct ProjectionBinding {
+  int64_t in = 0, out = 0;
+  bool quantized = false;
+  Dequant4bitArgs q;                   // when quantized
+  DType weight_dtype = DType::kF32;    // QuantState dtype (quantized) or the dense tensor's dtype
+  const void* dense = nullptr;         // when not quantized: [out,in] in weight_dtype
+  const float* bias = nullptr;         // [out] f32 (converted at bind) or null
+  int64_t r = 0;
+  const void* lora_A = nullptr;        // [r,in] in the activation dtype
+  const void* lora_B = nullptr;        // [out,r] in the activation dtype
+  float* grad_A = nullptr;             // backward only
+  float* grad_B = nullptr;
+  float scaling = 0.0f;
+};
+
+struct LayerBinding {
+  int64_t layer = -1;
+  std::array<ProjectionBinding, 7> proj;
+  const float* input_norm = nullptr;  // [C] f32
+  const float* post_norm = nullptr;   // [C] f32
+};
+
+struct RootBinding {
+  const void* embed = nullptr;  // [V,C]
+  DType embed_dtype = DType::kF32;
+  const float* norm = nullptr;  // [C] f32
+  const void* head = nullptr;   // [V,C] (the embedding when tied), a dtype the GEMM takes with
+  DType head_dtype = DType::kF32;  // activations (converted into the model's buffer otherwise)
+};
+
+// Projection indices in kLlamaProjections order, and the LoRA fold's groups: projections sharing
+// one input (q|k|v read h1, gate|up read h2).
+enum LlamaProjection : int { kQ, kK, kV, kO, kGate, kUp, kDown };
+inline constexpr std::array<std::array<int, 3>, 2> kFoldGroups = {{{kQ, kK, kV}, {kGate, kUp, -1}}};
+inline int fold_group(int idx) {
+  if (idx == kQ || idx == kK || idx == kV) return 0;
+  if (idx == kGate || idx == kUp) return 1;
+  return -1;
+}
+
+// Where a bind writes what it converts (the model's buffers, model/llama_buffers.h).
+struct BindScratch {
+  float* biases = nullptr;    // [7, bias_stride] f32
+  int64_t bias_stride = 0;
+  float* norms = nullptr;     // [3, C] f32: the layer's two norms, then the root's final norm
+  void* lora_cvt = nullptr;   // LoRA A/B in the activation dtype (when not f32 and no compute copies)
+  double lora_alpha = 16.0;   // LoRA scaling = alpha / r (alpha / sqrt(r) with use_rslora)
+  bool use_rslora = false;
+};
+
+class LlamaTreeSlots {
+ public:
+  // REQUIRES: `root` follows config (checked; errors name the fqn). fold_lora: the fold's extra
+  // columns are measured (LlamaModelOptions::fold_lora).
+  LlamaTreeSlots(const LlamaConfig& config, Module& root, const DeviceContext& ctx, bool fold_lora);
+  ~LlamaTreeSlots();
+  // The tree's part of the buffer dims: max_in, max_out, max_r, dequant_elems, lora_elems, fold_r,
+  // fold_extra, convert_head (the other fields are left as they are).
+  void measure(LlamaBufferDims& dims) const;
+  void bind_root(RootBinding& r, const BindScratch& scratch, DeviceContext& ctx) const;
+  void bind_layer(int64_t layer, const LayerLora& lora, const BindScratch& scratch, LayerBinding& b,
+                  DeviceContext& ctx) const;
+
+ private:
+  struct Slots;
+  const LlamaConfig& config_;
+  std::unique_ptr<Slots> slots_;
+};
+
+}  // namespace qshard

@@ -1,0 +1,74 @@
+// step_profiler.h: where the compute stream's time goes in a step (LlamaModelOptions::profile).
+//
+// What: the model marks the start of each part of its work (StepProfiler::mark) with an event
+// recorded on the compute stream; collect() (after a host wait for that stream) attributes the
+// stream time between consecutive marks to the part the earlier mark opened and adds it into
+// profile(). kWait: from a hook's start to the model's next op (the gather's event waits: exposed
+// communication and h2d copies).
+// Cost: a pool of kEvents timing events made once at construction; no allocation and no host
+// wait in mark(). Past the pool, marks are not timed and profile().truncated says so.
+// A disabled profiler (the CPU backend, or profiling off) marks nothing: every call is a test of
+// one pointer.
+// Thread safety: none; the model's thread. Stream: the one given at construction.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/stream.h"
+
+namespace qshard {
+
+enum class StepPart : int {
+  kDequant,
+  kGemm,
+  kLora,
+  kAttention,
+  kHead,
+  kNorm,      // RMSNorm forward / backward
+  kRope,      // RoPE forward / backward
+  kSwiglu,    // SwiGLU forward / backward
+  kResidual,  // residual adds and copies
+  kBind,      // per-layer parameter conversions at bind (norms, biases, LoRA)
+  kOther,
+  kWait,
+  kCount
+};
+const char* step_part_name(StepPart p);
+
+struct StepProfile {
+  std::array<double, static_cast<size_t>(StepPart::kCount)> ms{};
+  int64_t intervals = 0;
+  bool truncated = false;  // more marks than the event pool holds: later ones were not timed
+};
+
+class StepProfiler {
+ public:
+  static constexpr size_t kEvents = 32768;
+  // enabled: time with events on `stream` (CUDA streams only: callers pass false on the CPU).
+  StepProfiler(Stream& stream, bool enabled);
+  // The part that starts now on the stream.
+  void mark(StepPart part) {
+    if (timing_) record(part);
+  }
+  // Adds the intervals marked since the last collect() into profile(). REQUIRES: the stream's
+  // work up to the last mark has finished (the caller waited for it).
+  void collect();
+  const StepProfile& profile() const { return profile_; }
+  void reset() { profile_ = StepProfile{}; }
+
+ private:
+  struct Timing {
+    std::vector<Event> events;
+    std::vector<StepPart> part;  // the part the interval after events[i] belongs to
+    size_t used = 0;
+  };
+  void record(StepPart part);
+  Stream& stream_;
+  std::unique_ptr<Timing> timing_;
+  StepProfile profile_;
+};
+
+}  // namespace qshard
