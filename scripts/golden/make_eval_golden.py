@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
 """Golden logits for `qshard eval --dump-logits`, made with transformers (+ peft) in float32.
 
-Reuses the inputs of tests/data/model/*.golden.safetensors (scripts/make_model_golden.py) and
+Reuses the inputs of tests/data/model/*.golden.safetensors (scripts/golden/make_model_golden.py) and
 writes tests/data/model/eval_golden.safetensors with, under these keys, logits [B, T, V]:
   f32_plain        tests/data/model/tiny_llama3_tied (a float32 folder), no adapter
   f32_adapter      the same + tests/data/model/llama3_adapter (PEFT)
   bnb_plain        tests/data/hf/tiny_llama_bnb4_nf4_dq as bitsandbytes computes it in float32: its
                    4-bit weights dequantized by bitsandbytes in their stored dtype (bf16,
-                   scripts/bnb_reference.py), widened to float32, in a float32 LlamaForCausalLM
+                   scripts/golden/bnb_reference.py), widened to float32, in a float32 LlamaForCausalLM
                    (bitsandbytes' CPU forward cannot run these 96-column weights, see
                    docs/FORMATS_NOTES.md)
   bnb_adapter      the same + tests/data/model/nf4_adapter
 and the token ids as JSON lists (tests/data/model/eval_ids_{f32,bnb}.json) for `qshard eval --data`.
-Run from the repo root: python3 scripts/make_eval_golden.py
+Run from the repo root: python3 scripts/golden/make_eval_golden.py
 """
 import json
 import os

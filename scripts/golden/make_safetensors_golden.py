@@ -9,7 +9,7 @@ Produces
       All values are exact in their dtype (no rounding involved).
 
 Checks (the other direction)
-  python3 scripts/make_safetensors_golden.py --check FILE
+  python3 scripts/golden/make_safetensors_golden.py --check FILE
       Loads FILE (written by qshard's SafetensorsWriter, e.g. by running
       QSHARD_SAFETENSORS_CHECK_OUT=FILE build/st/tests/checkpoint/checkpoint_test
         --gtest_filter=SafetensorsPython.WritesFileForPythonCheck)
@@ -17,8 +17,8 @@ Checks (the other direction)
       and metadata against expected_tensors(). Exit status 0 on success, 1 on any mismatch.
 
 Run from the repo root:
-  python3 scripts/make_safetensors_golden.py
-  python3 scripts/make_safetensors_golden.py --check /tmp/cpp_written.safetensors
+  python3 scripts/golden/make_safetensors_golden.py
+  python3 scripts/golden/make_safetensors_golden.py --check /tmp/cpp_written.safetensors
 """
 
 import argparse
@@ -86,7 +86,7 @@ def check(path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ap.add_argument("--out", default=os.path.join(root, "tests/data/safetensors/python_written.safetensors"))
     ap.add_argument("--check", metavar="FILE", help="verify a qshard-written file instead of writing")
     args = ap.parse_args()

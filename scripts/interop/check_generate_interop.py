@@ -12,7 +12,7 @@ only split at a near-tie of the top two logits); on CUDA both use bfloat16 and t
 informational (how many tokens agree).
 
 Usage:
-  scripts/check_generate_interop.py --qshard build/qshard --model DIR [--adapter DIR] [--tokenizer DIR]
+  scripts/interop/check_generate_interop.py --qshard build/qshard --model DIR [--adapter DIR] [--tokenizer DIR]
       (--prompt TEXT [--chat] | --prompt-ids 1,2,3) [--max-new-tokens 32] [--device cpu|cuda]
       [--require-equal] [--speed] [--json OUT]
 Exit status 1 with --require-equal when prompt ids or generated ids differ.

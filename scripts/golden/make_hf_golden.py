@@ -24,7 +24,7 @@ Model: vocab 128, hidden 64, intermediate 96, 2 layers, 4 heads, 2 kv heads, max
 untied embeddings, rms_norm_eps 1e-5, rope_theta 10000.  Weights come from torch.manual_seed(0)
 (transformers' own init), so the script is reproducible.
 
-Run (from the repo root):   python3 scripts/make_hf_golden.py [--out tests/data/hf]
+Run (from the repo root):   python3 scripts/golden/make_hf_golden.py [--out tests/data/hf]
 """
 
 import argparse

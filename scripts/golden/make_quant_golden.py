@@ -21,8 +21,8 @@ Produces
       (float32 offset, json.dumps string) pairs showing how nested_offset is printed.
 
 Run (from the repo root):
-  python3 scripts/make_quant_golden.py --device cpu
-  python3 scripts/make_quant_golden.py --device cuda     # on a GPU machine with CUDA bnb
+  python3 scripts/golden/make_quant_golden.py --device cpu
+  python3 scripts/golden/make_quant_golden.py --device cuda     # on a GPU machine with CUDA bnb
 All inputs are generated on the CPU from fixed seeds (one generator per case, seeded from the
 case index), then moved to the device, so every device sees bit-identical inputs.
 """

@@ -13,7 +13,7 @@ torch.cuda.max_memory_allocated / max_memory_reserved, and the device memory in 
 (cudaMemGetInfo: CUDA context included, comparable with qshard bench's peak_gpu_bytes); or
 "oom": true when the step does not fit.
 
-Usage: python3 scripts/bench_peer.py --preset 8b --batch 4 --seq 2048 [--no-checkpointing]
+Usage: python3 scripts/bench/bench_peer.py --preset 8b --batch 4 --seq 2048 [--no-checkpointing]
          [--rank 16] [--steps 4] [--warmup 2] [--jsonl FILE]
 The bitsandbytes wheel (0.50.2) may come from PYTHONPATH (see docs/PERFORMANCE.md).
 """

@@ -6,7 +6,7 @@ Each sequence's targets are its ids shifted by one (the last position has none),
 and transformers' causal-LM loss do; the result is the mean over every target of every sequence.
 Prints one JSON line: {"loss": ..., "tokens": ..., "model": ..., "adapter": ..., "device": ...}.
 
-Usage: scripts/hf_eval_loss.py --model DIR [--adapter DIR] --data X.json [--device cpu|cuda]
+Usage: scripts/interop/hf_eval_loss.py --model DIR [--adapter DIR] --data X.json [--device cpu|cuda]
        [--dtype float32|bfloat16] [--compare-qshard LOSS --tol REL]
 With --compare-qshard, exits 1 when |hf - qshard| > tol * hf (default tol 1e-2).
 Needs: torch, transformers, bitsandbytes (4-bit folders), peft (adapters).

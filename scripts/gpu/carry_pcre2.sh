@@ -2,9 +2,9 @@
 # For a GPU machine that has PCRE2's runtime library (libpcre2-8.so.0, part of every Ubuntu) but not
 # its -dev package and cannot install it: copies this machine's pcre2.h into .deps/pcre2 with a
 # pkg-config file naming the system library by its path. Carry .deps there and build with
-# PKG_CONFIG_PATH=$PWD/.deps/pcre2/lib/pkgconfig (scripts/gpu_train_check.sh does).
+# PKG_CONFIG_PATH=$PWD/.deps/pcre2/lib/pkgconfig (scripts/gpu/gpu_train_check.sh does).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 h=$(echo '#include <pcre2.h>' | cpp -H -DPCRE2_CODE_UNIT_WIDTH=8 -o /dev/null 2>&1 | awk '/pcre2.h/ {print $2; exit}')
 [ -f "$h" ] || { echo "carry_pcre2.sh: no pcre2.h here (apt-get install libpcre2-dev)" >&2; exit 1; }
 mkdir -p .deps/pcre2/include .deps/pcre2/lib/pkgconfig

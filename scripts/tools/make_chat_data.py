@@ -10,7 +10,7 @@ Every third record also has a system message, and every fifth one a second turn 
 data exercises system prompts and multi-turn masking. Paragraphs in order; the last 10% of the
 records go to the held-out file. Deterministic: no randomness.
 
-Usage: scripts/make_chat_data.py [--text data/persuasion_vol1.txt] --out DIR
+Usage: scripts/tools/make_chat_data.py [--text data/persuasion_vol1.txt] --out DIR
 Writes DIR/chat_train.jsonl and DIR/chat_heldout.jsonl.
 """
 import argparse
@@ -53,7 +53,7 @@ def first_sentence(p):
 
 def main():
     ap = argparse.ArgumentParser()
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ap.add_argument("--text", default=os.path.join(here, "data", "persuasion_vol1.txt"))
     ap.add_argument("--out", required=True)
     a = ap.parse_args()

@@ -2,12 +2,12 @@
 """Golden data for tests/model: logits, loss and LoRA gradients of tiny Llamas computed by
 transformers + PEFT on the CPU in float32 (qshard's CPU model must reproduce them).
 
-Run from the repo root:  python3 scripts/make_model_golden.py [--out tests/data/model]
+Run from the repo root:  python3 scripts/golden/make_model_golden.py [--out tests/data/model]
 
 Two cases (see tests/data/model/README.md):
   nf4    : the architecture of tests/data/hf/tiny_llama_bnb4_nf4_dq (GQA 4 heads / 2 kv heads, untied),
            projections = bitsandbytes' dequantize_4bit of its NF4 weights in their stored dtype (bf16,
-           scripts/bnb_reference.py) widened to f32, as bitsandbytes' forward sees them;
+           scripts/golden/bnb_reference.py) widened to f32, as bitsandbytes' forward sees them;
            embeddings / norms / lm_head = that folder's bf16 tensors widened to f32.
   llama3 : a fresh random f32 model saved here as an HF folder (tiny_llama3_tied/): tied embeddings,
            GQA 4 heads / 1 kv head, head_dim 16 != hidden/heads, llama3 rope scaling with all three

@@ -21,7 +21,7 @@ Usage: check_checkpoint_interop.py [--qshard build/qshard] [--mpirun mpirun] [--
    - qshard vs transformers with bitsandbytes' own CPU 4-bit forward: <= NATIVE_TOL (1e-2): that
      kernel computes in reduced precision even with compute dtype float32 (measured ~6e-3 on one
      layer in session 1, 7e-4 on this model's logits), so it is held to a looser bound;
-   - scripts/check_export_interop.py on the three folders (adapter vs merged, merge exactness).
+   - scripts/interop/check_export_interop.py on the three folders (adapter vs merged, merge exactness).
 TOL = 1e-4: both sides compute in float32 from identical weights; they differ by summation order
 only (measured in session 1 for eval: 2.7e-7 relative), far below a wrong weight or a dropped
 adapter (the adapter moves the logits by > 1e-2 relative).
@@ -41,7 +41,7 @@ from safetensors.torch import load_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_export_interop import load, load_bnb4, logits, stats  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run(cmd):
@@ -119,7 +119,7 @@ def main():
     print(f"qshard vs transformers, bnb4 + adapter (bitsandbytes' CPU 4-bit forward): max abs {n_abs:.3e}  rel {n_rel:.3e}")
     print(f"qshard vs transformers, merged bf16   : max abs {m_abs:.3e}  rel {m_rel:.3e}")
     print(f"the adapter's effect (transformers, adapter on vs off): rel {adapter_effect:.3e}")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "check_export_interop.py"),
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "interop", "check_export_interop.py"),
                         f"{w}/bnb4", f"{w}/peft", f"{w}/merged"], capture_output=True, text=True)
     print(r.stdout.strip())
     import bitsandbytes

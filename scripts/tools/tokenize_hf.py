@@ -13,7 +13,7 @@ bos/eos token ids where it has them (--no-bos / --no-eos to leave them out).
 vocab_size in the header is len(tokenizer) (base vocabulary plus added tokens).
 
 The tokenizer is loaded from a local folder only (local_files_only=True): no network.
-Usage: scripts/tokenize_hf.py --tokenizer /models/llama data/*.txt -o build/data/train.tok
+Usage: scripts/tools/tokenize_hf.py --tokenizer /models/llama data/*.txt -o build/data/train.tok
 Needs: pip install transformers (and tokenizers / sentencepiece as the tokenizer requires).
 """
 import argparse

@@ -11,7 +11,7 @@
 Writes the outcome to tests/data/interop/result.json (checked in, with the versions used).
 
 Run from the repo root after building (bitsandbytes, transformers, torch on the machine):
-    python3 scripts/check_interop.py [--qshard build/qshard]
+    python3 scripts/interop/check_interop.py [--qshard build/qshard]
 """
 import argparse
 import json

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The performance runs of docs/PERFORMANCE.md on a GPU machine: qshard bench and its peer
-# (scripts/bench_peer.py: transformers + PEFT + bitsandbytes) in the same call; results under $OUT
+# (scripts/bench/bench_peer.py: transformers + PEFT + bitsandbytes) in the same call; results under $OUT
 # (default build/bench_out) as JSON lines and logs. Stages:
 #   build      scripts/setup.sh + a Ninja build in build/ (BUILD_TARGETS: only those targets)
 #   validate   ctest -L cuda (every CUDA kernel against its CPU reference, the CUDA trainer tests)
@@ -13,11 +13,11 @@
 #   b70        the Llama-3.1-70B shape at 1 x 2048: base offloaded to pinned host memory, then
 #              resident on the GPU -> b70.jsonl
 # GPU lanes: GPU=<index> pins a stage to one GPU (CUDA_VISIBLE_DEVICES); run two stages at once on a
-# two-GPU machine with `GPU=0 scripts/gpu_bench.sh q8b & GPU=1 scripts/gpu_bench.sh peer`.
+# two-GPU machine with `GPU=0 scripts/gpu/gpu_bench.sh q8b & GPU=1 scripts/gpu/gpu_bench.sh peer`.
 # The bitsandbytes wheel is installed from .whl/ into /tmp/site when it is there.
-# Usage: scripts/gpu_bench.sh stage...
+# Usage: scripts/gpu/gpu_bench.sh stage...
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/bench_out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -48,7 +48,7 @@ qbench() {  # out.jsonl label args...: one qshard bench run, its JSON appended w
 pbench() {  # label args...: one peer run
   local label=$1
   shift
-  timeout "${RUN_TIMEOUT:-400}" python3 scripts/bench_peer.py --jsonl "$OUT/peer.jsonl" --steps "$STEPS" \
+  timeout "${RUN_TIMEOUT:-400}" python3 scripts/bench/bench_peer.py --jsonl "$OUT/peer.jsonl" --steps "$STEPS" \
     --warmup "$WARMUP" "$@" > "$LOGS/peer_$label.log" 2>&1
   echo "== peer $label ($*): exit $? $(tail -1 "$LOGS/peer_$label.log" | cut -c1-600)"
 }
