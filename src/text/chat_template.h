@@ -26,7 +26,7 @@
 // generator can be iterated more than once; a macro called after the scope it was defined in has
 // ended sees the top-level variables; integers are 64-bit (overflow is an error).
 // Checked byte for byte against transformers on real templates: tests/text/chat_template_test.cpp,
-// scripts/make_chat_template_golden.py.
+// scripts/golden/make_chat_template_golden.py.
 // Strings are UTF-8; lengths, indexes and slices count code points as Python does. Spans
 // (ChatRender) are byte offsets into the UTF-8 text.
 // Thread safety: render() is const and may run on several threads at once (each call has its own

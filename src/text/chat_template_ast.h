@@ -5,8 +5,10 @@
 // namespace() objects, callables), the syntax tree (Expr, Stmt, Program) and the seams between
 // the parts: chat_template_lex.cpp and chat_template_parse.cpp make a Program,
 // chat_template_eval.cpp runs it, chat_template_value.cpp holds Python's value semantics and
-// printing, chat_template_methods.cpp attribute/item access and methods, chat_template_filters.cpp
-// filters, tests and globals; chat_template.cpp is the public API.
+// printing, chat_template_strings.cpp Python's strings (code points, whitespace, case mapping),
+// chat_template_json.cpp json.dumps and JSON input, chat_template_methods.cpp attribute/item access
+// and methods, chat_template_filters.cpp filters, tests and globals; chat_template.cpp is the
+// public API.
 // Strings are UTF-8 bytes; where Python counts characters (len, index, slice, find) the code
 // counts code points, an invalid byte counting as one.
 // Ownership: a Program owns its tree. Values share their payload through shared_ptr, so a copy is
@@ -233,13 +235,12 @@ TestFn find_test(std::string_view name);
 void add_globals(Scope& scope);
 
 // chat_template_value.cpp
-Value from_json(const nlohmann::ordered_json& j);  // null/bool/number/string/array/object
-std::string html_escape(std::string_view s);  // markupsafe.escape: & < > " '
 bool truthy(const Value& v);
 bool hashable(const Value& v);
 bool equal(const Value& a, const Value& b);
 std::string to_str(const Value& v);  // Python str()
 std::string repr(const Value& v);    // Python repr()
+std::string py_float_repr(double d);  // float.__repr__: the shortest round-trip digits (1.0, 1e+16)
 std::string type_name(const Value& v);
 Value binary(Evaluator& ev, BinOp op, const Value& a, const Value& b);
 bool compare(Evaluator& ev, CmpOp op, const Value& a, const Value& b);
@@ -254,9 +255,13 @@ Value get_attr(Evaluator& ev, const Value& obj, const std::string& name);  // ob
 Value get_item(Evaluator& ev, const Value& obj, const Value& key);         // obj[key]
 Value get_slice(Evaluator& ev, const Value& obj, const Value& start, const Value& stop, const Value& step);
 
-// chat_template_value.cpp: JSON and Python strings.
+// chat_template_json.cpp
 std::string json_dumps(Evaluator& ev, const Value& v, bool ensure_ascii, const Value& indent, const Value& separators,
                        bool sort_keys);  // Python's json.dumps
+Value from_json(const nlohmann::ordered_json& j);  // null/bool/number/string/array/object
+
+// chat_template_strings.cpp
+std::string html_escape(std::string_view s);  // markupsafe.escape: & < > " '
 bool py_isspace(uint32_t cp);
 std::string_view py_rstrip(std::string_view s);  // str.rstrip(): Python's whitespace
 void utf8_append(std::string& out, uint32_t cp);

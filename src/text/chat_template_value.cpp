@@ -1,8 +1,8 @@
-// chat_template_value.cpp: Python's value semantics for the chat-template renderer: UTF-8 strings
-// seen as code points, whitespace and case mapping as str does them, str() and repr() (float repr as
-// Python's shortest round-trip form: 1.0, 1e+16, 1e-05), json.dumps, truthiness, hashing rules,
-// ==/</in, and arithmetic (int vs float, floor division and modulo rounding toward -inf, Markup's
-// escaping `+`). Attribute/item access and methods: chat_template_methods.cpp.
+// chat_template_value.cpp: Python's value semantics for the chat-template renderer: str() and repr()
+// (float repr as Python's shortest round-trip form: 1.0, 1e+16, 1e-05), truthiness, hashing rules,
+// ==/</in, iteration, slice indices and arithmetic (int vs float, floor division and modulo rounding
+// toward -inf, Markup's escaping `+`). Strings as Python sees them: chat_template_strings.cpp;
+// json.dumps: chat_template_json.cpp; attribute/item access and methods: chat_template_methods.cpp.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,238 +14,7 @@
 
 namespace qshard::jinja {
 
-// ---------------------------------------------------------------- UTF-8 and Python strings
-
-bool utf8_next(std::string_view s, size_t& pos, uint32_t& cp) {
-  if (pos >= s.size()) return false;
-  const auto c = static_cast<unsigned char>(s[pos]);
-  if (c < 0x80) {
-    cp = c;
-    ++pos;
-    return true;
-  }
-  int len = 0;
-  uint32_t v = 0;
-  uint32_t min = 0;
-  if ((c & 0xE0) == 0xC0) len = 2, v = c & 0x1F, min = 0x80;
-  else if ((c & 0xF0) == 0xE0) len = 3, v = c & 0x0F, min = 0x800;
-  else if ((c & 0xF8) == 0xF0) len = 4, v = c & 0x07, min = 0x10000;
-  bool ok = len != 0 && pos + len <= s.size();
-  for (int k = 1; ok && k < len; ++k) {
-    const auto d = static_cast<unsigned char>(s[pos + k]);
-    ok = (d & 0xC0) == 0x80;
-    v = (v << 6) | (d & 0x3F);
-  }
-  if (!ok || v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) {
-    cp = 0x110000 + c;
-    ++pos;
-    return true;
-  }
-  cp = v;
-  pos += len;
-  return true;
-}
-
-void utf8_append(std::string& out, uint32_t cp) {
-  if (cp >= 0x110000) {
-    out += static_cast<char>(cp - 0x110000);
-  } else if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
-std::vector<uint32_t> to_cps(std::string_view s) {
-  std::vector<uint32_t> out;
-  out.reserve(s.size());
-  size_t pos = 0;
-  uint32_t cp = 0;
-  while (utf8_next(s, pos, cp)) out.push_back(cp);
-  return out;
-}
-
-std::string from_cps(const std::vector<uint32_t>& cps, size_t begin, size_t end) {
-  std::string out;
-  for (size_t k = begin; k < end; ++k) utf8_append(out, cps[k]);
-  return out;
-}
-
-size_t cp_length(std::string_view s) {
-  size_t n = 0;
-  size_t pos = 0;
-  uint32_t cp = 0;
-  while (utf8_next(s, pos, cp)) ++n;
-  return n;
-}
-
-bool py_isspace(uint32_t cp) {
-  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
-}
-
-std::string_view py_rstrip(std::string_view s) {
-  size_t pos = 0;
-  size_t keep = 0;
-  uint32_t cp = 0;
-  while (utf8_next(s, pos, cp)) {
-    if (!py_isspace(cp)) keep = pos;
-  }
-  return s.substr(0, keep);
-}
-
-std::string py_strip(std::string_view s, const Value* chars, bool left, bool right) {
-  const std::vector<uint32_t> cps = to_cps(s);
-  std::vector<uint32_t> set;
-  const bool ws = chars == nullptr || chars->is(Kind::kNone);
-  if (!ws) set = to_cps(chars->str());
-  auto strip_it = [&](uint32_t cp) { return ws ? py_isspace(cp) : std::find(set.begin(), set.end(), cp) != set.end(); };
-  size_t b = 0;
-  size_t e = cps.size();
-  if (left) {
-    while (b < e && strip_it(cps[b])) ++b;
-  }
-  if (right) {
-    while (e > b && strip_it(cps[e - 1])) --e;
-  }
-  return from_cps(cps, b, e);
-}
-
-std::string html_escape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
-// Case mapping as Python's for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic (simple 1:1
-// pairs, plus ß -> SS, ŉ -> ʼN, ΐ/ΰ -> 3 code points, İ -> i̇ and the final sigma); other scripts are
-// left as they are.
-uint32_t py_upper_cp(uint32_t c) {
-  if (c < 0x80) return c >= 'a' && c <= 'z' ? c - 32 : c;
-  if (c == 0xB5) return 0x39C;
-  if (c >= 0xE0 && c <= 0xFE && c != 0xF7) return c - 32;
-  if (c == 0xFF) return 0x178;
-  if (c == 0x131) return 'I';
-  if (c == 0x17F) return 'S';
-  if ((c >= 0x100 && c <= 0x137) || (c >= 0x14A && c <= 0x177)) return (c & 1) ? c - 1 : c;
-  if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return (c & 1) ? c : c - 1;
-  if (c >= 0x3B1 && c <= 0x3CB) return c == 0x3C2 ? 0x3A3 : c - 32;
-  if (c == 0x3AC) return 0x386;
-  if (c >= 0x3AD && c <= 0x3AF) return c - 37;
-  if (c == 0x3CC) return 0x38C;
-  if (c == 0x3CD || c == 0x3CE) return c - 63;
-  if (c >= 0x430 && c <= 0x44F) return c - 32;
-  if (c >= 0x450 && c <= 0x45F) return c - 80;
-  if ((c >= 0x460 && c <= 0x481) || (c >= 0x48A && c <= 0x4BF) || (c >= 0x4D0 && c <= 0x52F)) return (c & 1) ? c - 1 : c;
-  if (c >= 0x4C1 && c <= 0x4CE) return (c & 1) ? c : c - 1;
-  if (c == 0x4CF) return 0x4C0;
-  return c;
-}
-uint32_t py_lower_cp(uint32_t c) {
-  if (c < 0x80) return c >= 'A' && c <= 'Z' ? c + 32 : c;
-  if (c >= 0xC0 && c <= 0xDE && c != 0xD7) return c + 32;
-  if (c == 0x178) return 0xFF;
-  if ((c >= 0x100 && c <= 0x137) || (c >= 0x14A && c <= 0x177)) return (c & 1) ? c : c + 1;
-  if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return (c & 1) ? c + 1 : c;
-  if (c >= 0x391 && c <= 0x3AB && c != 0x3A2) return c + 32;
-  if (c == 0x386) return 0x3AC;
-  if (c >= 0x388 && c <= 0x38A) return c + 37;
-  if (c == 0x38C) return 0x3CC;
-  if (c == 0x38E || c == 0x38F) return c + 63;
-  if (c >= 0x410 && c <= 0x42F) return c + 32;
-  if (c >= 0x400 && c <= 0x40F) return c + 80;
-  if ((c >= 0x460 && c <= 0x481) || (c >= 0x48A && c <= 0x4BF) || (c >= 0x4D0 && c <= 0x52F)) return (c & 1) ? c : c + 1;
-  if (c >= 0x4C1 && c <= 0x4CE) return (c & 1) ? c + 1 : c;
-  if (c == 0x4C0) return 0x4CF;
-  return c;
-}
-bool py_cased_cp(uint32_t c) {
-  return py_upper_cp(c) != c || py_lower_cp(c) != c || c == 0xDF || c == 0x149 || c == 0x130 || c == 0x390 || c == 0x3B0;
-}
-
-namespace {
-void append_upper(std::string& out, uint32_t c, bool title) {
-  if (c == 0xDF) out += title ? "Ss" : "SS";
-  else if (c == 0x149) out += "\u02bcN";
-  else if (c == 0x390) out += "\u0399\u0308\u0301";
-  else if (c == 0x3B0) out += "\u03a5\u0308\u0301";
-  else utf8_append(out, py_upper_cp(c));
-}
-// Lowercase of c[k]; a capital sigma after a cased letter and not before one is final (ς).
-void append_lower(std::string& out, const std::vector<uint32_t>& c, size_t k) {
-  if (c[k] == 0x130) {
-    out += "i\u0307";
-  } else if (c[k] == 0x3A3 && k > 0 && py_cased_cp(c[k - 1]) && !(k + 1 < c.size() && py_cased_cp(c[k + 1]))) {
-    utf8_append(out, 0x3C2);
-  } else {
-    utf8_append(out, py_lower_cp(c[k]));
-  }
-}
-}  // namespace
-
-std::string py_lower(std::string_view s) {
-  const std::vector<uint32_t> c = to_cps(s);
-  std::string out;
-  for (size_t k = 0; k < c.size(); ++k) append_lower(out, c, k);
-  return out;
-}
-std::string py_upper(std::string_view s) {
-  std::string out;
-  for (uint32_t c : to_cps(s)) append_upper(out, c, false);
-  return out;
-}
-std::string py_capitalize(std::string_view s) {
-  const std::vector<uint32_t> c = to_cps(s);
-  std::string out;
-  for (size_t k = 0; k < c.size(); ++k) {
-    if (k == 0) append_upper(out, c[0], true);
-    else append_lower(out, c, k);
-  }
-  return out;
-}
-// str.title(): a cased character after a cased one is lowered, after an uncased one title-cased.
-std::string py_title(std::string_view s) {
-  const std::vector<uint32_t> c = to_cps(s);
-  std::string out;
-  bool prev_cased = false;
-  for (size_t k = 0; k < c.size(); ++k) {
-    const bool cased = py_cased_cp(c[k]);
-    if (cased && prev_cased) append_lower(out, c, k);
-    else if (cased) append_upper(out, c[k], true);
-    else utf8_append(out, c[k]);
-    prev_cased = cased;
-  }
-  return out;
-}
-
-std::string py_swapcase(std::string_view s) {
-  const std::vector<uint32_t> c = to_cps(s);
-  std::string out;
-  for (size_t k = 0; k < c.size(); ++k) {
-    if (py_lower_cp(c[k]) != c[k] || c[k] == 0x130) append_lower(out, c, k);
-    else append_upper(out, c[k], false);
-  }
-  return out;
-}
+// ---------------------------------------------------------------- errors and slices
 
 [[noreturn]] void fail_undefined(Evaluator& ev, const Value& v) {
   ev.fail(v.s ? *v.s : std::string("an undefined value was used"));
@@ -278,6 +47,39 @@ bool slice_indices(const Value& start, const Value& stop, const Value& step, int
     return true;
   };
   return adjust(start, st < 0 ? len - 1 : 0, b) && adjust(stop, st < 0 ? -1 : len, e);
+}
+
+// ---------------------------------------------------------------- str() and repr()
+
+// float.__repr__: the shortest digits that round-trip; fixed notation for 1e-4 <= |x| < 1e16.
+std::string py_float_repr(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+  if (d == 0.0) return std::signbit(d) ? "-0.0" : "0.0";
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
+  const std::string sci(buf, r.ptr);
+  const bool neg = sci[0] == '-';
+  const size_t e = sci.find('e');
+  std::string digits;
+  for (size_t k = neg ? 1 : 0; k < e; ++k) {
+    if (sci[k] != '.') digits += sci[k];
+  }
+  while (digits.size() > 1 && digits.back() == '0') digits.pop_back();
+  const int decpt = std::stoi(sci.substr(e + 1)) + 1;  // value = 0.DIGITS * 10^decpt
+  std::string out = neg ? "-" : "";
+  const int nd = static_cast<int>(digits.size());
+  if (decpt > -4 && decpt <= 16) {
+    if (decpt <= 0) out += "0." + std::string(static_cast<size_t>(-decpt), '0') + digits;
+    else if (decpt >= nd) out += digits + std::string(static_cast<size_t>(decpt - nd), '0') + ".0";
+    else out += digits.substr(0, static_cast<size_t>(decpt)) + "." + digits.substr(static_cast<size_t>(decpt));
+  } else {
+    out += digits.substr(0, 1);
+    if (nd > 1) out += "." + digits.substr(1);
+    const int x = decpt - 1;
+    out += fmt::format("e{}{:02d}", x < 0 ? '-' : '+', std::abs(x));
+  }
+  return out;
 }
 
 namespace {
@@ -320,147 +122,6 @@ std::string py_str_repr(const std::string& s) {
   out += q;
   return out;
 }
-
-// float.__repr__: the shortest digits that round-trip; fixed notation for 1e-4 <= |x| < 1e16.
-std::string py_float_repr(double d) {
-  if (std::isnan(d)) return "nan";
-  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
-  if (d == 0.0) return std::signbit(d) ? "-0.0" : "0.0";
-  char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
-  const std::string sci(buf, r.ptr);
-  const bool neg = sci[0] == '-';
-  const size_t e = sci.find('e');
-  std::string digits;
-  for (size_t k = neg ? 1 : 0; k < e; ++k) {
-    if (sci[k] != '.') digits += sci[k];
-  }
-  while (digits.size() > 1 && digits.back() == '0') digits.pop_back();
-  const int decpt = std::stoi(sci.substr(e + 1)) + 1;  // value = 0.DIGITS * 10^decpt
-  std::string out = neg ? "-" : "";
-  const int nd = static_cast<int>(digits.size());
-  if (decpt > -4 && decpt <= 16) {
-    if (decpt <= 0) out += "0." + std::string(static_cast<size_t>(-decpt), '0') + digits;
-    else if (decpt >= nd) out += digits + std::string(static_cast<size_t>(decpt - nd), '0') + ".0";
-    else out += digits.substr(0, static_cast<size_t>(decpt)) + "." + digits.substr(static_cast<size_t>(decpt));
-  } else {
-    out += digits.substr(0, 1);
-    if (nd > 1) out += "." + digits.substr(1);
-    const int x = decpt - 1;
-    out += fmt::format("e{}{:02d}", x < 0 ? '-' : '+', std::abs(x));
-  }
-  return out;
-}
-
-bool less_than(Evaluator& ev, const Value& a, const Value& b, const char* op);
-
-void json_string(const std::string& s, bool ensure_ascii, std::string& out) {
-  out += '"';
-  size_t pos = 0;
-  uint32_t c = 0;
-  while (utf8_next(s, pos, c)) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          out += fmt::format("\\u{:04x}", c);
-        } else if (ensure_ascii && c >= 0x80) {
-          if (c >= 0x110000) c = 0xFFFD;
-          if (c >= 0x10000) {
-            const uint32_t v = c - 0x10000;
-            out += fmt::format("\\u{:04x}\\u{:04x}", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
-          } else {
-            out += fmt::format("\\u{:04x}", c);
-          }
-        } else {
-          utf8_append(out, c);
-        }
-    }
-  }
-  out += '"';
-}
-
-struct JsonStyle {
-  bool ensure_ascii = false;
-  bool indented = false;
-  std::string indent;
-  std::string item_sep = ", ";
-  std::string key_sep = ": ";
-  bool sort_keys = false;
-};
-
-void json_value(Evaluator& ev, const Value& v, const JsonStyle& st, int level, std::string& out) {
-  if (level > 500) ev.fail("tojson: value nested too deeply");
-  auto newline = [&](int lv) {
-    out += '\n';
-    for (int k = 0; k < lv; ++k) out += st.indent;
-  };
-  switch (v.kind) {
-    case Kind::kNone: out += "null"; return;
-    case Kind::kBool: out += v.b ? "true" : "false"; return;
-    case Kind::kInt: out += std::to_string(v.i); return;
-    case Kind::kFloat:
-      if (std::isnan(v.f)) out += "NaN";
-      else if (std::isinf(v.f)) out += v.f > 0 ? "Infinity" : "-Infinity";
-      else out += py_float_repr(v.f);
-      return;
-    case Kind::kString: json_string(v.str(), st.ensure_ascii, out); return;
-    case Kind::kList: {
-      if (v.view != View::kPlain) ev.fail("tojson: Object of type " + type_name(v) + " is not JSON serializable");
-      if (v.items().empty()) {
-        out += "[]";
-        return;
-      }
-      out += '[';
-      for (size_t k = 0; k < v.items().size(); ++k) {
-        if (k) out += st.item_sep;
-        if (st.indented) newline(level + 1);
-        json_value(ev, v.items()[k], st, level + 1, out);
-      }
-      if (st.indented) newline(level);
-      out += ']';
-      return;
-    }
-    case Kind::kDict: {
-      if (v.dict->entries.empty()) {
-        out += "{}";
-        return;
-      }
-      std::vector<const std::pair<Value, Value>*> entries;
-      for (const auto& kv : v.dict->entries) entries.push_back(&kv);
-      if (st.sort_keys) {
-        std::stable_sort(entries.begin(), entries.end(), [&](auto* a, auto* b) { return less_than(ev, a->first, b->first, "<"); });
-      }
-      out += '{';
-      for (size_t k = 0; k < entries.size(); ++k) {
-        if (k) out += st.item_sep;
-        if (st.indented) newline(level + 1);
-        const Value& key = entries[k]->first;
-        if (key.is(Kind::kString)) json_string(key.str(), st.ensure_ascii, out);
-        else if (key.is(Kind::kInt) || key.is(Kind::kFloat) || key.is(Kind::kBool) || key.is(Kind::kNone)) {
-          out += '"';
-          json_value(ev, key, st, level, out);
-          out += '"';
-        }
-        else ev.fail("tojson: keys must be str, int, float, bool or None, not " + type_name(key));
-        out += st.key_sep;
-        json_value(ev, entries[k]->second, st, level + 1, out);
-      }
-      if (st.indented) newline(level);
-      out += '}';
-      return;
-    }
-    default:
-      ev.fail("tojson: Object of type " + type_name(v) + " is not JSON serializable");
-  }
-}
-
 
 // ---------------------------------------------------------------- numbers
 
@@ -698,30 +359,6 @@ std::string to_str(const Value& v) {
   }
 }
 
-std::string json_dumps(Evaluator& ev, const Value& v, bool ensure_ascii, const Value& indent, const Value& separators, bool sort_keys) {
-  JsonStyle st;
-  st.ensure_ascii = ensure_ascii;
-  st.sort_keys = sort_keys;
-  if (!indent.is(Kind::kNone) && !indent.is(Kind::kUndefined)) {
-    st.indented = true;
-    if (indent.is(Kind::kString)) st.indent = indent.str();
-    else if (indent.is(Kind::kInt) || indent.is(Kind::kBool)) st.indent = std::string(static_cast<size_t>(std::clamp<int64_t>(indent.is(Kind::kInt) ? indent.i : indent.b, 0, 1 << 16)), ' ');
-    else ev.fail("tojson: indent must be an int or a str, not " + type_name(indent));
-    st.item_sep = ",";
-  }
-  if (!separators.is(Kind::kNone) && !separators.is(Kind::kUndefined)) {
-    if (!separators.is(Kind::kList) || separators.items().size() != 2 || !separators.items()[0].is(Kind::kString) ||
-        !separators.items()[1].is(Kind::kString)) {
-      ev.fail("tojson: separators must be a pair of strings");
-    }
-    st.item_sep = separators.items()[0].str();
-    st.key_sep = separators.items()[1].str();
-  }
-  std::string out;
-  json_value(ev, v, st, 0, out);
-  return out;
-}
-
 Value binary(Evaluator& ev, BinOp op, const Value& a, const Value& b) {
   if (a.is(Kind::kUndefined)) fail_undefined(ev, a);
   if (b.is(Kind::kUndefined)) fail_undefined(ev, b);
@@ -833,31 +470,6 @@ ValueList iterate(Evaluator& ev, const Value& v) {
     }
     default:
       ev.fail("'" + type_name(v) + "' object is not iterable");
-  }
-}
-
-Value from_json(const nlohmann::ordered_json& j) {
-  switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return Value::none();
-    case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return Value::integer(j.get<int64_t>());
-    case nlohmann::ordered_json::value_t::number_unsigned: {
-      const uint64_t u = j.get<uint64_t>();
-      return u <= static_cast<uint64_t>(INT64_MAX) ? Value::integer(static_cast<int64_t>(u)) : Value::real(static_cast<double>(u));
-    }
-    case nlohmann::ordered_json::value_t::number_float: return Value::real(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return Value::string(j.get<std::string>());
-    case nlohmann::ordered_json::value_t::array: {
-      ValueList items;
-      for (const auto& x : j) items.push_back(from_json(x));
-      return Value::make_list(std::move(items));
-    }
-    case nlohmann::ordered_json::value_t::object: {
-      Dict d;
-      for (auto it = j.begin(); it != j.end(); ++it) d.set(it.key(), from_json(it.value()));
-      return Value::make_dict(std::move(d));
-    }
-    default: return Value::none();
   }
 }
 

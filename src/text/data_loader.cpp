@@ -46,7 +46,7 @@ PackedDataset::PackedDataset(const TokenFile& file, int max_seq_len, bool pad_la
     if (!file.doc_starts())
       throw InputError(fmt::format("{}: data.packing padded needs the document starts of a version 3 token file; this "
                                    "one was written without them (re-tokenize it with qshard tokenize or "
-                                   "scripts/tokenize_hf.py)",
+                                   "scripts/tools/tokenize_hf.py)",
                                    file.path()));
     auto windows = std::make_shared<std::vector<std::pair<int64_t, int64_t>>>();
     int64_t begin = 0;

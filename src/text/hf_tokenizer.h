@@ -20,7 +20,7 @@
 // Text that is not valid UTF-8 is read as Python's bytes.decode("utf-8", errors="replace") reads it
 // (each maximal ill-formed subsequence becomes U+FFFD), so ids match the library fed that string.
 // Checked against the `tokenizers` library on real tokenizer files over a mixed corpus
-// (tests/text/hf_tokenizer_test.cpp, scripts/make_tokenizer_golden.py).
+// (tests/text/hf_tokenizer_test.cpp, scripts/golden/make_tokenizer_golden.py).
 // Thread safety: encode/decode are const and safe from several threads (the word cache is locked).
 #pragma once
 

@@ -9,7 +9,7 @@
 //   [28, 32)  u32 reserved = 0
 //   [32, 32 + 4N)  the tokens, u32 each, one stream: documents back to back, each normally
 //                  BOS + content + EOS (the tokenizer's choice; the format does not care)
-// The file is exactly 32 + 4N bytes. scripts/tokenize_hf.py writes the same format.
+// The file is exactly 32 + 4N bytes. scripts/tools/tokenize_hf.py writes the same format.
 // Version 2 (a loss mask; `qshard tokenize --format alpaca` writes it): the same layout, and bit 31
 // of a token (kTokenNoLoss) marks it as context only: it is read as an input but is never a
 // target (no loss on predicting it: BOS and the prompt of instruction data). Ids stay < 2^31.

@@ -14,7 +14,7 @@
 // at start-up on this GPU; `elapsed_s` the wall time since the logger was made.
 // Each line is flushed as it is written, so a killed run keeps every finished line; with
 // append = true (resume) the file is opened for appending instead of being truncated.
-// scripts/plot_metrics.py plots loss, eval_loss and lr against step from this file.
+// scripts/tools/plot_metrics.py plots loss, eval_loss and lr against step from this file.
 //
 // Progress line (to `out`, stdout by default):
 //   "step 12/200 | loss 3.1234 | lr 3.0e-04 | grad 1.23 | 1234 tok/s | 0.52 s/step | mem 12.3 MB | eta 1m23s"

@@ -10,7 +10,7 @@
 //  - an all-zero lora_B fails the self-check naming the key, and leaves no folder;
 //  - an existing non-empty out_dir is refused (InputError) and left untouched.
 // With QSHARD_EXPORT_KEEP_DIR set, KeepForInterop writes the three folders there for
-// scripts/check_export_interop.py.
+// scripts/interop/check_export_interop.py.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>

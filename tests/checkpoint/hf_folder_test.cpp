@@ -1,5 +1,5 @@
 // HF config parsing and the bnb 4-bit folder conversion (`qshard quantize` / `dequantize`),
-// against folders made by real transformers + bitsandbytes (scripts/make_hf_golden.py).
+// against folders made by real transformers + bitsandbytes (scripts/golden/make_hf_golden.py).
 #include <gtest/gtest.h>
 
 #include <cmath>

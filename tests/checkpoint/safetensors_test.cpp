@@ -604,7 +604,7 @@ TEST(SafetensorsParse, RandomMutationsOnlyThrowInputError) {
 
 // ---- compatibility with the Python safetensors library ----------------------------------------------
 
-// The tensors of scripts/make_safetensors_golden.py (keep both in sync).
+// The tensors of scripts/golden/make_safetensors_golden.py (keep both in sync).
 std::vector<std::pair<std::string, Tensor>> golden_tensors() {
   std::vector<std::pair<std::string, Tensor>> t;
   std::vector<float> f32(6), bf16(8), f16(5);

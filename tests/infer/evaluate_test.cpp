@@ -1,4 +1,4 @@
-// `qshard eval` against transformers' logits (scripts/make_eval_golden.py): an f32 folder, a
+// `qshard eval` against transformers' logits (scripts/golden/make_eval_golden.py): an f32 folder, a
 // bitsandbytes 4-bit folder (as bitsandbytes computes it in float32), each with and without a
 // PEFT adapter. Tolerance 2e-5 absolute on logits of magnitude ~1: both sides are float32 and
 // differ only in summation order (measured 2.7e-6 at worst).
@@ -58,7 +58,7 @@ TEST(Eval, LogitsMatchTransformers) {
 }
 
 // Acceptance: `qshard eval` of a 4-bit folder quantized from a bf16 model matches transformers +
-// bitsandbytes on that folder (scripts/make_bnb_logits_golden.py: each 4-bit weight is
+// bitsandbytes on that folder (scripts/golden/make_bnb_logits_golden.py: each 4-bit weight is
 // bitsandbytes' dequantize_4bit in its stored dtype, bf16, then a float32 model) within 1e-5
 // relative: max |logit - reference| / max |reference logit|. The reference's own float32 noise is
 // 3e-7 of that scale (the script reruns it in float64); skipping the rounding of the dequantized

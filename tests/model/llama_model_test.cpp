@@ -1,6 +1,6 @@
 // LlamaModel: a decoder layer's backward (with activation recompute and LoRA dropout) and the
 // whole training step against finite differences; hook order; and parity with transformers +
-// PEFT (tests/data/model, scripts/make_model_golden.py) for logits, loss and every LoRA gradient,
+// PEFT (tests/data/model, scripts/golden/make_model_golden.py) for logits, loss and every LoRA gradient,
 // on a 4-bit NF4 model (GQA 4/2, untied) and an f32 model (GQA 4/1, tied embeddings, llama3 RoPE).
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // qshard's 4-bit quantization against vectors made by real bitsandbytes
-// (scripts/make_quant_golden.py; tests/data/quant/README.md says which code path made each file).
+// (scripts/golden/make_quant_golden.py; tests/data/quant/README.md says which code path made each file).
 //
 // Rules, per golden case:
 //  - Dequantizing the golden bytes gives bitsandbytes' float32 values and its values in the

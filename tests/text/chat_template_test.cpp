@@ -4,7 +4,7 @@
 //    golden.json x add_generation_prompt false/true, the render equals transformers'
 //    apply_chat_template(..., tokenize=False) byte for byte (the first differing byte and its
 //    context are printed otherwise); where transformers raised, we raise (raise_exception: the same
-//    message); render_with_spans gives the spans scripts/make_chat_template_golden.py computed, or
+//    message); render_with_spans gives the spans scripts/golden/make_chat_template_golden.py computed, or
 //    raises where it could not. strftime_now() is fixed at the golden's clock on both sides.
 //  * the Jinja subset: whitespace control, trim/lstrip blocks, loops, namespace, slicing, filters,
 //    tests, methods, undefined; the expected strings are what jinja2 3.1.6 renders in transformers'

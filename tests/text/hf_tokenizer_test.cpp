@@ -1,5 +1,5 @@
 // The native tokenizer (text/hf_tokenizer.h) against the `tokenizers` library: for every folder
-// of tests/data/tokenizer/*.tar.xz holding a tokenizer.json and golden.bin (scripts/make_tokenizer_golden.py:
+// of tests/data/tokenizer/*.tar.xz holding a tokenizer.json and golden.bin (scripts/golden/make_tokenizer_golden.py:
 // real tokenizer files, ids made by the library over the > 1 MB mixed corpus corpus.bin), the ids of
 // every document, tokenizers' decode of them, and the ids with special tokens added; plus UTF-8
 // repair as Python does it, and errors that name the file and the unsupported type.

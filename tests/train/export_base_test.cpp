@@ -1,6 +1,6 @@
 // "The frozen base comes back as it came in", under mpirun -np 1 and 2 (CPU backend): a training
 // job whose base (model.path) is a bitsandbytes 4-bit folder written by transformers +
-// bitsandbytes (tests/data/hf, scripts/make_hf_golden.py: bf16 and f32 originals x NF4 with double
+// bitsandbytes (tests/data/hf, scripts/golden/make_hf_golden.py: bf16 and f32 originals x NF4 with double
 // quant and FP4) exports bnb4 equal to that folder:
 //  - the same tensor names, and for each the same dtype, shape and bytes (the frozen embeddings,
 //    norms and lm_head in the folder's dtype, the 4-bit weights and statistics as stored);

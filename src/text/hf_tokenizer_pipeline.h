@@ -1,0 +1,137 @@
+// hf_tokenizer_pipeline.h: the internals of the native tokenizer (hf_tokenizer.h), shared by its
+// sources (src/text/hf_tokenizer*.cpp) and included by nothing else.
+//
+// What: the stages of a tokenizer.json pipeline as plain structs (Normalizer, PreTokenizer,
+// Decoder), each read from its JSON by a parse_* function, and the helpers they share. The seams:
+//   hf_tokenizer_utf8.cpp         UTF-8 (utf8_replace_invalid) and GPT-2's byte <-> character map
+//   hf_tokenizer_regex.cpp        PCRE2 regular expressions and tokenizer.json patterns
+//   hf_tokenizer_pretokenize.cpp  splitting a piece on matches, the normalizers, the pre-tokenizers
+//   hf_tokenizer_decode.cpp       the decoders
+//   hf_tokenizer.cpp              the BPE model, added tokens, the post-processor and the public
+//                                 API (load, encode, decode)
+// Strings are UTF-8 bytes and offsets byte offsets; text reaching a stage is valid UTF-8
+// (encode runs utf8_replace_invalid first).
+// Errors: a parse_* function throws InputError naming `where` (the tokenizer.json path), the stage
+// and the type or pattern it cannot read.
+// Ownership: a stage owns its children by value and shares its compiled regular expressions through
+// shared_ptr, so a copy is cheap.
+// Thread safety: stages are immutable after parsing; apply() is const and safe from several threads.
+#pragma once
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace qshard::hf_tok {
+
+using json = nlohmann::json;
+
+// ---- UTF-8 and bytes (hf_tokenizer_utf8.cpp) ---------------------------------------------------
+
+// The byte length of the character a lead byte starts (1 for ASCII and continuation bytes).
+inline size_t utf8_len(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
+
+// The code point starting at byte i. REQUIRES a whole character at i.
+inline char32_t utf8_decode_at(std::string_view s, size_t i) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + i;
+  switch (utf8_len(p[0])) {
+    case 1: return p[0];
+    case 2: return ((p[0] & 0x1Fu) << 6) | (p[1] & 0x3Fu);
+    case 3: return ((p[0] & 0x0Fu) << 12) | ((p[1] & 0x3Fu) << 6) | (p[2] & 0x3Fu);
+    default: return ((p[0] & 0x07u) << 18) | ((p[1] & 0x3Fu) << 12) | ((p[2] & 0x3Fu) << 6) | (p[3] & 0x3Fu);
+  }
+}
+
+// GPT-2's byte <-> printable character map (bytes 33-126, 161-172, 174-255 map to themselves,
+// the rest to 256 + k in order).
+struct ByteMap {
+  std::array<std::string, 256> to_char;
+  std::unordered_map<char32_t, uint8_t> to_byte;
+  ByteMap();
+};
+const ByteMap& byte_map();  // the one instance, built on first use
+
+// ---- regular expressions (hf_tokenizer_regex.cpp) ------------------------------------------------
+
+// A compiled PCRE2 pattern (UTF + Unicode properties, JIT where available).
+class Regex {
+ public:
+  // Throws InputError naming `where`, the pattern and PCRE2's message when it does not compile.
+  Regex(const std::string& pattern, const std::string& where);
+  // Byte ranges [start, end) of the non-empty matches, left to right. REQUIRES valid UTF-8.
+  std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const;
+
+ private:
+  std::shared_ptr<pcre2_code> code_;
+};
+
+// Every match of `re` in s replaced by `content`.
+std::string regex_replace(const std::string& s, const Regex& re, const std::string& content);
+// s as a pattern that matches it literally.
+std::string regex_escape(std::string_view s);
+// A tokenizer.json pattern: {"Regex": "..."} or {"String": "..."} (a literal).
+std::string pattern_of(const json& p, const std::string& where);
+
+// ---- normalizers and pre-tokenizers (hf_tokenizer_pretokenize.cpp) --------------------------------
+
+// A stretch of text the pre-tokenizers cut; each final piece goes through the BPE model alone.
+struct Piece {
+  std::string text;
+  bool at_origin = false;  // starts at offset 0 of the input text (Metaspace's prepend_scheme "first")
+};
+
+// How a split treats its matches (the tokenizers library's SplitDelimiterBehavior).
+enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+
+struct Normalizer {
+  enum Kind { kSequence, kPrepend, kReplace, kStrip } kind = kSequence;
+  std::vector<Normalizer> children;
+  std::string text, content;
+  std::shared_ptr<Regex> re;  // Replace; Strip: leading whitespace
+  std::shared_ptr<Regex> trail;  // Strip: trailing whitespace
+  bool left = false, right = false;
+
+  void apply(std::string& s) const;
+};
+Normalizer parse_normalizer(const json& j, const std::string& where);
+
+struct PreTokenizer {
+  enum Kind { kSequence, kByteLevel, kSplit, kMetaspace } kind = kSequence;
+  std::vector<PreTokenizer> children;
+  std::shared_ptr<Regex> re;  // ByteLevel (use_regex), Split, Metaspace (the replacement, for split)
+  Behavior behavior = Behavior::kIsolated;
+  bool invert = false, add_prefix_space = false, split = true;
+  std::string replacement;
+  std::string prepend_scheme = "always";
+
+  void apply(std::vector<Piece>& pieces) const;
+};
+PreTokenizer parse_pre_tokenizer(const json& j, const std::string& where);
+
+// ---- decoders (hf_tokenizer_decode.cpp) ------------------------------------------------------------
+
+// Turns the tokens of decode() into text pieces; decode() concatenates what is left.
+struct Decoder {
+  enum Kind { kSequence, kByteLevel, kMetaspace, kReplace, kByteFallback, kFuse, kStrip } kind = kSequence;
+  std::vector<Decoder> children;
+  std::string replacement, content;
+  std::string prepend_scheme = "always";
+  std::shared_ptr<Regex> re;
+  size_t start = 0, stop = 0;
+
+  void apply(std::vector<std::string>& t) const;
+};
+Decoder parse_decoder(const json& j, const std::string& where);
+
+}  // namespace qshard::hf_tok

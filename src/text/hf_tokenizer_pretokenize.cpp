@@ -1,0 +1,234 @@
+// hf_tokenizer_pretokenize.cpp: the native tokenizer's text stages before the BPE model: splitting
+// a piece on a pattern's matches (the tokenizers library's NormalizedString::split), the
+// normalizers (Sequence, Prepend, Replace, Strip) and the pre-tokenizers (Sequence, ByteLevel,
+// Split, Digits, Metaspace, Whitespace, WhitespaceSplit). Contract: hf_tokenizer_pipeline.h.
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "runtime/error.h"
+#include "text/hf_tokenizer_pipeline.h"
+
+namespace qshard::hf_tok {
+namespace {
+
+// ---- pieces and splitting --------------------------------------------------------------------------
+
+void replace_all(std::string& s, std::string_view from, std::string_view to) {
+  if (from.empty()) return;
+  std::string out;
+  size_t i = 0;
+  for (size_t k; (k = s.find(from, i)) != std::string::npos; i = k + from.size()) {
+    out.append(s, i, k - i);
+    out += to;
+  }
+  out.append(s, i, std::string::npos);
+  s = std::move(out);
+}
+
+Behavior behavior_of(const std::string& b, const std::string& where) {
+  if (b == "Removed") return Behavior::kRemoved;
+  if (b == "Isolated") return Behavior::kIsolated;
+  if (b == "MergedWithPrevious") return Behavior::kMergedWithPrevious;
+  if (b == "MergedWithNext") return Behavior::kMergedWithNext;
+  if (b == "Contiguous") return Behavior::kContiguous;
+  throw InputError(where + ": unknown split behavior '" + b + "'");
+}
+
+// The tokenizers library's NormalizedString::split: matches (delimiters) and the text between them.
+void split_piece(const Piece& p, const Regex& re, Behavior how, bool invert, std::vector<Piece>& out) {
+  struct Seg {
+    size_t b, e;
+    bool match;
+  };
+  std::vector<Seg> segs;
+  size_t at = 0;
+  for (auto [b, e] : re.find_all(p.text)) {
+    if (b > at) segs.push_back({at, b, false});
+    segs.push_back({b, e, true});
+    at = e;
+  }
+  if (at < p.text.size()) segs.push_back({at, p.text.size(), false});
+  if (invert)
+    for (Seg& s : segs) s.match = !s.match;
+  std::vector<Seg> res;
+  switch (how) {
+    case Behavior::kIsolated: res = segs; break;
+    case Behavior::kRemoved:
+      for (const Seg& s : segs)
+        if (!s.match) res.push_back(s);
+      break;
+    case Behavior::kContiguous:
+      for (const Seg& s : segs) {
+        if (!res.empty() && res.back().match && s.match) res.back().e = s.e;
+        else res.push_back(s);
+      }
+      break;
+    case Behavior::kMergedWithPrevious:
+      for (const Seg& s : segs) {
+        if (s.match && !res.empty() && !res.back().match) res.back().e = s.e, res.back().match = true;
+        else res.push_back(s);
+      }
+      break;
+    case Behavior::kMergedWithNext: {
+      bool pending = false;
+      for (const Seg& s : segs) {
+        if (pending) {
+          res.back().e = s.e;
+          pending = s.match;
+        } else {
+          res.push_back(s);
+          pending = s.match;
+        }
+      }
+      break;
+    }
+  }
+  for (const Seg& s : res)
+    if (s.e > s.b) out.push_back({p.text.substr(s.b, s.e - s.b), p.at_origin && s.b == 0});
+}
+
+constexpr const char* kGpt2Pattern =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+}  // namespace
+
+// ---- normalizers and pre-tokenizers ----------------------------------------------------------
+
+void Normalizer::apply(std::string& s) const {
+  switch (kind) {
+    case kSequence:
+      for (const Normalizer& n : children) n.apply(s);
+      break;
+    case kPrepend:
+      if (!s.empty()) s = text + s;
+      break;
+    case kReplace:
+      s = regex_replace(s, *re, content);
+      break;
+    case kStrip:
+      if (right)
+        for (auto [b, e] : trail->find_all(s)) s.erase(b, e - b);
+      if (left)
+        for (auto [b, e] : re->find_all(s)) s.erase(b, e - b);
+      break;
+  }
+}
+
+Normalizer parse_normalizer(const json& j, const std::string& where) {
+  Normalizer n;
+  const std::string type = j.value("type", "");
+  const std::string w = where + " normalizer " + type;
+  if (type == "Sequence") {
+    for (const json& c : j.at("normalizers")) n.children.push_back(parse_normalizer(c, where));
+  } else if (type == "Prepend") {
+    n.kind = Normalizer::kPrepend;
+    n.text = j.at("prepend").get<std::string>();
+  } else if (type == "Replace") {
+    n.kind = Normalizer::kReplace;
+    n.re = std::make_shared<Regex>(pattern_of(j.at("pattern"), w), w);
+    n.content = j.at("content").get<std::string>();
+  } else if (type == "Strip") {
+    n.kind = Normalizer::kStrip;
+    n.left = j.value("strip_left", false);
+    n.right = j.value("strip_right", false);
+    n.re = std::make_shared<Regex>("^\\s+", w);
+    n.trail = std::make_shared<Regex>("\\s+$", w);
+  } else {
+    throw InputError(where + ": normalizer type '" + type +
+                     "' is not supported (Sequence, Prepend, Replace and Strip are; Unicode normalization forms "
+                     "such as NFC are not)");
+  }
+  return n;
+}
+
+void PreTokenizer::apply(std::vector<Piece>& pieces) const {
+  switch (kind) {
+    case kSequence:
+      for (const PreTokenizer& p : children) p.apply(pieces);
+      return;
+    case kSplit: {
+      std::vector<Piece> out;
+      for (const Piece& p : pieces) split_piece(p, *re, behavior, invert, out);
+      pieces = std::move(out);
+      return;
+    }
+    case kByteLevel: {
+      std::vector<Piece> out;
+      for (Piece p : pieces) {
+        if (add_prefix_space && (p.text.empty() || p.text[0] != ' ')) p.text.insert(0, " ");
+        if (re) split_piece(p, *re, Behavior::kIsolated, false, out);
+        else out.push_back(std::move(p));
+      }
+      const ByteMap& m = byte_map();
+      for (Piece& p : out) {
+        std::string mapped;
+        for (unsigned char c : p.text) mapped += m.to_char[c];
+        p.text = std::move(mapped);
+      }
+      pieces = std::move(out);
+      return;
+    }
+    case kMetaspace: {
+      std::vector<Piece> out;
+      for (Piece p : pieces) {
+        replace_all(p.text, " ", replacement);
+        const bool starts = p.text.compare(0, replacement.size(), replacement) == 0;
+        if (!starts && (prepend_scheme == "always" || (prepend_scheme == "first" && p.at_origin)))
+          p.text.insert(0, replacement);
+        if (split) split_piece(p, *re, Behavior::kMergedWithNext, false, out);
+        else out.push_back(std::move(p));
+      }
+      pieces = std::move(out);
+      return;
+    }
+  }
+}
+
+PreTokenizer parse_pre_tokenizer(const json& j, const std::string& where) {
+  PreTokenizer p;
+  const std::string type = j.value("type", "");
+  const std::string w = where + " pre_tokenizer " + type;
+  if (type == "Sequence") {
+    for (const json& c : j.at("pretokenizers")) p.children.push_back(parse_pre_tokenizer(c, where));
+  } else if (type == "ByteLevel") {
+    p.kind = PreTokenizer::kByteLevel;
+    p.add_prefix_space = j.value("add_prefix_space", true);
+    if (j.value("use_regex", true)) p.re = std::make_shared<Regex>(kGpt2Pattern, w);
+  } else if (type == "Split") {
+    p.kind = PreTokenizer::kSplit;
+    p.re = std::make_shared<Regex>(pattern_of(j.at("pattern"), w), w);
+    p.behavior = behavior_of(j.at("behavior").get<std::string>(), w);
+    p.invert = j.value("invert", false);
+  } else if (type == "Digits") {
+    p.kind = PreTokenizer::kSplit;
+    const bool individual = j.value("individual_digits", false);
+    p.re = std::make_shared<Regex>("\\p{N}", w);
+    p.behavior = individual ? Behavior::kIsolated : Behavior::kContiguous;
+  } else if (type == "Whitespace") {
+    p.kind = PreTokenizer::kSplit;
+    p.re = std::make_shared<Regex>("\\w+|[^\\w\\s]+", w);
+    p.behavior = Behavior::kRemoved;
+    p.invert = true;
+  } else if (type == "WhitespaceSplit") {
+    p.kind = PreTokenizer::kSplit;
+    p.re = std::make_shared<Regex>("\\s+", w);
+    p.behavior = Behavior::kRemoved;
+  } else if (type == "Metaspace") {
+    p.kind = PreTokenizer::kMetaspace;
+    p.replacement = j.value("replacement", std::string("\xE2\x96\x81"));
+    if (j.contains("prepend_scheme") && j["prepend_scheme"].is_string()) p.prepend_scheme = j["prepend_scheme"];
+    else if (j.contains("add_prefix_space")) p.prepend_scheme = j.value("add_prefix_space", true) ? "always" : "never";
+    p.split = j.value("split", true);
+    p.re = std::make_shared<Regex>(regex_escape(p.replacement), w);
+  } else {
+    throw InputError(where + ": pre_tokenizer type '" + type +
+                     "' is not supported (Sequence, ByteLevel, Split, Digits, Metaspace, Whitespace and "
+                     "WhitespaceSplit are)");
+  }
+  return p;
+}
+
+}  // namespace qshard::hf_tok
