@@ -27,6 +27,14 @@ std::optional<DeviceChoice> parse_device_choice(const std::string& s) {
   return std::nullopt;
 }
 
+bool cuda_backend_built() {
+#if QSHARD_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
 void Workspace::reserve(size_t bytes) {
   QS_CHECK(used_ == 0, "Workspace::reserve while pieces are taken");
   if (bytes <= capacity()) return;

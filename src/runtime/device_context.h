@@ -51,6 +51,8 @@ enum class DeviceChoice : uint8_t { kAuto, kCpu, kCuda };
 const char* device_choice_name(DeviceChoice c);
 // "auto" | "cpu" | "cuda" (case-sensitive); nullopt otherwise.
 std::optional<DeviceChoice> parse_device_choice(const std::string& s);
+// True when this build has the CUDA backend (compiled with nvcc), whether or not a GPU is visible.
+bool cuda_backend_built();
 
 class Workspace {
  public:

@@ -1,0 +1,49 @@
+// qshard tokenize: text / jsonl files -> a token file, with the byte-level tokenizer or a model
+// folder's own (see commands.h).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "runtime/error.h"
+#include "text/byte_tokenizer.h"
+
+namespace qshard::cli {
+namespace {
+
+struct TokenizeArgs {
+  std::vector<std::string> inputs;
+  std::string out, format = "auto", field = "text", split = "file", tokenizer;
+};
+
+void add_tokenize(CLI::App& sub, TokenizeArgs& a) {
+  sub.add_option("INPUTS", a.inputs, "text or jsonl files")->required();
+  sub.add_option("--out", a.out, "output token file")->required();
+  sub.add_option("--format", a.format,
+                 "auto | text | jsonl | alpaca (instruction/input/output records) | chat (messages records, rendered by --tokenizer's chat template): loss on the responses only");
+  sub.add_option("--field", a.field, "jsonl field holding the text");
+  sub.add_option("--split", a.split, "text documents: file (one per file) | blank-lines");
+  sub.add_option("--tokenizer", a.tokenizer,
+                 "a model folder (or tokenizer.json): its tokenizer, natively, instead of the byte tokenizer");
+}
+
+int run_tokenize(TokenizeArgs& a, int, char**) {
+  TokenizeOptions to;
+  to.format = parse_input_format(a.format);
+  to.jsonl_field = a.field;
+  to.tokenizer = a.tokenizer;
+  if (a.split == "file") to.text_split = TextSplit::kFile;
+  else if (a.split == "blank-lines") to.text_split = TextSplit::kBlankLines;
+  else throw InputError("--split '" + a.split + "' is not 'file' or 'blank-lines'");
+  const TokenizeStats st = tokenize_files(a.inputs, to, a.out);
+  std::printf("tokenized %lld files, %lld documents, %lld bytes -> %lld tokens (%lld targets) in %s\n",
+              (long long)st.files, (long long)st.documents, (long long)st.bytes, (long long)st.tokens,
+              (long long)st.targets, a.out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+CommandMain attach_tokenize(CLI::App& sub) { return attach_with(sub, add_tokenize, run_tokenize); }
+
+}  // namespace qshard::cli

@@ -1,0 +1,190 @@
+// qshard quantize / dequantize / init-model / inspect: the commands that read or write a model
+// folder on the host, no ranks (see commands.h).
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "checkpoint/bnb_folder.h"
+#include "checkpoint/inspect.h"
+#include "checkpoint/random_llama.h"
+#include "commands.h"
+#include "runtime/dtype.h"
+#include "runtime/error.h"
+#include "runtime/tensor.h"
+#include "train/train_config.h"
+
+namespace qshard::cli {
+namespace {
+
+void print_report(const char* verb, const FolderReport& r, const std::string& out) {
+  std::printf("%s %lld weights (%lld elements), copied %lld tensors -> %s (%d file%s)\n", verb,
+              (long long)r.converted_tensors, (long long)r.converted_elements, (long long)r.copied_tensors, out.c_str(),
+              r.files_written, r.files_written == 1 ? "" : "s");
+  std::printf("bytes in %.2f MB, bytes out %.2f MB\n", r.bytes_in / 1e6, r.bytes_out / 1e6);
+}
+
+// --- quantize ------------------------------------------------------------------------------------
+
+struct QuantizeArgs {
+  std::string in, out, type = "nf4", compute = "float32";
+  int64_t blocksize = 64;
+  bool no_double_quant = false, cpu = false, allow_nonfinite = false;
+  double shard_gb = 5.0;
+  int threads = 0;
+};
+
+void add_quantize(CLI::App& sub, QuantizeArgs& a) {
+  sub.add_option("IN_DIR", a.in, "input folder (config.json + safetensors)")->required();
+  sub.add_option("OUT_DIR", a.out, "output folder (must not exist or be empty)")->required();
+  sub.add_option("--quant-type", a.type, "nf4 | fp4");
+  sub.add_option("--blocksize", a.blocksize, "elements per absmax block (power of two, 32..4096)");
+  sub.add_flag("--no-double-quant", a.no_double_quant, "keep absmax in float32 (no double quantization)");
+  sub.add_option("--compute-dtype", a.compute,
+                 "quantization_config.bnb_4bit_compute_dtype: float32 (transformers' default) | bfloat16 | float16");
+  sub.add_flag("--cpu", a.cpu, "quantize on the CPU even when a GPU is present");
+  sub.add_flag("--allow-nonfinite", a.allow_nonfinite, "quantize weights holding NaN/Inf (refused by default)");
+  sub.add_option("--max-shard-size-gb", a.shard_gb, "split the output into files of at most this size");
+  sub.add_option("--threads", a.threads,
+                 "host threads quantizing tensors at once on the CPU (default: the host's, at most 16, as "
+                 "memory allows); the output is the same for any count")
+      ->check(CLI::Range(1, 256));
+}
+
+int run_quantize(QuantizeArgs& a, int, char**) {
+  QuantizeFolderOptions o;
+  o.quant.quant_type = parse_quant_type(a.type);
+  o.quant.blocksize = a.blocksize;
+  o.quant.compress_statistics = !a.no_double_quant;
+  o.use_cuda = !a.cpu;
+  o.allow_nonfinite = a.allow_nonfinite;
+  o.threads = a.threads;
+  const auto compute = parse_dtype(a.compute);
+  if (!compute || !dtype_is_float(*compute))
+    throw InputError("--compute-dtype '" + a.compute + "' is not float32, bfloat16 or float16");
+  o.compute_dtype = *compute;
+  if (!(a.shard_gb > 0) || !(a.shard_gb <= 1e6))  // NaN fails both
+    throw InputError("--max-shard-size-gb " + std::to_string(a.shard_gb) + ": expected a size in (0, 1e6] GB");
+  o.max_shard_bytes = static_cast<uint64_t>(a.shard_gb * 1e9);
+  FolderReport r = quantize_model_folder(a.in, a.out, o);
+  print_report("quantized", r, a.out);
+  std::printf("%s blocksize %lld%s: quantization error max |x - q(x)| = %.6g, relative RMS = %.4f%%\n",
+              a.type.c_str(), (long long)a.blocksize, a.no_double_quant ? "" : " double-quant", r.max_abs_err,
+              100.0 * r.rel_rms_err());
+  if (r.nonfinite_values > 0)
+    std::printf("warning: %lld NaN/Inf input values were quantized (--allow-nonfinite); they are not in the "
+                "error figures above\n", (long long)r.nonfinite_values);
+  return 0;
+}
+
+// --- dequantize ----------------------------------------------------------------------------------
+
+struct DequantizeArgs {
+  std::string in, out, dtype;
+  double shard_gb = 5.0;
+};
+
+void add_dequantize(CLI::App& sub, DequantizeArgs& a) {
+  sub.add_option("IN_DIR", a.in, "bitsandbytes 4-bit folder")->required();
+  sub.add_option("OUT_DIR", a.out, "output folder (must not exist or be empty)")->required();
+  sub.add_option("--dtype", a.dtype, "bfloat16 | float16 | float32 (default: the dtype each weight was quantized from)");
+  sub.add_option("--max-shard-size-gb", a.shard_gb, "split the output into files of at most this size");
+}
+
+int run_dequantize(DequantizeArgs& a, int, char**) {
+  std::optional<DType> dt;
+  if (!a.dtype.empty()) {
+    dt = parse_dtype(a.dtype);
+    if (!dt || !dtype_is_float(*dt)) throw InputError("--dtype '" + a.dtype + "' is not bfloat16, float16 or float32");
+  }
+  FolderReport r = dequantize_model_folder(a.in, a.out, dt, static_cast<uint64_t>(a.shard_gb * 1e9));
+  print_report("dequantized", r, a.out);
+  return 0;
+}
+
+// --- init-model ----------------------------------------------------------------------------------
+
+struct InitModelArgs {
+  RandomLlamaOptions ro;
+  std::string out, dtype = "bfloat16", config;
+  CLI::Option* seed_option = nullptr;   // count() tells --seed given from the default
+  CLI::Option* dtype_option = nullptr;  // the same for --dtype
+};
+
+void add_init_model(CLI::App& sub, InitModelArgs& a) {
+  sub.add_option("--out", a.out, "output folder (must not exist or be empty)")->required();
+  sub.add_option("--config", a.config,
+                 "take the sizes and seed from a train YAML's model.init (model.init.dtype unless --dtype): the model it trains");
+  sub.add_option("--vocab-size", a.ro.vocab_size);
+  sub.add_option("--hidden-size", a.ro.hidden_size);
+  sub.add_option("--intermediate-size", a.ro.intermediate_size);
+  sub.add_option("--layers", a.ro.num_hidden_layers);
+  sub.add_option("--heads", a.ro.num_attention_heads);
+  sub.add_option("--kv-heads", a.ro.num_key_value_heads);
+  sub.add_option("--max-positions", a.ro.max_position_embeddings);
+  sub.add_flag("--tie-embeddings", a.ro.tie_word_embeddings);
+  a.dtype_option = sub.add_option("--dtype", a.dtype, "bfloat16 | float16 | float32");
+  a.seed_option = sub.add_option("--seed", a.ro.seed);
+}
+
+int run_init_model(InitModelArgs& a, int, char**) {
+  RandomLlamaOptions& ro = a.ro;
+  auto dt = parse_dtype(a.dtype);
+  if (!dt || !dtype_is_float(*dt)) throw InputError("--dtype '" + a.dtype + "' is not bfloat16, float16 or float32");
+  ro.dtype = *dt;
+  if (!a.config.empty()) {
+    // The model model.init trains from: its sizes, its seed, and (unless --dtype says
+    // otherwise) model.init.dtype, the dtype model.init draws in: the same values as training gets.
+    const ModelInitConfig m = load_train_config(a.config).model.init;
+    static_cast<LlamaSizes&>(ro) = m;
+    if (a.seed_option->count() == 0) ro.seed = m.seed;
+    if (a.dtype_option->count() == 0) ro.dtype = m.dtype;
+  }
+  const LlamaConfig c = write_random_llama_folder(a.out, ro);
+  int64_t params = 0;
+  for (const auto& [name, shape] : llama_expected_weights(c)) params += shape_numel(shape);
+  std::printf("wrote a random Llama (%lld layers, hidden %lld, %.2f M parameters, %s) to %s\n",
+              (long long)c.num_hidden_layers, (long long)c.hidden_size, params / 1e6, dtype_torch_name(ro.dtype),
+              a.out.c_str());
+  return 0;
+}
+
+// --- inspect -------------------------------------------------------------------------------------
+
+struct InspectArgs {
+  std::string path;
+  bool check = false, quiet = false;
+};
+
+void add_inspect(CLI::App& sub, InspectArgs& a) {
+  sub.add_option("PATH", a.path, "a .safetensors file, a Hugging Face folder or a folder of safetensors")->required();
+  sub.add_flag("--check", a.check, "exit non-zero if any key does not resolve or any tensor fails validation");
+  sub.add_flag("--quiet", a.quiet, "print only the summary and problems");
+}
+
+int run_inspect(InspectArgs& a, int, char**) {
+  const InspectReport r = inspect_path(a.path);
+  std::printf("%s: %s\n", r.path.c_str(), r.kind.empty() ? "unreadable" : r.kind.c_str());
+  uint64_t total = 0;
+  int resolved = 0;
+  for (const auto& row : r.rows) {
+    total += row.bytes;
+    resolved += row.resolved && row.bytes_match;
+    if (!a.quiet)
+      std::printf("  %-64s %-5s %-16s %12llu  %s%s\n", row.key.c_str(), row.dtype.c_str(), shape_str(row.shape).c_str(),
+                  (unsigned long long)row.bytes, row.resolved ? "-> " : "UNRESOLVED: ", row.node.c_str());
+  }
+  std::printf("%zu keys, %.2f MB; %d resolve to the bytes stored under them\n", r.rows.size(), total / 1e6, resolved);
+  for (const auto& p : r.problems) std::printf("problem: %s\n", p.c_str());
+  if (a.check && !r.ok()) return 3;
+  return 0;
+}
+
+}  // namespace
+
+CommandMain attach_quantize(CLI::App& sub) { return attach_with(sub, add_quantize, run_quantize); }
+CommandMain attach_dequantize(CLI::App& sub) { return attach_with(sub, add_dequantize, run_dequantize); }
+CommandMain attach_init_model(CLI::App& sub) { return attach_with(sub, add_init_model, run_init_model); }
+CommandMain attach_inspect(CLI::App& sub) { return attach_with(sub, add_inspect, run_inspect); }
+
+}  // namespace qshard::cli

@@ -1,0 +1,144 @@
+// qshard train / export / bench: the commands that run as a job of ranks (mpirun -np N), each
+// through run_job (runtime/failure.h): an error on any rank ends the whole job (see commands.h).
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "checkpoint/export.h"
+#include "commands.h"
+#include "runtime/device_context.h"
+#include "runtime/error.h"
+#include "runtime/failure.h"
+#include "runtime/runtime.h"
+#include "runtime/world.h"
+#include "train/bench.h"
+#include "train/train_checkpoint.h"
+#include "train/train_config.h"
+#include "train/trainer.h"
+
+namespace qshard::cli {
+namespace {
+
+// --- train ---------------------------------------------------------------------------------------
+
+struct TrainArgs {
+  std::string config, resume;
+  std::vector<std::string> set;
+  bool print_config = false;
+};
+
+void add_train(CLI::App& sub, TrainArgs& a) {
+  sub.add_option("--config", a.config, "YAML job file")->required();
+  sub.add_option("--set", a.set, "override a key: --set optimizer.lr=1e-4 (repeatable)");
+  sub.add_flag("--print-config", a.print_config, "print the resolved config and exit");
+  sub.add_option("--resume", a.resume,
+                 "auto (the newest complete checkpoint in checkpoint.dir, if any) or a checkpoint folder; "
+                 "same as --set checkpoint.resume=...");
+}
+
+int run_train(TrainArgs& a, int argc, char** argv) {
+  if (a.print_config) {
+    std::printf("%s", load_train_config(a.config, a.set).to_yaml().c_str());
+    return 0;
+  }
+  // Every rank loads and validates the config (a bad value is reported by every rank and ends
+  // the job through run_job's abort path, never a hang).
+  if (!a.resume.empty()) a.set.push_back("checkpoint.resume=" + a.resume);
+  return run_job(argc, argv, [&](World& world) {
+    const TrainConfig cfg = load_train_config(a.config, a.set);
+    if (world.rank() == 0) std::printf("%s", cfg.describe().c_str());
+    JobRuntime job(world, cfg.device, cfg.source + ": device");
+    const TrainSummary s = train(cfg, job.get());
+    if (world.rank() == 0 && !s.losses.empty())
+      std::printf("trained %lld steps: loss %.4f -> %.4f%s\n", (long long)s.steps, s.losses.front(), s.losses.back(),
+                  s.eval_losses.empty() ? "" : (", eval loss " + std::to_string(s.eval_losses.back().second)).c_str());
+    std::fflush(stdout);  // MPI_Finalize may end the process before stdio's buffers are flushed
+    return 0;
+  });
+}
+
+// --- export --------------------------------------------------------------------------------------
+
+struct ExportArgs {
+  std::string ckpt, format = "bnb4", out, base_model;
+  double shard_gb = 5.0;
+};
+
+void add_export(CLI::App& sub, ExportArgs& a) {
+  sub.add_option("CKPT", a.ckpt, "a checkpoint folder (step-N) or a checkpoint.dir (its newest)")->required();
+  sub.add_option("--format", a.format, "bnb4 (4-bit base) | peft (adapter) | merged (bf16 with LoRA merged)");
+  sub.add_option("--out", a.out, "output folder (must not exist or be empty)")->required();
+  sub.add_option("--max-shard-size", a.shard_gb, "GB per safetensors file before splitting (bnb4, merged)");
+  sub.add_option("--base-model", a.base_model, "peft: base_model_name_or_path (default: the config's model.path)");
+}
+
+int run_export(ExportArgs& a, int argc, char** argv) {
+  ExportOptions o;
+  if (a.format == "bnb4") o.format = ExportFormat::kBnb4;
+  else if (a.format == "peft") o.format = ExportFormat::kPeft;
+  else if (a.format == "merged") o.format = ExportFormat::kMerged;
+  else throw InputError("--format '" + a.format + "': expected bnb4, peft or merged");
+  if (!(a.shard_gb > 0) || !(a.shard_gb <= 1e6))
+    throw InputError("--max-shard-size " + std::to_string(a.shard_gb) + ": expected a size in (0, 1e6] GB");
+  o.out_dir = a.out;
+  o.max_shard_bytes = static_cast<uint64_t>(a.shard_gb * 1e9);
+  o.base_model_name_or_path = a.base_model;
+  return run_job(argc, argv, [&](World& world) {
+    // Export is host work: the CPU backend's manager, whatever device trained the checkpoint.
+    JobRuntime job(world, DeviceChoice::kCpu, "export");
+    const ExportReport r = export_checkpoint(a.ckpt, o, job.get());
+    if (world.rank() == 0)
+      std::printf("exported %s as %s: %lld tensors, %.2f MB in %zu files -> %s\n", a.ckpt.c_str(), a.format.c_str(),
+                  (long long)r.tensors, r.bytes / 1e6, r.files.size(), a.out.c_str());
+    std::fflush(stdout);
+    return 0;
+  });
+}
+
+// --- bench ---------------------------------------------------------------------------------------
+
+struct BenchArgs {
+  BenchOptions bo;
+  std::string device = "auto";
+};
+
+void add_bench(CLI::App& sub, BenchArgs& a) {
+  BenchOptions& bo = a.bo;
+  sub.add_option("--preset", bo.preset, "tiny | 1b | 8b | 70b (Llama-3.2-1B / 3.1-8B / 3.1-70B shapes)");
+  sub.add_option("--vocab", bo.vocab, "vocab_size (default: the preset's)");
+  sub.add_option("--hidden", bo.hidden, "hidden_size");
+  sub.add_option("--intermediate", bo.intermediate, "intermediate_size");
+  sub.add_option("--layers", bo.layers, "num_hidden_layers");
+  sub.add_option("--heads", bo.heads, "num_attention_heads");
+  sub.add_option("--kv-heads", bo.kv_heads, "num_key_value_heads");
+  sub.add_option("--batch", bo.batch, "sequences per rank per step");
+  sub.add_option("--seq", bo.seq, "tokens per sequence");
+  sub.add_option("--rank", bo.rank, "LoRA rank (all seven projections)");
+  sub.add_option("--steps", bo.steps, "timed steps");
+  sub.add_option("--warmup", bo.warmup, "untimed steps first");
+  sub.add_flag("--offload", bo.offload, "base shards and optimizer state in pinned host memory");
+  sub.add_option("--gpu-budget-gb", bo.gpu_budget_gb, "memory.gpu_budget_gb: the memory plan's budget (GB = 1e9 bytes)");
+  sub.add_option("--keep-layers", bo.keep_layers, "memory.keep_layers (-1: the plan's choice)");
+  sub.add_option("--mlp-chunk-tokens", bo.mlp_chunk_tokens, "memory.mlp_chunk_tokens (-1: auto, 0: never)");
+  sub.add_option("--set", bo.set, "any other config key: --set lora.dropout=0.1 (repeatable)");
+  sub.add_option("--json", bo.json, "write the result as JSON here");
+  sub.add_option("--device", a.device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+}
+
+int run_bench_command(BenchArgs& a, int argc, char** argv) {
+  a.bo.device = *parse_device_choice(a.device);
+  return run_job(argc, argv, [&](World& world) {
+    run_bench(a.bo, world);
+    std::fflush(stdout);
+    return 0;
+  });
+}
+
+}  // namespace
+
+CommandMain attach_train(CLI::App& sub) { return attach_with(sub, add_train, run_train); }
+CommandMain attach_export(CLI::App& sub) { return attach_with(sub, add_export, run_export); }
+CommandMain attach_bench(CLI::App& sub) { return attach_with(sub, add_bench, run_bench_command); }
+
+}  // namespace qshard::cli
