@@ -134,9 +134,9 @@ int main(int argc, char** argv) {
   std::vector<void*> outs;
   for (auto& o : layer_outs) outs.push_back(o.raw());
   for (auto& a : layer_args) a.units_per_thread = 0;
-  for (int i = 0; i < 3; ++i) dequantize_4bit_batch_cuda(layer_args.data(), outs.data(), 7, DType::kBF16, nullptr);
+  for (int i = 0; i < 3; ++i) cuda::dequantize_4bit_batch(layer_args.data(), outs.data(), 7, DType::kBF16, nullptr);
   t.start();
-  for (int i = 0; i < iters; ++i) dequantize_4bit_batch_cuda(layer_args.data(), outs.data(), 7, DType::kBF16, nullptr);
+  for (int i = 0; i < iters; ++i) cuda::dequantize_4bit_batch(layer_args.data(), outs.data(), 7, DType::kBF16, nullptr);
   const double batch_ms = t.stop_ms() / iters;
   const double batch_gbs = total_bytes / (batch_ms * 1e-3) / 1e9;
   std::printf("| whole layer, 1 batched launch | 7 weights | %.1f | %.1f | %.1f%% |\n", batch_ms * 1e3, batch_gbs,

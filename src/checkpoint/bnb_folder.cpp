@@ -354,7 +354,7 @@ FolderReport quantize_model_folder(const std::string& in_dir, const std::string&
         }
         amax[b] = m;
       }
-      found[k] = absmax_mean_cpu(amax.data(), nb);
+      found[k] = cpu::absmax_mean(amax.data(), nb);
     });
     for (size_t k = 0; k < projections.size(); ++k) offsets[projections[k]] = found[k];
   }

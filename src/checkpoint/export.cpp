@@ -182,8 +182,8 @@ Tensor produce(const Module& tree, const OutTensor& t, const ExportOptions& o) {
   if (r.kind == NodeKind::kParams4bit && args.absmax_q8) {
     const int64_t nblocks = (args.n + args.blocksize - 1) / args.blocksize;
     absmax_f32.resize(static_cast<size_t>(nblocks));
-    decode_nested_absmax_cpu(args.absmax_q8, args.nested_absmax, args.nested_code, nblocks, args.nested_blocksize,
-                             args.offset, absmax_f32.data());
+    cpu::decode_nested_absmax(args.absmax_q8, args.nested_absmax, args.nested_code, nblocks, args.nested_blocksize,
+                              args.offset, absmax_f32.data());
     absmax = absmax_f32.data();
   }
   auto round_to = [](float x, DType dt) {
@@ -205,7 +205,7 @@ Tensor produce(const Module& tree, const OutTensor& t, const ExportOptions& o) {
           blk.resize(static_cast<size_t>(len));
           wp = blk.data();
         }
-        dequantize_4bit_cpu(args.packed + first_el / 2, absmax + b0, args.code, len, bs, wp);
+        cpu::dequantize_4bit_blocks(args.packed + first_el / 2, absmax + b0, args.code, len, bs, wp);
         const float* src = wp + (e0 - first_el);
         for (int64_t j = 0; j < in; ++j) w[j] = round_to(src[j], w_dtype);
       } else {

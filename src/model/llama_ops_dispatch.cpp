@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/llama_ops.h"
+#include "runtime/dispatch.h"
 #include "runtime/error.h"
 
 namespace qshard::ops {
@@ -17,10 +18,6 @@ const float* f(const void* p) { return static_cast<const float*>(p); }
 uint16_t* h(void* p) { return static_cast<uint16_t*>(p); }
 const uint16_t* h(const void* p) { return static_cast<const uint16_t*>(p); }
 #endif
-
-[[noreturn, maybe_unused]] void missing(const DeviceContext& ctx, const char* op) {
-  throw Error(std::string("op ") + op + ": no " + backend_name(ctx.backend()) + " implementation in this build");
-}
 
 // The ops of cuDNN's fused attention (attention_cached_fwd is a kernel of this project's own).
 [[maybe_unused]] bool is_attention(const char* op) {
@@ -43,23 +40,8 @@ bool has_backend(Backend backend, const char* op) {
 #endif
 }
 
-// On CUDA: `cpu_call` for the CPU, `cuda_call` for CUDA builds, else an error naming the op.
-#if QSHARD_WITH_CUDA
-#define QS_DISPATCH(op, cpu_call, cuda_call) \
-  do {                                       \
-    if (ctx.backend() == Backend::kCpu) {    \
-      cpu_call;                              \
-    } else {                                 \
-      cuda_call;                             \
-    }                                        \
-  } while (0)
-#else
-#define QS_DISPATCH(op, cpu_call, cuda_call) \
-  do {                                       \
-    if (ctx.backend() != Backend::kCpu) missing(ctx, op); \
-    cpu_call;                                \
-  } while (0)
-#endif
+// The twin of ctx.backend() (runtime/dispatch.h: a CPU build has no CUDA twins).
+#define QS_DISPATCH(op, cpu_call, cuda_call) QS_DISPATCH_TWIN(ctx.backend() == Backend::kCpu, op, cpu_call, cuda_call)
 
 void prepare(DeviceContext& ctx) { QS_DISPATCH("prepare", (void)0, cuda::prepare(ctx)); }
 
@@ -122,7 +104,7 @@ void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T
 #else
 #define QS_DISPATCH_ATTENTION(op, cpu_call, cuda_call) \
   do {                                                 \
-    if (ctx.backend() != Backend::kCpu) missing(ctx, op); \
+    if (ctx.backend() != Backend::kCpu) missing_twin(op, backend_name(ctx.backend())); \
     cpu_call;                                          \
   } while (0)
 #endif

@@ -25,6 +25,8 @@
 
 #include <cstdint>
 
+#include "runtime/tensor.h"
+
 namespace qshard {
 
 struct AdamWParams {
@@ -36,19 +38,18 @@ struct AdamWParams {
   double grad_scale = 1.0;     // multiplies g first (global-norm clipping)
 };
 
-// Twins (same name and parameters, trailing stream; the CPU ignores it). grad_scale_ptr: when not
-// null, *grad_scale_ptr (f32, where the kernel runs: device memory on CUDA) replaces
-// params.grad_scale, so a clip coefficient computed on the device needs no host round trip.
+// Twins (runtime/dispatch.h): same name and parameters, trailing stream (the CPU ignores it);
+// cpu:: in adamw_cpu.cpp, cuda:: in adamw.cu (CUDA builds only). grad_scale_ptr: when not null,
+// *grad_scale_ptr (f32, where the kernel runs: device memory on CUDA) replaces params.grad_scale,
+// so a clip coefficient computed on the device needs no host round trip.
 namespace cpu {
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& params, int64_t step,
                 void* stream = nullptr, const float* grad_scale_ptr = nullptr);
 }  // namespace cpu
-#ifdef QSHARD_WITH_CUDA
 namespace cuda {
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& params, int64_t step,
                 void* stream, const float* grad_scale_ptr = nullptr);
 }  // namespace cuda
-#endif
 
 // The global gradient norm and its clip coefficient where the gradients live (twins; CUDA: device
 // pointers, enqueued on `stream`, no host wait).
@@ -66,12 +67,28 @@ void add_sum_squares(double* acc, double* partials, const float* x, int64_t n, b
                      void* stream = nullptr);
 void clip_from_sum_squares(const double* sum_sq, double max_norm, double* norm, float* scale, void* stream = nullptr);
 }  // namespace cpu
-#ifdef QSHARD_WITH_CUDA
 namespace cuda {
 void add_sum_squares(double* acc, double* partials, const float* x, int64_t n, bool accumulate, void* stream);
 void clip_from_sum_squares(const double* sum_sq, double max_norm, double* norm, float* scale, void* stream);
 }  // namespace cuda
-#endif
+
+// ---- the dispatch (optim_dispatch.cpp): the twin of where the data lives (runtime/dispatch.h) ----
+namespace optim {
+// The gradient norm's twins on `on`, the Device of the gradients (acc, partials, x, norm, scale
+// all there).
+void add_sum_squares(Device on, double* acc, double* partials, const float* x, int64_t n, bool accumulate,
+                     void* stream);
+void clip_from_sum_squares(Device on, const double* sum_sq, double max_norm, double* norm, float* scale,
+                           void* stream);
+// AdamW on one unit's master shard where it lives: p, m, v [n] f32 on one device. A master on the
+// host (the CPU backend, or offload.optimizer) takes the CPU twin, the gradient shard g coming to
+// it (copied to the host first when on the device: a synchronous copy); a master on the device
+// takes the CUDA twin on `stream` (g there too). grad_scale_ptr: the clip coefficient in the
+// master's memory (device memory for a device master, host memory for a host one), or null for
+// params.grad_scale. A no-op when p is empty.
+void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& params, int64_t step,
+                void* stream, const float* grad_scale_ptr);
+}  // namespace optim
 
 // Sum of squares of x[0..n) accumulated in double (a rank's part of the squared global norm; the
 // trainer all-reduces it over ranks and takes the square root).

@@ -1,4 +1,4 @@
-// CUDA kernels for blockwise.h. Each mirrors its *_cpu reference operation for operation
+// CUDA kernels for blockwise.h. Each mirrors its cpu:: twin operation for operation
 // (same float32 multiplies and adds, no FMA contraction: this file is compiled with
 // -fmad=false and uses __fmul_rn / __fadd_rn where the order matters).
 #include <cuda_bf16.h>
@@ -312,8 +312,8 @@ void launch_dequant(const Dequant4bitArgs* args, void* const* outs, int count, c
 
 }  // namespace
 
-void quantize_4bit_cuda(const void* x, DType dtype, int64_t n, int64_t blocksize, QuantType type, uint8_t* packed,
-                        float* absmax, void* stream) {
+void cuda::quantize_4bit(const void* x, DType dtype, int64_t n, int64_t blocksize, QuantType type, uint8_t* packed,
+                         float* absmax, void* stream) {
   const int64_t nblocks = (n + blocksize - 1) / blocksize;
   if (nblocks == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
@@ -330,13 +330,13 @@ void quantize_4bit_cuda(const void* x, DType dtype, int64_t n, int64_t blocksize
                                                              absmax);
       break;
     default:
-      throw Error(std::string("quantize_4bit_cuda: unsupported input dtype ") + dtype_torch_name(dtype));
+      throw Error(std::string("cuda::quantize_4bit: unsupported input dtype ") + dtype_torch_name(dtype));
   }
   QS_CUDA_CHECK_LAUNCH();
 }
 
-void quantize_8bit_cuda(const float* x, int64_t n, int64_t blocksize, const float* code256, uint8_t* q, float* absmax,
-                        void* stream) {
+void cuda::quantize_8bit(const float* x, int64_t n, int64_t blocksize, const float* code256, uint8_t* q, float* absmax,
+                         void* stream) {
   const int64_t nblocks = (n + blocksize - 1) / blocksize;
   if (nblocks == 0) return;
   quantize_8bit_kernel<<<nblocks, kQuantThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, n, blocksize, code256, q,
@@ -344,14 +344,14 @@ void quantize_8bit_cuda(const float* x, int64_t n, int64_t blocksize, const floa
   QS_CUDA_CHECK_LAUNCH();
 }
 
-void subtract_offset_cuda(float* x, int64_t n, float offset, void* stream) {
+void cuda::subtract_offset(float* x, int64_t n, float offset, void* stream) {
   if (n == 0) return;
   subtract_offset_kernel<<<grid_for(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(x, n, offset);
   QS_CUDA_CHECK_LAUNCH();
 }
 
-void dequantize_4bit_batch_cuda(const Dequant4bitArgs* args, void* const* outs, int count, DType out_dtype,
-                                void* stream) {
+void cuda::dequantize_4bit_batch(const Dequant4bitArgs* args, void* const* outs, int count, DType out_dtype,
+                                 void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   switch (out_dtype) {
     case DType::kF32: launch_dequant<float>(args, outs, count, s); break;
@@ -362,7 +362,7 @@ void dequantize_4bit_batch_cuda(const Dequant4bitArgs* args, void* const* outs, 
 }
 
 void cuda::dequantize_4bit(const Dequant4bitArgs& a, void* out, DType out_dtype, void* stream) {
-  dequantize_4bit_batch_cuda(&a, &out, 1, out_dtype, stream);
+  cuda::dequantize_4bit_batch(&a, &out, 1, out_dtype, stream);
 }
 
 }  // namespace qshard

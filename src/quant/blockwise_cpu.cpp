@@ -43,16 +43,44 @@ void quantize_4bit_blocks(const float* x, int64_t n, int64_t blocksize, uint8_t*
     if (pairs_end < end) packed[pairs_end / 2] = static_cast<uint8_t>((encode_scaled<kType>(x[pairs_end], scale) << 4) | pad);
   }
 }
+
+// The f32 output of a (packed-layout) dequantization.
+void dequantize_4bit_f32(const Dequant4bitArgs& a, float* out) {
+  const int64_t nblocks = (a.n + a.blocksize - 1) / a.blocksize;
+  if (a.absmax_q8) {
+    std::vector<float> absmax(static_cast<size_t>(nblocks));
+    cpu::decode_nested_absmax(a.absmax_q8, a.nested_absmax, a.nested_code, nblocks, a.nested_blocksize, a.offset,
+                              absmax.data());
+    cpu::dequantize_4bit_blocks(a.packed, absmax.data(), a.code, a.n, a.blocksize, out);
+  } else {
+    cpu::dequantize_4bit_blocks(a.packed, a.absmax, a.code, a.n, a.blocksize, out);
+  }
+}
 }  // namespace
 
-void quantize_4bit_cpu(const float* x, int64_t n, int64_t blocksize, QuantType type, uint8_t* packed,
-                       float* absmax) {
-  if (type == QuantType::kNf4) quantize_4bit_blocks<QuantType::kNf4>(x, n, blocksize, packed, absmax);
-  else quantize_4bit_blocks<QuantType::kFp4>(x, n, blocksize, packed, absmax);
+void cpu::quantize_4bit(const void* x, DType dtype, int64_t n, int64_t blocksize, QuantType type, uint8_t* packed,
+                        float* absmax, void* stream) {
+  (void)stream;
+  const float* xf = static_cast<const float*>(x);
+  std::vector<float> widened;  // bf16 / f16 input: widened to f32 first (exact)
+  if (dtype != DType::kF32) {
+    if (dtype != DType::kBF16 && dtype != DType::kF16)
+      throw Error(std::string("cpu::quantize_4bit: unsupported input dtype ") + dtype_torch_name(dtype));
+    const uint16_t* h = static_cast<const uint16_t*>(x);
+    widened.resize(static_cast<size_t>(n));
+    if (dtype == DType::kBF16) {
+      for (int64_t i = 0; i < n; ++i) widened[i] = bf16_to_f32(h[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) widened[i] = f16_to_f32(h[i]);
+    }
+    xf = widened.data();
+  }
+  if (type == QuantType::kNf4) quantize_4bit_blocks<QuantType::kNf4>(xf, n, blocksize, packed, absmax);
+  else quantize_4bit_blocks<QuantType::kFp4>(xf, n, blocksize, packed, absmax);
 }
 
-void dequantize_4bit_cpu(const uint8_t* packed, const float* absmax, const float* code, int64_t n,
-                         int64_t blocksize, float* out) {
+void cpu::dequantize_4bit_blocks(const uint8_t* packed, const float* absmax, const float* code, int64_t n,
+                                 int64_t blocksize, float* out) {
   // Block by block, a byte (two values) at a time: no division per element. Blocks start at even
   // indices (blocksizes are even), so a byte never straddles two blocks.
   for (int64_t b = 0, begin = 0; begin < n; ++b, begin += blocksize) {
@@ -68,8 +96,9 @@ void dequantize_4bit_cpu(const uint8_t* packed, const float* absmax, const float
   }
 }
 
-void quantize_8bit_cpu(const float* x, int64_t n, int64_t blocksize, const float* code256, uint8_t* q,
-                       float* absmax) {
+void cpu::quantize_8bit(const float* x, int64_t n, int64_t blocksize, const float* code256, uint8_t* q, float* absmax,
+                        void* stream) {
+  (void)stream;
   const int64_t nblocks = (n + blocksize - 1) / blocksize;
   for (int64_t b = 0; b < nblocks; ++b) {
     const int64_t begin = b * blocksize;
@@ -81,30 +110,23 @@ void quantize_8bit_cpu(const float* x, int64_t n, int64_t blocksize, const float
   }
 }
 
-void decode_nested_absmax_cpu(const uint8_t* q, const float* nested_absmax, const float* code256,
-                              int64_t nblocks, int64_t nested_blocksize, float offset, float* absmax) {
+void cpu::subtract_offset(float* x, int64_t n, float offset, void* stream) {
+  (void)stream;
+  for (int64_t i = 0; i < n; ++i) x[i] = flush_subnormal(x[i] - offset);
+}
+
+void cpu::decode_nested_absmax(const uint8_t* q, const float* nested_absmax, const float* code256, int64_t nblocks,
+                               int64_t nested_blocksize, float offset, float* absmax) {
   for (int64_t b = 0; b < nblocks; ++b) {
     const float v = flush_subnormal(code256[q[b]] * nested_absmax[b / nested_blocksize]);
     absmax[b] = v + offset;  // bitsandbytes adds the offset in torch (no flush-to-zero)
   }
 }
 
-float absmax_mean_cpu(const float* absmax, int64_t nblocks) {
+float cpu::absmax_mean(const float* absmax, int64_t nblocks) {
   double s = 0.0;
   for (int64_t b = 0; b < nblocks; ++b) s += absmax[b];
   return static_cast<float>(s / static_cast<double>(nblocks));
-}
-
-void dequantize_4bit_args_cpu(const Dequant4bitArgs& a, float* out) {
-  const int64_t nblocks = (a.n + a.blocksize - 1) / a.blocksize;
-  if (a.absmax_q8) {
-    std::vector<float> absmax(static_cast<size_t>(nblocks));
-    decode_nested_absmax_cpu(a.absmax_q8, a.nested_absmax, a.nested_code, nblocks, a.nested_blocksize,
-                             a.offset, absmax.data());
-    dequantize_4bit_cpu(a.packed, absmax.data(), a.code, a.n, a.blocksize, out);
-  } else {
-    dequantize_4bit_cpu(a.packed, a.absmax, a.code, a.n, a.blocksize, out);
-  }
 }
 
 void cpu::dequantize_4bit(const Dequant4bitArgs& a, void* out, DType out_dtype, void* stream) {
@@ -122,15 +144,20 @@ void cpu::dequantize_4bit(const Dequant4bitArgs& a, void* out, DType out_dtype, 
     return;
   }
   if (out_dtype == DType::kF32) {
-    dequantize_4bit_args_cpu(a, static_cast<float*>(out));
+    dequantize_4bit_f32(a, static_cast<float*>(out));
     return;
   }
   if (out_dtype != DType::kBF16 && out_dtype != DType::kF16)
     throw Error(std::string("cpu::dequantize_4bit: unsupported output dtype ") + dtype_torch_name(out_dtype));
   std::vector<float> f(static_cast<size_t>(a.n));
-  dequantize_4bit_args_cpu(a, f.data());
+  dequantize_4bit_f32(a, f.data());
   uint16_t* o = static_cast<uint16_t*>(out);
   for (int64_t i = 0; i < a.n; ++i) o[i] = out_dtype == DType::kBF16 ? f32_to_bf16(f[i]) : f32_to_f16(f[i]);
+}
+
+void cpu::dequantize_4bit_batch(const Dequant4bitArgs* args, void* const* outs, int count, DType out_dtype,
+                                void* stream) {
+  for (int i = 0; i < count; ++i) cpu::dequantize_4bit(args[i], outs[i], out_dtype, stream);
 }
 
 }  // namespace qshard

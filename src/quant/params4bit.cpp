@@ -21,73 +21,8 @@ Tensor dynamic_map_tensor() {
                             std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(m.data()), sizeof(float) * 256));
 }
 
-Params4bit quantize_cpu(const Tensor& x, const QuantizeOptions& o) {
-  const int64_t n = x.numel();
-  const int64_t nb = (n + o.blocksize - 1) / o.blocksize;
-  const std::vector<float> xf = x.to_f32_vector();
-  Params4bit p;
-  p.data = Tensor::empty({(n + 1) / 2, 1}, DType::kU8);
-  Tensor absmax = Tensor::empty({nb}, DType::kF32);
-  quantize_4bit_cpu(xf.data(), n, o.blocksize, o.quant_type, p.data.data<uint8_t>(), absmax.data<float>());
-  QuantState& st = p.quant_state;
-  st.quant_type = o.quant_type;
-  st.blocksize = o.blocksize;
-  st.dtype = x.dtype();
-  st.shape = x.shape();
-  st.code = code_tensor(o.quant_type);
-  if (!o.compress_statistics) {
-    st.absmax = absmax;
-    return p;
-  }
-  NestedQuantState n2;
-  n2.offset = absmax_mean_cpu(absmax.data<float>(), nb);
-  std::vector<float> centered(static_cast<size_t>(nb));
-  for (int64_t b = 0; b < nb; ++b) centered[b] = flush_subnormal(absmax.data<float>()[b] - n2.offset);
-  const int64_t nb2 = (nb + n2.blocksize - 1) / n2.blocksize;
-  n2.code = dynamic_map_tensor();
-  n2.absmax = Tensor::empty({nb2}, DType::kF32);
-  st.absmax = Tensor::empty({nb}, DType::kU8);
-  quantize_8bit_cpu(centered.data(), nb, n2.blocksize, n2.code.data<float>(), st.absmax.data<uint8_t>(),
-                    n2.absmax.data<float>());
-  st.state2 = n2;
-  return p;
-}
-
-#ifdef QSHARD_WITH_CUDA
-Params4bit quantize_cuda(const Tensor& x, const QuantizeOptions& o) {
-  const int64_t n = x.numel();
-  const int64_t nb = (n + o.blocksize - 1) / o.blocksize;
-  Params4bit p;
-  p.data = Tensor::empty({(n + 1) / 2, 1}, DType::kU8, Device::kCuda);
-  Tensor absmax = Tensor::empty({nb}, DType::kF32, Device::kCuda);
-  quantize_4bit_cuda(x.raw(), x.dtype(), n, o.blocksize, o.quant_type, p.data.data<uint8_t>(),
-                     absmax.data<float>(), nullptr);
-  QuantState& st = p.quant_state;
-  st.quant_type = o.quant_type;
-  st.blocksize = o.blocksize;
-  st.dtype = x.dtype();
-  st.shape = x.shape();
-  st.code = code_tensor(o.quant_type).to(Device::kCuda);
-  if (!o.compress_statistics) {
-    st.absmax = absmax;
-    return p;
-  }
-  // The offset is a mean over nblocks floats: computed on the host with the reference's exact
-  // summation so CPU and CUDA quantization agree bit for bit.
-  Tensor absmax_host = absmax.to(Device::kCpu);
-  NestedQuantState n2;
-  n2.offset = absmax_mean_cpu(absmax_host.data<float>(), nb);
-  const int64_t nb2 = (nb + n2.blocksize - 1) / n2.blocksize;
-  n2.code = dynamic_map_tensor().to(Device::kCuda);
-  n2.absmax = Tensor::empty({nb2}, DType::kF32, Device::kCuda);
-  st.absmax = Tensor::empty({nb}, DType::kU8, Device::kCuda);
-  subtract_offset_cuda(absmax.data<float>(), nb, n2.offset, nullptr);
-  quantize_8bit_cuda(absmax.data<float>(), nb, n2.blocksize, n2.code.data<float>(), st.absmax.data<uint8_t>(),
-                     n2.absmax.data<float>(), nullptr);
-  st.state2 = n2;
-  return p;
-}
-#endif
+// `t` on `device` (shared when it is there already).
+Tensor on(const Tensor& t, Device device) { return t.device() == device ? t : t.to(device); }
 
 }  // namespace
 
@@ -97,12 +32,39 @@ Params4bit quantize_4bit(const Tensor& x, const QuantizeOptions& o) {
     throw InputError(std::string("quantize_4bit: input dtype ") + dtype_torch_name(x.dtype()) +
                      " is not float32, bfloat16 or float16");
   if (x.numel() == 0) throw InputError("quantize_4bit: input " + shape_str(x.shape()) + " has no elements");
-  if (x.device() == Device::kCpu) return quantize_cpu(x, o);
-#ifdef QSHARD_WITH_CUDA
-  return quantize_cuda(x, o);
-#else
-  throw Error("quantize_4bit: CUDA tensor in a CPU-only build");
-#endif
+  // Every tensor on x's device, the kernels its twins (on CUDA: the default stream; reading the
+  // absmax back for the offset waits for them).
+  const Device d = x.device();
+  const int64_t n = x.numel();
+  const int64_t nb = (n + o.blocksize - 1) / o.blocksize;
+  Params4bit p;
+  p.data = Tensor::empty({(n + 1) / 2, 1}, DType::kU8, d);
+  Tensor absmax = Tensor::empty({nb}, DType::kF32, d);
+  quant::quantize_4bit(d, x.raw(), x.dtype(), n, o.blocksize, o.quant_type, p.data.data<uint8_t>(),
+                       absmax.data<float>(), nullptr);
+  QuantState& st = p.quant_state;
+  st.quant_type = o.quant_type;
+  st.blocksize = o.blocksize;
+  st.dtype = x.dtype();
+  st.shape = x.shape();
+  st.code = on(code_tensor(o.quant_type), d);
+  if (!o.compress_statistics) {
+    st.absmax = absmax;
+    return p;
+  }
+  // The offset is a mean over nblocks floats: computed on the host with the reference's exact
+  // summation so CPU and CUDA quantization agree bit for bit.
+  NestedQuantState n2;
+  n2.offset = cpu::absmax_mean(to_cpu(absmax).data<float>(), nb);
+  const int64_t nb2 = (nb + n2.blocksize - 1) / n2.blocksize;
+  n2.code = on(dynamic_map_tensor(), d);
+  n2.absmax = Tensor::empty({nb2}, DType::kF32, d);
+  st.absmax = Tensor::empty({nb}, DType::kU8, d);
+  quant::subtract_offset(d, absmax.data<float>(), nb, n2.offset, nullptr);  // the absmax, centred in place
+  quant::quantize_8bit(d, absmax.data<float>(), nb, n2.blocksize, n2.code.data<float>(), st.absmax.data<uint8_t>(),
+                       n2.absmax.data<float>(), nullptr);
+  st.state2 = n2;
+  return p;
 }
 
 Params4bit empty_params4bit(const Shape& shape, DType dtype, const QuantizeOptions& o) {
@@ -172,20 +134,9 @@ Tensor dequantize_4bit(const Params4bit& p, std::optional<DType> out_dtype) {
                      shape_str(st.shape) + " needs " + std::to_string((n + 1) / 2));
   st.validate("dequantize_4bit");
   const Dequant4bitArgs a = dequant_args(p);
-  if (p.data.device() == Device::kCpu) {
-    Tensor out = Tensor::empty(st.shape, DType::kF32);
-    dequantize_4bit_args_cpu(a, out.data<float>());
-    if (dt == DType::kF32) return out;
-    std::vector<float> v = out.to_f32_vector();
-    return Tensor::from_f32(st.shape, dt, v);
-  }
-#ifdef QSHARD_WITH_CUDA
-  Tensor out = Tensor::empty(st.shape, dt, Device::kCuda);
-  cuda::dequantize_4bit(a, out.raw(), dt, nullptr);
+  Tensor out = Tensor::empty(st.shape, dt, p.data.device());
+  quant::dequantize_4bit(p.data.device(), a, out.raw(), dt, nullptr);
   return out;
-#else
-  throw Error("dequantize_4bit: CUDA tensor in a CPU-only build");
-#endif
 }
 
 Tensor packed_quant_state_tensor(const QuantState& st) {

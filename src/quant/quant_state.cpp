@@ -133,8 +133,8 @@ std::vector<float> QuantState::absmax_f32() const {
   }
   Tensor na = state2->absmax.device() == Device::kCpu ? state2->absmax : state2->absmax.to(Device::kCpu);
   Tensor nc = state2->code.device() == Device::kCpu ? state2->code : state2->code.to(Device::kCpu);
-  decode_nested_absmax_cpu(a.data<uint8_t>(), na.data<float>(), nc.data<float>(), nb, state2->blocksize,
-                           state2->offset, out.data());
+  cpu::decode_nested_absmax(a.data<uint8_t>(), na.data<float>(), nc.data<float>(), nb, state2->blocksize,
+                            state2->offset, out.data());
   return out;
 }
 

@@ -66,4 +66,22 @@ void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_
   QS_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
 }
 
+void copy_bytes_anywhere_async(void* dst, const void* src, size_t nbytes, void* stream) {
+  if (nbytes == 0) return;
+  if (stream != nullptr || cuda_available()) {
+    QS_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
+    return;
+  }
+  std::memmove(dst, src, nbytes);
+}
+
+void zero_bytes_async(void* p, Device device, size_t nbytes, void* stream) {
+  if (nbytes == 0) return;
+  if (device == Device::kCuda) {
+    QS_CUDA_CHECK(cudaMemsetAsync(p, 0, nbytes, static_cast<cudaStream_t>(stream)));
+    return;
+  }
+  std::memset(p, 0, nbytes);
+}
+
 }  // namespace qshard

@@ -207,6 +207,13 @@ int64_t device_memory_free() { return -1; }
 void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes, void*) {
   copy_bytes(dst, dst_device, src, src_device, nbytes);
 }
+void copy_bytes_anywhere_async(void* dst, const void* src, size_t nbytes, void*) {
+  if (nbytes) std::memmove(dst, src, nbytes);
+}
+void zero_bytes_async(void* p, Device device, size_t nbytes, void*) {
+  if (device != Device::kCpu) throw Error("device memory zeroed, but qshard was built without CUDA");
+  if (nbytes) std::memset(p, 0, nbytes);
+}
 #endif
 
 }  // namespace qshard

@@ -146,5 +146,12 @@ int64_t device_memory_free();
 // `src` unchanged (and pinned, for a true DMA) until the stream passes the copy. Host to host
 // is a plain memmove.
 void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes, void* stream);
+// The same where the caller does not say where the pointers live: in a CUDA build with a stream
+// given or a GPU visible, cudaMemcpyAsync(cudaMemcpyDefault) on `stream` (the driver finds where
+// each pointer lives); otherwise (a CPU build, or no stream and no GPU) a plain memmove.
+void copy_bytes_anywhere_async(void* dst, const void* src, size_t nbytes, void* stream);
+// Zeroes `nbytes` at `p` on `device`: cudaMemsetAsync on `stream` for device memory (the host does
+// not wait), a memset on the CPU.
+void zero_bytes_async(void* p, Device device, size_t nbytes, void* stream);
 
 }  // namespace qshard

@@ -3,6 +3,8 @@
 //
 // Shapes: out, in [n] f32, same device. CPU: a plain loop (the reference). CUDA: a grid-stride
 // kernel on `stream` (cudaStream_t as void*). Tolerance CPU vs CUDA: none (one float add each).
+// Twins (runtime/dispatch.h): cpu:: in accumulate_cpu.cpp, cuda:: in accumulate.cu (CUDA builds
+// only); the Tensor forms are the one dispatch (accumulate_dispatch.cpp), by the tensors' device.
 #pragma once
 
 #include "runtime/tensor.h"
@@ -14,9 +16,9 @@ namespace cpu {
 void accumulate_f32(float* out, const float* in, int64_t n, void* stream = nullptr);
 }  // namespace cpu
 namespace cuda {
-void accumulate_f32(float* out, const float* in, int64_t n, void* stream);  // CUDA builds only
+void accumulate_f32(float* out, const float* in, int64_t n, void* stream);
 }  // namespace cuda
-// Dispatches on the tensors' device.
+// The dispatch: the twin of the tensors' device (one device for both).
 void accumulate_f32(Tensor& out, const Tensor& in, void* stream);
 
 // out[i] = dtype(in[i]) (round to nearest even): the compute copy of f32 master weights in bf16 or
@@ -25,7 +27,7 @@ namespace cpu {
 void convert_f32(void* out, DType out_dtype, const float* in, int64_t n, void* stream = nullptr);
 }  // namespace cpu
 namespace cuda {
-void convert_f32(void* out, DType out_dtype, const float* in, int64_t n, void* stream);  // CUDA builds only
+void convert_f32(void* out, DType out_dtype, const float* in, int64_t n, void* stream);
 }  // namespace cuda
 void convert_f32(Tensor& out, const Tensor& in, void* stream);
 

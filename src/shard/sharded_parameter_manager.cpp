@@ -4,11 +4,6 @@
 
 #include "runtime/allocator.h"
 #include "shard/accumulate.h"
-#ifdef QSHARD_WITH_CUDA
-#include <cuda_runtime_api.h>
-
-#include "runtime/cuda_check.h"
-#endif
 
 namespace qshard {
 
@@ -63,32 +58,10 @@ struct ShardedParameterManager::Slot {
 
 namespace {
 
-bool on_device(const Tensor& t) { return t.device() == Device::kCuda; }
-
 // Copy of n bytes, ordered on `stream` (synchronous on the CPU).
-void copy_async(void* dst, const void* src, size_t n, void* stream) {
-  if (n == 0) return;
-#ifdef QSHARD_WITH_CUDA
-  if (stream != nullptr || cuda_available()) {
-    QS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
-    return;
-  }
-#endif
-  (void)stream;
-  std::memmove(dst, src, n);
-}
+void copy_async(void* dst, const void* src, size_t n, void* stream) { copy_bytes_anywhere_async(dst, src, n, stream); }
 
-void zero_async(Tensor& t, void* stream) {
-  if (t.nbytes() == 0) return;
-#ifdef QSHARD_WITH_CUDA
-  if (on_device(t)) {
-    QS_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0, t.nbytes(), static_cast<cudaStream_t>(stream)));
-    return;
-  }
-#endif
-  (void)stream;
-  std::memset(t.raw(), 0, t.nbytes());
-}
+void zero_async(Tensor& t, void* stream) { zero_bytes_async(t.raw(), t.device(), t.nbytes(), stream); }
 
 }  // namespace
 

@@ -4,9 +4,6 @@
 
 #include "runtime/collective_status.h"
 #include "runtime/error.h"
-#if QSHARD_WITH_CUDA
-#include "runtime/cuda_check.h"
-#endif
 
 namespace qshard {
 
@@ -74,53 +71,6 @@ OptimizerState make_optimizer_state(const QloraModel& qm) {
   return s;
 }
 
-namespace {
-
-// The twins of adamw.h on the device `on` (the CPU's for host memory).
-void add_sum_squares(Device on, double* acc, double* partials, const float* x, int64_t n, bool accumulate,
-                     void* stream) {
-  if (on == Device::kCpu) return cpu::add_sum_squares(acc, partials, x, n, accumulate, stream);
-#if QSHARD_WITH_CUDA
-  cuda::add_sum_squares(acc, partials, x, n, accumulate, stream);
-#else
-  throw Error("gradient norm: gradients on a device in a build without CUDA");
-#endif
-}
-
-void clip_from_sum_squares(Device on, const double* sum_sq, double max_norm, double* norm, float* scale,
-                           void* stream) {
-  if (on == Device::kCpu) return cpu::clip_from_sum_squares(sum_sq, max_norm, norm, scale, stream);
-#if QSHARD_WITH_CUDA
-  cuda::clip_from_sum_squares(sum_sq, max_norm, norm, scale, stream);
-#else
-  throw Error("gradient norm: gradients on a device in a build without CUDA");
-#endif
-}
-
-// AdamW on one unit's master shard where it lives. `scale`: the clip coefficient in the master's
-// memory (device memory for a device master, host memory for a host one).
-void adamw_where_it_lives(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& ap, int64_t step,
-                          const float* scale, Stream& compute) {
-  if (p.numel() == 0) return;
-  if (p.device() == Device::kCpu) {
-    // Master on the host (CPU backend, or offload.optimizer): the gradient shard comes to it.
-    const Tensor gh = g.device() == Device::kCpu ? g : g.to(Device::kCpu);
-    cpu::adamw_step(p.data<float>(), gh.data<float>(), m.data<float>(), v.data<float>(), p.numel(), ap, step, nullptr,
-                    scale);
-    return;
-  }
-#if QSHARD_WITH_CUDA
-  cuda::adamw_step(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(), ap, step,
-                  compute.handle(), scale);
-#else
-  (void)compute;
-  (void)scale;
-  throw Error("AdamW: master shard on a device in a build without CUDA");
-#endif
-}
-
-}  // namespace
-
 StepStats train_step(Runtime& rt, QloraModel& qm, LlamaModel& model, FsdpDriver& fsdp, OptimizerState& opt,
                      const std::vector<Batch>& micro_batches, const StepOptions& o) {
   ShardedParameterManager& mgr = *qm.mgr;
@@ -160,10 +110,10 @@ StepStats train_step(Runtime& rt, QloraModel& qm, LlamaModel& model, FsdpDriver&
   float* scale = static_cast<float*>(opt.clip_scale.raw());
   for (int u = 0; u < mgr.num_units(); ++u) {
     const Tensor g = mgr.grad_shard(u);
-    add_sum_squares(gdev, acc, partials, g.data<float>(), g.numel(), u > 0, cs);
+    optim::add_sum_squares(gdev, acc, partials, g.data<float>(), g.numel(), u > 0, cs);
   }
   rt.data.all_reduce(acc, acc, 1, DType::kF64, ReduceOp::kSum, cs);
-  clip_from_sum_squares(gdev, acc, o.grad_clip, norm, scale, cs);
+  optim::clip_from_sum_squares(gdev, acc, o.grad_clip, norm, scale, cs);
   float host_scale = 1.0f;  // for masters on the host while the gradients are on the device
   bool host_scale_read = false;
   for (int u = 0; u < mgr.num_units(); ++u) {
@@ -177,8 +127,8 @@ StepStats train_step(Runtime& rt, QloraModel& qm, LlamaModel& model, FsdpDriver&
       }
       sp = &host_scale;
     }
-    adamw_where_it_lives(p, mgr.grad_shard(u), opt.exp_avg[u], opt.exp_avg_sq[u], o.adamw, o.step + 1, sp,
-                         rt.ctx.compute());
+    optim::adamw_step(p, mgr.grad_shard(u), opt.exp_avg[u], opt.exp_avg_sq[u], o.adamw, o.step + 1,
+                      rt.ctx.compute().handle(), sp);
   }
   st.loss = sum_over_ranks(rt.host, model.take_loss_sum()) / std::max<double>(static_cast<double>(st.tokens), 1.0);
   // take_loss_sum waited for the compute stream: the norm and the coefficient are final.

@@ -135,7 +135,7 @@ TEST(CudaDequant, BatchOfMixedTensorsMatchesCpu) {
     outs.push_back(Tensor::empty({cases[i].n}, DType::kF16, Device::kCuda));
     out_ptrs.push_back(outs.back().raw());
   }
-  dequantize_4bit_batch_cuda(args.data(), out_ptrs.data(), static_cast<int>(args.size()), DType::kF16, nullptr);
+  cuda::dequantize_4bit_batch(args.data(), out_ptrs.data(), static_cast<int>(args.size()), DType::kF16, nullptr);
   for (size_t i = 0; i < cases.size(); ++i) expect_same(expect[i], outs[i].to(Device::kCpu), "batch " + name(cases[i]));
 }
 
