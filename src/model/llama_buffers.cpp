@@ -51,7 +51,7 @@ std::string BufferPlan::ledger(int top) const {
     for (const BufferEntry& e : entries_)
       if (e.life == life && e.bytes > 0) es.push_back(&e);
     std::stable_sort(es.begin(), es.end(), [](const BufferEntry* a, const BufferEntry* b) { return a->bytes > b->bytes; });
-    s += fmt::format("{}{} {} in {} buffers", s.empty() ? "" : "\n", buffer_life_name(life),
+    s += fmt::format("{}{} {} in {} buffers", s.empty() ? "" : "; ", buffer_life_name(life),
                      human_bytes(static_cast<double>(t)), es.size());
     for (size_t i = 0; i < es.size() && static_cast<int>(i) < top; ++i)
       s += fmt::format("{} {} {}", i == 0 ? ":" : ",", es[i]->name, human_bytes(static_cast<double>(es[i]->bytes)));

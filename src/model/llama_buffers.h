@@ -58,7 +58,7 @@ class BufferPlan {
   const std::vector<BufferEntry>& entries() const { return entries_; }
   int64_t total(BufferLife life) const;
   int64_t total() const;
-  // The ledger: one line per lifetime with its total and its largest entries (top `top`).
+  // The ledger on one line: per lifetime its total and its largest entries (top `top`), "; " apart.
   std::string ledger(int top = 4) const;
   // Allocates one tensor of u8 on `device` holding every entry of `life` and writes each entry's
   // address into its target. zero: zero-filled. Returns an undefined tensor when there are none.

@@ -82,6 +82,11 @@ std::string DeviceContext::describe() const {
   return backend_ == Backend::kCuda ? "cuda:" + std::to_string(device_id_) : std::string("cpu");
 }
 
+std::optional<int64_t> DeviceContext::memory_in_use() const {
+  if (backend_ != Backend::kCuda) return std::nullopt;
+  return device_memory_in_use();
+}
+
 void DeviceContext::set_gemm_handle(void* h, std::function<void(void*)> deleter) {
   QS_CHECK(!gemm_handle_, "GEMM handle set twice");
   gemm_handle_ = h;

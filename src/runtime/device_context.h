@@ -15,6 +15,8 @@
 //                  caller's arena): it is reset per layer and per step, so a step allocates
 //                  nothing. It never grows by itself: reserve() outside a step (sizing), take()
 //                  past the capacity throws naming the request and the capacity.
+//   memory_in_use  the device memory in use, for measurement (nullopt on the CPU backend), so
+//                  that callers measure without asking which backend they run on.
 //   StepScope      RAII over a training step: reads sync_alloc_counts() at the start and, at
 //                  end(), reports the host synchronizations and device allocations the step made
 //                  (both must be 0 on CUDA: runtime/sync_counters.h), and the lookups by name
@@ -100,6 +102,10 @@ class DeviceContext {
   Workspace& workspace() { return workspace_; }
   // "cpu" or "cuda:0".
   std::string describe() const;
+  // Device memory in use now (cudaMemGetInfo: total - free, the whole device, every process on
+  // it; 0 when the query fails); nullopt on the CPU backend, which has no device memory (the
+  // host's is peak_rss_bytes(), runtime/machine.h). A host call, no stream order: between steps.
+  std::optional<int64_t> memory_in_use() const;
 
   // Library handle slots (nullptr until the backend's ops create them); the deleter runs in the
   // destructor, before the stream goes.

@@ -48,6 +48,11 @@ double measure_gemm_flops(DeviceContext& ctx) {
   return ms > 0 ? 2.0 * n * n * n * kRuns / (ms * 1e-3) : 0.0;
 }
 
+double job_gemm_flops(DeviceContext& ctx, double gemm_tflops) {
+  if (gemm_tflops < 0) return measure_gemm_flops(ctx);
+  return ctx.is_cuda() ? gemm_tflops * 1e12 : 0.0;
+}
+
 namespace {
 double best_copy_rate(DeviceContext& ctx, void* dst, const void* src, Device src_dev, size_t bytes, double factor) {
   double best = 0;

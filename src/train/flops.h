@@ -21,6 +21,9 @@ namespace qshard {
 
 double useful_flops_per_token(const LlamaConfig& config, int64_t seq_len, uint64_t lora_parameters);
 double measure_gemm_flops(DeviceContext& ctx);
+// The job's MFU denominator from logging.gemm_tflops: -1 measures it now (measure_gemm_flops), 0
+// is none (no MFU), > 0 is that many TFLOP/s; FLOP/s. 0 on the CPU backend either way (no MFU there).
+double job_gemm_flops(DeviceContext& ctx, double gemm_tflops);
 // Device-to-device copy of 1 GiB (bytes read + written per second) and pinned host-to-device
 // copy of 1 GiB (bytes per second) on ctx's stream, best of 5; 0 on the CPU. Start-up work: allocates.
 double measure_copy_bandwidth(DeviceContext& ctx);

@@ -31,12 +31,13 @@ std::string canonical_path(const std::string& p) {
 nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 double number_or_nan(const nlohmann::json& v) { return v.is_number() ? v.get<double>() : NAN; }
 
-// Keys that fix the model, the adapter or the order of the data.
+// Keys that fix the model, the adapter or the order of the data (lora.fold only chooses how the
+// step computes: it may change).
 const std::vector<std::string>& must_match_keys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> k;
     for (const auto& key : config_keys())
-      if (key.rfind("model.", 0) == 0 || key.rfind("lora.", 0) == 0) k.push_back(key);
+      if ((key.rfind("model.", 0) == 0 || key.rfind("lora.", 0) == 0) && key != "lora.fold") k.push_back(key);
     for (const char* key : {"seed", "data.max_seq_len", "data.seed", "data.eval_fraction", "batch.global_batch_size"})
       k.emplace_back(key);
     return k;

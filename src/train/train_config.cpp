@@ -149,6 +149,7 @@ const std::vector<Field>& fields() {
       QS_FIELD("lora.rslora", lora.rslora),
       QS_FIELD("lora.target_modules", lora.target_modules),
       QS_FIELD("lora.init_adapter", lora.init_adapter),
+      QS_FIELD("lora.fold", lora.fold),
       QS_FIELD("optimizer.lr", optimizer.lr),
       QS_FIELD("optimizer.beta1", optimizer.beta1),
       QS_FIELD("optimizer.beta2", optimizer.beta2),
@@ -181,6 +182,8 @@ const std::vector<Field>& fields() {
       QS_FIELD("logging.every_steps", logging.every_steps),
       QS_FIELD("logging.metrics_jsonl", logging.metrics_jsonl),
       QS_FIELD("logging.eval_every_steps", logging.eval_every_steps),
+      QS_FIELD("logging.profile", logging.profile),
+      QS_FIELD("logging.gemm_tflops", logging.gemm_tflops),
       QS_FIELD("seed", seed),
       QS_FIELD("device", device),
   };
@@ -466,6 +469,8 @@ void TrainConfig::validate(int world_size) const {
              "a checkpoint path when checkpoint.dir is empty ('auto' looks in checkpoint.dir)");
   ck.require(logging.every_steps > 0, "logging.every_steps", logging.every_steps, "> 0");
   ck.require(logging.eval_every_steps >= 0, "logging.eval_every_steps", logging.eval_every_steps, ">= 0");
+  ck.require(logging.gemm_tflops == -1 || logging.gemm_tflops >= 0, "logging.gemm_tflops", logging.gemm_tflops,
+             "-1 (measure at start), 0 (no MFU) or a bf16 GEMM rate in TFLOP/s (> 0)");
 }
 
 int64_t TrainConfig::max_steps(int64_t num_train_sequences) const {

@@ -84,6 +84,10 @@ struct LoraConfig {
   // A PEFT adapter folder whose LoRA weights start the job (instead of PEFT's init); its r,
   // lora_alpha, use_rslora and target modules must equal this section's. Empty: PEFT's init.
   std::string init_adapter;
+  // LoRA folded into the base GEMMs of q|k|v and gate|up (model/llama_model.h); false: separate
+  // LoRA GEMMs per projection (the reference the fold is measured against). How the step computes,
+  // not what it trains: a resumed run may change it.
+  bool fold = true;
 };
 
 // torch.optim.AdamW's hyper-parameters (optim/adamw.h) and global-norm clipping.
@@ -150,6 +154,10 @@ struct LoggingConfig {
   int64_t every_steps = 10;
   std::string metrics_jsonl;     // empty: no metrics file
   int64_t eval_every_steps = 0;  // 0: eval only at the end (when there is eval data)
+  bool profile = false;          // time the compute stream's parts (CUDA events) and print the split
+                                 // at the end (nothing is timed on the CPU)
+  double gemm_tflops = -1;       // MFU's denominator, the GPU's bf16 GEMM rate: -1 = measure it at
+                                 // start; 0 = no MFU (e.g. under a sanitizer); > 0 = this many TFLOP/s
 };
 
 struct TrainConfig {

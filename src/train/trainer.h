@@ -24,6 +24,11 @@
 //            folder transformers loads) and CKPT/final/adapter (PEFT), streamed one unit at a
 //            time (checkpoint/export.h); CKPT/final-step-N when final/ exists from an earlier
 //            part of the run. A run stopped by stop_after_steps does not export.
+//   knobs    logging.profile prints the compute stream's time split at the end (CUDA);
+//            lora.fold false runs separate LoRA GEMMs per projection; logging.gemm_tflops sets
+//            MFU's denominator (-1 measures it at start, 0 reports no MFU).
+// The job's phases (open, run_step, evaluate, save, finish) are TrainJob's (train/train_job.h);
+// the protocols of checkpoint.dir (resume, final export) are train/run_protocol.h's.
 // Data-parallel equivalence: the per-rank normalizer is (global token count / world), so the
 // averaged gradient equals the gradient of the global mean loss at any world size.
 #pragma once
@@ -37,6 +42,7 @@
 #include "model/llama_model.h"
 #include "runtime/communicator.h"
 #include "runtime/runtime.h"
+#include "runtime/sync_counters.h"
 #include "train/train_config.h"
 
 namespace qshard {
@@ -45,12 +51,16 @@ namespace qshard {
 struct TrainPerf {
   std::vector<double> step_seconds;   // wall time per optimizer step run here (host wait at its end included)
   std::vector<int64_t> step_tokens;   // non-ignored targets over all ranks, per step
-  double gemm_flops = 0;              // the bf16 GEMM rate measured at start (0 on the CPU)
+  double gemm_flops = 0;              // the bf16 GEMM rate (logging.gemm_tflops: measured at start; 0 on the CPU)
   double flops_per_token = 0;         // useful work (train/flops.h)
   int64_t peak_gpu_bytes = 0;         // device memory in use (cudaMemGetInfo), the most seen after a step
   std::string plan;                   // the memory plan, described
   int64_t keep_layers = 0, mlp_chunk_rows = 0;
   bool offload_params = false, offload_optimizer = false;
+  // Summed over the steps run here: what each step did between its first gather and the optimizer
+  // (train_step's StepStats::inside): host syncs and device allocations (0 on CUDA with NCCL) and
+  // lookups by name (0 on every backend: the step binds through slots and entries found once).
+  SyncAllocCounts inside;
 };
 
 // Optional observers of a run (rank 0 and every other rank alike).
@@ -58,7 +68,8 @@ struct TrainCallbacks {
   // After every optimizer step (1-based `step`), before logging: e.g. reset the model's profile
   // after warm-up steps.
   std::function<void(int64_t step, LlamaModel& model)> after_step;
-  bool profile = false;  // time the compute stream's parts (as QSHARD_PROFILE=1 does)
+  bool profile = false;  // time the compute stream's parts (as logging.profile does), returned in
+                         // TrainSummary::profile and not printed
 };
 
 struct TrainSummary {
@@ -70,7 +81,7 @@ struct TrainSummary {
   std::string resumed_from;     // the checkpoint folder this run resumed from, if any
   std::string last_checkpoint;  // the newest checkpoint this run saved, if any
   TrainPerf perf;
-  StepProfile profile;          // the compute stream's split (QSHARD_PROFILE or bench), since the last reset
+  StepProfile profile;          // the compute stream's split (logging.profile or bench), since the last reset
 };
 
 // The job on `rt` (rt.ctx decides the backend; rt.host carries control, rt.data the parameters).

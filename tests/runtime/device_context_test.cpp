@@ -18,6 +18,7 @@ TEST(DeviceContext, ChoiceAutoCpuCuda) {
   EXPECT_EQ(a->activation_dtype(), DType::kF32);
   EXPECT_EQ(a->compute_device(), Device::kCpu);
   EXPECT_EQ(a->describe(), "cpu");
+  EXPECT_FALSE(a->memory_in_use().has_value()) << "the CPU backend has no device memory to measure";
   try {
     make_device_context(DeviceChoice::kCuda, -1, "job.yaml: device");
     FAIL() << "cuda without a GPU must be refused";

@@ -153,6 +153,58 @@ TEST(TrainConfig, ValidateRejectsBadValues) {
   EXPECT_EQ(bad({"optimizer.lr=-1"}).rfind("x.yaml + --set optimizer.lr: ", 0), 0u);
 }
 
+// The measurement knobs (once environment variables): logging.profile, lora.fold, logging.gemm_tflops.
+TEST(TrainConfig, MeasurementKnobs) {
+  const TrainConfig d = parse_train_config(kMinimal, "x.yaml");
+  EXPECT_FALSE(d.logging.profile);
+  EXPECT_TRUE(d.lora.fold);
+  EXPECT_EQ(d.logging.gemm_tflops, -1.0);  // measure at start
+  EXPECT_NO_THROW(d.validate(1));
+  // In the file and as overrides, typed like every key.
+  const TrainConfig f = parse_train_config(
+      "data:\n  train: x.tok\nlogging:\n  profile: true\n  gemm_tflops: 989.5\nlora:\n  fold: false\n", "f.yaml");
+  EXPECT_TRUE(f.logging.profile);
+  EXPECT_FALSE(f.lora.fold);
+  EXPECT_DOUBLE_EQ(f.logging.gemm_tflops, 989.5);
+  const TrainConfig o = parse_train_config(kMinimal, "x.yaml",
+                                           {"logging.profile=true", "lora.fold=false", "logging.gemm_tflops=0"});
+  EXPECT_TRUE(o.logging.profile);
+  EXPECT_FALSE(o.lora.fold);
+  EXPECT_EQ(o.logging.gemm_tflops, 0.0);  // no MFU
+  EXPECT_NO_THROW(o.validate(1));
+  EXPECT_NO_THROW(parse_train_config(kMinimal, "x.yaml", {"logging.gemm_tflops=1e-3"}).validate(1));
+  // Printed in the resolved config, and read back.
+  const std::string y = o.to_yaml();
+  EXPECT_NE(y.find("profile: true"), std::string::npos) << y;
+  EXPECT_NE(y.find("fold: false"), std::string::npos) << y;
+  EXPECT_NE(y.find("gemm_tflops: 0"), std::string::npos) << y;
+  EXPECT_NE(d.to_yaml().find("gemm_tflops: -1"), std::string::npos);
+  EXPECT_EQ(config_value(d, "logging.gemm_tflops"), "-1");
+  EXPECT_EQ(parse_train_config(y, "round-trip").to_yaml(), y);
+  // Bad values name the key.
+  EXPECT_EQ(error_of([] { parse_train_config(kMinimal, "x.yaml", {"logging.profile=1x"}); }),
+            "--set logging.profile=1x: key 'logging.profile': expected true or false, got '1x'");
+  EXPECT_EQ(error_of([] { parse_train_config(kMinimal, "x.yaml", {"lora.fold=0.5"}); }),
+            "--set lora.fold=0.5: key 'lora.fold': expected true or false, got '0.5'");
+  EXPECT_EQ(error_of([] { parse_train_config(kMinimal, "x.yaml", {"logging.gemm_tflops=fast"}); }),
+            "--set logging.gemm_tflops=fast: key 'logging.gemm_tflops': expected a number, got 'fast'");
+  EXPECT_NE(error_of([] { parse_train_config(kMinimal, "x.yaml", {"logging.gemm_tflops=.inf"}); })
+                .find("key 'logging.gemm_tflops': expected a finite number"),
+            std::string::npos);
+  for (const char* v : {"-2", "-0.5", "-1.5"})
+    EXPECT_NE(error_of([&] { parse_train_config(kMinimal, "x.yaml", {std::string("logging.gemm_tflops=") + v}).validate(1); })
+                  .find(std::string("logging.gemm_tflops = ") + v + ": expected -1 (measure at start), 0 (no MFU)"),
+              std::string::npos)
+        << v;
+  // Misspelt: the nearest key is suggested.
+  EXPECT_EQ(error_of([] { parse_train_config(kMinimal, "x.yaml", {"logging.gemm_tflop=1"}); }),
+            "--set logging.gemm_tflop=1: unknown key 'logging.gemm_tflop' (did you mean 'logging.gemm_tflops'?)");
+  EXPECT_EQ(error_of([] { parse_train_config("logging:\n  profil: true\n", "x.yaml"); }),
+            "x.yaml: unknown key 'logging.profil' (did you mean 'logging.profile'?)");
+  EXPECT_EQ(error_of([] { parse_train_config("lora:\n  folded: true\n", "x.yaml"); }),
+            "x.yaml: unknown key 'lora.folded' (did you mean 'lora.fold'?)");
+}
+
 TEST(TrainConfig, MaxStepsFromEpochs) {
   const TrainConfig c = parse_train_config(kMinimal, "x.yaml", {"steps=0", "epochs=3", "schedule.warmup_steps=5"});
   EXPECT_NO_THROW(c.validate(1));

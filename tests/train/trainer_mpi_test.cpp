@@ -140,6 +140,17 @@ TEST(Trainer, MemoryPlansKeepTheLossCurve) {
   bad.memory.keep_layers = 1;
   bad.memory.mlp_chunk_tokens = 24;
   EXPECT_THROW(train(bad, all), InputError);
+  // No string work in the step: between the first gather and the optimizer, no lookup by name
+  // (runtime/sync_counters.h counts FlatLayout::find and Module::child/slot) under every plan,
+  // with the base offloaded and with LoRA dropout (its masks) too.
+  TrainConfig off = cfg;
+  off.offload.params = off.offload.optimizer = true;
+  off.lora.dropout = 0.1;
+  const TrainSummary offloaded = train(off, all);
+  for (const TrainSummary* s : {&ref, &kept, &planned, &chunked, &offloaded}) {
+    EXPECT_EQ(s->perf.inside.name_lookups, 0u) << s->perf.plan;
+    EXPECT_EQ(s->perf.inside.device_allocs, 0u) << s->perf.plan;  // the CPU backend counts none
+  }
 }
 
 void expect_input_error(const TrainConfig& cfg, const std::string& needle) {

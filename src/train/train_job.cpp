@@ -1,0 +1,323 @@
+#include "train/train_job.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "checkpoint/export.h"
+#include "model/eval_loss.h"
+#include "model/llama_ops.h"
+#include "runtime/collective_status.h"
+#include "runtime/log.h"
+#include "runtime/machine.h"
+#include "train/flops.h"
+#include "train/run_protocol.h"
+#include "train/train_checkpoint.h"
+
+namespace qshard {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+TrainJob::TrainJob(const TrainConfig& config, Runtime& rt, const TrainCallbacks* callbacks)
+    : config_(config), rt_(rt), comm_(rt.host), callbacks_(callbacks), rank_(rt.host.rank()), world_(rt.host.size()) {}
+
+TrainJob::~TrainJob() = default;
+
+// ---- open -----------------------------------------------------------------------------------
+
+void TrainJob::open() {
+  config_.validate(world_);
+  // Which backend computes is decided; this build may lack what the CUDA one needs.
+  if (rt_.ctx.is_cuda() && !ops::has_backend(Backend::kCuda, "attention_fwd"))
+    throw InputError(config_.source + ": device '" + device_choice_name(config_.device) + "' chose the GPU (" +
+                     rt_.ctx.describe() + "), but this build has no fused attention (it was built without cuDNN "
+                     "or the cudnn-frontend headers: rerun scripts/setup.sh); set device: cpu");
+  resume_ = agree_on_resume(config_, comm_);  // rank 0 picks the checkpoint, every rank reads its metadata
+  build_model();
+  open_data();
+  restore_resumed();
+  open_logger();
+}
+
+void TrainJob::build_model() {
+  // ---- memory plan (offload, MLP chunks), then the model, sharded ----
+  plan_ = plan_memory(config_, job_llama_config(config_.model), rt_.ctx.backend(), rt_.ctx.activation_dtype(),
+                      rt_.data.size());
+  if (rank_ == 0 && plan_.offload_params && !config_.offload.params)
+    QS_LOG_INFO("memory.gpu_budget_gb = {}: the base and its optimizer state go to pinned host memory "
+                "(offload.params and offload.optimizer on)", config_.memory.gpu_budget_gb);
+  qm_ = build_qlora_model(config_, rt_, &plan_);  // the plan, made once, decides offload
+  const LlamaConfig& mc = qm_->config;
+
+  T_ = static_cast<int>(config_.data.max_seq_len);
+  if (T_ > mc.max_position_embeddings)
+    throw InputError(config_.source + ": data.max_seq_len " + std::to_string(T_) + " is past the model's maximum of " +
+                     std::to_string(mc.max_position_embeddings) + " positions");
+  mo_.lora_alpha = config_.lora.alpha;
+  mo_.use_rslora = config_.lora.rslora;
+  mo_.lora_dropout = static_cast<float>(config_.lora.dropout);
+  mo_.dropout_seed = config_.seed;
+  mo_.max_batch = config_.batch.micro_batch_size;
+  mo_.max_seq = T_;
+  mo_.profile = config_.logging.profile || (callbacks_ && callbacks_->profile);
+  mo_.fold_lora = config_.lora.fold;
+
+  // ---- optimizer state: this rank's shards, where the master shards live ----
+  opt_ = make_optimizer_state(*qm_);
+  state_ = state_shards(*qm_, opt_.exp_avg, opt_.exp_avg_sq);
+
+  // ---- kept layers: what the budget holds once the model and its state are built ----
+  plan_kept_layers(plan_, config_, static_cast<double>(rt_.ctx.memory_in_use().value_or(0)), 0.0);
+  mo_.keep_layers = plan_.keep_layers;
+  mo_.mlp_chunk_rows = plan_.mlp_chunk_rows;
+  if (rank_ == 0) QS_LOG_INFO("{}", plan_.describe());
+  model_ = std::make_unique<LlamaModel>(mc, *qm_->tree, rt_.ctx, mo_);
+  if (rank_ == 0) QS_LOG_INFO("step buffers: {}", model_->buffer_plan().ledger());
+  fsdp_ = std::make_unique<FsdpDriver>(*model_, *qm_);
+}
+
+void TrainJob::open_data() {
+  const LlamaConfig& mc = qm_->config;
+  if (config_.data.train.empty()) throw InputError(config_.source + ": data.train (a token file) is required");
+  train_file_.emplace(TokenFile::open(config_.data.train));
+  train_file_->validate(static_cast<uint32_t>(mc.vocab_size));
+  const Packing packing = parse_packing(config_.data.packing);
+  const PackedDataset all(*train_file_, T_, /*pad_last=*/false, packing);
+  train_data_.emplace(all);
+  if (!config_.data.eval.empty()) {
+    eval_file_.emplace(TokenFile::open(config_.data.eval));
+    eval_file_->validate(static_cast<uint32_t>(mc.vocab_size));
+    eval_data_.emplace(*eval_file_, T_, /*pad_last=*/false, packing);
+  } else if (config_.data.eval_fraction > 0) {
+    auto [tr, ev] = split_eval(all, config_.data.eval_fraction);
+    train_data_.emplace(tr);
+    eval_data_.emplace(ev);
+  }
+  const int64_t G = config_.batch.global_batch_size, micro = config_.batch.micro_batch_size;
+  if (train_data_->num_sequences() < G)
+    throw InputError(config_.data.train + ": " + std::to_string(train_data_->num_sequences()) +
+                     " training sequences of " + std::to_string(T_) + " tokens, fewer than one global batch (" +
+                     std::to_string(G) + ")");
+  loader_.emplace(*train_data_, G, config_.data.seed, rank_, world_);
+  max_steps_ = config_.max_steps(train_data_->num_sequences());
+  sched_ = LrSchedule{config_.schedule.type, config_.optimizer.lr, config_.schedule.warmup_steps, max_steps_,
+                      config_.schedule.min_lr_ratio};
+  micro_steps_ = G / (micro * world_);
+}
+
+// The resumed run's sharded state (resharded to this world size), data position and history.
+void TrainJob::restore_resumed() {
+  TrainHistory history;
+  if (resume_) {
+    load_sharded_checkpoint(comm_, *resume_, state_);
+    std::string err;
+    try {
+      history = checkpoint_history(*resume_);
+      loader_->restore(resume_->metadata.at("trainer").at("data"));
+    } catch (const std::exception& e) {
+      err = resume_->dir + ": " + e.what();
+    }
+    throw_if_any_failed(comm_, err);
+    start_step_ = resume_->step;
+    if (rank_ == 0)
+      QS_LOG_INFO("resumed from {} (step {}, saved by {} ranks, now {} ranks)", resume_->dir, start_step_,
+                  resume_->world_size, world_);
+  }
+  stop_step_ = config_.checkpoint.stop_after_steps > 0
+                   ? std::min(max_steps_, std::max(start_step_, config_.checkpoint.stop_after_steps))
+                   : max_steps_;
+  summary_.losses = history.losses;
+  summary_.eval_losses = history.eval_losses;
+  summary_.steps = start_step_;
+  summary_.resumed_from = resume_ ? resume_->dir : std::string();
+}
+
+// Rank 0's metrics logger and the model line; every rank's GEMM rate for MFU.
+void TrainJob::open_logger() {
+  const LlamaConfig& mc = qm_->config;
+  if (rank_ == 0 && resume_ && !config_.logging.metrics_jsonl.empty())
+    drop_metrics_after(config_.logging.metrics_jsonl, start_step_);
+  if (rank_ == 0) logger_ = std::make_unique<MetricsLogger>(config_.logging.metrics_jsonl, max_steps_, resume_.has_value());
+  if (rank_ == 0)
+    QS_LOG_INFO("model: {} layers, hidden {}, vocab {}; {} trainable LoRA parameters; {} units over {} ranks; {} steps "
+                "on {}",
+                mc.num_hidden_layers, mc.hidden_size, mc.vocab_size, qm_->trainable_parameters, qm_->mgr->num_units(),
+                world_, max_steps_, rt_.ctx.describe());
+  // MFU's denominator: this GPU's bf16 GEMM rate (logging.gemm_tflops; 0 on the CPU: no MFU reported).
+  gemm_flops_ = job_gemm_flops(rt_.ctx, config_.logging.gemm_tflops);
+  flops_per_token_ = useful_flops_per_token(mc, T_, qm_->trainable_parameters);
+  if (rank_ == 0 && gemm_flops_ > 0)
+    QS_LOG_INFO("bf16 GEMM rate on {}: {:.0f} TFLOP/s; useful work {:.2f} GFLOP per token", rt_.ctx.describe(),
+                gemm_flops_ * 1e-12, flops_per_token_ * 1e-9);
+
+  summary_.trainable_parameters = qm_->trainable_parameters;
+  summary_.perf.gemm_flops = gemm_flops_;
+  summary_.perf.flops_per_token = flops_per_token_;
+  summary_.perf.plan = plan_.describe();
+  summary_.perf.keep_layers = plan_.keep_layers;
+  summary_.perf.mlp_chunk_rows = plan_.mlp_chunk_rows;
+  summary_.perf.offload_params = plan_.offload_params;
+  summary_.perf.offload_optimizer = plan_.offload_optimizer;
+}
+
+// ---- steps ----------------------------------------------------------------------------------
+
+StepRecord TrainJob::run_step(int64_t step) {
+  StepRecord r;
+  r.start = std::chrono::steady_clock::now();
+  std::vector<Batch> batches;
+  for (int64_t k = 0; k < micro_steps_; ++k) batches.push_back(loader_->next_batch(static_cast<int>(config_.batch.micro_batch_size)));
+  StepOptions so;
+  so.step = step;
+  so.adamw.lr = sched_.lr_at(step);
+  so.adamw.beta1 = config_.optimizer.beta1;
+  so.adamw.beta2 = config_.optimizer.beta2;
+  so.adamw.eps = config_.optimizer.eps;
+  so.adamw.weight_decay = config_.optimizer.weight_decay;
+  so.grad_clip = config_.optimizer.grad_clip;
+  so.rank_row_offset = rank_ * (config_.batch.global_batch_size / world_);
+  so.seq_len = T_;
+  const StepStats st = train_step(rt_, *qm_, *model_, *fsdp_, opt_, batches, so);
+  r.step_s = seconds_since(r.start);
+  r.step = step + 1;
+  r.loss = st.loss;
+  r.grad_norm = st.grad_norm;
+  r.lr = so.adamw.lr;
+  r.tokens = st.tokens;
+  summary_.perf.step_seconds.push_back(r.step_s);
+  summary_.perf.step_tokens.push_back(st.tokens);
+  summary_.perf.inside.host_syncs += st.inside.host_syncs;
+  summary_.perf.inside.device_allocs += st.inside.device_allocs;
+  summary_.perf.inside.name_lookups += st.inside.name_lookups;
+  if (const auto in_use = rt_.ctx.memory_in_use())
+    summary_.perf.peak_gpu_bytes = std::max(summary_.perf.peak_gpu_bytes, *in_use);
+  if (callbacks_ && callbacks_->after_step) callbacks_->after_step(step + 1, *model_);
+  summary_.losses.push_back(r.loss);
+  summary_.steps = step + 1;
+  return r;
+}
+
+bool TrainJob::eval_due(int64_t done) const {
+  const int64_t every = config_.logging.eval_every_steps;
+  return eval_data_ && ((every > 0 && done % every == 0) || done == max_steps_);
+}
+
+double TrainJob::evaluate(int64_t done) {
+  const PackedDataset& data = *eval_data_;
+  const auto [first, end] = eval_range(data.num_sequences(), rank_, world_);  // [first, end)
+  // Every forward gathers units (collectives), so every rank runs the same number of them:
+  // ranks with a shorter slice repeat a sequence and do not count it.
+  const int64_t rounds = (data.num_sequences() + world_ - 1) / world_;
+  std::vector<int32_t> in(static_cast<size_t>(T_)), tg(static_cast<size_t>(T_));
+  const LossTotals t = sequence_losses(*model_, rounds, [&](int64_t k, std::vector<int64_t>& ids,
+                                                            std::vector<int64_t>& targets) {
+    const int64_t i = first + k;
+    const bool counted = i < end;
+    data.get(counted ? i : std::min<int64_t>(first, data.num_sequences() - 1), in.data(), tg.data());
+    ids.assign(in.begin(), in.end());
+    targets.assign(tg.begin(), tg.end());
+    return counted;
+  });
+  const double total_loss = sum_over_ranks(comm_, t.loss_sum);
+  const int64_t total_tokens = sum_over_ranks(comm_, t.tokens);
+  const double loss = total_tokens > 0 ? total_loss / static_cast<double>(total_tokens) : NAN;
+  summary_.eval_losses.emplace_back(done, loss);
+  return loss;
+}
+
+void TrainJob::log(const StepRecord& r) {
+  const bool due = r.step % std::max<int64_t>(config_.logging.every_steps, 1) == 0 || r.step == max_steps_ ||
+                   r.step == 1 || r.eval_loss;
+  if (rank_ != 0 || !due) return;
+  const double dt = seconds_since(r.start);  // the step and its eval
+  const double global_tokens = static_cast<double>(r.tokens);
+  StepMetrics m;
+  m.step = r.step;
+  m.loss = r.loss;
+  m.eval_loss = r.eval_loss;
+  m.lr = r.lr;
+  m.grad_norm = r.grad_norm;
+  m.tokens_per_s = dt > 0 ? global_tokens / dt : 0.0;
+  m.step_time_s = r.step_s;
+  m.peak_mem_bytes = peak_rss_bytes();
+  m.peak_gpu_mem_bytes = rt_.ctx.memory_in_use();
+  // Every rank's tokens over the step time, over every rank's GPU rate (0 without one: no MFU).
+  if (gemm_flops_ > 0 && r.step_s > 0) m.mfu = flops_per_token_ * global_tokens / r.step_s / (gemm_flops_ * world_);
+  logger_->log(m);
+}
+
+bool TrainJob::save_due(int64_t done) const {
+  const int64_t every = config_.checkpoint.every_steps;
+  return !config_.checkpoint.dir.empty() && (done == stop_step_ || (every > 0 && done % every == 0));
+}
+
+void TrainJob::save(int64_t done) {
+  CheckpointSaveOptions so;
+  so.root = config_.checkpoint.dir;
+  so.step = done;
+  so.keep_last = config_.checkpoint.keep_last;
+  so.trainer = trainer_state_json(config_, done, max_steps_, *loader_, sched_, {summary_.losses, summary_.eval_losses});
+  const auto t0 = std::chrono::steady_clock::now();
+  summary_.last_checkpoint = save_sharded_checkpoint(comm_, state_, so);
+  if (rank_ == 0) QS_LOG_INFO("saved checkpoint {} ({:.2f} s)", summary_.last_checkpoint, seconds_since(t0));
+}
+
+// ---- finish ---------------------------------------------------------------------------------
+
+TrainSummary TrainJob::finish() {
+  summary_.profile = model_->profile();
+  if (config_.logging.profile && !callbacks_ && rank_ == 0) print_profile();
+  if (summary_.steps < max_steps_) {
+    if (rank_ == 0)
+      QS_LOG_INFO("stopped after step {} of {} (checkpoint.stop_after_steps); resume with --resume auto",
+                  summary_.steps, max_steps_);
+    return std::move(summary_);
+  }
+  export_final();
+  return std::move(summary_);
+}
+
+void TrainJob::print_profile() const {
+  // The split is timed with CUDA events: the CPU backend has none to print.
+  if (!rt_.ctx.is_cuda()) return;
+  // The first step builds plans and warms caches: the split covers every step run here.
+  const StepProfile& p = model_->profile();
+  double total = 0;
+  for (double v : p.ms) total += v;
+  const int64_t steps_run = std::max<int64_t>(summary_.steps - start_step_, 1);
+  QS_LOG_INFO("compute-stream time split over {} steps ({:.1f} ms per step{}):", steps_run, total / steps_run,
+              p.truncated ? "; event pool full, later marks untimed" : "");
+  for (size_t i = 0; i < p.ms.size(); ++i)
+    QS_LOG_INFO("  {:<22} {:9.2f} ms/step  {:5.1f}%", step_part_name(static_cast<StepPart>(i)), p.ms[i] / steps_run,
+                total > 0 ? 100.0 * p.ms[i] / total : 0.0);
+}
+
+// The trained job's exports (every rank takes part; rank 0 writes): the base model as the
+// bitsandbytes 4-bit folder transformers loads, and the PEFT adapter, under checkpoint.dir.
+void TrainJob::export_final() {
+  const std::string fin = agree_on_final_export_dir(comm_, config_.checkpoint.dir, start_step_, max_steps_);
+  if (fin.empty()) return;
+  const std::string base = fin + "/base_bnb4", adapter = fin + "/adapter";
+  ExportOptions eo;
+  eo.format = ExportFormat::kBnb4;
+  eo.out_dir = base;
+  export_model(comm_, *qm_->tree, qm_->config, *qm_->mgr, qm_->units, eo);
+  eo.format = ExportFormat::kPeft;
+  eo.out_dir = adapter;
+  eo.base_model_name_or_path = config_.model.path.empty() ? base : config_.model.path;
+  eo.r = config_.lora.r;
+  eo.lora_alpha = config_.lora.alpha;
+  eo.use_rslora = config_.lora.rslora;
+  eo.lora_dropout = config_.lora.dropout;
+  eo.target_modules = config_.lora.target_modules;
+  export_model(comm_, *qm_->tree, qm_->config, *qm_->mgr, qm_->units, eo);
+  summary_.exported_base = base;
+  summary_.exported_adapter = adapter;
+  if (rank_ == 0) QS_LOG_INFO("exported the base model to {} and the LoRA adapter to {}", base, adapter);
+}
+
+}  // namespace qshard

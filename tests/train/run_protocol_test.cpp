@@ -1,0 +1,186 @@
+// The checkpoint.dir protocols of a training job (train/run_protocol.h) on folders alone, no model:
+//  - resume: which checkpoint "auto", a path or "" picks (fake step-N folders with a minimal valid
+//    metadata.json; an incomplete one without it), and when a fresh start is refused (earlier
+//    checkpoints, a non-empty final/) or the folder is unusable;
+//  - the metrics file of a resumed run: lines after the checkpoint's step dropped, others kept;
+//  - the final export: final/, final-step-N, or nothing;
+//  - resume config checks: lora.fold may change on resume, lora.r may not.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/sharded_checkpoint.h"
+#include "common/test_util.h"
+#include "runtime/error.h"
+#include "train/run_protocol.h"
+#include "train/train_checkpoint.h"
+#include "train/train_config.h"
+
+namespace qshard {
+namespace {
+namespace fs = std::filesystem;
+using testing_util::read_bytes;
+using testing_util::TempDir;
+using testing_util::write_bytes;
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no InputError thrown";
+  return "";
+}
+
+// A step-N folder under root; complete: with a metadata.json that read_checkpoint_metadata accepts
+// (one rank, no units: the protocols never open the tensor files). Returns its path.
+std::string fake_checkpoint(const std::string& root, int64_t step, bool complete = true) {
+  const std::string dir = root + "/" + checkpoint_dir_name(step);
+  fs::create_directories(dir);
+  if (complete)
+    write_bytes(dir + "/metadata.json",
+                "{\"format\": \"" + std::string(kCheckpointFormat) + "\", \"format_version\": 1, \"step\": " +
+                    std::to_string(step) +
+                    ", \"world_size\": 1, \"slices\": [], \"units\": [], \"files\": [{\"rank\": 0, \"name\": "
+                    "\"rank-00000-of-00001.safetensors\", \"bytes\": 8, \"crc32\": 0}], \"trainer\": {}}");
+  return dir;
+}
+
+TrainConfig job(const std::string& ckpt_dir, const std::string& resume) {
+  TrainConfig c;
+  c.checkpoint.dir = ckpt_dir;
+  c.checkpoint.resume = resume;
+  return c;
+}
+
+TEST(RunProtocol, ResumeAutoPicksTheNewestCompleteCheckpoint) {
+  TempDir tmp;
+  const std::string root = tmp.file("ckpt");
+  // Nothing there yet: a fresh start, and the folder is made.
+  EXPECT_EQ(resume_decision(job(root, "auto")), "");
+  EXPECT_TRUE(fs::is_directory(root));
+  fake_checkpoint(root, 5);
+  const std::string ten = fake_checkpoint(root, 10);
+  fake_checkpoint(root, 15, /*complete=*/false);  // a save that died: never picked
+  fs::create_directories(root + "/" + checkpoint_dir_name(20) + ".partial");
+  EXPECT_EQ(resume_decision(job(root, "auto")), ten);
+  // The probe file of the writability check is gone.
+  EXPECT_FALSE(fs::exists(root + "/.qshard-write-test"));
+}
+
+TEST(RunProtocol, ResumeFromAPath) {
+  TempDir tmp;
+  const std::string root = tmp.file("ckpt"), other = tmp.file("other");
+  const std::string five = fake_checkpoint(other, 5);
+  const std::string seven = fake_checkpoint(other, 7);
+  // A checkpoint folder, or a folder of step-N checkpoints (the newest); checkpoint.dir may be empty.
+  EXPECT_EQ(resume_decision(job(root, five)), five);
+  EXPECT_EQ(resume_decision(job(root, other)), seven);
+  EXPECT_EQ(resume_decision(job("", five)), five);
+  // A path without a complete checkpoint is an error naming it.
+  EXPECT_NE(error_of([&] { resume_decision(job(root, fake_checkpoint(other, 9, false))); }).find("incomplete"),
+            std::string::npos);
+  fs::create_directories(tmp.file("empty"));
+  EXPECT_NE(error_of([&] { resume_decision(job(root, tmp.file("empty"))); }).find("neither a checkpoint"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { resume_decision(job(root, tmp.file("missing"))); }).find("no such file or folder"),
+            std::string::npos);
+}
+
+TEST(RunProtocol, FreshStartIntoAnEarlierRunIsRefused) {
+  TempDir tmp;
+  const std::string root = tmp.file("ckpt");
+  EXPECT_EQ(resume_decision(job(root, "")), "");
+  EXPECT_EQ(resume_decision(job("", "")), "");  // no checkpoint.dir: nothing to check
+  // Incomplete saves and an empty final/ are no earlier run's results.
+  fake_checkpoint(root, 3, /*complete=*/false);
+  fs::create_directories(root + "/final");
+  EXPECT_NO_THROW(check_checkpoint_dir(root, /*resuming=*/false));
+  const std::string four = fake_checkpoint(root, 4);
+  const std::string msg = error_of([&] { resume_decision(job(root, "")); });
+  EXPECT_NE(msg.find("checkpoint.dir " + root + " holds checkpoints of an earlier run (newest " + four + ")"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("--resume auto"), std::string::npos);
+  EXPECT_NO_THROW(check_checkpoint_dir(root, /*resuming=*/true));
+  // Exports of an earlier run (a non-empty final/) without checkpoints.
+  fs::remove_all(four);
+  write_bytes(root + "/final/README", "x");
+  EXPECT_NE(error_of([&] { check_checkpoint_dir(root, false); }).find("holds the exports of an earlier run"),
+            std::string::npos);
+  EXPECT_NO_THROW(check_checkpoint_dir(root, true));
+}
+
+TEST(RunProtocol, UnusableCheckpointDir) {
+  TempDir tmp;
+  write_bytes(tmp.file("file"), "x");
+  const std::string under_file = tmp.file("file") + "/ckpt";
+  EXPECT_NE(error_of([&] { check_checkpoint_dir(under_file, false); })
+                .find("checkpoint.dir " + under_file + ": cannot create it"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { resume_decision(job(under_file, "auto")); }).find("cannot create it"), std::string::npos);
+  if (::geteuid() != 0) {  // root writes anywhere
+    const std::string ro = tmp.file("ro");
+    fs::create_directories(ro);
+    fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+    EXPECT_NE(error_of([&] { check_checkpoint_dir(ro, false); }).find("cannot write there"), std::string::npos);
+    fs::permissions(ro, fs::perms::owner_all);
+  }
+}
+
+TEST(RunProtocol, DropMetricsAfterTheResumedStep) {
+  TempDir tmp;
+  const std::string path = tmp.file("metrics.jsonl");
+  write_bytes(path,
+              "{\"step\": 1, \"loss\": 3}\n{\"step\": 2, \"loss\": 2.5}\nnot json\n{\"step\": 3}\n{\"note\": 1}\n"
+              "{\"step\": 4}\n{\"step\": \"5\"}\n");
+  drop_metrics_after(path, 2);
+  EXPECT_EQ(read_bytes(path),
+            "{\"step\": 1, \"loss\": 3}\n{\"step\": 2, \"loss\": 2.5}\nnot json\n{\"note\": 1}\n{\"step\": \"5\"}\n");
+  const std::string before = read_bytes(path);
+  drop_metrics_after(path, 2);  // nothing to drop: untouched
+  EXPECT_EQ(read_bytes(path), before);
+  drop_metrics_after(tmp.file("missing.jsonl"), 2);  // no file: none made
+  EXPECT_FALSE(fs::exists(tmp.file("missing.jsonl")));
+}
+
+TEST(RunProtocol, FinalExportDir) {
+  TempDir tmp;
+  const std::string root = tmp.file("ckpt");
+  EXPECT_EQ(final_export_dir("", 0, 30), "");  // no checkpoint.dir: no export
+  // First export: final/ (absent or empty).
+  EXPECT_EQ(final_export_dir(root, 0, 30), root + "/final");
+  fs::create_directories(root + "/final");
+  EXPECT_EQ(final_export_dir(root, 15, 30), root + "/final");
+  // final/ holds an earlier part's export: a run extended to 40 steps exports next to it.
+  write_bytes(root + "/final/adapter_config.json", "{}");
+  EXPECT_EQ(final_export_dir(root, 30, 40), root + "/final-step-40");
+  // Resumed at its last step: complete and exported already, nothing to do.
+  EXPECT_EQ(final_export_dir(root, 30, 30), "");
+  // final-step-40 exists (empty: still the place to write; non-empty: done).
+  fs::create_directories(root + "/final-step-40");
+  EXPECT_EQ(final_export_dir(root, 30, 40), root + "/final-step-40");
+  write_bytes(root + "/final-step-40/x", "x");
+  EXPECT_EQ(final_export_dir(root, 30, 40), "");
+  EXPECT_EQ(final_export_dir(root, 30, 50), root + "/final-step-50");
+}
+
+TEST(RunProtocol, ResumeConfigMayChangeTheFoldNotTheAdapter) {
+  TrainConfig saved;
+  saved.data.train = "x.tok";
+  TrainConfig now = saved;
+  now.lora.fold = false;
+  now.logging.profile = true;
+  now.logging.gemm_tflops = 0;
+  EXPECT_NO_THROW(check_resume_config(now, saved, "ckpt/step-00000010"));
+  now.lora.r = 16;
+  EXPECT_NE(error_of([&] { check_resume_config(now, saved, "ckpt/step-00000010"); }).find("key 'lora.r' is 8"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace qshard
