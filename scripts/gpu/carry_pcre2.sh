@@ -5,7 +5,7 @@
 # PKG_CONFIG_PATH=$PWD/.deps/pcre2/lib/pkgconfig (scripts/gpu/gpu_train_check.sh does).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-h=$(echo '#include <pcre2.h>' | cpp -H -DPCRE2_CODE_UNIT_WIDTH=8 -o /dev/null 2>&1 | awk '/pcre2.h/ {print $2; exit}')
+h=$(echo '#include <pcre2.h>' | cpp -H -DPCRE2_CODE_UNIT_WIDTH=8 -o /dev/null 2>&1 | awk '/pcre2.h/ && !h {h = $2} END {print h}')  # reads all of cpp's output: no SIGPIPE under pipefail
 [ -f "$h" ] || { echo "carry_pcre2.sh: no pcre2.h here (apt-get install libpcre2-dev)" >&2; exit 1; }
 mkdir -p .deps/pcre2/include .deps/pcre2/lib/pkgconfig
 cp "$h" .deps/pcre2/include/
