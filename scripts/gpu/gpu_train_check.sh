@@ -67,7 +67,10 @@ for stage in "${stages[@]}"; do
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
       scripts/setup.sh > "$OUT/build.log" 2>&1
       # A machine with PCRE2's runtime but not its headers: .deps/pcre2 (scripts/gpu/carry_pcre2.sh) carried.
-      [ -d .deps/pcre2 ] && export PKG_CONFIG_PATH=$PWD/.deps/pcre2/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+      if [ -d .deps/pcre2 ]; then
+        ln -sf /usr/lib/x86_64-linux-gnu/libpcre2-8.so.0 .deps/pcre2/lib/libpcre2-8.so
+        export PKG_CONFIG_PATH=$PWD/.deps/pcre2/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+      fi
       if [ -f build/build.ninja ]; then cmake -S . -B build >> "$OUT/build.log" 2>&1
       else cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >> "$OUT/build.log" 2>&1; fi
       grep -i "pcre2\|tokenizer" "$OUT/build.log" | head -2
