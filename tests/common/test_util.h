@@ -1,4 +1,5 @@
-// test_util.h: a temporary directory per test (removed at the end) and small file helpers.
+// test_util.h: a temporary directory per test (removed at the end), small file helpers, and
+// error_of (the message of the InputError a call must throw).
 #pragma once
 
 #include <unistd.h>
@@ -6,6 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+
+#include <gtest/gtest.h>
+
+#include "runtime/error.h"
 
 namespace qshard::testing_util {
 
@@ -31,6 +36,18 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
 inline std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Runs `f`, expects an InputError, returns its message (a test failure, and "", when none is thrown).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no InputError thrown";
+  return "";
 }
 
 }  // namespace qshard::testing_util

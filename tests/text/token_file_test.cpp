@@ -11,19 +11,10 @@ namespace qshard {
 namespace {
 
 using testing_util::read_bytes;
+using testing_util::error_of;
 using testing_util::TempDir;
 using testing_util::write_bytes;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no InputError thrown";
-  return "";
-}
 
 std::string header(const char* magic, uint32_t version, uint32_t vocab, uint64_t n, uint32_t dtype, uint32_t reserved) {
   std::string h(32, '\0');

@@ -22,19 +22,10 @@ namespace qshard {
 namespace {
 namespace fs = std::filesystem;
 using testing_util::read_bytes;
+using testing_util::error_of;
 using testing_util::TempDir;
 using testing_util::write_bytes;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no InputError thrown";
-  return "";
-}
 
 // A step-N folder under root; complete: with a metadata.json that read_checkpoint_metadata accepts
 // (one rank, no units: the protocols never open the tensor files). Returns its path.

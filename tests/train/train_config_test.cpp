@@ -7,19 +7,9 @@
 namespace qshard {
 namespace {
 
+using testing_util::error_of;
 using testing_util::TempDir;
 
-// Runs `f`, expects an InputError, returns its message.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no InputError thrown";
-  return "";
-}
 
 constexpr const char* kMinimal = R"(
 data:
