@@ -51,7 +51,6 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   mlp_rows_ = options.mlp_chunk_rows > 0 ? std::min(options.mlp_chunk_rows, max_rows_) : max_rows_;
   QS_CHECK(mlp_rows_ == max_rows_ || options.keep_layers == 0,
            "keep_layers > 0 needs the whole MLP (mlp_chunk_rows 0 or >= the rows of a micro-batch)");
-  const int64_t L = c.num_hidden_layers, C = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim, N = max_rows_;
 
   // ---- find every slot once (names and shapes checked) ----
@@ -61,15 +60,11 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   // ---- the buffers, once: the plan of this tree (model/llama_buffers.h) ----
   QS_CHECK(options.kv_cache_tokens >= 0 && options.kv_cache_tokens <= max_seq_,
            "kv_cache_tokens must be in [0, max_seq]");
-  LlamaBufferDims d;
-  d.L = L, d.C = C, d.I = I, d.V = V, d.H = H, d.Hkv = Hkv, d.D = D;
-  d.B = options.max_batch, d.T = max_seq_, d.N = N, d.NM = mlp_rows_;
+  // The config's and options' sizes, as the planner takes them; then the tree's own (its
+  // projections, LoRA ranks, fold columns, head dtype) in place of the planner's assumptions.
+  LlamaBufferDims d = llama_buffer_dims(c, options, ctx_.backend(), act_t, act_t, /*lora_r=*/0);
   tree_->measure(d);
-  d.convert_lora = act_t != DType::kF32;
-  d.kept_sets = std::max<int64_t>(std::min(options.keep_layers, L) - 1, 0);
-  d.kv_cache_tokens = options.kv_cache_tokens;
-  d.dropout = options.lora_dropout > 0;
-  d.head_rows = llama_head_rows(options.head_chunk_bytes, V, N);
+  QS_CHECK(d.T == max_seq_ && d.N == max_rows_ && d.NM == mlp_rows_, "buffer dims disagree with the model's");
   head_rows_ = d.head_rows;
   LlamaActivations& a = *act_;
   plan_ = llama_buffer_plan(d, ctx_.backend(), act_t, &a);
