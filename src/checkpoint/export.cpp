@@ -438,6 +438,7 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
   Communicator& comm = host;
   void* stream = mgr.compute_stream().handle();
   const bool root = comm.rank() == 0;
+  const TreeViews views(units);  // the gathers below re-point the tree: produce() reads it by FQN
   const std::string label = std::string("export ") + export_format_name(o.format) + " to " + o.out_dir;
   // ---- deterministic checks and layout, identical on every rank ----
   if (o.out_dir.empty()) throw InputError("export: options.out_dir is empty");

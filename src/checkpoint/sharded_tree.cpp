@@ -2,6 +2,8 @@
 
 #include <functional>
 
+#include "runtime/error.h"
+
 namespace qshard {
 namespace {
 
@@ -10,12 +12,10 @@ struct SlotRef {
   std::string fqn;
 };
 
-// One slot's entries in its unit's layouts, found at registration (indices into
-// layout(unit, kind).entries()): a gather binds its views without a name lookup.
-struct SlotEntries {
+// One slot's entries in its unit's layouts, found at registration: a gather binds its views
+// without a name lookup.
+struct SlotEntries : ShardedSlot {
   Module::Slot* slot = nullptr;
-  BufferKind kind = BufferKind::kFrozenFloat;  // of a plain tensor (a Params4bit's are kFrozen4bit)
-  size_t data = 0, absmax = 0, quant_map = 0, nested_absmax = 0, nested_quant_map = 0;
 };
 
 void collect_slots(Module& m, const std::string& prefix, std::vector<SlotRef>& out, const Module* skip) {
@@ -24,12 +24,13 @@ void collect_slots(Module& m, const std::string& prefix, std::vector<SlotRef>& o
   for (auto& [name, child] : m.children()) collect_slots(*child, prefix + name + ".", out, skip);
 }
 
-void register_unit(ShardedParameterManager& mgr, int unit, const std::vector<SlotRef>& refs) {
+void register_unit(ShardedParameterManager& mgr, int unit, const std::vector<SlotRef>& refs, ShardedTree& tree) {
   std::vector<SlotEntries> slots;
   for (const SlotRef& r : refs) {
     Module::Slot& s = *r.slot;
     SlotEntries e;
     e.slot = &s;
+    e.unit = unit;
     if (s.kind == Module::SlotKind::kParams4bit) {
       const Params4bit& p = *s.params4bit;
       e.kind = BufferKind::kFrozen4bit;
@@ -47,10 +48,16 @@ void register_unit(ShardedParameterManager& mgr, int unit, const std::vector<Slo
       e.data = mgr.add_tensor(unit, e.kind, r.fqn, s.tensor);
     }
     slots.push_back(e);
+    tree.slots.emplace(&s, static_cast<const ShardedSlot&>(e));
   }
+  const std::shared_ptr<int> views = tree.tree_views;
+  // Whether the slots hold data now (the full tensors the tree was built with, or views).
+  const auto pointed = std::make_shared<bool>(true);
   // Released: the slots keep shapes and dtypes only (meta tensors), never a view into a slot that
   // another unit reuses; reading a unit that is not gathered finds no data instead of stale bytes.
-  mgr.on_released(unit, [slots](int) {
+  mgr.on_released(unit, [slots, pointed](int) {
+    if (!*pointed) return;  // already meta tensors: the gather did not re-point the tree
+    *pointed = false;
     for (const SlotEntries& e : slots) {
       Module::Slot& s = *e.slot;
       if (s.kind == Module::SlotKind::kParams4bit) {
@@ -68,7 +75,9 @@ void register_unit(ShardedParameterManager& mgr, int unit, const std::vector<Slo
     }
   });
   // Gathered: views through the entries found above (pointer arithmetic, no name lookup).
-  mgr.on_gathered(unit, [&mgr, slots](int u) {
+  mgr.on_gathered(unit, [&mgr, slots, views, pointed](int u) {
+    if (*views == 0) return;  // no TreeViews scope: the tree is left alone
+    *pointed = true;
     for (const SlotEntries& e : slots) {
       Module::Slot& s = *e.slot;
       const std::vector<FlatEntry>& entries = mgr.layout(u, e.kind).entries();
@@ -91,6 +100,12 @@ void register_unit(ShardedParameterManager& mgr, int unit, const std::vector<Slo
 
 }  // namespace
 
+const ShardedSlot& ShardedTree::slot(const Module::Slot* s) const {
+  auto it = slots.find(s);
+  QS_CHECK(it != slots.end(), "slot is not part of the sharded tree");
+  return it->second;
+}
+
 ShardedTree shard_module_tree(Module& root, ShardedParameterManager& mgr, const std::string& layers_path) {
   ShardedTree out;
   Module* layers = root.find_module(layers_path);
@@ -99,12 +114,12 @@ ShardedTree shard_module_tree(Module& root, ShardedParameterManager& mgr, const 
     const std::string path = layers_path + "." + name;
     std::vector<SlotRef> slots;
     collect_slots(*child, path + ".", slots, nullptr);
-    register_unit(mgr, mgr.add_unit(path), slots);
+    register_unit(mgr, mgr.add_unit(path), slots, out);
     out.unit_paths.push_back(path);
   }
   std::vector<SlotRef> rest;
   collect_slots(root, "", rest, layers);
-  register_unit(mgr, mgr.add_unit("root", /*own_slot=*/true), rest);
+  register_unit(mgr, mgr.add_unit("root", /*own_slot=*/true), rest, out);
   out.unit_paths.push_back("");
   return out;
 }

@@ -1,6 +1,7 @@
 #include "model/llama_binding.h"
 
 #include <algorithm>
+#include <string_view>
 
 #include "model/llama_ops.h"
 #include "quant/params4bit.h"
@@ -26,43 +27,30 @@ const Shape& slot_shape(const Module::Slot& s) {
 }
 
 // The slot's tensor, on `device` and gathered; the name (owner + suffix) is built only for the error.
-const Tensor& bound_tensor(const Module::Slot& s, const std::string& owner, const char* suffix, Device device) {
+const Tensor& bound_tensor(const Module::Slot& s, std::string_view owner, const char* suffix, Device device) {
   if (!s.tensor.defined())
-    throw Error("parameter '" + owner + suffix + "' is not available (its FSDP unit is not gathered)");
+    throw Error("parameter '" + std::string(owner) + suffix + "' is not available (its FSDP unit is not gathered)");
   if (s.tensor.device() != device)
-    throw Error("parameter '" + owner + suffix + "' is on the " + (s.tensor.device() == Device::kCpu ? "CPU" : "GPU") +
+    throw Error("parameter '" + std::string(owner) + suffix + "' is on the " + (s.tensor.device() == Device::kCpu ? "CPU" : "GPU") +
                 ", the model computes on the other device");
   return s.tensor;
 }
-
-struct ProjSlots {
-  std::string fqn;  // "model.layers.0.self_attn.q_proj", for error messages at bind
-  Module::Slot* weight = nullptr;
-  Module::Slot* bias = nullptr;
-  Module::Slot* lora_A = nullptr;
-  Module::Slot* lora_B = nullptr;
-  int64_t in = 0, out = 0, r = 0;
-};
-
-struct LayerSlots {
-  std::array<ProjSlots, 7> proj;
-  Module::Slot* input_norm = nullptr;
-  Module::Slot* post_norm = nullptr;
-  std::string prefix;  // "model.layers.0."
-};
 
 }  // namespace
 
 struct LlamaTreeSlots::Slots {
   std::vector<LayerSlots> layers;
-  Module::Slot* embed = nullptr;
-  Module::Slot* norm = nullptr;
-  Module::Slot* head = nullptr;
+  std::vector<LayerWeights> shapes;           // per layer: shapes and 4-bit scalars, no pointers
+  std::vector<std::array<std::string, 7>> fqn;  // per layer and projection, for error messages
+  std::vector<std::string> prefix;              // per layer: "model.layers.<l>.", likewise
+  RootSlots root;
+  LayerWeights current;  // what layer() returned last
+  RootWeights current_root;
   LlamaBufferDims measured;
 };
 
 LlamaTreeSlots::LlamaTreeSlots(const LlamaConfig& c, Module& root, const DeviceContext& ctx, bool fold_lora)
-    : config_(c), slots_(std::make_unique<Slots>()) {
+    : config_(c), device_(ctx.compute_device()), slots_(std::make_unique<Slots>()) {
   const int64_t L = c.num_hidden_layers, C = c.hidden_size, V = c.vocab_size;
   const DType act_t = ctx.activation_dtype();
   LlamaBufferDims& d = slots_->measured;
@@ -72,37 +60,48 @@ LlamaTreeSlots::LlamaTreeSlots(const LlamaConfig& c, Module& root, const DeviceC
   };
   for (int64_t l = 0; l < L; ++l) {
     LayerSlots ls;
-    ls.prefix = "model.layers." + std::to_string(l) + ".";
+    LayerWeights lw;  // shapes and scalars
+    std::array<std::string, 7> fqns;
+    const std::string prefix = "model.layers." + std::to_string(l) + ".";
     int64_t layer_dequant = 0, layer_lora = 0;
     for (size_t i = 0; i < kLlamaProjections.size(); ++i) {
-      ProjSlots& ps = ls.proj[i];
-      ps.fqn = ls.prefix + kLlamaProjections[i];
-      Module* lin = root.find_module(ps.fqn);
-      ps.weight = require_slot(lin, ps.fqn, "weight");
+      ProjectionSlots& ps = ls.proj[i];
+      ProjectionWeights& pw = lw.proj[i];
+      const std::string& fqn = fqns[i] = prefix + kLlamaProjections[i];
+      Module* lin = root.find_module(fqn);
+      ps.weight = require_slot(lin, fqn, "weight");
       const Shape shape = llama_projection_shape(c, kLlamaProjections[i]);
-      check_shape(ps.fqn + ".weight", slot_shape(*ps.weight), shape);
-      ps.out = shape[0];
-      ps.in = shape[1];
+      check_shape(fqn + ".weight", slot_shape(*ps.weight), shape);
+      pw.out = shape[0];
+      pw.in = shape[1];
+      if (ps.weight->kind == Module::SlotKind::kParams4bit) {
+        pw.quantized = true;
+        pw.q = dequant_args(*ps.weight->params4bit);  // the scalars; pointers are set per read
+        pw.weight_dtype = ps.weight->params4bit->quant_state.dtype;
+      } else {
+        pw.weight_dtype = ps.weight->tensor.dtype();
+      }
       if (Module::Slot* b = lin->slot("bias")) {
-        check_shape(ps.fqn + ".bias", b->tensor.shape(), {ps.out});
+        check_shape(fqn + ".bias", b->tensor.shape(), {pw.out});
         ps.bias = b;
+        pw.bias.dtype = b->tensor.dtype();
       }
       Module* la = lin->child("lora_A");
       Module* lb = lin->child("lora_B");
       if (la || lb) {
-        ps.lora_A = require_slot(la, ps.fqn + ".lora_A", "weight");
-        ps.lora_B = require_slot(lb, ps.fqn + ".lora_B", "weight");
+        ps.lora_A = require_slot(la, fqn + ".lora_A", "weight");
+        ps.lora_B = require_slot(lb, fqn + ".lora_B", "weight");
         if (ps.lora_A->tensor.dtype() != DType::kF32 || ps.lora_B->tensor.dtype() != DType::kF32)
-          throw InputError("LoRA weights of '" + ps.fqn + "' must be F32");
-        ps.r = ps.lora_A->tensor.ndim() == 2 ? ps.lora_A->tensor.dim(0) : 0;
-        check_shape(ps.fqn + ".lora_A.weight", ps.lora_A->tensor.shape(), {ps.r, ps.in});
-        check_shape(ps.fqn + ".lora_B.weight", ps.lora_B->tensor.shape(), {ps.out, ps.r});
+          throw InputError("LoRA weights of '" + fqn + "' must be F32");
+        pw.r = ps.lora_A->tensor.ndim() == 2 ? ps.lora_A->tensor.dim(0) : 0;
+        check_shape(fqn + ".lora_A.weight", ps.lora_A->tensor.shape(), {pw.r, pw.in});
+        check_shape(fqn + ".lora_B.weight", ps.lora_B->tensor.shape(), {pw.out, pw.r});
       }
-      d.max_in = std::max(d.max_in, ps.in);
-      d.max_out = std::max(d.max_out, ps.out);
-      d.max_r = std::max(d.max_r, ps.r);
-      layer_lora += ps.r * (ps.in + ps.out);
-      if (in_workspace(*ps.weight)) layer_dequant += ps.in * ps.out;
+      d.max_in = std::max(d.max_in, pw.in);
+      d.max_out = std::max(d.max_out, pw.out);
+      d.max_r = std::max(d.max_r, pw.r);
+      layer_lora += pw.r * (pw.in + pw.out);
+      if (in_workspace(*ps.weight)) layer_dequant += pw.in * pw.out;
     }
     d.lora_elems = std::max(d.lora_elems, layer_lora);
     d.dequant_elems = std::max(d.dequant_elems, layer_dequant);
@@ -112,8 +111,8 @@ LlamaTreeSlots::LlamaTreeSlots(const LlamaConfig& c, Module& root, const DeviceC
       bool all = true;
       for (int idx : kFoldGroups[g]) {
         if (idx < 0) continue;
-        all = all && ls.proj[static_cast<size_t>(idx)].r > 0;
-        R += ls.proj[static_cast<size_t>(idx)].r;
+        all = all && lw.proj[static_cast<size_t>(idx)].r > 0;
+        R += lw.proj[static_cast<size_t>(idx)].r;
       }
       if (!all || !fold_lora) continue;
       d.fold_r[g] = std::max(d.fold_r[g], R);
@@ -121,27 +120,32 @@ LlamaTreeSlots::LlamaTreeSlots(const LlamaConfig& c, Module& root, const DeviceC
                           // weight when it was not already counted as a workspace operand
       for (int idx : kFoldGroups[g]) {
         if (idx < 0) continue;
-        const ProjSlots& ps = ls.proj[static_cast<size_t>(idx)];
-        extra += ps.out * R + (in_workspace(*ps.weight) ? 0 : ps.out * ps.in);
+        const ProjectionWeights& pw = lw.proj[static_cast<size_t>(idx)];
+        extra += pw.out * R + (in_workspace(*ls.proj[static_cast<size_t>(idx)].weight) ? 0 : pw.out * pw.in);
       }
       d.fold_extra[g] = std::max(d.fold_extra[g], extra);
     }
-    ls.input_norm = require_slot(root.find_module(ls.prefix + "input_layernorm"), ls.prefix + "input_layernorm", "weight");
-    ls.post_norm = require_slot(root.find_module(ls.prefix + "post_attention_layernorm"),
-                                ls.prefix + "post_attention_layernorm", "weight");
-    check_shape(ls.prefix + "input_layernorm.weight", ls.input_norm->tensor.shape(), {C});
-    check_shape(ls.prefix + "post_attention_layernorm.weight", ls.post_norm->tensor.shape(), {C});
-    slots_->layers.push_back(std::move(ls));
+    ls.input_norm = require_slot(root.find_module(prefix + "input_layernorm"), prefix + "input_layernorm", "weight");
+    ls.post_norm = require_slot(root.find_module(prefix + "post_attention_layernorm"),
+                                prefix + "post_attention_layernorm", "weight");
+    check_shape(prefix + "input_layernorm.weight", ls.input_norm->tensor.shape(), {C});
+    check_shape(prefix + "post_attention_layernorm.weight", ls.post_norm->tensor.shape(), {C});
+    lw.input_norm.dtype = ls.input_norm->tensor.dtype();
+    lw.post_norm.dtype = ls.post_norm->tensor.dtype();
+    slots_->layers.push_back(ls);
+    slots_->shapes.push_back(lw);
+    slots_->fqn.push_back(std::move(fqns));
+    slots_->prefix.push_back(prefix);
   }
-  Slots& s = *slots_;
-  s.embed = require_slot(root.find_module("model.embed_tokens"), "model.embed_tokens", "weight");
-  check_shape("model.embed_tokens.weight", s.embed->tensor.shape(), {V, C});
-  s.norm = require_slot(root.find_module("model.norm"), "model.norm", "weight");
-  check_shape("model.norm.weight", s.norm->tensor.shape(), {C});
+  RootSlots& r = slots_->root;
+  r.embed = require_slot(root.find_module("model.embed_tokens"), "model.embed_tokens", "weight");
+  check_shape("model.embed_tokens.weight", r.embed->tensor.shape(), {V, C});
+  r.norm = require_slot(root.find_module("model.norm"), "model.norm", "weight");
+  check_shape("model.norm.weight", r.norm->tensor.shape(), {C});
   Module* head = root.child("lm_head");
-  s.head = (c.tie_word_embeddings || !head || !head->slot("weight")) ? s.embed : head->slot("weight");
-  check_shape("lm_head.weight", s.head->tensor.shape(), {V, C});
-  d.convert_head = !ops::gemm_supports(ctx, act_t, s.head->tensor.dtype());
+  r.head = (c.tie_word_embeddings || !head || !head->slot("weight")) ? r.embed : head->slot("weight");
+  check_shape("lm_head.weight", r.head->tensor.shape(), {V, C});
+  d.convert_head = !ops::gemm_supports(ctx, act_t, r.head->tensor.dtype());
 }
 
 LlamaTreeSlots::~LlamaTreeSlots() = default;
@@ -156,87 +160,115 @@ void LlamaTreeSlots::measure(LlamaBufferDims& d) const {
   d.convert_head = m.convert_head;
 }
 
-void LlamaTreeSlots::bind_root(RootBinding& r, const BindScratch& scratch, DeviceContext& ctx) const {
-  const Device dev = ctx.compute_device();
-  const Slots& s = *slots_;
-  const Tensor& e = bound_tensor(*s.embed, "model.embed_tokens", ".weight", dev);
-  r.embed = e.raw();
-  r.embed_dtype = e.dtype();
-  const Tensor& n = bound_tensor(*s.norm, "model.norm", ".weight", dev);
-  float* norm = scratch.norms + 2 * config_.hidden_size;
-  ops::to_f32(norm, n.raw(), n.dtype(), config_.hidden_size, ctx);
-  r.norm = norm;
-  const Tensor& h = bound_tensor(*s.head, "lm_head", ".weight", dev);
-  r.head = h.raw();
-  r.head_dtype = h.dtype();
+const LayerSlots& LlamaTreeSlots::layer_slots(int64_t layer) const {
+  QS_CHECK(layer >= 0 && layer < config_.num_hidden_layers, "layer index out of range");
+  return slots_->layers[static_cast<size_t>(layer)];
+}
+const RootSlots& LlamaTreeSlots::root_slots() const { return slots_->root; }
+const LayerWeights& LlamaTreeSlots::layer_shapes(int64_t layer) const {
+  QS_CHECK(layer >= 0 && layer < config_.num_hidden_layers, "layer index out of range");
+  return slots_->shapes[static_cast<size_t>(layer)];
+}
+const std::string& LlamaTreeSlots::projection_fqn(int64_t layer, int idx) const {
+  return slots_->fqn[static_cast<size_t>(layer)][static_cast<size_t>(idx)];
 }
 
-void LlamaTreeSlots::bind_layer(int64_t layer, const LayerLora& lora, const BindScratch& scratch, LayerBinding& b,
-                                DeviceContext& ctx) const {
-  QS_CHECK(layer >= 0 && layer < config_.num_hidden_layers, "layer index out of range");
-  const Device dev = ctx.compute_device();
-  const LayerSlots& ls = slots_->layers[static_cast<size_t>(layer)];
-  const int64_t C = config_.hidden_size;
-  b.layer = layer;
-  const DType act_t = ctx.activation_dtype();
-  const size_t esz = dtype_size(act_t);
-  int64_t bias_off = 0, lora_off = 0;
+const RootWeights& LlamaTreeSlots::root() {
+  const RootSlots& s = slots_->root;
+  RootWeights& r = slots_->current_root;
+  auto read = [&](const Module::Slot& slot, const char* fqn) {
+    const Tensor& t = bound_tensor(slot, fqn, "", device_);
+    return WeightRef{t.raw(), t.dtype()};
+  };
+  r.embed = read(*s.embed, "model.embed_tokens.weight");
+  r.norm = read(*s.norm, "model.norm.weight");
+  r.head = read(*s.head, "lm_head.weight");
+  return r;
+}
+
+const LayerWeights& LlamaTreeSlots::layer(int64_t layer) {
+  const LayerSlots& ls = layer_slots(layer);
+  LayerWeights& w = slots_->current;
+  w = slots_->shapes[static_cast<size_t>(layer)];
+  const std::array<std::string, 7>& fqn = slots_->fqn[static_cast<size_t>(layer)];
   for (size_t i = 0; i < ls.proj.size(); ++i) {
-    const ProjSlots& ps = ls.proj[i];
-    ProjectionBinding& pb = b.proj[i];
-    pb = ProjectionBinding{};
-    pb.in = ps.in;
-    pb.out = ps.out;
-    if (ps.weight->kind == Module::SlotKind::kParams4bit) {
+    const ProjectionSlots& ps = ls.proj[i];
+    ProjectionWeights& pw = w.proj[i];
+    if (pw.quantized) {
       const Params4bit& p4 = *ps.weight->params4bit;
       if (!p4.data.defined())
-        throw Error("parameter '" + ps.fqn + ".weight' is not available (its FSDP unit is not gathered)");
-      if (p4.data.device() != dev) throw Error("parameter '" + ps.fqn + ".weight' is on the wrong device");
-      pb.quantized = true;
-      pb.q = dequant_args(p4);
-      pb.weight_dtype = p4.quant_state.dtype;
+        throw Error("parameter '" + fqn[i] + ".weight' is not available (its FSDP unit is not gathered)");
+      if (p4.data.device() != device_) throw Error("parameter '" + fqn[i] + ".weight' is on the wrong device");
+      pw.q = dequant_args(p4);
     } else {
-      const Tensor& w = bound_tensor(*ps.weight, ps.fqn, ".weight", dev);
-      pb.dense = w.raw();
-      pb.weight_dtype = w.dtype();
+      pw.dense = bound_tensor(*ps.weight, fqn[i], ".weight", device_).raw();
     }
-    if (ps.bias) {
-      const Tensor& bt = bound_tensor(*ps.bias, ps.fqn, ".bias", dev);
+    if (ps.bias) pw.bias.data = bound_tensor(*ps.bias, fqn[i], ".bias", device_).raw();
+    if (pw.r > 0) {
+      pw.lora_A = {bound_tensor(*ps.lora_A, fqn[i], ".lora_A.weight", device_).raw(), DType::kF32};
+      pw.lora_B = {bound_tensor(*ps.lora_B, fqn[i], ".lora_B.weight", device_).raw(), DType::kF32};
+    }
+  }
+  const std::string& prefix = slots_->prefix[static_cast<size_t>(layer)];
+  w.input_norm.data = bound_tensor(*ls.input_norm, prefix, "input_layernorm.weight", device_).raw();
+  w.post_norm.data = bound_tensor(*ls.post_norm, prefix, "post_attention_layernorm.weight", device_).raw();
+  return w;
+}
+
+void bind_root(const RootWeights& w, int64_t C, const BindScratch& scratch, RootBinding& r, DeviceContext& ctx) {
+  r.embed = w.embed.data;
+  r.embed_dtype = w.embed.dtype;
+  float* norm = scratch.norms + 2 * C;
+  ops::to_f32(norm, w.norm.data, w.norm.dtype, C, ctx);
+  r.norm = norm;
+  r.head = w.head.data;
+  r.head_dtype = w.head.dtype;
+}
+
+void bind_layer(const LayerWeights& w, int64_t layer, const BindScratch& scratch, LayerBinding& b, DeviceContext& ctx) {
+  const DType act_t = ctx.activation_dtype();
+  const size_t esz = dtype_size(act_t);
+  int64_t bias_off = 0, lora_off = 0, C = 0;
+  b.layer = layer;
+  for (size_t i = 0; i < w.proj.size(); ++i) {
+    const ProjectionWeights& pw = w.proj[i];
+    ProjectionBinding& pb = b.proj[i];
+    pb = ProjectionBinding{};
+    pb.in = pw.in;
+    pb.out = pw.out;
+    pb.quantized = pw.quantized;
+    pb.weight_dtype = pw.weight_dtype;
+    if (pw.quantized) pb.q = pw.q;
+    else pb.dense = pw.dense;
+    if (pw.bias.data) {
       float* dst = scratch.biases + bias_off;
-      QS_CHECK(ps.out <= scratch.bias_stride, "bias larger than its buffer");
-      ops::to_f32(dst, bt.raw(), bt.dtype(), ps.out, ctx);
+      QS_CHECK(pw.out <= scratch.bias_stride, "bias larger than its buffer");
+      ops::to_f32(dst, pw.bias.data, pw.bias.dtype, pw.out, ctx);
       pb.bias = dst;
     }
     bias_off += scratch.bias_stride;
-    if (ps.r > 0) {
-      pb.r = ps.r;
-      const Tensor& ta = bound_tensor(*ps.lora_A, ps.fqn, ".lora_A.weight", dev);
-      const Tensor& tb = bound_tensor(*ps.lora_B, ps.fqn, ".lora_B.weight", dev);
-      if (lora.A[i] && lora.B[i]) {  // compute copies in the activation dtype
-        pb.lora_A = lora.A[i];
-        pb.lora_B = lora.B[i];
-      } else if (act_t == DType::kF32) {
-        pb.lora_A = ta.raw();
-        pb.lora_B = tb.raw();
-      } else {
-        const int64_t na = ps.r * ps.in, nb = ps.out * ps.r;
-        void* ca = static_cast<uint8_t*>(scratch.lora_cvt) + lora_off * static_cast<int64_t>(esz);
-        void* cb = static_cast<uint8_t*>(scratch.lora_cvt) + (lora_off + na) * static_cast<int64_t>(esz);
-        ops::convert(ca, act_t, ta.raw(), DType::kF32, na, ctx);
-        ops::convert(cb, act_t, tb.raw(), DType::kF32, nb, ctx);
-        lora_off += na + nb;
-        pb.lora_A = ca;
-        pb.lora_B = cb;
-      }
-      pb.scaling = lora_scaling(scratch.lora_alpha, ps.r, scratch.use_rslora);
-      pb.grad_A = lora.grad_A[i];
-      pb.grad_B = lora.grad_B[i];
+    if (pw.r > 0) {
+      pb.r = pw.r;
+      // One path for every owner: operands in the activation dtype are read as they are (compute
+      // copies, or f32 on an f32 backend); f32 operands are converted into the model's buffer.
+      auto operand = [&](const WeightRef& ref, int64_t n) -> const void* {
+        if (ref.dtype == act_t) return ref.data;
+        QS_CHECK(ref.dtype == DType::kF32, "LoRA operands are f32 or in the activation dtype");
+        void* dst = static_cast<uint8_t*>(scratch.lora_cvt) + lora_off * static_cast<int64_t>(esz);
+        ops::convert(dst, act_t, ref.data, DType::kF32, n, ctx);
+        lora_off += n;
+        return dst;
+      };
+      pb.lora_A = operand(pw.lora_A, pw.r * pw.in);
+      pb.lora_B = operand(pw.lora_B, pw.out * pw.r);
+      pb.scaling = lora_scaling(scratch.lora_alpha, pw.r, scratch.use_rslora);
+      pb.grad_A = pw.grad_A;
+      pb.grad_B = pw.grad_B;
     }
+    if (i == kO) C = pw.out;  // o_proj's output: the hidden size
   }
-  const Tensor& n1 = bound_tensor(*ls.input_norm, ls.prefix, "input_layernorm.weight", dev);
-  const Tensor& n2 = bound_tensor(*ls.post_norm, ls.prefix, "post_attention_layernorm.weight", dev);
-  ops::to_f32(scratch.norms, n1.raw(), n1.dtype(), C, ctx);
-  ops::to_f32(scratch.norms + C, n2.raw(), n2.dtype(), C, ctx);
+  ops::to_f32(scratch.norms, w.input_norm.data, w.input_norm.dtype, C, ctx);
+  ops::to_f32(scratch.norms + C, w.post_norm.data, w.post_norm.dtype, C, ctx);
   b.input_norm = scratch.norms;
   b.post_norm = scratch.norms + C;
 }

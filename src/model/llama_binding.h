@@ -6,13 +6,13 @@
 // Linear4bit {weight: Params4bit}, optionally with lora_A {weight [r,in] f32} and lora_B
 // {weight [out,r] f32}. It also measures what the model's buffers need from the tree (the widest
 // projection, the LoRA ranks, the workspace operands, the fold's extra columns: the tree's part of
-// LlamaBufferDims, model/llama_buffers.h).
-// Binding: bind_layer(l) / bind_root() read the current tensors of the pre-resolved slots (the
-// sharded tree re-points them at gathered views at each gather, through entries it found once)
-// into a LayerBinding / RootBinding: 4-bit kernel arguments per projection, norm weights and
-// biases converted to f32 into the model's scratch, LoRA operands (the LayerLora's compute copies,
-// the tree's f32 tensors, or conversions into the model's scratch) and - in the backward - LoRA
-// gradient pointers. No lookup by name and no string is built, except on an error path.
+// LlamaBufferDims, model/llama_buffers.h). As a LlamaWeights (model/layer_weights.h) it hands the
+// tree's current tensors (a model over a whole tree: eval, generate, tests); a sharded owner finds
+// its own views of the same parameters through layer_slots() / root_slots().
+// Binding: bind_layer / bind_root turn a LayerWeights / RootWeights into the LayerBinding /
+// RootBinding the passes read: norm weights and biases converted to f32 into the model's scratch,
+// f32 LoRA operands converted to the activation dtype there (operands already in it are used as
+// they are). No lookup by name and no string is built, except on an error path.
 // Dimension legend: C hidden, V vocab, r LoRA rank; in/out a projection's input/output width.
 // Ownership: borrows the tree (it outlives the slots). Thread safety: none. Stream: the bind's
 // conversions run on ctx.compute().
@@ -26,6 +26,7 @@
 
 #include "checkpoint/hf_config.h"
 #include "checkpoint/module_tree.h"
+#include "model/layer_weights.h"
 #include "model/llama_buffers.h"
 #include "quant/blockwise.h"
 #include "runtime/device_context.h"
@@ -36,16 +37,6 @@ namespace qshard {
 inline constexpr std::array<const char*, 7> kLlamaProjections = {
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
     "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
-
-// The LoRA operands of one layer for a bind, per projection. A/B: the weights in the activation
-// dtype (e.g. the sharded manager's bf16 compute copies, [r,in] and [out,r]); null: the model
-// reads the tree's f32 tensors (converted into a buffer of its own when the activation dtype is
-// not f32). grad_A/grad_B: f32 gradient buffers of the parameters' shapes (backward only); null:
-// skip.
-struct LayerLora {
-  std::array<const void*, 7> A{}, B{};
-  std::array<float*, 7> grad_A{}, grad_B{};
-};
 
 // One projection, bound: the frozen base weight (4-bit kernel arguments, or a dense tensor in its
 // own dtype), bias, LoRA weights and gradients.
@@ -99,23 +90,57 @@ struct BindScratch {
   bool use_rslora = false;
 };
 
-class LlamaTreeSlots {
+// The tree's slots of the parameters a LlamaModel reads, found once (null: absent).
+struct ProjectionSlots {
+  Module::Slot* weight = nullptr;  // Linear weight, or Params4bit
+  Module::Slot* bias = nullptr;
+  Module::Slot* lora_A = nullptr;
+  Module::Slot* lora_B = nullptr;
+};
+struct LayerSlots {
+  std::array<ProjectionSlots, 7> proj;
+  Module::Slot* input_norm = nullptr;
+  Module::Slot* post_norm = nullptr;
+};
+struct RootSlots {
+  Module::Slot* embed = nullptr;
+  Module::Slot* norm = nullptr;
+  Module::Slot* head = nullptr;  // the embedding's slot when tied
+};
+
+class LlamaTreeSlots final : public LlamaWeights {
  public:
   // REQUIRES: `root` follows config (checked; errors name the fqn). fold_lora: the fold's extra
-  // columns are measured (LlamaModelOptions::fold_lora).
+  // columns are measured (LlamaModelOptions::fold_lora). The tree's tensors may be meta tensors
+  // (shapes only: a sharded tree); layer() / root() then find no data and say so.
   LlamaTreeSlots(const LlamaConfig& config, Module& root, const DeviceContext& ctx, bool fold_lora);
-  ~LlamaTreeSlots();
+  ~LlamaTreeSlots() override;
   // The tree's part of the buffer dims: max_in, max_out, max_r, dequant_elems, lora_elems, fold_r,
   // fold_extra, convert_head (the other fields are left as they are).
   void measure(LlamaBufferDims& dims) const;
-  void bind_root(RootBinding& r, const BindScratch& scratch, DeviceContext& ctx) const;
-  void bind_layer(int64_t layer, const LayerLora& lora, const BindScratch& scratch, LayerBinding& b,
-                  DeviceContext& ctx) const;
+  const LayerSlots& layer_slots(int64_t layer) const;
+  const RootSlots& root_slots() const;
+  // Layer `layer`'s weights with the shapes and scalars resolved at construction and nothing
+  // bound (pointers null): what an owner of other views fills in.
+  const LayerWeights& layer_shapes(int64_t layer) const;
+  // "model.layers.<l>.<projection>" (for error messages).
+  const std::string& projection_fqn(int64_t layer, int idx) const;
+  // LlamaWeights: the tree's current tensors (no gradient buffers). The tensors must be on the
+  // context's compute device.
+  const LayerWeights& layer(int64_t layer) override;
+  const RootWeights& root() override;
 
  private:
   struct Slots;
   const LlamaConfig& config_;
+  Device device_;
   std::unique_ptr<Slots> slots_;
 };
+
+// A bind: `w` (layer `layer`'s weights) into `b`, converting into `scratch` what the passes do not
+// read as it is. REQUIRES: w's shapes are the config's (LlamaTreeSlots::layer_shapes).
+void bind_layer(const LayerWeights& w, int64_t layer, const BindScratch& scratch, LayerBinding& b, DeviceContext& ctx);
+// The root's: the final norm into scratch.norms + 2C.
+void bind_root(const RootWeights& w, int64_t hidden, const BindScratch& scratch, RootBinding& r, DeviceContext& ctx);
 
 }  // namespace qshard

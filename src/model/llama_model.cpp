@@ -37,7 +37,7 @@ struct LlamaModel::Staging {
 };
 
 LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& ctx, const LlamaModelOptions& options)
-    : config_(config), root_(root), ctx_(ctx), options_(options),
+    : config_(config), ctx_(ctx), options_(options),
       act_(std::make_unique<LlamaActivations>()),
       profiler_(ctx.compute(), options.profile && ctx.is_cuda()) {
   const LlamaConfig& c = config_;
@@ -55,7 +55,8 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
 
   // ---- find every slot once (names and shapes checked) ----
   const DType act_t = ctx_.activation_dtype();
-  tree_ = std::make_unique<LlamaTreeSlots>(c, root_, ctx_, options.fold_lora);
+  tree_ = std::make_unique<LlamaTreeSlots>(c, root, ctx_, options.fold_lora);
+  source_ = tree_.get();
 
   // ---- the buffers, once: the plan of this tree (model/llama_buffers.h) ----
   QS_CHECK(options.kv_cache_tokens >= 0 && options.kv_cache_tokens <= max_seq_,
@@ -163,14 +164,15 @@ BindScratch LlamaModel::bind_scratch() const {
 
 void LlamaModel::bind_root() {
   mark(StepPart::kBind);
-  tree_->bind_root(root_binding_, bind_scratch(), ctx_);
+  qshard::bind_root(source_->root(), config_.hidden_size, bind_scratch(), root_binding_, ctx_);
   act_->head_converted = false;
   mark(StepPart::kOther);
 }
 
-void LlamaModel::bind_layer(int64_t layer, const LayerLora& lora) {
+void LlamaModel::bind_layer(int64_t layer) {
+  QS_CHECK(layer >= 0 && layer < config_.num_hidden_layers, "layer index out of range");
   mark(StepPart::kBind);
-  tree_->bind_layer(layer, lora, bind_scratch(), layer_, ctx_);
+  qshard::bind_layer(source_->layer(layer), layer, bind_scratch(), layer_, ctx_);
   mark(StepPart::kOther);
 }
 
@@ -663,7 +665,7 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
     mark(StepPart::kWait);
     if (before_layer) before_layer(l, Pass::kBackward);
     mark(StepPart::kOther);
-    bind_layer(l, layer_lora ? layer_lora(l, Pass::kBackward) : LayerLora{});
+    bind_layer(l);
     layer_backward_impl(act(a.xs, l * NC), dx, dprev, B, T, kept_set(l));
     if (after_layer) after_layer(l, Pass::kBackward);
     std::swap(dx, dprev);
@@ -689,7 +691,7 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
     mark(StepPart::kWait);
     if (before_layer) before_layer(l, Pass::kForward);
     mark(StepPart::kOther);
-    bind_layer(l, layer_lora ? layer_lora(l, Pass::kForward) : LayerLora{});
+    bind_layer(l);
     layer_forward_kept(act(a.xs, slot(l) * NC), act(a.xs, slot(l + 1) * NC), B, T, keep_checkpoints ? kept_set(l) : -1,
                        cache_pos);
     if (after_layer) after_layer(l, Pass::kForward);

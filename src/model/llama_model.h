@@ -5,11 +5,14 @@
 // (CPU reference or CUDA), the activation dtype and the stream. Nothing here branches on the
 // backend.
 //
-// Weights: the model reads a module tree built by build_llama_tree / load_llama_folder
-// (checkpoint/llama_tree.h) through LlamaTreeSlots (model/llama_binding.h): every slot found ONCE,
-// at construction; bind_layer(l) / bind_root() read the current tensors of those slots (the
-// sharded tree re-points them at gathered views at each gather) into a LayerBinding. The step
-// does no lookups by name and builds no strings (runtime/sync_counters.h counts lookups). 4-bit
+// Weights: the model reads them through a LlamaWeights (model/layer_weights.h): typed per layer
+// (4-bit arguments, norms, LoRA operands and their gradients), resolved once by their owner.
+// By default the owner is the module tree itself (LlamaTreeSlots, model/llama_binding.h: every
+// slot found ONCE, at construction, from a tree built by build_llama_tree / load_llama_folder);
+// a sharded trainer sets its manager's views instead (set_weights; the post-gather step of
+// train/sharded_llama_weights.h), and the tree then only gives the shapes. bind_layer(l) /
+// bind_root() read the owner's current weights into a LayerBinding. The step does no lookups by
+// name and builds no strings (runtime/sync_counters.h counts lookups). 4-bit
 // weights are dequantized just in time into the workspace, into their QuantState's dtype as
 // bitsandbytes does (a bf16 model's weights dequantize to bf16 values; held in f32 on the CPU).
 //
@@ -31,13 +34,14 @@
 //   before_root(kBackward) final norm, LM head, loss, their backward   after_root(kBackward)
 //   before_layer(l, kBackward) recompute + backward of layer l    after_layer(l, kBackward)  l = L-1..0
 // The model binds a unit right after its before_* hook (where a sharded trainer gathers it).
-// Gradients: only LoRA A/B, ADDED into the buffers layer_lora(l, kBackward) returns (f32, the
-// parameter's shape; null skips); nothing is zeroed.
+// Gradients: only LoRA A/B, ADDED into the gradient buffers of the layer's LayerWeights (f32, the
+// parameter's shape; null skips: the tree's own weights have none); nothing is zeroed.
 // Operand dtypes: every GEMM reads activations in the activation dtype; an operand of another
 // dtype that the backend's GEMM does not take with it (ops::gemm_supports: on CUDA a dense f32
 // weight, an f32 LM head, f32 LoRA weights, the f32 logit gradient) is converted first: a dense
-// weight into the workspace per bind, the head into a model-owned buffer at bind_root, LoRA
-// weights into a model-owned buffer unless layer_lora hands compute copies.
+// weight into the workspace per bind, the head into a model-owned buffer at bind_root, f32 LoRA
+// weights into a model-owned buffer (an owner with compute copies in the activation dtype hands
+// those).
 // Host data: ids and targets go up through a ring of pinned staging slots on the compute stream
 // (no host wait unless the ring laps a copy that is still queued). Loss: the sum over non-ignored targets of -log p is
 // added to a device-side double accumulator (take_loss_sum() reads and clears it); gradients are
@@ -131,9 +135,10 @@ class LlamaModel {
   std::function<void(int64_t layer, Pass pass)> after_layer;
   std::function<void(Pass pass)> before_root;
   std::function<void(Pass pass)> after_root;
-  // LoRA operands of a layer (called once per bind, after before_layer; gradients are read in the
-  // backward only). Default: the tree's tensors, no gradients.
-  std::function<LayerLora(int64_t layer, Pass pass)> layer_lora;
+  // Where the weights come from: `weights` (borrowed; it outlives the model or is reset first),
+  // null: the tree's own (tree_weights()). Its shapes must be the tree's.
+  void set_weights(LlamaWeights* weights) { source_ = weights ? weights : tree_.get(); }
+  LlamaTreeSlots& tree_weights() { return *tree_; }
 
   // Dropout keys of the next calls: the optimizer step, and the global row index of local row 0.
   void set_dropout_context(uint64_t step, int64_t row_offset) { step_ = step; row_offset_ = row_offset; }
@@ -143,7 +148,7 @@ class LlamaModel {
 
   // ---- whole passes (hooks called) ----
   // One training micro-step on ids/targets [B*T] (host): loss sum into the accumulator, LoRA
-  // gradients of (sum / normalizer) added through layer_lora's buffers.
+  // gradients of (sum / normalizer) added into the LayerWeights' gradient buffers.
   void forward_backward(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B, int64_t T,
                         double normalizer);
   // Eval: adds the loss sum of ids/targets to the accumulator; no gradients, no dropout state
@@ -167,7 +172,7 @@ class LlamaModel {
 
   // ---- the pieces, for tests and trainers that drive the loop (hooks NOT called) ----
   void bind_root();
-  void bind_layer(int64_t layer, const LayerLora& lora = {});
+  void bind_layer(int64_t layer);
   const LayerBinding& layer_binding() const { return layer_; }
   // Activation pointers below are in ctx.activation_dtype(), on ctx's device.
   // x [B,T,C] = embed_tokens.weight[ids]. REQUIRES bind_root().
@@ -233,11 +238,11 @@ class LlamaModel {
   const void* act(const void* base, int64_t elems) const;
 
   LlamaConfig config_;
-  Module& root_;
   DeviceContext& ctx_;
   LlamaModelOptions options_;
   int64_t max_rows_ = 0, max_seq_ = 0, head_rows_ = 0, mlp_rows_ = 0;
   std::unique_ptr<LlamaTreeSlots> tree_;  // the tree's slots, found once (model/llama_binding.h)
+  LlamaWeights* source_ = nullptr;        // what bind reads: tree_ or set_weights'
   BufferPlan plan_;
   std::unique_ptr<LlamaActivations> act_;
   LayerBinding layer_;

@@ -320,6 +320,13 @@ Tensor ShardedParameterManager::view(int unit, BufferKind kind, const FlatEntry&
   return u.layout[static_cast<int>(kind)].view(slots_[u.slot]->flat[static_cast<int>(kind)], entry);
 }
 
+const void* ShardedParameterManager::data(int unit, BufferKind kind, const FlatEntry& entry) const {
+  const Unit& u = unit_at(unit);
+  if (u.state != UnitState::kGathered)
+    throw Error("FSDP unit '" + u.name + "': view of '" + entry.name + "' in state " + unit_state_name(u.state));
+  return static_cast<const uint8_t*>(slots_[u.slot]->flat[static_cast<int>(kind)].raw()) + entry.offset;
+}
+
 Tensor ShardedParameterManager::grad(int unit, const std::string& name) const {
   const Unit& u = unit_at(unit);
   if (u.state != UnitState::kGathered)

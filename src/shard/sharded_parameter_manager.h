@@ -111,6 +111,9 @@ class ShardedParameterManager {
   Tensor view(int unit, BufferKind kind, const std::string& name) const;  // REQUIRES GATHERED
   // The same for an entry of layout(unit, kind) found once by the caller (no name lookup).
   Tensor view(int unit, BufferKind kind, const FlatEntry& entry) const;  // REQUIRES GATHERED
+  // The address of an entry's bytes in the gathered buffer: view() without building a Tensor (the
+  // step's post-gather binding). REQUIRES GATHERED.
+  const void* data(int unit, BufferKind kind, const FlatEntry& entry) const;
   Tensor grad(int unit, const std::string& name) const;                    // REQUIRES GATHERED
   // The compute copy (trainable_compute_dtype) of a trainable entry. REQUIRES GATHERED and a
   // trainable_compute_dtype other than f32.
@@ -135,6 +138,7 @@ class ShardedParameterManager {
   void wait_for_gradients();
 
   Stream& compute_stream() { return compute_; }
+  const ShardOptions& options() const { return options_; }
   ShardMemoryStats memory() const;
   Communicator& comm() { return comm_; }
 

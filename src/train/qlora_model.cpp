@@ -115,6 +115,8 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
   m->units = shard_module_tree(*m->tree, *m->mgr, "model.layers");
   m->mgr->finalize();
   m->mgr->release_all_views();  // the full tensors go; each rank keeps its shards
+  m->slots = std::make_unique<LlamaTreeSlots>(m->config, *m->tree, rt.ctx, /*fold_lora=*/false);
+  m->weights = std::make_unique<ShardedLlamaWeights>(m->config, *m->slots, *m->mgr, m->units);
   return m;
 }
 

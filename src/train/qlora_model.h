@@ -11,7 +11,11 @@
 // every rank and world size.
 // state_shards(): this rank's trainable state per unit for sharded_checkpoint.h: the master
 // shard ("master") and, when given, the optimizer's moments ("exp_avg", "exp_avg_sq").
-// Ownership: QloraModel owns the tree and the manager; the manager's hooks point into the tree.
+// weights: what a LlamaModel over this tree computes with (LlamaModel::set_weights): the
+// manager's post-gather step fills it (train/sharded_llama_weights.h); the tree is re-pointed
+// only inside a TreeViews scope (export).
+// Ownership: QloraModel owns the tree, the manager and the weights; the manager's hooks point
+// into the tree and the weights.
 // Not movable once built (hooks hold references); held through unique_ptr.
 #pragma once
 
@@ -24,7 +28,9 @@
 #include "checkpoint/sharded_tree.h"
 #include "runtime/runtime.h"
 #include "shard/sharded_parameter_manager.h"
+#include "model/llama_binding.h"
 #include "train/memory_plan.h"
+#include "train/sharded_llama_weights.h"
 #include "train/train_config.h"
 
 namespace qshard {
@@ -34,6 +40,8 @@ struct QloraModel {
   std::unique_ptr<Module> tree;
   std::unique_ptr<ShardedParameterManager> mgr;
   ShardedTree units;
+  std::unique_ptr<LlamaTreeSlots> slots;         // the tree's slots, found once
+  std::unique_ptr<ShardedLlamaWeights> weights;  // the model's weights, bound at each gather
   uint64_t trainable_parameters = 0;
   int root_unit() const { return mgr->num_units() - 1; }
 };

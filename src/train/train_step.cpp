@@ -11,17 +11,9 @@ FsdpDriver::FsdpDriver(LlamaModel& model, QloraModel& qm) : qm_(qm) {
   ShardedParameterManager& mgr = *qm.mgr;
   const int64_t L = model.config().num_hidden_layers;
   const int root = qm.root_unit();
-  // Unit l is decoder layer l (shard_module_tree registers them in order); find each LoRA
-  // gradient's entry once.
-  grads_.resize(static_cast<size_t>(L));
-  for (int64_t l = 0; l < L; ++l) {
-    const FlatLayout& layout = mgr.layout(static_cast<int>(l), BufferKind::kTrainable);
-    for (size_t i = 0; i < kLlamaProjections.size(); ++i) {
-      const std::string p = "model.layers." + std::to_string(l) + "." + kLlamaProjections[i];
-      grads_[l][i].a = layout.find(p + ".lora_A.weight");
-      grads_[l][i].b = layout.find(p + ".lora_B.weight");
-    }
-  }
+  // Unit l is decoder layer l (shard_module_tree registers them in order); the manager's
+  // post-gather step binds the weights the model reads (train/sharded_llama_weights.h).
+  model.set_weights(qm.weights.get());
   model.before_root = [&mgr, root, L](Pass pass) {
     mgr.gather(root);
     if (pass == Pass::kBackward && L > 0) mgr.prefetch(static_cast<int>(L - 1));
@@ -40,21 +32,6 @@ FsdpDriver::FsdpDriver(LlamaModel& model, QloraModel& qm) : qm_(qm) {
   model.after_layer = [this, &mgr](int64_t l, Pass pass) {
     if (pass == Pass::kBackward) mgr.reduce_scatter_grads(static_cast<int>(l), /*accumulate=*/micro_index_ > 0);
     mgr.release(static_cast<int>(l));
-  };
-  model.layer_lora = [this, &mgr](int64_t l, Pass pass) {
-    LayerLora g;
-    const int unit = static_cast<int>(l);
-    for (size_t i = 0; i < kLlamaProjections.size(); ++i) {
-      const ProjGrad& e = grads_[static_cast<size_t>(l)][i];
-      if (!e.a || !e.b) continue;
-      g.A[i] = mgr.compute_data(unit, *e.a);  // the gathered bf16 copies on CUDA; null on the CPU
-      g.B[i] = mgr.compute_data(unit, *e.b);
-      if (pass == Pass::kBackward) {
-        g.grad_A[i] = mgr.grad_data(unit, *e.a);
-        g.grad_B[i] = mgr.grad_data(unit, *e.b);
-      }
-    }
-    return g;
   };
 }
 

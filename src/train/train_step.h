@@ -37,18 +37,14 @@ namespace qshard {
 
 class FsdpDriver {
  public:
-  // Installs the hooks and layer_lora on `model`. Both must outlive the driver.
+  // Installs the gather/release hooks on `model` and points it at qm's sharded weights (the
+  // manager's post-gather step). Both must outlive the driver.
   FsdpDriver(LlamaModel& model, QloraModel& qm);
   // Micro-batch index of the current forward_backward (0: gradients written, >0: added).
   void set_micro_index(int k) { micro_index_ = k; }
 
  private:
-  struct ProjGrad {
-    const FlatEntry* a = nullptr;
-    const FlatEntry* b = nullptr;
-  };
   QloraModel& qm_;
-  std::vector<std::array<ProjGrad, 7>> grads_;  // per layer
   int micro_index_ = 0;
 };
 

@@ -63,27 +63,35 @@ std::unique_ptr<Module> random_tree(const LlamaConfig& c, uint32_t seed) {
 
 float* param(Module& tree, const std::string& fqn) { return resolve(tree, fqn).tensor.data<float>(); }
 
-// Gradient buffers keyed by fqn, created on first lookup.
-struct GradStore {
+// Gradient buffers keyed by fqn, created on first lookup: the tree's weights with LoRA gradient
+// buffers added (`skip` gets none), as a trainer's owner of the weights hands them.
+struct GradStore : LlamaWeights {
+  explicit GradStore(Module& t) : tree(t) {}
   Module& tree;
   std::map<std::string, std::vector<float>> grads;
+  LlamaWeights* inner = nullptr;
+  std::string skip;
+  LayerWeights current;
   float* lookup(const std::string& fqn) {
     auto it = grads.find(fqn);
     if (it == grads.end()) it = grads.emplace(fqn, std::vector<float>(resolve(tree, fqn).tensor.numel(), 0.0f)).first;
     return it->second.data();
   }
-  // The layer's LoRA gradient pointers (`skip` gets none).
-  LayerLora layer(int64_t l, const std::string& skip = "") {
-    LayerLora g;
+  const LayerWeights& layer(int64_t l) override {
+    current = inner->layer(l);
     for (size_t i = 0; i < kLlamaProjections.size(); ++i) {
       const std::string p = "model.layers." + std::to_string(l) + "." + kLlamaProjections[i];
-      if (p + ".lora_A.weight" != skip) g.grad_A[i] = lookup(p + ".lora_A.weight");
-      if (p + ".lora_B.weight" != skip) g.grad_B[i] = lookup(p + ".lora_B.weight");
+      current.proj[i].grad_A = p + ".lora_A.weight" != skip ? lookup(p + ".lora_A.weight") : nullptr;
+      current.proj[i].grad_B = p + ".lora_B.weight" != skip ? lookup(p + ".lora_B.weight") : nullptr;
     }
-    return g;
+    return current;
   }
-  std::function<LayerLora(int64_t, Pass)> hook(const std::string& skip = "") {
-    return [this, skip](int64_t l, Pass) { return layer(l, skip); };
+  const RootWeights& root() override { return inner->root(); }
+  // The model reads its tree's weights through this store from now on.
+  void attach(LlamaModel& model, const std::string& skip_fqn = "") {
+    inner = &model.tree_weights();
+    skip = skip_fqn;
+    model.set_weights(this);
   }
 };
 
@@ -128,9 +136,10 @@ void check_layer_backward(const LlamaModelOptions& opt, int64_t layer, uint32_t 
     model.layer_forward(x.data(), y.data(), B, T);
     return dot(wout, y.data(), y.size());
   };
-  GradStore gs{*tree, {}};
+  GradStore gs(*tree);
   std::vector<float> dx(NC, 123.0f);  // overwritten, whatever it held
-  model.bind_layer(layer, gs.layer(layer));
+  gs.attach(model);
+  model.bind_layer(layer);
   model.layer_backward(x.data(), wout.data(), dx.data(), B, T);
   EXPECT_EQ(gs.grads.size(), 14u);
   check_grad("layer dx", x.data(), x.size(), dx, f, kEps, kTol);
@@ -183,8 +192,8 @@ TEST(LlamaModel, FoldedStepEqualsSeparateLoraGemms) {
     opt.max_seq = T;
     opt.fold_lora = k == 0;
     LlamaModel model(c, *tree, ctx(), opt);
-    GradStore gs{*tree, {}};
-    model.layer_lora = gs.hook();
+    GradStore gs(*tree);
+    gs.attach(model);
     model.forward_backward(ids, targets, B, T, 10.0);
     loss[k] = model.take_loss_sum();
     logits[k] = model.forward_logits(ids, B, T);
@@ -225,8 +234,8 @@ StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dro
   opt.keep_layers = keep;
   opt.mlp_chunk_rows = chunk;
   LlamaModel model(c, *tree, ctx(), opt);
-  GradStore gs{*tree, {}};
-  model.layer_lora = gs.hook();
+  GradStore gs(*tree);
+  gs.attach(model);
   StepResult r;
   for (int micro = 0; micro < 2; ++micro) {
     std::vector<int64_t> ids(B * T), targets(B * T);
@@ -386,8 +395,8 @@ TEST(LlamaModel, HeadChunksGiveTheSameStep) {
     if (k == 1) opt.head_chunk_bytes = 3 * 4 * c.vocab_size;
     LlamaModel model(c, *tree, ctx(), opt);
     EXPECT_EQ(model.head_chunk_rows(), k == 1 ? 3 : B * T);
-    GradStore gs{*tree, {}};
-    model.layer_lora = gs.hook();
+    GradStore gs(*tree);
+    gs.attach(model);
     model.forward_backward(ids, targets, B, T, 9.0);
     loss[k] = model.take_loss_sum();
     logits[k] = model.forward_logits(ids, B, T);
@@ -420,8 +429,8 @@ TEST(LlamaModel, TrainingStepBackwardHooksAndAccumulation) {
   model.before_layer = [&](int64_t l, Pass p) { calls.push_back("L" + std::to_string(l) + "+" + pass_name[int(p)]); };
   model.after_layer = [&](int64_t l, Pass p) { calls.push_back("L" + std::to_string(l) + "-" + pass_name[int(p)]); };
 
-  GradStore gs{*tree, {}};
-  model.layer_lora = gs.hook();
+  GradStore gs(*tree);
+  gs.attach(model);
   model.forward_backward(ids, targets, B, T, normalizer);
   const double loss = model.take_loss_sum() / normalizer;
   const std::vector<std::string> want = {"root+f", "root-f", "L0+f", "L0-f", "L1+f", "L1-f",
@@ -447,7 +456,7 @@ TEST(LlamaModel, TrainingStepBackwardHooksAndAccumulation) {
   // Gradients accumulate: a second identical step doubles them; nullptr skips a tensor.
   const std::string skip = "model.layers.1.mlp.down_proj.lora_B.weight";
   std::map<std::string, std::vector<float>> first = gs.grads;
-  model.layer_lora = gs.hook(skip);
+  gs.attach(model, skip);
   model.forward_backward(ids, targets, B, T, normalizer);
   for (auto& [k, g] : gs.grads)
     for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(g[i], (k == skip ? 1.0f : 2.0f) * first[k][i]) << k;
@@ -559,8 +568,8 @@ void golden_case(const std::string& name, const std::string& model_dir, bool exp
               logits[0], logits[1], logits[2], want_logits[0], want_logits[1], want_logits[2], worst, kLogitTol);
   EXPECT_LE(worst, kLogitTol);
 
-  GradStore gs{*m.tree, {}};
-  model.layer_lora = gs.hook();
+  GradStore gs(*m.tree);
+  gs.attach(model);
   model.forward_backward(ids, targets, B, T, normalizer);
   const double loss = model.take_loss_sum() / normalizer;
   const float want_loss = g.get("loss").to_f32_vector()[0];

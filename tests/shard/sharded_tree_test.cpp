@@ -1,6 +1,7 @@
-// A Llama tree (4-bit projections, LoRA) sharded across ranks: while a unit is gathered, every key
-// of its state dict resolves through the tree, to the bytes of the unsharded original; offload on
-// and off give identical bytes. Runs under mpirun -np 1..4.
+// A Llama tree (4-bit projections, LoRA) sharded across ranks: inside a TreeViews scope, while a
+// unit is gathered, every key of its state dict resolves through the tree, to the bytes of the
+// unsharded original; offload on and off give identical bytes. Every slot's entries are recorded
+// with its unit. Runs under mpirun -np 1..4.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -43,7 +44,9 @@ TEST(ShardedTree, GatheredUnitsResolveToTheOriginalBytes) {
     ShardedParameterManager mgr(comm, qshard_test_compute_stream(), so);
     const ShardedTree st = shard_module_tree(*tree, mgr, "model.layers");
     mgr.finalize();
+    mgr.release_all_views();  // the tree keeps shapes only: the bytes below come from the views
     ASSERT_EQ(mgr.num_units(), 4);
+    const TreeViews views(st);  // gathers re-point the tree
     size_t checked = 0, k = 0;
     for (int u = 0; u < mgr.num_units(); ++u) {
       mgr.gather(u);
@@ -82,6 +85,12 @@ TEST(ShardedTree, GatheredUnitsResolveToTheOriginalBytes) {
       mgr.release(u);
     }
     EXPECT_GT(checked, 100u);
+    // Every slot of the tree has its entries, in the unit that holds it.
+    EXPECT_EQ(st.slot(tree->find_module("model.layers.2.mlp.up_proj")->slot("weight")).unit, 2);
+    EXPECT_EQ(st.slot(tree->find_module("model.norm")->slot("weight")).unit, 3);
+    EXPECT_EQ(st.slot(tree->find_module("model.layers.0.self_attn.q_proj.lora_B")->slot("weight")).kind,
+              BufferKind::kTrainable);
+    EXPECT_EQ(st.slots.size(), 3u * (7 * 3 + 2) + 3) << "per layer 7 projections with lora_A and lora_B, 2 norms; embed, norm, lm_head";
   }
   (void)expect;
 }
