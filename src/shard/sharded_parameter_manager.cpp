@@ -136,11 +136,18 @@ bool ShardedParameterManager::host_side(int kind) const {
   return kind == static_cast<int>(BufferKind::kTrainable) ? options_.offload_optimizer : options_.offload_params;
 }
 
+bool ShardedParameterManager::resident(int kind) const { return comm_.size() == 1 && !host_side(kind); }
+
+const Tensor& ShardedParameterManager::flat_of(const Unit& u, int kind) const {
+  return resident(kind) ? u.shard[kind] : slots_[u.slot]->flat[kind];
+}
+
 std::unique_ptr<ShardedParameterManager::Slot> ShardedParameterManager::make_slot(const int64_t (&flat_bytes)[3],
                                                                                   int64_t grad_bytes) {
   const int world = comm_.size();
   auto slot = std::make_unique<Slot>();
   for (int k = 0; k < kNumBufferKinds; ++k) {
+    if (resident(k)) continue;  // its units are read in place (their shards)
     slot->flat[k] = alloc(flat_bytes[k], false);
     slot_bytes_ += slot->flat[k].nbytes();
     if (host_side(k)) {  // the shard is copied next to the gather first (h2d on a GPU)
@@ -154,7 +161,7 @@ std::unique_ptr<ShardedParameterManager::Slot> ShardedParameterManager::make_slo
   slot->reduced = alloc(r, false).view_as(DType::kF32, {r / 4});
   slot_bytes_ += slot->grad.nbytes() + slot->reduced.nbytes();
   if (options_.trainable_compute_dtype != DType::kF32) {
-    const int64_t n = std::max<int64_t>(flat_bytes[static_cast<int>(BufferKind::kTrainable)] / 4, 1);
+    const int64_t n = std::max<int64_t>(grad_bytes / 4, 1);
     slot->compute_copy = alloc(n * static_cast<int64_t>(dtype_size(options_.trainable_compute_dtype)), false)
                              .view_as(options_.trainable_compute_dtype, {n});
     slot_bytes_ += slot->compute_copy.nbytes();
@@ -167,6 +174,7 @@ void ShardedParameterManager::finalize() {
   const int world = comm_.size(), rank = comm_.rank();
   const int t = static_cast<int>(BufferKind::kTrainable);
   int64_t slot_bytes[kNumBufferKinds] = {0, 0, 0};
+  int64_t slot_train = 0;  // the largest shared unit's trainable buffer: its gradients, compute copy
   for (auto& up : units_) {
     Unit& u = *up;
     uint64_t unit_bytes = 0;
@@ -179,7 +187,8 @@ void ShardedParameterManager::finalize() {
       copy_bytes(u.shard[k].raw(), u.shard[k].device(), static_cast<const uint8_t*>(flat.raw()) + rank * l.shard_bytes(),
                  Device::kCpu, static_cast<size_t>(l.shard_bytes()));
       shard_bytes_ += l.shard_bytes();
-      if (!u.own_slot) slot_bytes[k] = std::max(slot_bytes[k], l.padded_bytes());
+      if (!u.own_slot && !resident(k)) slot_bytes[k] = std::max(slot_bytes[k], l.padded_bytes());
+      if (!u.own_slot && k == t) slot_train = std::max(slot_train, l.padded_bytes());
       unit_bytes += l.padded_bytes();
     }
     // Gradient shards live where the compute is (accumulated on the reduce stream).
@@ -193,30 +202,33 @@ void ShardedParameterManager::finalize() {
   }
   // The bound: per shared slot the largest shared unit's buffers (+ staging, gradients, reduce
   // output); per own-slot unit its own.
-  auto slot_cost = [&](const int64_t (&b)[3]) {
+  auto slot_cost = [&](const int64_t (&b)[3], int64_t train) {
     uint64_t c = 0;
     for (int k = 0; k < kNumBufferKinds; ++k) {
+      if (resident(k)) continue;
       c += std::max<int64_t>(b[k], 1);
       if (host_side(k)) c += b[k] / world + kFlatAlign;
     }
-    const int64_t g = std::max<int64_t>(b[t], 4);
+    const int64_t g = std::max<int64_t>(train, 4);
     c += g + std::max<int64_t>(g / world + kFlatAlign, 4);
     if (options_.trainable_compute_dtype != DType::kF32)  // the LoRA compute copy
-      c += std::max<int64_t>(b[t] / 4, 1) * dtype_size(options_.trainable_compute_dtype);
+      c += std::max<int64_t>(train / 4, 1) * dtype_size(options_.trainable_compute_dtype);
     return c;
   };
-  slot_bound_ = slot_cost(slot_bytes) * options_.gathered_slots;
-  for (int s = 0; s < options_.gathered_slots; ++s) slots_.push_back(make_slot(slot_bytes, slot_bytes[t]));
+  slot_bound_ = slot_cost(slot_bytes, slot_train) * options_.gathered_slots;
+  for (int s = 0; s < options_.gathered_slots; ++s) slots_.push_back(make_slot(slot_bytes, slot_train));
   for (auto& up : units_) {
     Unit& u = *up;
     if (!u.own_slot) continue;
     int64_t own[kNumBufferKinds];
-    for (int k = 0; k < kNumBufferKinds; ++k) own[k] = u.layout[k].padded_bytes();
-    slot_bound_ += slot_cost(own);
-    slots_.push_back(make_slot(own, own[t]));
+    for (int k = 0; k < kNumBufferKinds; ++k) own[k] = resident(k) ? 0 : u.layout[k].padded_bytes();
+    slot_bound_ += slot_cost(own, u.layout[t].padded_bytes());
+    slots_.push_back(make_slot(own, u.layout[t].padded_bytes()));
     slots_.back()->shared = false;
     u.own_slot_index = static_cast<int>(slots_.size()) - 1;
   }
+  all_resident_ = true;
+  for (int k = 0; k < kNumBufferKinds; ++k) all_resident_ = all_resident_ && resident(k);
   finalized_ = true;
 }
 
@@ -244,6 +256,8 @@ void ShardedParameterManager::prefetch(int unit) {
   // The slot's previous unit may still be read by compute (and its gradients by the reduce).
   h2d_->wait(slot.released);
   gather_->wait(slot.released);
+  h2d_->wait(masters_written_);  // the optimizer's writes of the shards this gather reads
+  gather_->wait(masters_written_);
   gather_->wait(slot.grads_read);
   const void* src[kNumBufferKinds];
   for (int k = 0; k < kNumBufferKinds; ++k) {
@@ -256,16 +270,20 @@ void ShardedParameterManager::prefetch(int unit) {
   h2d_->record(slot.copied);
   gather_->wait(slot.copied);
   // One grouped collective for the unit's kinds (fused by NCCL; MPI runs them one by one).
-  comm_.group_begin();
-  for (int k = 0; k < kNumBufferKinds; ++k)
-    comm_.all_gather(src[k], slot.flat[k].raw(), static_cast<size_t>(u.layout[k].shard_bytes()), DType::kU8,
-                     gather_->handle());
-  comm_.group_end();
+  // Resident kinds (world size 1, on the device) are read in place: nothing to gather.
+  if (!all_resident_) {
+    comm_.group_begin();
+    for (int k = 0; k < kNumBufferKinds; ++k)
+      if (!resident(k))
+        comm_.all_gather(src[k], slot.flat[k].raw(), static_cast<size_t>(u.layout[k].shard_bytes()), DType::kU8,
+                         gather_->handle());
+    comm_.group_end();
+  }
   if (slot.compute_copy.defined()) {  // post-gather transform: the LoRA weights' compute copy
     const int t = static_cast<int>(BufferKind::kTrainable);
     const int64_t n = u.layout[t].padded_bytes() / 4;
     if (n > 0) {
-      Tensor in = slot.flat[t].flat_slice(0, n * 4).view_as(DType::kF32, {n});
+      Tensor in = flat_of(u, t).flat_slice(0, n * 4).view_as(DType::kF32, {n});
       Tensor out = slot.compute_copy.flat_slice(0, n);
       convert_f32(out, in, gather_->handle());
     }
@@ -310,21 +328,21 @@ Tensor ShardedParameterManager::view(int unit, BufferKind kind, const std::strin
   const FlatLayout& l = u.layout[static_cast<int>(kind)];
   const FlatEntry* e = l.find(name);
   if (!e) throw Error("FSDP unit '" + u.name + "' has no " + buffer_kind_name(kind) + " tensor '" + name + "'");
-  return l.view(slots_[u.slot]->flat[static_cast<int>(kind)], *e);
+  return l.view(flat_of(u, static_cast<int>(kind)), *e);
 }
 
 Tensor ShardedParameterManager::view(int unit, BufferKind kind, const FlatEntry& entry) const {
   const Unit& u = unit_at(unit);
   if (u.state != UnitState::kGathered)
     throw Error("FSDP unit '" + u.name + "': view of '" + entry.name + "' in state " + unit_state_name(u.state));
-  return u.layout[static_cast<int>(kind)].view(slots_[u.slot]->flat[static_cast<int>(kind)], entry);
+  return u.layout[static_cast<int>(kind)].view(flat_of(u, static_cast<int>(kind)), entry);
 }
 
 const void* ShardedParameterManager::data(int unit, BufferKind kind, const FlatEntry& entry) const {
   const Unit& u = unit_at(unit);
   if (u.state != UnitState::kGathered)
     throw Error("FSDP unit '" + u.name + "': view of '" + entry.name + "' in state " + unit_state_name(u.state));
-  return static_cast<const uint8_t*>(slots_[u.slot]->flat[static_cast<int>(kind)].raw()) + entry.offset;
+  return static_cast<const uint8_t*>(flat_of(u, static_cast<int>(kind)).raw()) + entry.offset;
 }
 
 Tensor ShardedParameterManager::grad(int unit, const std::string& name) const {
@@ -417,9 +435,43 @@ Tensor ShardedParameterManager::master_shard(int unit) const {
 
 Tensor ShardedParameterManager::grad_shard(int unit) const { return unit_at(unit).grad_shard; }
 
+void ShardedParameterManager::masters_written() { compute_.record(masters_written_); }
+
 void ShardedParameterManager::wait_for_gradients() {
   reduce_->record(grads_done_);
   compute_.wait(grads_done_);
+}
+
+void ShardedParameterManager::account(MemoryLedger& ledger) const {
+  QS_CHECK(finalized_, "account before finalize");
+  static const char* const kShardNames[kNumBufferKinds] = {"base shards (4-bit)", "frozen float shards",
+                                                           "LoRA master shards"};
+  static const char* const kSlotNames[kNumBufferKinds] = {"gathered slots (4-bit)", "gathered slots (float)",
+                                                          "gathered slots (LoRA)"};
+  for (const auto& up : units_) {
+    const Unit& u = *up;
+    for (int k = 0; k < kNumBufferKinds; ++k) {
+      const MemoryPlace p = host_side(k) && options_.compute_device != Device::kCpu ? MemoryPlace::kPinnedHost
+                                                                                   : MemoryPlace::kDevice;
+      std::string name = kShardNames[k];
+      if (u.own_slot && k != static_cast<int>(BufferKind::kTrainable)) name = u.name + " unit shards";
+      ledger.add(name + (resident(k) ? " (read in place)" : ""), static_cast<uint64_t>(u.shard[k].nbytes()), p);
+    }
+    ledger.add("LoRA gradient shards", static_cast<uint64_t>(u.grad_shard.nbytes()), MemoryPlace::kDevice);
+  }
+  for (size_t si = 0; si < slots_.size(); ++si) {
+    const Slot& slot = *slots_[si];
+    std::string owner;  // an own slot: " (root)"
+    for (const auto& up : units_)
+      if (up->own_slot && up->own_slot_index == static_cast<int>(si)) owner = " (" + up->name + ")";
+    for (int k = 0; k < kNumBufferKinds; ++k) {
+      if (slot.flat[k].defined()) ledger.add(kSlotNames[k] + owner, slot.flat[k].nbytes(), MemoryPlace::kDevice);
+      if (slot.staging[k].defined())
+        ledger.add("staging of offloaded shards", slot.staging[k].nbytes(), MemoryPlace::kDevice);
+    }
+    ledger.add("slot gradients and reduce outputs", slot.grad.nbytes() + slot.reduced.nbytes(), MemoryPlace::kDevice);
+    if (slot.compute_copy.defined()) ledger.add("LoRA compute copies", slot.compute_copy.nbytes(), MemoryPlace::kDevice);
+  }
 }
 
 ShardMemoryStats ShardedParameterManager::memory() const {

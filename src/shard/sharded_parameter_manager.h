@@ -14,7 +14,11 @@
 // prefetched) fixed-size slots sized by the largest shared-slot unit, so a rank never holds more
 // than its shards plus two units; a unit added with own_slot (the root unit: embeddings, final
 // norm, LM head) has a slot of its own, so it can stay gathered across the layers without
-// making every layer slot as large as itself.
+// making every layer slot as large as itself. Resident kinds: at world size 1 a kind whose shard
+// lives on the compute device (not offloaded) is its own gathered buffer: views point into the
+// shard, a gather copies nothing and the slots hold no buffer of that kind (the base and the
+// root unit are not kept twice); the trainable masters are then read in place too (AdamW writes
+// them after the step's last read).
 //
 // Unit states, asserted on every transition:
 //   SHARDED --prefetch()--> GATHERING --gather()--> GATHERED --release()--> SHARDED
@@ -41,6 +45,7 @@
 #include <vector>
 
 #include "runtime/communicator.h"
+#include "runtime/memory_ledger.h"
 #include "runtime/stream.h"
 #include "shard/flat_layout.h"
 
@@ -136,10 +141,17 @@ class ShardedParameterManager {
   Tensor grad_shard(int unit) const;    // f32, same size
   // The compute stream's view of reduce-scattered gradients: waits for the reduce stream.
   void wait_for_gradients();
+  // The optimizer enqueued its writes of the master shards on the compute stream: every later
+  // gather's copies wait for them (an event, no host wait).
+  void masters_written();
 
   Stream& compute_stream() { return compute_; }
   const ShardOptions& options() const { return options_; }
   ShardMemoryStats memory() const;
+  // This manager's allocations into `ledger`: shards by kind (layer units and own-slot units such
+  // as the root apart), gradient shards, gathered slots by kind, staging, slot gradients and
+  // reduce outputs, compute copies; device or pinned host as they live. REQUIRES finalized.
+  void account(MemoryLedger& ledger) const;
   Communicator& comm() { return comm_; }
 
  private:
@@ -150,16 +162,22 @@ class ShardedParameterManager {
   void transition(Unit& u, UnitState from, UnitState to);
   Tensor alloc(int64_t bytes, bool host_side);
   bool host_side(int kind) const;
+  // World size 1 and the kind's shard on the compute device: the shard is the whole buffer, read
+  // in place by a gather (no slot buffer, no copy).
+  bool resident(int kind) const;
+  const Tensor& flat_of(const Unit& u, int kind) const;  // the gathered buffer of u's kind
   std::unique_ptr<Slot> make_slot(const int64_t (&flat_bytes)[3], int64_t grad_bytes);
 
   Communicator& comm_;
   ShardOptions options_;
   bool finalized_ = false;
+  bool all_resident_ = false;  // every kind resident: a gather moves no bytes
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<std::unique_ptr<Slot>> slots_;
   Stream& compute_;
   std::unique_ptr<Stream> h2d_, gather_, reduce_;
   Event grads_done_;  // on the reduce stream: every reduce-scatter so far is done
+  Event masters_written_;  // on the compute stream: the last optimizer step's writes
   int gathered_now_ = 0, gathered_peak_ = 0;
   uint64_t shard_bytes_ = 0, slot_bytes_ = 0, slot_bound_ = 0, unit_bytes_max_ = 0;
   uint64_t gathered_bytes_now_ = 0, gathered_bytes_peak_ = 0;

@@ -160,6 +160,7 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
   for (size_t i = 0; i < s.profile.ms.size(); ++i)
     if (rt.ctx.is_cuda()) split[step_part_name(static_cast<StepPart>(i))] = s.profile.ms[i] * per;
   j["time_split_ms"] = split;
+  j["memory_ledger"] = p.ledger.to_json();
 
   if (rank == 0) {
     std::string t;
@@ -168,6 +169,12 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
                      o.preset, m.num_hidden_layers, m.hidden_size, m.intermediate_size, m.vocab_size, o.batch, o.seq,
                      o.rank, size, size == 1 ? "" : "s", rt.ctx.describe());
     t += p.plan + "\n";
+    t += "memory ledger at start:\n";
+    for (const LedgerLine& l : p.ledger.lines())
+      t += fmt::format("  {:<52} {:>9.3f} GB  {}\n", l.name, static_cast<double>(l.bytes) * 1e-9, memory_place_name(l.place));
+    if (const auto u = p.ledger.unaccounted())
+      t += fmt::format("  {:<52} {:>9.3f} GB  (measured in use {:.3f} GB)\n", "device, unaccounted",
+                       static_cast<double>(*u) * 1e-9, static_cast<double>(*p.ledger.measured()) * 1e-9);
     t += fmt::format("  {:<26} {:.0f}\n", "tokens/s", tps);
     t += fmt::format("  {:<26} {:.1f} ms ({} timed after {} warm-up)\n", "step", o.steps ? 1e3 * secs / o.steps : 0.0,
                      o.steps, o.warmup);

@@ -44,6 +44,8 @@ void TrainJob::open() {
 }
 
 void TrainJob::build_model() {
+  // The runtime's own device memory (CUDA context, communicators), before anything of the model.
+  const std::optional<int64_t> runtime_bytes = rt_.ctx.memory_in_use();
   // ---- memory plan (offload, MLP chunks), then the model, sharded ----
   plan_ = plan_memory(config_, job_llama_config(config_.model), rt_.ctx.backend(), rt_.ctx.activation_dtype(),
                       rt_.data.size());
@@ -78,6 +80,32 @@ void TrainJob::build_model() {
   model_ = std::make_unique<LlamaModel>(mc, *qm_->tree, rt_.ctx, mo_);
   if (rank_ == 0) QS_LOG_INFO("step buffers: {}", model_->buffer_plan().ledger());
   fsdp_ = std::make_unique<FsdpDriver>(*model_, *qm_);
+  account_memory(runtime_bytes);
+}
+
+// The memory ledger: every allocation of the build, line by line, against the memory in use.
+void TrainJob::account_memory(std::optional<int64_t> runtime_bytes) {
+  MemoryLedger l(rt_.ctx.is_cuda() ? "GPU" : "host (CPU backend)");
+  if (runtime_bytes)
+    l.add("CUDA context and communicators (before the build)", static_cast<uint64_t>(*runtime_bytes), MemoryPlace::kDevice);
+  qm_->mgr->account(l);
+  auto place = [&](const Tensor& t) {  // optimizer state on the host is plain host memory: not a ledger line
+    return t.device() == rt_.ctx.compute_device() ? std::optional<MemoryPlace>(MemoryPlace::kDevice) : std::nullopt;
+  };
+  for (size_t u = 0; u < opt_.exp_avg.size(); ++u)
+    if (const auto p = place(opt_.exp_avg[u]))
+      l.add("AdamW moments", opt_.exp_avg[u].nbytes() + opt_.exp_avg_sq[u].nbytes(), *p);
+  if (const auto p = place(opt_.norm_scratch))
+    l.add("gradient-norm scratch", opt_.norm_scratch.nbytes() + opt_.clip_scale.nbytes(), *p);
+  const BufferPlan& bp = model_->buffer_plan();
+  l.add("step activations", static_cast<uint64_t>(bp.total(BufferLife::kRun)), MemoryPlace::kDevice);
+  l.add("kept layers' activations", static_cast<uint64_t>(bp.total(BufferLife::kKept)), MemoryPlace::kDevice);
+  l.add("step workspace", static_cast<uint64_t>(model_->allocated_bytes().workspace), MemoryPlace::kDevice);
+  l.add("attention library workspace (estimate)", static_cast<uint64_t>(bp.total(BufferLife::kLibrary)),
+        MemoryPlace::kDevice);
+  if (const auto in_use = rt_.ctx.memory_in_use()) l.set_measured(static_cast<uint64_t>(*in_use));
+  if (rank_ == 0) QS_LOG_INFO("memory ledger: {}", l.describe());
+  summary_.perf.ledger = std::move(l);
 }
 
 void TrainJob::open_data() {

@@ -83,6 +83,7 @@ class TrainJob {
   void build_model();
   void open_data();
   void restore_resumed();
+  void account_memory(std::optional<int64_t> runtime_bytes);
   void open_logger();
   void print_profile() const;
   void export_final();

@@ -107,6 +107,7 @@ StepStats train_step(Runtime& rt, QloraModel& qm, LlamaModel& model, FsdpDriver&
     optim::adamw_step(p, mgr.grad_shard(u), opt.exp_avg[u], opt.exp_avg_sq[u], o.adamw, o.step + 1,
                       rt.ctx.compute().handle(), sp);
   }
+  mgr.masters_written();  // the next step's gathers read the updated masters after these writes
   st.loss = sum_over_ranks(rt.host, model.take_loss_sum()) / std::max<double>(static_cast<double>(st.tokens), 1.0);
   // take_loss_sum waited for the compute stream: the norm and the coefficient are final.
   double norm_host = 0;

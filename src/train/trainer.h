@@ -42,6 +42,7 @@
 #include "model/llama_model.h"
 #include "runtime/communicator.h"
 #include "runtime/runtime.h"
+#include "runtime/memory_ledger.h"
 #include "runtime/sync_counters.h"
 #include "train/train_config.h"
 
@@ -61,6 +62,9 @@ struct TrainPerf {
   // (train_step's StepStats::inside): host syncs and device allocations (0 on CUDA with NCCL) and
   // lookups by name (0 on every backend: the step binds through slots and entries found once).
   SyncAllocCounts inside;
+  // Where the memory went at start-up (runtime/memory_ledger.h: the model's allocations line by
+  // line, device and pinned host, and the device memory measured in use beside them).
+  MemoryLedger ledger;
 };
 
 // Optional observers of a run (rank 0 and every other rank alike).

@@ -155,6 +155,33 @@ TEST_F(Sharded, GatheredUnitsEqualTheOriginalsWithPrefetch) {
   }
 }
 
+// The ledger (account()) is every allocation the manager made, device and pinned host; at world
+// size 1 without offload the shards are read in place: no gathered copies of any kind, views
+// point into the shards themselves.
+TEST_F(Sharded, LedgerIsEveryAllocationAndWorldOneReadsInPlace) {
+  const FullModel m = make_model();
+  for (bool offload : {false, true}) {
+    auto mgr = build(*comm_, m, offload);
+    MemoryLedger ledger;
+    mgr->account(ledger);
+    const ShardMemoryStats s = mgr->memory();
+    EXPECT_EQ(ledger.total(MemoryPlace::kDevice) + ledger.total(MemoryPlace::kPinnedHost), s.shard_bytes + s.slot_bytes)
+        << ledger.describe();
+    bool slot_copies = false;
+    for (const LedgerLine& l : ledger.lines()) slot_copies = slot_copies || l.name.rfind("gathered slots", 0) == 0;
+    const bool in_place = comm_->size() == 1 && !offload;
+    EXPECT_EQ(slot_copies, !in_place) << ledger.describe();
+    if (test_device() == Device::kCuda && offload)
+      EXPECT_GT(ledger.total(MemoryPlace::kPinnedHost), 0u) << "offloaded shards live in pinned host memory";
+    mgr->gather(1);
+    const Tensor master = mgr->master_shard(1);
+    const auto* lo = static_cast<const uint8_t*>(master.raw());
+    const auto* v = static_cast<const uint8_t*>(mgr->view(1, BufferKind::kTrainable, "q_proj.lora_A.weight").raw());
+    EXPECT_EQ(v >= lo && v < lo + master.nbytes(), in_place) << "a view into the master shard iff read in place";
+    mgr->release(1);
+  }
+}
+
 TEST_F(Sharded, StateTransitionsAreAsserted) {
   auto mgr = build(*comm_, make_model(), false);
   EXPECT_THROW(mgr->view(0, BufferKind::kFrozenFloat, "input_layernorm.weight"), Error);  // SHARDED
