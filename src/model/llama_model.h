@@ -5,10 +5,10 @@
 // (CPU reference or CUDA), the activation dtype and the stream. Nothing here branches on the
 // backend.
 //
-// Weights: the model reads a module tree built by build_llama_tree / load_llama_folder
-// (checkpoint/llama_tree.h) through LlamaTreeSlots (model/llama_binding.h): every slot found ONCE,
-// at construction; bind_layer(l) / bind_root() read the current tensors of those slots (the
-// sharded tree re-points them at gathered views at each gather) into a LayerBinding. The step
+// Weights: the model reads a module tree built by build_llama_tree (checkpoint/llama_tree.h; from a
+// folder by checkpoint/llama_loader.h) through LlamaTreeSlots (model/llama_binding.h): every slot
+// found ONCE, at construction; bind_layer(l) / bind_root() read the current tensors of those slots
+// (the sharded tree re-points them at gathered views at each gather) into a LayerBinding. The step
 // does no lookups by name and builds no strings (runtime/sync_counters.h counts lookups). 4-bit
 // weights are dequantized just in time into the workspace, into their QuantState's dtype as
 // bitsandbytes does (a bf16 model's weights dequantize to bf16 values; held in f32 on the CPU).
