@@ -3,7 +3,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "checkpoint/llama_tree.h"
+#include "checkpoint/llama_loader.h"
 #include "checkpoint/safetensors_index.h"
 
 namespace qshard {

@@ -2,19 +2,7 @@
 
 #include <algorithm>
 
-#include "checkpoint/safetensors_index.h"
-
 namespace qshard {
-namespace {
-
-std::map<std::string, DType> float_dtypes_of(const SafetensorsFolder& folder) {
-  std::map<std::string, DType> out;
-  for (const std::string& name : folder.names())
-    if (const SafetensorsEntry* e = folder.find(name); e->dtype && dtype_is_float(*e->dtype)) out.emplace(name, *e->dtype);
-  return out;
-}
-
-}  // namespace
 
 std::unique_ptr<Module> build_llama_tree(const LlamaConfig& c, const LlamaTreeOptions& o) {
   auto dtype = [&o](const std::string& fqn) {
@@ -56,34 +44,6 @@ std::unique_ptr<Module> build_llama_tree(const LlamaConfig& c, const LlamaTreeOp
   if (!c.tie_word_embeddings)
     head.add_parameter("weight", Tensor::zeros({c.vocab_size, c.hidden_size}, dtype("lm_head.weight")));
   return root;
-}
-
-std::map<std::string, DType> folder_float_dtypes(const std::string& dir) {
-  return float_dtypes_of(SafetensorsFolder::open(dir));
-}
-
-LoadedLlama load_llama_folder(const std::string& dir) {
-  LoadedLlama out{LlamaConfig::load(dir), nullptr};
-  const SafetensorsFolder folder = SafetensorsFolder::open(dir);
-  LlamaTreeOptions o;
-  // The dtype of the float weights as stored (the embedding is never quantized).
-  const SafetensorsEntry* emb = folder.find("model.embed_tokens.weight");
-  if (!emb) throw InputError(dir + ": tensor 'model.embed_tokens.weight' required by config.json is missing");
-  if (!emb->dtype || !dtype_is_float(*emb->dtype))
-    throw InputError(dir + ": tensor 'model.embed_tokens.weight' has dtype " + emb->dtype_name + " (expected F32, BF16 or F16)");
-  o.dtype = *emb->dtype;
-  o.float_dtypes = float_dtypes_of(folder);
-  if (out.config.quantized) {
-    QuantizeOptions qo;
-    qo.quant_type = parse_quant_type(out.config.bnb_quant_type);
-    qo.compress_statistics = out.config.bnb_double_quant;
-    o.quant = qo;
-  }
-  out.tree = build_llama_tree(out.config, o);
-  NamedTensors dict;
-  for (const auto& name : folder.names()) dict.emplace_back(name, folder.get(name));
-  load_state_dict(*out.tree, dict, /*strict=*/true, dir);
-  return out;
 }
 
 }  // namespace qshard

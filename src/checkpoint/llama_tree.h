@@ -1,5 +1,5 @@
-// llama_tree.h: the module tree of a Hugging Face LlamaForCausalLM, and loading a model folder
-// (f32/bf16/f16, or bitsandbytes 4-bit as transformers saves it) into it.
+// llama_tree.h: the module tree of a Hugging Face LlamaForCausalLM (a folder loads into it
+// through checkpoint/llama_loader.h).
 //
 // Tree (module types as in transformers, so FQNs equal HF state-dict keys):
 //   LlamaForCausalLM
@@ -42,19 +42,5 @@ struct LlamaTreeOptions {
 
 // A tree with zero-filled placeholder tensors of the right shapes and dtypes.
 std::unique_ptr<Module> build_llama_tree(const LlamaConfig& config, const LlamaTreeOptions& options);
-
-// The dtype each float tensor of DIR's safetensors is stored in (headers only, no data read), for
-// LlamaTreeOptions::float_dtypes: a tree built with it holds the folder's frozen tensors
-// (embeddings, norms, lm_head) in their stored dtypes, so they are written back as they came in.
-std::map<std::string, DType> folder_float_dtypes(const std::string& dir);
-
-// Reads DIR/config.json and the folder's weights into a tree (strict: every tensor the config
-// implies must be there with its shape, nothing else may be), each float tensor in its stored
-// dtype. A bitsandbytes folder gives Params4bit projections with the statistics as stored.
-struct LoadedLlama {
-  LlamaConfig config;
-  std::unique_ptr<Module> tree;
-};
-LoadedLlama load_llama_folder(const std::string& dir);
 
 }  // namespace qshard

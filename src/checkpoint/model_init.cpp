@@ -8,7 +8,6 @@
 #include <string>
 
 #include "checkpoint/random_llama.h"
-#include "checkpoint/safetensors_index.h"
 #include "runtime/parallel.h"
 
 namespace qshard {
@@ -30,34 +29,6 @@ void visit(Module& m, const std::string& prefix, const std::function<void(Module
 }
 
 }  // namespace
-
-// Base weights from an HF folder into the tree: 4-bit tensors as stored, float projections
-// quantized, other float tensors converted to the tree's dtype. Every tensor must be present.
-void load_base_weights(Module& tree, const std::string& dir, const QuantizeOptions& quant) {
-  const SafetensorsFolder folder = SafetensorsFolder::open(dir);
-  const TensorLookup lookup = [&folder](const std::string& k) -> std::optional<Tensor> {
-    if (!folder.contains(k)) return std::nullopt;
-    return folder.get(k);
-  };
-  visit(tree, "", [&](Module::Slot& s, const std::string& fqn) {
-    if (s.trainable) return;
-    if (s.kind == Module::SlotKind::kParams4bit) {
-      if (is_4bit_weight(fqn, lookup)) {
-        *s.params4bit = params4bit_from_state_dict(fqn, lookup, dir);
-      } else {
-        if (!folder.contains(fqn)) throw InputError(dir + ": tensor '" + fqn + "' required by config.json is missing");
-        *s.params4bit = quantize_4bit(folder.get(fqn), quant);
-      }
-      return;
-    }
-    if (!folder.contains(fqn)) throw InputError(dir + ": tensor '" + fqn + "' required by config.json is missing");
-    const Tensor t = folder.get(fqn);
-    if (t.shape() != s.tensor.shape())
-      throw InputError(dir + ": tensor '" + fqn + "' has shape " + shape_str(t.shape()) + ", expected " +
-                       shape_str(s.tensor.shape()));
-    s.tensor.copy_from(Tensor::from_f32(t.shape(), s.tensor.dtype(), t.to_f32_vector()));
-  });
-}
 
 void init_random_base(Module& root, uint64_t seed, double init_std) {
   // Every tensor has its own generator (random_normal), so tensors are filled in parallel and the

@@ -15,10 +15,6 @@
 namespace qshard {
 
 void init_random_base(Module& root, uint64_t seed, double init_std = 0.02);
-// Base weights of an HF folder (plain or bitsandbytes 4-bit) into the tree: stored 4-bit weights
-// as they are, float weights into Params4bit slots quantized with `quant`, other float weights
-// converted to the slot's dtype. A tensor the tree needs and the folder lacks is an InputError.
-void load_base_weights(Module& root, const std::string& dir, const QuantizeOptions& quant);
 void init_lora(Module& root, uint64_t seed);
 
 }  // namespace qshard

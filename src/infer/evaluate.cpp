@@ -7,13 +7,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/llama_tree.h"
-#include "checkpoint/peft_adapter.h"
+#include "checkpoint/llama_loader.h"
 #include "checkpoint/safetensors.h"
 #include "model/eval_loss.h"
 #include "model/llama_model.h"
 #include "text/data_loader.h"
-#include "checkpoint/model_init.h"
 #include "text/token_file.h"
 
 namespace qshard {
@@ -51,33 +49,23 @@ void move_tree_to(Module& m, Device device) {
 }
 
 InferenceModel load_inference_model(const std::string& model_dir, const std::string& adapter_dir) {
+  // 4-bit projections as stored, every other weight in f32 (on the host, then on the GPU when the
+  // command runs there); the host must hold the tree.
+  LlamaLoadOptions lo;
+  lo.floats = LlamaLoadOptions::Floats::kF32;
+  lo.adapter_dir = adapter_dir;
+  lo.strict = false;
+  lo.check_host_memory = true;
+  LoadedLlama loaded = load_llama_folder(model_dir, lo);
   InferenceModel im;
-  im.config = LlamaConfig::load(model_dir);
-  const LlamaConfig& cfg = im.config;
-  LlamaTreeOptions to;
-  to.dtype = DType::kF32;
-  QuantizeOptions quant;
-  if (cfg.quantized) {
-    quant.quant_type = parse_quant_type(cfg.bnb_quant_type);
-    quant.compress_statistics = cfg.bnb_double_quant;
-    to.quant = quant;
+  im.config = std::move(loaded.config);
+  im.tree = std::move(loaded.tree);
+  im.tree_bytes = loaded.tree_bytes;
+  if (loaded.adapter) {
+    im.options.lora_alpha = loaded.adapter->lora_alpha;
+    im.options.use_rslora = loaded.adapter->use_rslora;
+    im.lora_r = loaded.adapter->r;
   }
-  if (!adapter_dir.empty()) {
-    const PeftLoraConfig peft = read_peft_config(adapter_dir);
-    to.lora.r = peft.r;
-    to.lora.targets = peft.target_modules;
-    im.options.lora_alpha = peft.lora_alpha;
-    im.options.use_rslora = peft.use_rslora;
-    im.lora_r = peft.r;
-  }
-  // The tree holds 4-bit projections as stored, every other weight in f32 (on the host, then on
-  // the GPU when the command runs there).
-  im.tree_bytes = cfg.quantized ? llama_4bit_bytes(cfg, quant.blocksize, cfg.bnb_double_quant, 4.0).total()
-                                 : llama_size(cfg).total() * 4.0;
-  require_host_memory(im.tree_bytes, "loading " + model_dir, llama_size_keys(cfg));
-  im.tree = build_llama_tree(cfg, to);
-  load_base_weights(*im.tree, model_dir, quant);
-  if (!adapter_dir.empty()) load_peft_adapter(*im.tree, adapter_dir);
   return im;
 }
 

@@ -1,7 +1,7 @@
 // llama_binding.h: the weights of a LlamaModel: the tree's slots found once, and binding.
 //
 // What: LlamaTreeSlots finds every slot a LlamaModel reads in a module tree built by
-// build_llama_tree / load_llama_folder (checkpoint/llama_tree.h) ONCE, at construction: names and
+// build_llama_tree (checkpoint/llama_tree.h; from a folder by checkpoint/llama_loader.h) ONCE, at construction: names and
 // shapes checked, errors name the fqn. Projections are Linear {weight} (f32/bf16/f16) or
 // Linear4bit {weight: Params4bit}, optionally with lora_A {weight [r,in] f32} and lora_B
 // {weight [out,r] f32}. It also measures what the model's buffers need from the tree (the widest

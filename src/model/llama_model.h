@@ -8,7 +8,7 @@
 // Weights: the model reads them through a LlamaWeights (model/layer_weights.h): typed per layer
 // (4-bit arguments, norms, LoRA operands and their gradients), resolved once by their owner.
 // By default the owner is the module tree itself (LlamaTreeSlots, model/llama_binding.h: every
-// slot found ONCE, at construction, from a tree built by build_llama_tree / load_llama_folder);
+// slot found ONCE, at construction, from a tree built by build_llama_tree or checkpoint/llama_loader.h);
 // a sharded trainer sets its manager's views instead (set_weights; the post-gather step of
 // train/sharded_llama_weights.h), and the tree then only gives the shapes. bind_layer(l) /
 // bind_root() read the owner's current weights into a LayerBinding. The step does no lookups by

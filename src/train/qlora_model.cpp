@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "checkpoint/llama_loader.h"
 #include "checkpoint/llama_tree.h"
 #include "checkpoint/peft_adapter.h"
 #include "checkpoint/random_llama.h"
@@ -89,18 +90,28 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
   const QuantizeOptions quant{config.model.quant_type, config.model.blocksize, config.model.double_quant};
   m->config = job_llama_config(config.model);
   check_job_fits(config, m->config, rt, plan);
-  LlamaTreeOptions to;
-  // Frozen float tensors keep the dtype they have in model.path's folder (bf16 stays bf16), so
-  // exports write them back as they came in; the model widens them to f32 when it binds them.
-  // A random base (model.init) is in model.init.dtype (float32 unless set).
-  to.dtype = config.model.path.empty() ? config.model.init.dtype : DType::kF32;
-  if (!config.model.path.empty()) to.float_dtypes = folder_float_dtypes(config.model.path);
-  to.quant = quant;
-  to.lora.r = config.lora.r;
-  to.lora.targets = config.lora.target_modules;
-  m->tree = build_llama_tree(m->config, to);
-  if (config.model.path.empty()) init_random_base(*m->tree, config.model.init.seed);
-  else load_base_weights(*m->tree, config.model.path, quant);
+  const LoraSpec lora{config.lora.r, config.lora.target_modules};
+  if (config.model.path.empty()) {
+    // A random base (model.init) in model.init.dtype (float32 unless set).
+    LlamaTreeOptions to;
+    to.dtype = config.model.init.dtype;
+    to.quant = quant;
+    to.lora = lora;
+    m->tree = build_llama_tree(m->config, to);
+    init_random_base(*m->tree, config.model.init.seed);
+  } else {
+    // Frozen float tensors keep the dtype they have in model.path's folder (bf16 stays bf16), so
+    // exports write them back as they came in; the model widens them to f32 when it binds them.
+    // Float projections are quantized on load; tensors the model has no slot for are ignored.
+    // check_job_fits above was the memory check.
+    LlamaLoadOptions lo;
+    lo.floats = LlamaLoadOptions::Floats::kAsStored;
+    lo.quantize = quant;
+    lo.lora = lora;
+    lo.strict = false;
+    LoadedLlama loaded = load_llama_folder(config.model.path, lo);
+    m->tree = std::move(loaded.tree);
+  }
   init_lora(*m->tree, config.seed);
   if (for_training && !config.lora.init_adapter.empty()) start_from_adapter(*m->tree, config);
   for (const auto& [k, t] : state_dict(*m->tree, {true, false, true})) m->trainable_parameters += t.numel();

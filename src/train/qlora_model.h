@@ -2,13 +2,13 @@
 // and `qshard export` (so a checkpoint's trainable state fits the model rebuilt from its config).
 //
 // build_qlora_model(config, rt): the Llama config (model.path's config.json, or model.init's
-// sizes), the module tree (Linear4bit base weights: model.path's weights, quantized on load when
-// they are float, or a seeded random base; the frozen float tensors in model.path's stored dtypes,
-// f32 for a random base; LoRA A/B in PEFT's init, seeded by name), sharded through a
-// ShardedParameterManager over rt.data on rt.ctx's compute stream and device (one unit per
-// decoder layer + a root unit with a slot of its own; offload per config.offload.params /
-// .optimizer), finalized; the tree then keeps shapes only until a unit is gathered. Identical on
-// every rank and world size.
+// sizes), the module tree (Linear4bit base weights: model.path's weights through
+// checkpoint/llama_loader.h, quantized on load when they are float, tensors without a slot ignored,
+// or a seeded random base; the frozen float tensors in model.path's stored dtypes, model.init.dtype
+// for a random base; LoRA A/B in PEFT's init, seeded by name), sharded through a ShardedParameterManager over
+// rt.data on rt.ctx's compute stream and device (one unit per decoder layer + a root unit with a
+// slot of its own; offload per config.offload.params / .optimizer), finalized; the tree then keeps
+// shapes only until a unit is gathered. Identical on every rank and world size.
 // state_shards(): this rank's trainable state per unit for sharded_checkpoint.h: the master
 // shard ("master") and, when given, the optimizer's moments ("exp_avg", "exp_avg_sq").
 // weights: what a LlamaModel over this tree computes with (LlamaModel::set_weights): the

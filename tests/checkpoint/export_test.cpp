@@ -25,6 +25,7 @@
 #include "common/test_stream.h"
 #include "checkpoint/bnb_folder.h"
 #include "checkpoint/export.h"
+#include "checkpoint/llama_loader.h"
 #include "checkpoint/llama_tree.h"
 #include "checkpoint/peft_adapter.h"
 #include "checkpoint/safetensors_index.h"

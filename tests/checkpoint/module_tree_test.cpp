@@ -12,6 +12,7 @@
 
 #include "checkpoint/bnb_folder.h"
 #include "checkpoint/inspect.h"
+#include "checkpoint/llama_loader.h"
 #include "checkpoint/llama_tree.h"
 #include "checkpoint/random_llama.h"
 #include "checkpoint/safetensors.h"

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "checkpoint/llama_loader.h"
 #include "checkpoint/llama_tree.h"
 #include "checkpoint/random_llama.h"
 #include "checkpoint/model_init.h"
@@ -43,8 +44,11 @@ TEST_P(ModelInitDtype, InitModelFolderEqualsModelInitBase) {
   ro.seed = cfg.model.init.seed;
   ro.dtype = cfg.model.init.dtype;
   write_random_llama_folder(dir.string(), ro);
-  auto from_folder = build_llama_tree(LlamaConfig::load(dir.string()), to);
-  load_base_weights(*from_folder, dir.string(), quant);
+  // As build_qlora_model loads model.path: float tensors as stored, projections quantized on load.
+  LlamaLoadOptions lo;
+  lo.quantize = quant;
+  lo.strict = false;
+  auto from_folder = load_llama_folder(dir.string(), lo).tree;
   fs::remove_all(dir);
 
   const NamedTensors a = state_dict(*from_init), b = state_dict(*from_folder);

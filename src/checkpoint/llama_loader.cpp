@@ -1,0 +1,171 @@
+#include "checkpoint/llama_loader.h"
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/safetensors_index.h"
+#include "runtime/error.h"
+#include "runtime/machine.h"
+
+namespace qshard {
+namespace {
+
+// The quantization a bitsandbytes folder's config.json names (bitsandbytes' block size of 64).
+QuantizeOptions folder_quantize_options(const LlamaConfig& c) {
+  QuantizeOptions q;
+  q.quant_type = parse_quant_type(c.bnb_quant_type);
+  q.compress_statistics = c.bnb_double_quant;
+  return q;
+}
+
+std::map<std::string, DType> float_dtypes_of(const SafetensorsFolder& folder) {
+  std::map<std::string, DType> out;
+  for (const std::string& name : folder.names())
+    if (const SafetensorsEntry* e = folder.find(name); e->dtype && dtype_is_float(*e->dtype)) out.emplace(name, *e->dtype);
+  return out;
+}
+
+void visit_slots(Module& m, const std::string& prefix, const std::function<void(Module::Slot&, const std::string&)>& f) {
+  for (const Module::Slot& s : m.slots()) f(*m.slot(s.name), prefix + s.name);
+  for (const auto& [name, child] : m.children()) visit_slots(*child, prefix + name + ".", f);
+}
+
+std::string desc(const std::string& dtype_name, const Shape& shape) { return dtype_name + " " + shape_str(shape); }
+
+// One frozen slot and where its value comes from, decided from the folder's headers (a 4-bit
+// weight is read and checked here already, as its statistics decide whether it fits).
+struct SlotFill {
+  enum class How { kTensor, kQuantize, kStored4bit };
+  Module::Slot* slot = nullptr;
+  std::string key;
+  How how = How::kTensor;
+  std::optional<Params4bit> stored;  // kStored4bit
+};
+
+// Matches every frozen slot of `tree` with the folder's tensors: the fills to run and the problems
+// (missing, mismatched, and with `strict` the folder's tensors that no slot takes).
+LoadReport plan_fills(Module& tree, const SafetensorsFolder& folder, const LlamaConfig& config, bool strict,
+                      const std::string& dir, std::vector<SlotFill>& fills) {
+  const TensorLookup lookup = [&folder](const std::string& k) -> std::optional<Tensor> {
+    if (!folder.contains(k)) return std::nullopt;
+    return folder.get(k);
+  };
+  LoadReport rep;
+  std::set<std::string> consumed;
+  visit_slots(tree, "", [&](Module::Slot& s, const std::string& key) {
+    if (s.trainable) return;  // LoRA: the caller's init or the adapter
+    const SafetensorsEntry* e = folder.find(key);
+    if (!e) {
+      rep.missing.push_back(key);
+      return;
+    }
+    if (s.kind == Module::SlotKind::kParams4bit) {
+      const Shape& want = s.params4bit->quant_state.shape;
+      // A 4-bit folder's projections must be stored in 4-bit under strict (what its config implies).
+      if (is_4bit_weight(key, lookup) || (strict && config.quantized)) {
+        try {
+          Params4bit p = params4bit_from_state_dict(key, lookup, dir);
+          for (const auto& [k, t] : params4bit_state_dict(p, key)) consumed.insert(k);
+          if (p.quant_state.shape != want)
+            rep.mismatched.push_back(key + ": expected 4-bit " + shape_str(want) + ", got " + shape_str(p.quant_state.shape));
+          else
+            fills.push_back({&s, key, SlotFill::How::kStored4bit, std::move(p)});
+        } catch (const InputError& err) {
+          rep.mismatched.push_back(key + ": " + err.what());
+          consumed.insert(key);
+        }
+        return;
+      }
+      consumed.insert(key);
+      if (!e->dtype || !dtype_is_float(*e->dtype) || e->shape != want)
+        rep.mismatched.push_back(key + ": expected F32, BF16 or F16 " + shape_str(want) + " to quantize, got " +
+                                 desc(e->dtype_name, e->shape));
+      else
+        fills.push_back({&s, key, SlotFill::How::kQuantize, std::nullopt});
+      return;
+    }
+    consumed.insert(key);
+    const DType want = s.tensor.dtype();
+    if (!e->dtype || !dtype_is_float(*e->dtype))
+      rep.mismatched.push_back(key + ": expected F32, BF16 or F16 " + shape_str(s.tensor.shape()) + ", got " +
+                               desc(e->dtype_name, e->shape));
+    else if (e->shape != s.tensor.shape())
+      rep.mismatched.push_back(key + ": expected " + desc(dtype_safetensors_name(want), s.tensor.shape()) + ", got " +
+                               desc(e->dtype_name, e->shape));
+    else
+      fills.push_back({&s, key, SlotFill::How::kTensor, std::nullopt});
+  });
+  if (strict)
+    for (const std::string& name : folder.names())
+      if (!consumed.count(name)) rep.unexpected.push_back(name);
+  return rep;
+}
+
+void run_fill(SlotFill& f, const SafetensorsFolder& folder, const QuantizeOptions& quantize) {
+  switch (f.how) {
+    case SlotFill::How::kStored4bit:
+      *f.slot->params4bit = std::move(*f.stored);
+      return;
+    case SlotFill::How::kQuantize:
+      *f.slot->params4bit = quantize_4bit(folder.get(f.key), quantize);
+      return;
+    case SlotFill::How::kTensor: {
+      const Tensor t = folder.get(f.key);
+      Tensor& dst = f.slot->tensor;
+      // The same dtype: the stored bytes; another float dtype: through f32 (exact for widening).
+      if (t.dtype() == dst.dtype()) dst.copy_from(t);
+      else dst.copy_from(Tensor::from_f32(t.shape(), dst.dtype(), t.to_f32_vector()));
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+double llama_tree_bytes(const LlamaConfig& c, const LlamaLoadOptions& o) {
+  double other = 2.0;  // kAsStored, config.json naming no float dtype
+  if (o.floats == LlamaLoadOptions::Floats::kF32) other = 4.0;
+  else if (c.dtype && dtype_is_float(*c.dtype)) other = static_cast<double>(dtype_size(*c.dtype));
+  if (c.quantized) return llama_4bit_bytes(c, QuantizeOptions{}.blocksize, c.bnb_double_quant, other).total();
+  if (o.quantize) return llama_4bit_bytes(c, o.quantize->blocksize, o.quantize->compress_statistics, other).total();
+  return llama_size(c).total() * other;
+}
+
+LoadedLlama load_llama_folder(const std::string& dir, const LlamaLoadOptions& o) {
+  QS_CHECK(o.adapter_dir.empty() || o.lora.r == 0, "load_llama_folder: LoRA slots come from lora or adapter_dir, not both");
+  LoadedLlama out;
+  out.config = LlamaConfig::load(dir);
+  const LlamaConfig& config = out.config;
+  LlamaTreeOptions to;
+  to.lora = o.lora;
+  if (!o.adapter_dir.empty()) {
+    out.adapter = read_peft_config(o.adapter_dir);
+    to.lora.r = out.adapter->r;
+    to.lora.targets = out.adapter->target_modules;
+  }
+  out.tree_bytes = llama_tree_bytes(config, o);
+  if (o.check_host_memory) require_host_memory(out.tree_bytes, "loading " + dir, llama_size_keys(config));
+
+  const SafetensorsFolder folder = SafetensorsFolder::open(dir);
+  // Float weights f32 unless stored otherwise and kept as stored; the 4-bit placeholders are
+  // replaced by the stored or quantized weights.
+  to.dtype = DType::kF32;
+  if (o.floats == LlamaLoadOptions::Floats::kAsStored) to.float_dtypes = float_dtypes_of(folder);
+  const QuantizeOptions quantize = o.quantize ? *o.quantize : folder_quantize_options(config);
+  if (config.quantized || o.quantize) to.quant = quantize;
+  out.tree = build_llama_tree(config, to);
+
+  std::vector<SlotFill> fills;
+  const LoadReport rep = plan_fills(*out.tree, folder, config, o.strict, dir, fills);
+  if (!rep.ok()) throw InputError(dir + ": state dict does not match the model: " + rep.str());
+  for (SlotFill& f : fills) run_fill(f, folder, quantize);
+  if (!o.adapter_dir.empty()) load_peft_adapter(*out.tree, o.adapter_dir);
+  return out;
+}
+
+}  // namespace qshard
