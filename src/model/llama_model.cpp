@@ -80,8 +80,12 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   rp.low_freq_factor = c.rope_scaling.low_freq_factor;
   rp.high_freq_factor = c.rope_scaling.high_freq_factor;
   rp.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
+  // The libraries' handles, kernels and attention workspace, measured (the memory ledger's line).
+  const std::optional<int64_t> before_libraries = ctx_.memory_in_use();
   ops::prepare(ctx_);
   ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D);
+  const std::optional<int64_t> after_libraries = ctx_.memory_in_use();
+  if (before_libraries && after_libraries) library_bytes_ = std::max<int64_t>(*after_libraries - *before_libraries, 0);
   ops::rope_tables(a.rope_cos, a.rope_sin, rp, max_seq_, ctx_);
 
   // ---- workspace: the plan's (the larger of a layer's and an LM-head chunk's scratch) ----

@@ -59,6 +59,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -195,6 +196,9 @@ class LlamaModel {
   int64_t head_chunk_rows() const { return head_rows_; }
   // Bytes this model allocated: its activation buffers and the context workspace it reserved.
   LlamaStepBytes allocated_bytes() const;
+  // The device memory the libraries took when the model prepared them (cuBLAS / cuDNN handles,
+  // kernels, the attention workspace): measured, nullopt on the CPU or when they were ready before.
+  std::optional<int64_t> library_bytes() const { return library_bytes_; }
   // Every buffer this model allocated (its tree's plan; the entries' targets are its own).
   const BufferPlan& buffer_plan() const { return plan_; }
 
@@ -263,6 +267,7 @@ class LlamaModel {
   int64_t row_offset_ = 0;
   int64_t chunk_row_offset_ = 0;  // the MLP chunk's first row (dropout keys are per global row)
   bool training_ = true;
+  std::optional<int64_t> library_bytes_;
 };
 
 }  // namespace qshard

@@ -87,7 +87,7 @@ void TrainJob::build_model() {
 void TrainJob::account_memory(std::optional<int64_t> runtime_bytes) {
   MemoryLedger l(rt_.ctx.is_cuda() ? "GPU" : "host (CPU backend)");
   if (runtime_bytes)
-    l.add("CUDA context and communicators (before the build)", static_cast<uint64_t>(*runtime_bytes), MemoryPlace::kDevice);
+    l.add("CUDA context, communicators (before the build)", static_cast<uint64_t>(*runtime_bytes), MemoryPlace::kDevice);
   qm_->mgr->account(l);
   auto place = [&](const Tensor& t) {  // optimizer state on the host is plain host memory: not a ledger line
     return t.device() == rt_.ctx.compute_device() ? std::optional<MemoryPlace>(MemoryPlace::kDevice) : std::nullopt;
@@ -101,8 +101,11 @@ void TrainJob::account_memory(std::optional<int64_t> runtime_bytes) {
   l.add("step activations", static_cast<uint64_t>(bp.total(BufferLife::kRun)), MemoryPlace::kDevice);
   l.add("kept layers' activations", static_cast<uint64_t>(bp.total(BufferLife::kKept)), MemoryPlace::kDevice);
   l.add("step workspace", static_cast<uint64_t>(model_->allocated_bytes().workspace), MemoryPlace::kDevice);
-  l.add("attention library workspace (estimate)", static_cast<uint64_t>(bp.total(BufferLife::kLibrary)),
-        MemoryPlace::kDevice);
+  if (const auto lib = model_->library_bytes())  // measured: handles, kernels, attention workspace
+    l.add("cuBLAS / cuDNN handles, kernels and workspace (measured)", static_cast<uint64_t>(*lib), MemoryPlace::kDevice);
+  else
+    l.add("attention library workspace (estimate)", static_cast<uint64_t>(bp.total(BufferLife::kLibrary)),
+          MemoryPlace::kDevice);
   if (const auto in_use = rt_.ctx.memory_in_use()) l.set_measured(static_cast<uint64_t>(*in_use));
   if (rank_ == 0) QS_LOG_INFO("memory ledger: {}", l.describe());
   summary_.perf.ledger = std::move(l);

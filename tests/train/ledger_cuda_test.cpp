@@ -32,7 +32,8 @@ TEST(LedgerCuda, AddsUpToTheMemoryInUse) {
   c.data.max_seq_len = 512;
   c.batch.global_batch_size = 2;
   c.batch.micro_batch_size = 2;
-  c.steps = 1;
+  c.steps = 2;
+  c.schedule.warmup_steps = 0;
   c.data.eval_fraction = 0;
   c.checkpoint.dir.clear();  // no checkpoints, no export: the ledger is made at start-up
   c.logging.gemm_tflops = 0;
