@@ -2,6 +2,7 @@
 
 #include "runtime/mpi_check.h"
 #include "runtime/mpi_communicator.h"
+#include "runtime/self_communicator.h"
 #include "runtime/world.h"
 #if QSHARD_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -16,6 +17,7 @@ namespace qshard {
 
 std::unique_ptr<Communicator> make_data_communicator(const World& world, const DeviceContext& ctx) {
   if (!ctx.is_cuda()) return nullptr;
+  if (world.size() == 1) return std::make_unique<SelfCommunicator>();  // nothing to exchange: no NCCL
   int shares = 0;  // this rank's GPU serves another rank of the node too
 #if QSHARD_WITH_CUDA
   int gpus = 0;

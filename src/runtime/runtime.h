@@ -46,7 +46,7 @@ class JobRuntime {
 };
 
 // The data communicator for `ctx` on the ranks of `world`: nullptr when `host` serves (the CPU
-// backend); an NcclCommunicator when every rank of the node has a GPU of its own; otherwise an
+// backend); a SelfCommunicator for a one-rank GPU job (runtime/self_communicator.h); an NcclCommunicator when every rank of the node has a GPU of its own; otherwise an
 // MpiCommunicator over MPI_COMM_WORLD (pinned staging). Collective: every rank calls it.
 std::unique_ptr<Communicator> make_data_communicator(const World& world, const DeviceContext& ctx);
 
