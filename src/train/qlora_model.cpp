@@ -99,7 +99,9 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
   to.lora.r = config.lora.r;
   to.lora.targets = config.lora.target_modules;
   m->tree = build_llama_tree(m->config, to);
-  if (config.model.path.empty()) init_random_base(*m->tree, config.model.init.seed);
+  if (config.model.path.empty())  // N(0, initializer_range): 0.02, as llama_config_json wrote it
+    init_random_base(*m->tree, config.model.init.seed, m->config.raw.value("initializer_range", 0.02),
+                     config.model.init.draw_4bit);
   else load_base_weights(*m->tree, config.model.path, quant);
   init_lora(*m->tree, config.seed);
   if (for_training && !config.lora.init_adapter.empty()) start_from_adapter(*m->tree, config);
