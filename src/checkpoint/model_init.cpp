@@ -1,5 +1,6 @@
 #include "checkpoint/model_init.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -65,11 +66,16 @@ void load_base_weights(Module& tree, const std::string& dir, const QuantizeOptio
 
 void init_random_base(Module& root, uint64_t seed, double init_std, bool draw_4bit) {
   // Every tensor has its own generator (random_normal), so tensors are filled in parallel and the
-  // values do not depend on the thread count.
+  // values do not depend on the thread count or order. Largest first: the embedding and the LM head
+  // (a 70B's largest tensors, 1e9 values each) start at once instead of the head closing the run alone.
   std::vector<std::pair<Module::Slot*, std::string>> todo;
   visit(root, "", [&](Module::Slot& s, const std::string& fqn) {
     if (!s.trainable) todo.emplace_back(&s, fqn);
   });
+  auto numel = [](const Module::Slot* s) {
+    return s->kind == Module::SlotKind::kParams4bit ? s->params4bit->quant_state.numel() : s->tensor.numel();
+  };
+  std::stable_sort(todo.begin(), todo.end(), [&](const auto& a, const auto& b) { return numel(a.first) > numel(b.first); });
   auto fill = [&](Module::Slot& s, const std::string& fqn) {
     if (s.kind == Module::SlotKind::kParams4bit) {
       const QuantState& st = s.params4bit->quant_state;
