@@ -202,7 +202,10 @@ void draw_block(const Draw& d, int64_t b, uint8_t* packed, float* absmax) {
     out[j] = static_cast<uint8_t>((code[interval_of(t, static_cast<uint32_t>(w >> 32))] << 4) |
                                   code[interval_of(t, static_cast<uint32_t>(w))]);
   }
-  if (len & 1) out[pairs] = static_cast<uint8_t>((code[interval_of(t, static_cast<uint32_t>(word(2 + pairs) >> 32))] << 4) | d.pad);
+  if (len & 1) {  // an odd count: the last value in the high nibble, the padding code in the low one
+    const uint32_t last = static_cast<uint32_t>(word(2 + static_cast<uint64_t>(pairs)) >> 32);
+    out[pairs] = static_cast<uint8_t>((code[interval_of(t, last)] << 4) | d.pad);
+  }
   // The max element: uniform position, uniform sign, the code quantize_4bit gives +-a.
   const uint64_t w1 = word(1);
   const int64_t pos = static_cast<int64_t>(((w1 >> 32) * static_cast<uint64_t>(len)) >> 32);

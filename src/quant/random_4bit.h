@@ -18,7 +18,7 @@
 //            (Phi(M / std) - Phi(-M / std)), one 32-bit uniform per element against the 15
 //            cumulative thresholds of its block (a 4-step branchless search).
 // Exact in distribution up to: the uniforms' 2^-32 resolution of those probabilities; Phi from a
-// table with cubic Hermite interpolation (absolute error < 1e-11) and Phi^-1 by Acklam's rational
+// table with cubic Hermite interpolation (absolute error < 1e-10) and Phi^-1 by Acklam's rational
 // approximation (relative error < 1.2e-9, below float32's rounding of M); and the input dtype's
 // rounding of the values themselves near a boundary (quantize_4bit of a bf16 tensor compares
 // values rounded to 8 significant bits: one within 2^-9 relative of A b_k may fall on the other
