@@ -136,6 +136,10 @@ int run_init_model(InitModelArgs& a, int, char**) {
     // The model model.init trains from: its sizes, its seed, and (unless --dtype says
     // otherwise) model.init.dtype, the dtype model.init draws in: the same values as training gets.
     const ModelInitConfig m = load_train_config(a.config).model.init;
+    if (m.draw_4bit)
+      throw InputError("init-model --config " + a.config + ": model.init.draw_4bit is true: that job's 4-bit base "
+                       "is drawn directly in 4-bit, with no float original to write; set it to false for the "
+                       "model init-model writes (the base quantized from that folder is then the job's)");
     static_cast<LlamaSizes&>(ro) = m;
     if (a.seed_option->count() == 0) ro.seed = m.seed;
     if (a.dtype_option->count() == 0) ro.dtype = m.dtype;

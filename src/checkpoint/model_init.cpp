@@ -1,5 +1,6 @@
 #include "checkpoint/model_init.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -8,18 +9,22 @@
 #include <string>
 
 #include "checkpoint/random_llama.h"
+#include "quant/random_4bit.h"
 #include "runtime/parallel.h"
 
 namespace qshard {
 namespace {
 
-// LoRA A's generator per tensor: seed mixed with an FNV-1a hash of the name (as random_normal),
-// so the values do not depend on visiting order, rank or world size.
-std::mt19937_64 rng_for(uint64_t seed, const std::string& fqn) {
+// A tensor's stream key: seed mixed with an FNV-1a hash of the name (as random_normal), so the
+// values do not depend on visiting order, rank or world size.
+uint64_t name_key(uint64_t seed, const std::string& fqn) {
   uint64_t h = 1469598103934665603ull ^ seed;
   for (unsigned char c : fqn) h = (h ^ c) * 1099511628211ull;
-  return std::mt19937_64(h);
+  return h;
 }
+
+// LoRA A's generator per tensor.
+std::mt19937_64 rng_for(uint64_t seed, const std::string& fqn) { return std::mt19937_64(name_key(seed, fqn)); }
 
 double uniform01(std::mt19937_64& g) { return (static_cast<double>(g() >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
 
@@ -30,16 +35,26 @@ void visit(Module& m, const std::string& prefix, const std::function<void(Module
 
 }  // namespace
 
-void init_random_base(Module& root, uint64_t seed, double init_std) {
+void init_random_base(Module& root, uint64_t seed, double init_std, bool draw_4bit) {
   // Every tensor has its own generator (random_normal), so tensors are filled in parallel and the
-  // values do not depend on the thread count.
+  // values do not depend on the thread count or order. Largest first: the embedding and the LM head
+  // (a 70B's largest tensors, 1e9 values each) start at once instead of the head closing the run alone.
   std::vector<std::pair<Module::Slot*, std::string>> todo;
   visit(root, "", [&](Module::Slot& s, const std::string& fqn) {
     if (!s.trainable) todo.emplace_back(&s, fqn);
   });
+  auto numel = [](const Module::Slot* s) {
+    return s->kind == Module::SlotKind::kParams4bit ? s->params4bit->quant_state.numel() : s->tensor.numel();
+  };
+  std::stable_sort(todo.begin(), todo.end(), [&](const auto& a, const auto& b) { return numel(a.first) > numel(b.first); });
   auto fill = [&](Module::Slot& s, const std::string& fqn) {
     if (s.kind == Module::SlotKind::kParams4bit) {
       const QuantState& st = s.params4bit->quant_state;
+      if (draw_4bit) {  // one tensor per thread already: the draw stays on this one
+        *s.params4bit = random_4bit(st.shape, st.dtype, {st.quant_type, st.blocksize, st.nested()}, init_std,
+                                    name_key(seed, fqn), /*threads=*/1);
+        return;
+      }
       const Tensor w = Tensor::from_f32(st.shape, st.dtype, random_normal(seed, fqn, st.numel(), init_std));
       *s.params4bit = quantize_4bit(w, {st.quant_type, st.blocksize, st.nested()});
       return;

@@ -2,7 +2,10 @@
 // every world size (everything derives from one seed and each tensor's fully qualified name).
 //
 // init_random_base: float weights ~ N(0, init_std) (transformers' initializer_range), RMSNorm
-//   weights 1, 4-bit projections quantized from such a normal draw (a random tiny Llama).
+//   weights 1, 4-bit projections quantized from such a normal draw (a random tiny Llama), or with
+//   draw_4bit drawn directly in 4-bit (quant/random_4bit.h: the statistics quantize_4bit gives such a
+//   draw, not its bytes; no float tensor is made: what a 70B bench base needs). Tensors are filled
+//   on the host's threads, each from its own seed-and-name stream: the same bytes at any thread count.
 // init_lora: PEFT's default init: lora_A ~ kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)),
 //   lora_B = 0 (so the adapted model starts equal to the base model).
 #pragma once
@@ -14,7 +17,7 @@
 
 namespace qshard {
 
-void init_random_base(Module& root, uint64_t seed, double init_std = 0.02);
+void init_random_base(Module& root, uint64_t seed, double init_std = 0.02, bool draw_4bit = false);
 void init_lora(Module& root, uint64_t seed);
 
 }  // namespace qshard

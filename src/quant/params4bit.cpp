@@ -37,19 +37,31 @@ Params4bit quantize_4bit(const Tensor& x, const QuantizeOptions& o) {
   const Device d = x.device();
   const int64_t n = x.numel();
   const int64_t nb = (n + o.blocksize - 1) / o.blocksize;
-  Params4bit p;
-  p.data = Tensor::empty({(n + 1) / 2, 1}, DType::kU8, d);
+  Tensor packed = Tensor::empty({(n + 1) / 2, 1}, DType::kU8, d);
   Tensor absmax = Tensor::empty({nb}, DType::kF32, d);
-  quant::quantize_4bit(d, x.raw(), x.dtype(), n, o.blocksize, o.quant_type, p.data.data<uint8_t>(),
+  quant::quantize_4bit(d, x.raw(), x.dtype(), n, o.blocksize, o.quant_type, packed.data<uint8_t>(),
                        absmax.data<float>(), nullptr);
+  return params4bit_from_blocks(std::move(packed), std::move(absmax), x.shape(), x.dtype(), o);
+}
+
+Params4bit params4bit_from_blocks(Tensor packed, Tensor absmax, const Shape& shape, DType dtype,
+                                  const QuantizeOptions& o) {
+  const int64_t n = shape_numel(shape);
+  const int64_t nb = (n + o.blocksize - 1) / o.blocksize;
+  QS_CHECK(packed.dtype() == DType::kU8 && packed.numel() == (n + 1) / 2, "params4bit_from_blocks: packed size");
+  QS_CHECK(absmax.dtype() == DType::kF32 && absmax.numel() == nb && absmax.device() == packed.device(),
+           "params4bit_from_blocks: absmax size or device");
+  const Device d = absmax.device();
+  Params4bit p;
+  p.data = std::move(packed);
   QuantState& st = p.quant_state;
   st.quant_type = o.quant_type;
   st.blocksize = o.blocksize;
-  st.dtype = x.dtype();
-  st.shape = x.shape();
+  st.dtype = dtype;
+  st.shape = shape;
   st.code = on(code_tensor(o.quant_type), d);
   if (!o.compress_statistics) {
-    st.absmax = absmax;
+    st.absmax = std::move(absmax);
     return p;
   }
   // The offset is a mean over nblocks floats: computed on the host with the reference's exact

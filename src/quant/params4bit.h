@@ -45,6 +45,13 @@ struct QuantizeOptions {
 
 // x: any shape, f32/bf16/f16, CPU or CUDA. Result tensors live on x's device.
 Params4bit quantize_4bit(const Tensor& x, const QuantizeOptions& options = {});
+// The Params4bit around blockwise 4-bit codes: `packed` [(n+1)/2] u8 and their plain `absmax`
+// [ceil(n/blocksize)] f32 (quantize_4bit's kernel output, or random_4bit's draw) of a tensor of
+// `shape` and `dtype`; with options.compress_statistics the absmax is double-quantized (centred in
+// place, so `absmax` is consumed) exactly as quantize_4bit does it. Tensors stay on their device.
+// REQUIRES: the sizes above; packed and absmax on one device.
+Params4bit params4bit_from_blocks(Tensor packed, Tensor absmax, const Shape& shape, DType dtype,
+                                  const QuantizeOptions& options);
 // A zero-filled Params4bit with the layout quantize_4bit would give a tensor of `shape` and
 // `dtype` (CPU): the placeholder a model is built with before its weights are loaded.
 Params4bit empty_params4bit(const Shape& shape, DType dtype, const QuantizeOptions& options);

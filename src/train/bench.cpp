@@ -62,6 +62,7 @@ TrainConfig bench_config(const BenchOptions& o, const std::string& data_train, i
   m.max_position_embeddings = std::max(p.positions, o.seq);
   m.dtype = p.dtype;
   m.seed = 0;
+  m.draw_4bit = true;  // no float original needed: the projections are drawn in 4-bit (~5x faster)
   c.model.quant_type = QuantType::kNf4;
   c.model.blocksize = 64;
   c.model.double_quant = true;

@@ -1,5 +1,6 @@
 // bench.h: `qshard bench`: tokens/s, MFU, memory and the time split of QLoRA training steps on a
-// Llama-shaped random NF4 model (no model folder, no data: random token ids).
+// Llama-shaped random NF4 model (no model folder: the projections drawn directly in 4-bit,
+// model.init.draw_4bit; no data: random token ids).
 //
 // What: a preset (tiny, 1b = Llama-3.2-1B, 8b = Llama-3.1-8B, 70b = Llama-3.1-70B shapes; sizes
 // can be overridden one by one) trained with LoRA of rank `rank` on all seven projections, AdamW,

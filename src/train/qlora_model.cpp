@@ -98,7 +98,8 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
     to.quant = quant;
     to.lora = lora;
     m->tree = build_llama_tree(m->config, to);
-    init_random_base(*m->tree, config.model.init.seed);
+    init_random_base(*m->tree, config.model.init.seed, m->config.raw.value("initializer_range", 0.02),
+                     config.model.init.draw_4bit);
   } else {
     // Frozen float tensors keep the dtype they have in model.path's folder (bf16 stays bf16), so
     // exports write them back as they came in; the model widens them to f32 when it binds them.

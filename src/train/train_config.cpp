@@ -140,6 +140,7 @@ const std::vector<Field>& fields() {
       QS_FIELD("model.init.max_position_embeddings", model.init.max_position_embeddings),
       QS_FIELD("model.init.seed", model.init.seed),
       QS_FIELD("model.init.dtype", model.init.dtype),
+      QS_FIELD("model.init.draw_4bit", model.init.draw_4bit),
       QS_FIELD("model.quant_type", model.quant_type),
       QS_FIELD("model.blocksize", model.blocksize),
       QS_FIELD("model.double_quant", model.double_quant),

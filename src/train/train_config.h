@@ -64,6 +64,12 @@ struct ModelInitConfig : LlamaSizes {
   // The random base's dtype: its frozen float tensors (embeddings, norms, LM head) and the 4-bit
   // weights' QuantState dtype (a Hugging Face checkpoint's torch_dtype). float32 | bfloat16 | float16.
   DType dtype = DType::kF32;
+  // The 4-bit projections drawn directly in 4-bit (quant/random_4bit.h: the codes and statistics
+  // quantize_4bit gives a N(0, 0.02) tensor, in distribution, not its bytes) instead of drawn in
+  // float and quantized: no float original, ~5x less CPU per value (docs/PERFORMANCE.md); what
+  // `qshard bench` uses. Another base than false's: `qshard init-model --config` refuses to write
+  // it, and a resume must keep the value.
+  bool draw_4bit = false;
 };
 
 struct ModelConfig {

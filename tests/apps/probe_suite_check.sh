@@ -130,7 +130,12 @@ probe "init-model 1e9 layers" 2 "init-model .*num_hidden_layers = 1000000000.* w
 probe "init-model 70B widths" 2 "init-model (needs at least .* of host memory|.* writes about)" -- \
   "$qshard" init-model --layers 8 --hidden-size 8192 --intermediate-size 28672 --heads 64 --kv-heads 8 \
   --vocab-size 128256 --dtype bfloat16 --out "$work/i70_out"
-[ ! -e "$work/i_out" ] && [ ! -e "$work/i70_out" ] || { echo "FAIL: init-model left its output folder"; fails=$((fails + 1)); }
+# init-model --config of a job whose base is drawn in 4-bit (model.init.draw_4bit): no float model to write.
+printf 'model:\n  init:\n    draw_4bit: true\n' > "$work/draw_4bit.yaml"
+probe "init-model --config, draw_4bit" 2 "init-model --config .*draw_4bit.yaml: model.init.draw_4bit is true" -- \
+  "$qshard" init-model --config "$work/draw_4bit.yaml" --out "$work/i_draw"
+[ ! -e "$work/i_out" ] && [ ! -e "$work/i70_out" ] && [ ! -e "$work/i_draw" ] ||
+  { echo "FAIL: init-model left its output folder"; fails=$((fails + 1)); }
 
 # train on 2 ranks: a Llama-70B-shaped model.init, and model.path pointing at the lying folder.
 "$qshard" tokenize "$src"/data/*.txt --out "$work/tiny.tok" > /dev/null

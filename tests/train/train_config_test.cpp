@@ -2,6 +2,7 @@
 
 #include "runtime/error.h"
 #include "common/test_util.h"
+#include "train/bench.h"
 #include "train/train_config.h"
 
 namespace qshard {
@@ -193,6 +194,30 @@ TEST(TrainConfig, MeasurementKnobs) {
             "x.yaml: unknown key 'logging.profil' (did you mean 'logging.profile'?)");
   EXPECT_EQ(error_of([] { parse_train_config("lora:\n  folded: true\n", "x.yaml"); }),
             "x.yaml: unknown key 'lora.folded' (did you mean 'lora.fold'?)");
+}
+
+// model.init.draw_4bit: off unless asked (every existing base keeps its bytes), typed, printed;
+// qshard bench turns it on.
+TEST(TrainConfig, Draw4bitKey) {
+  const TrainConfig d = parse_train_config(kMinimal, "x.yaml");
+  EXPECT_FALSE(d.model.init.draw_4bit);
+  EXPECT_NE(d.to_yaml().find("draw_4bit: false"), std::string::npos) << d.to_yaml();
+  const TrainConfig f = parse_train_config("data:\n  train: x.tok\nmodel:\n  init:\n    draw_4bit: true\n", "f.yaml");
+  EXPECT_TRUE(f.model.init.draw_4bit);
+  EXPECT_NO_THROW(f.validate(1));
+  EXPECT_NE(f.describe().find("draw_4bit: true"), std::string::npos) << f.describe();
+  EXPECT_EQ(config_value(f, "model.init.draw_4bit"), "true");
+  EXPECT_TRUE(parse_train_config(f.to_yaml(), "round-trip").model.init.draw_4bit);
+  EXPECT_TRUE(parse_train_config(kMinimal, "x.yaml", {"model.init.draw_4bit=true"}).model.init.draw_4bit);
+  EXPECT_EQ(error_of([] { parse_train_config(kMinimal, "x.yaml", {"model.init.draw_4bit=2"}); }),
+            "--set model.init.draw_4bit=2: key 'model.init.draw_4bit': expected true or false, got '2'");
+  EXPECT_EQ(error_of([] { parse_train_config("model:\n  init:\n    draw_4bit: [1]\n", "x.yaml"); }),
+            "x.yaml: key 'model.init.draw_4bit': expected true or false, got a list");
+  EXPECT_EQ(error_of([] { parse_train_config(kMinimal, "x.yaml", {"model.init.draw4bit=true"}); }),
+            "--set model.init.draw4bit=true: unknown key 'model.init.draw4bit' (did you mean 'model.init.draw_4bit'?)");
+  BenchOptions b;
+  b.preset = "tiny";
+  EXPECT_TRUE(bench_config(b, "x.tok", 1).model.init.draw_4bit);
 }
 
 TEST(TrainConfig, MaxStepsFromEpochs) {
