@@ -1,6 +1,6 @@
 // The memory ledger against the GPU (label cuda, mpirun -np 1; skips without a GPU): a real job's
 // ledger (every allocation of the build, line by line: runtime/memory_ledger.h) adds up to the
-// device memory measured in use (cudaMemGetInfo) within 64 MB + 3%: what the ledger cannot see is
+// device memory measured in use (cudaMemGetInfo, the whole GPU: the test runs alone, RUN_SERIAL) within 64 MB + 3%: what the ledger cannot see is
 // the caching pool's rounding of each block (runtime/allocator.h), the libraries' own handles and
 // the attention workspace, of which the ledger carries cuDNN's estimate. At world size 1 the base
 // and the root unit are read in place: no gathered copy of either.
