@@ -150,7 +150,7 @@ std::unique_ptr<ShardedParameterManager::Slot> ShardedParameterManager::make_slo
     if (resident(k)) continue;  // its units are read in place (their shards)
     slot->flat[k] = alloc(flat_bytes[k], false);
     slot_bytes_ += slot->flat[k].nbytes();
-    if (host_side(k)) {  // the shard is copied next to the gather first (h2d on a GPU)
+    if (host_side(k) && world > 1) {  // the shard is copied next to the gather first (h2d on a GPU)
       slot->staging[k] = alloc(flat_bytes[k] / world + kFlatAlign, false);
       slot_bytes_ += slot->staging[k].nbytes();
     }
@@ -207,7 +207,7 @@ void ShardedParameterManager::finalize() {
     for (int k = 0; k < kNumBufferKinds; ++k) {
       if (resident(k)) continue;
       c += std::max<int64_t>(b[k], 1);
-      if (host_side(k)) c += b[k] / world + kFlatAlign;
+      if (host_side(k) && world > 1) c += b[k] / world + kFlatAlign;
     }
     const int64_t g = std::max<int64_t>(train, 4);
     c += g + std::max<int64_t>(g / world + kFlatAlign, 4);
@@ -227,8 +227,6 @@ void ShardedParameterManager::finalize() {
     slots_.back()->shared = false;
     u.own_slot_index = static_cast<int>(slots_.size()) - 1;
   }
-  all_resident_ = true;
-  for (int k = 0; k < kNumBufferKinds; ++k) all_resident_ = all_resident_ && resident(k);
   finalized_ = true;
 }
 
@@ -259,19 +257,25 @@ void ShardedParameterManager::prefetch(int unit) {
   h2d_->wait(masters_written_);  // the optimizer's writes of the shards this gather reads
   gather_->wait(masters_written_);
   gather_->wait(slot.grads_read);
+  const bool alone = comm_.size() == 1;
   const void* src[kNumBufferKinds];
   for (int k = 0; k < kNumBufferKinds; ++k) {
     src[k] = u.shard[k].raw();
-    if (slot.staging[k].defined()) {  // offloaded: pinned host shard -> device staging (h2d)
-      copy_async(slot.staging[k].raw(), src[k], static_cast<size_t>(u.layout[k].shard_bytes()), h2d_->handle());
-      src[k] = slot.staging[k].raw();
+    if (host_side(k)) {
+      // Offloaded: the pinned host shard goes to the device (h2d): at world size 1 straight into
+      // the slot (the shard is the whole buffer: nothing to gather), else into the staging copy
+      // the all-gather sends.
+      void* dst = alone ? slot.flat[k].raw() : slot.staging[k].raw();
+      copy_async(dst, src[k], static_cast<size_t>(u.layout[k].shard_bytes()), h2d_->handle());
+      src[k] = dst;
     }
   }
   h2d_->record(slot.copied);
   gather_->wait(slot.copied);
   // One grouped collective for the unit's kinds (fused by NCCL; MPI runs them one by one).
-  // Resident kinds (world size 1, on the device) are read in place: nothing to gather.
-  if (!all_resident_) {
+  // At world size 1 there is nothing to gather: resident kinds are read in place, offloaded ones
+  // were copied into the slot above.
+  if (!alone) {
     comm_.group_begin();
     for (int k = 0; k < kNumBufferKinds; ++k)
       if (!resident(k))

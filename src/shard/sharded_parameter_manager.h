@@ -18,7 +18,8 @@
 // lives on the compute device (not offloaded) is its own gathered buffer: views point into the
 // shard, a gather copies nothing and the slots hold no buffer of that kind (the base and the
 // root unit are not kept twice); the trainable masters are then read in place too (AdamW writes
-// them after the step's last read).
+// them after the step's last read). An offloaded kind at world size 1 is copied host to device
+// straight into the slot (no staging copy, no collective).
 //
 // Unit states, asserted on every transition:
 //   SHARDED --prefetch()--> GATHERING --gather()--> GATHERED --release()--> SHARDED
@@ -171,7 +172,6 @@ class ShardedParameterManager {
   Communicator& comm_;
   ShardOptions options_;
   bool finalized_ = false;
-  bool all_resident_ = false;  // every kind resident: a gather moves no bytes
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<std::unique_ptr<Slot>> slots_;
   Stream& compute_;
