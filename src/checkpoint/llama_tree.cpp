@@ -19,7 +19,8 @@ std::unique_ptr<Module> build_llama_tree(const LlamaConfig& c, const LlamaTreeOp
     const Shape shape = llama_projection_shape(c, full_name);
     const std::string fqn = layer_prefix + full_name;
     Module& lin = parent.add_child(short_name, o.quant ? "Linear4bit" : "Linear");
-    if (o.quant) lin.add_params4bit("weight", std::make_shared<Params4bit>(empty_params4bit(shape, dtype(fqn + ".weight"), *o.quant)));
+    if (o.quant) lin.add_params4bit("weight", std::make_shared<Params4bit>(
+                                           empty_params4bit(shape, dtype(fqn + ".weight"), *o.quant, o.shapes_only_4bit)));
     else lin.add_parameter("weight", Tensor::zeros(shape, dtype(fqn + ".weight")));
     const bool bias = full_name.rfind("self_attn.", 0) == 0 ? c.attention_bias : c.mlp_bias;
     if (bias) lin.add_parameter("bias", Tensor::zeros({shape[0]}, dtype(fqn + ".bias")));

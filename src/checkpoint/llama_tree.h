@@ -37,6 +37,8 @@ struct LlamaTreeOptions {
   DType dtype = DType::kBF16;               // float weights and the 4-bit weights' original dtype
   std::map<std::string, DType> float_dtypes;  // FQN -> dtype for these weights instead of `dtype`
   std::optional<QuantizeOptions> quant;     // projections in 4-bit when set
+  bool shapes_only_4bit = false;            // 4-bit placeholders without bytes (meta tensors): the
+                                            // caller replaces every Params4bit (init_random_base)
   LoraSpec lora;
 };
 

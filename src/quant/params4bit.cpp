@@ -79,21 +79,22 @@ Params4bit params4bit_from_blocks(Tensor packed, Tensor absmax, const Shape& sha
   return p;
 }
 
-Params4bit empty_params4bit(const Shape& shape, DType dtype, const QuantizeOptions& o) {
+Params4bit empty_params4bit(const Shape& shape, DType dtype, const QuantizeOptions& o, bool shapes_only) {
   validate_blocksize(o.blocksize);
   const int64_t n = shape_numel(shape), nb = (n + o.blocksize - 1) / o.blocksize;
+  auto make = [shapes_only](const Shape& s, DType d) { return shapes_only ? Tensor::meta(s, d) : Tensor::zeros(s, d); };
   Params4bit p;
-  p.data = Tensor::zeros({(n + 1) / 2, 1}, DType::kU8);
+  p.data = make({(n + 1) / 2, 1}, DType::kU8);
   QuantState& st = p.quant_state;
   st.quant_type = o.quant_type;
   st.blocksize = o.blocksize;
   st.dtype = dtype;
   st.shape = shape;
   st.code = code_tensor(o.quant_type);
-  st.absmax = Tensor::zeros({nb}, o.compress_statistics ? DType::kU8 : DType::kF32);
+  st.absmax = make({nb}, o.compress_statistics ? DType::kU8 : DType::kF32);
   if (o.compress_statistics) {
     NestedQuantState n2;
-    n2.absmax = Tensor::zeros({(nb + n2.blocksize - 1) / n2.blocksize}, DType::kF32);
+    n2.absmax = make({(nb + n2.blocksize - 1) / n2.blocksize}, DType::kF32);
     n2.code = dynamic_map_tensor();
     st.state2 = n2;
   }

@@ -54,7 +54,9 @@ Params4bit params4bit_from_blocks(Tensor packed, Tensor absmax, const Shape& sha
                                   const QuantizeOptions& options);
 // A zero-filled Params4bit with the layout quantize_4bit would give a tensor of `shape` and
 // `dtype` (CPU): the placeholder a model is built with before its weights are loaded.
-Params4bit empty_params4bit(const Shape& shape, DType dtype, const QuantizeOptions& options);
+// shapes_only: data and statistics are meta tensors (shapes and dtypes, no bytes): for a caller
+// that replaces the whole Params4bit (a random base) and needs only its quant state's scalars.
+Params4bit empty_params4bit(const Shape& shape, DType dtype, const QuantizeOptions& options, bool shapes_only = false);
 // Result: quant_state.shape, dtype `out_dtype` (default: quant_state.dtype), on data's device.
 Tensor dequantize_4bit(const Params4bit& p, std::optional<DType> out_dtype = std::nullopt);
 

@@ -32,19 +32,27 @@ const FlatEntry* FlatLayout::find(const std::string& name) const {
   return it == index_.end() ? nullptr : &entries_[it->second];
 }
 
-Tensor FlatLayout::pack(const std::vector<Tensor>& tensors) const {
+void FlatLayout::pack_into(uint8_t* dst, const std::vector<Tensor>& tensors) const {
   QS_CHECK(tensors.size() == entries_.size(), "pack: one tensor per entry");
   QS_CHECK(padded_ > 0, "pack: set_world first");
-  Tensor flat = Tensor::zeros({padded_}, DType::kU8);
+  int64_t end = 0;  // bytes written so far: the gaps before each entry and the tail are zeroed
   for (size_t i = 0; i < tensors.size(); ++i) {
     const FlatEntry& e = entries_[i];
     const Tensor& t = tensors[i];
     if (t.dtype() != e.dtype || t.numel() != shape_numel(e.shape))
       throw Error("pack: tensor '" + e.name + "' is " + dtype_torch_name(t.dtype()) + shape_str(t.shape()) +
                   ", layout expects " + dtype_torch_name(e.dtype) + shape_str(e.shape));
-    if (e.nbytes) copy_bytes(static_cast<uint8_t*>(flat.raw()) + e.offset, Device::kCpu, t.raw(), t.device(), e.nbytes);
+    if (e.offset > end) std::memset(dst + end, 0, static_cast<size_t>(e.offset - end));
+    if (e.nbytes) copy_bytes(dst + e.offset, Device::kCpu, t.raw(), t.device(), e.nbytes);
+    end = e.offset + e.nbytes;
   }
-  return flat;
+  if (padded_ > end) std::memset(dst + end, 0, static_cast<size_t>(padded_ - end));
+}
+
+Tensor FlatLayout::pack(const std::vector<Tensor>& tensors) const {
+  Tensor flat = Tensor::empty({padded_ > 0 ? padded_ : 1}, DType::kU8);
+  pack_into(static_cast<uint8_t*>(flat.raw()), tensors);
+  return flat.flat_slice(0, padded_);
 }
 
 Tensor FlatLayout::view(const Tensor& flat, const FlatEntry& e) const {

@@ -44,6 +44,8 @@ class FlatLayout {
   // Packs full tensors (one per entry, same order; any device) into a host buffer of
   // padded_bytes, zero padding included.
   Tensor pack(const std::vector<Tensor>& tensors) const;
+  // The same into `dst` (host memory of padded_bytes, e.g. a pinned shard): every byte written.
+  void pack_into(uint8_t* dst, const std::vector<Tensor>& tensors) const;
   // A typed view of `entry` inside `flat` (u8 [padded_bytes], any device).
   Tensor view(const Tensor& flat, const FlatEntry& entry) const;
 

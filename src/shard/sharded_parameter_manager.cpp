@@ -1,8 +1,11 @@
 #include "shard/sharded_parameter_manager.h"
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "runtime/allocator.h"
+#include "runtime/parallel.h"
 #include "shard/accumulate.h"
 
 namespace qshard {
@@ -181,24 +184,60 @@ void ShardedParameterManager::finalize() {
     for (int k = 0; k < kNumBufferKinds; ++k) {
       FlatLayout& l = u.layout[k];
       l.set_world(world);
-      const Tensor flat = l.pack(u.pending[k]);
-      u.pending[k].clear();
-      u.shard[k] = alloc(l.shard_bytes(), host_side(k)).flat_slice(0, l.shard_bytes());
-      copy_bytes(u.shard[k].raw(), u.shard[k].device(), static_cast<const uint8_t*>(flat.raw()) + rank * l.shard_bytes(),
-                 Device::kCpu, static_cast<size_t>(l.shard_bytes()));
-      shard_bytes_ += l.shard_bytes();
       if (!u.own_slot && !resident(k)) slot_bytes[k] = std::max(slot_bytes[k], l.padded_bytes());
       if (!u.own_slot && k == t) slot_train = std::max(slot_train, l.padded_bytes());
       unit_bytes += l.padded_bytes();
+      shard_bytes_ += l.shard_bytes();
     }
+    shard_bytes_ += u.layout[t].shard_bytes();  // its gradient shard
+    unit_bytes += u.layout[t].padded_bytes();   // its gradients
+    u.gathered_bytes = unit_bytes;
+    unit_bytes_max_ = std::max<uint64_t>(unit_bytes_max_, unit_bytes);
+  }
+  // This rank's shards. Allocations and copies to the device run on this thread (its CUDA
+  // device); the packing (a 70B base is ~40 GB) runs on the host's threads, a batch of units at
+  // a time (host memory: one packed buffer per unit of the batch). At world size 1 a shard in host
+  // memory is the whole buffer: packed in place.
+  for (auto& up : units_) {
+    Unit& u = *up;
+    for (int k = 0; k < kNumBufferKinds; ++k)
+      u.shard[k] = alloc(u.layout[k].shard_bytes(), host_side(k)).flat_slice(0, u.layout[k].shard_bytes());
     // Gradient shards live where the compute is (accumulated on the reduce stream).
     u.grad_shard = alloc(u.layout[t].shard_bytes(), false)
                        .flat_slice(0, u.layout[t].shard_bytes())
                        .view_as(DType::kF32, {u.layout[t].shard_bytes() / 4});
-    shard_bytes_ += u.layout[t].shard_bytes();
-    unit_bytes += u.layout[t].padded_bytes();  // its gradients
-    u.gathered_bytes = unit_bytes;
-    unit_bytes_max_ = std::max<uint64_t>(unit_bytes_max_, unit_bytes);
+  }
+  auto on_host = [](const std::vector<Tensor>& ts) {
+    for (const Tensor& x : ts)
+      if (x.device() != Device::kCpu) return false;
+    return true;
+  };
+  const size_t threads = static_cast<size_t>(host_threads(16));
+  for (size_t b = 0; b < units_.size(); b += threads) {
+    const size_t n = std::min(threads, units_.size() - b);
+    std::vector<std::array<Tensor, kNumBufferKinds>> packed(n);
+    parallel_for(n, static_cast<int>(threads), [&](size_t j) {  // host memory only
+      Unit& u = *units_[b + j];
+      for (int k = 0; k < kNumBufferKinds; ++k) {
+        if (!on_host(u.pending[k])) continue;  // packed below, on this thread
+        if (world == 1 && u.shard[k].device() == Device::kCpu)
+          u.layout[k].pack_into(static_cast<uint8_t*>(u.shard[k].raw()), u.pending[k]);
+        else
+          packed[j][k] = u.layout[k].pack(u.pending[k]);
+      }
+    });
+    for (size_t j = 0; j < n; ++j) {
+      Unit& u = *units_[b + j];
+      for (int k = 0; k < kNumBufferKinds; ++k) {
+        const FlatLayout& l = u.layout[k];
+        if (!on_host(u.pending[k])) packed[j][k] = l.pack(u.pending[k]);
+        if (packed[j][k].defined())
+          copy_bytes(u.shard[k].raw(), u.shard[k].device(),
+                     static_cast<const uint8_t*>(packed[j][k].raw()) + rank * l.shard_bytes(), Device::kCpu,
+                     static_cast<size_t>(l.shard_bytes()));
+        u.pending[k].clear();
+      }
+    }
   }
   // The bound: per shared slot the largest shared unit's buffers (+ staging, gradients, reduce
   // output); per own-slot unit its own.

@@ -97,6 +97,7 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
     to.dtype = config.model.init.dtype;
     to.quant = quant;
     to.lora = lora;
+    to.shapes_only_4bit = true;  // init_random_base replaces every Params4bit: no zeros to write first
     m->tree = build_llama_tree(m->config, to);
     init_random_base(*m->tree, config.model.init.seed, m->config.raw.value("initializer_range", 0.02),
                      config.model.init.draw_4bit);
