@@ -1,5 +1,7 @@
 #include "train/qlora_model.h"
 
+#include <chrono>
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -87,6 +89,12 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
 std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime& rt, const MemoryPlan* plan) {
   auto m = std::make_unique<QloraModel>();
   const bool for_training = plan != nullptr;
+  auto t0 = std::chrono::steady_clock::now();
+  auto phase = [&](const char* name) {  // the build's start-up time split (QloraModel::build_seconds)
+    const auto now = std::chrono::steady_clock::now();
+    m->build_seconds.emplace_back(name, std::chrono::duration<double>(now - t0).count());
+    t0 = now;
+  };
   const QuantizeOptions quant{config.model.quant_type, config.model.blocksize, config.model.double_quant};
   m->config = job_llama_config(config.model);
   check_job_fits(config, m->config, rt, plan);
@@ -99,8 +107,10 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
     to.lora = lora;
     to.shapes_only_4bit = true;  // init_random_base replaces every Params4bit: no zeros to write first
     m->tree = build_llama_tree(m->config, to);
+    phase("tree");
     init_random_base(*m->tree, config.model.init.seed, m->config.raw.value("initializer_range", 0.02),
                      config.model.init.draw_4bit);
+    phase("random base");
   } else {
     // Frozen float tensors keep the dtype they have in model.path's folder (bf16 stays bf16), so
     // exports write them back as they came in; the model widens them to f32 when it binds them.
@@ -113,10 +123,12 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
     lo.strict = false;
     LoadedLlama loaded = load_llama_folder(config.model.path, lo);
     m->tree = std::move(loaded.tree);
+    phase("load");
   }
   init_lora(*m->tree, config.seed);
   if (for_training && !config.lora.init_adapter.empty()) start_from_adapter(*m->tree, config);
   for (const auto& [k, t] : state_dict(*m->tree, {true, false, true})) m->trainable_parameters += t.numel();
+  phase("LoRA");
 
   ShardOptions so;
   so.offload_params = for_training ? plan->offload_params : config.offload.params;
@@ -128,6 +140,7 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
   m->units = shard_module_tree(*m->tree, *m->mgr, "model.layers");
   m->mgr->finalize();
   m->mgr->release_all_views();  // the full tensors go; each rank keeps its shards
+  phase("shards");
   m->slots = std::make_unique<LlamaTreeSlots>(m->config, *m->tree, rt.ctx, /*fold_lora=*/false);
   m->weights = std::make_unique<ShardedLlamaWeights>(m->config, *m->slots, *m->mgr, m->units);
   return m;

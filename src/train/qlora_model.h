@@ -20,6 +20,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/hf_config.h"
@@ -43,6 +45,8 @@ struct QloraModel {
   std::unique_ptr<LlamaTreeSlots> slots;         // the tree's slots, found once
   std::unique_ptr<ShardedLlamaWeights> weights;  // the model's weights, bound at each gather
   uint64_t trainable_parameters = 0;
+  // Seconds per phase of the build (tree, random base or load, LoRA, shards), for the start-up line.
+  std::vector<std::pair<std::string, double>> build_seconds;
   int root_unit() const { return mgr->num_units() - 1; }
 };
 

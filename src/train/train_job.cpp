@@ -53,6 +53,11 @@ void TrainJob::build_model() {
     QS_LOG_INFO("memory.gpu_budget_gb = {}: the base and its optimizer state go to pinned host memory "
                 "(offload.params and offload.optimizer on)", config_.memory.gpu_budget_gb);
   qm_ = build_qlora_model(config_, rt_, &plan_);  // the plan, made once, decides offload
+  if (rank_ == 0) {
+    std::string split;
+    for (const auto& [name, secs] : qm_->build_seconds) split += fmt::format("{}{} {:.1f} s", split.empty() ? "" : ", ", name, secs);
+    QS_LOG_INFO("model build: {}", split);
+  }
   const LlamaConfig& mc = qm_->config;
 
   T_ = static_cast<int>(config_.data.max_seq_len);
