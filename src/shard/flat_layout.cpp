@@ -50,9 +50,9 @@ void FlatLayout::pack_into(uint8_t* dst, const std::vector<Tensor>& tensors) con
 }
 
 Tensor FlatLayout::pack(const std::vector<Tensor>& tensors) const {
-  Tensor flat = Tensor::empty({padded_ > 0 ? padded_ : 1}, DType::kU8);
+  Tensor flat = Tensor::empty({padded_}, DType::kU8);
   pack_into(static_cast<uint8_t*>(flat.raw()), tensors);
-  return flat.flat_slice(0, padded_);
+  return flat;
 }
 
 Tensor FlatLayout::view(const Tensor& flat, const FlatEntry& e) const {

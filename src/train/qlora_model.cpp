@@ -141,8 +141,9 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
   m->mgr->finalize();
   m->mgr->release_all_views();  // the full tensors go; each rank keeps its shards
   phase("shards");
-  m->slots = std::make_unique<LlamaTreeSlots>(m->config, *m->tree, rt.ctx, /*fold_lora=*/false);
-  m->weights = std::make_unique<ShardedLlamaWeights>(m->config, *m->slots, *m->mgr, m->units);
+  // The weights resolve their entries and shapes from the tree's slots once (nothing kept of them).
+  const LlamaTreeSlots slots(m->config, *m->tree, rt.ctx, /*fold_lora=*/false);
+  m->weights = std::make_unique<ShardedLlamaWeights>(m->config, slots, *m->mgr, m->units);
   return m;
 }
 

@@ -42,7 +42,6 @@ struct QloraModel {
   std::unique_ptr<Module> tree;
   std::unique_ptr<ShardedParameterManager> mgr;
   ShardedTree units;
-  std::unique_ptr<LlamaTreeSlots> slots;         // the tree's slots, found once
   std::unique_ptr<ShardedLlamaWeights> weights;  // the model's weights, bound at each gather
   uint64_t trainable_parameters = 0;
   // Seconds per phase of the build (tree, random base or load, LoRA, shards), for the start-up line.

@@ -28,7 +28,7 @@ namespace qshard {
 class ShardedLlamaWeights final : public LlamaWeights {
  public:
   // REQUIRES: `units` = shard_module_tree(tree of `slots`, mgr, "model.layers"), before the
-  // manager's first gather.
+  // manager's first gather. `slots` is read here only (it need not outlive this object).
   ShardedLlamaWeights(const LlamaConfig& config, const LlamaTreeSlots& slots, ShardedParameterManager& mgr,
                       const ShardedTree& units);
   ~ShardedLlamaWeights() override;
