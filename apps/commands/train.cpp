@@ -117,7 +117,9 @@ void add_bench(CLI::App& sub, BenchArgs& a) {
   sub.add_option("--rank", bo.rank, "LoRA rank (all seven projections)");
   sub.add_option("--steps", bo.steps, "timed steps");
   sub.add_option("--warmup", bo.warmup, "untimed steps first");
-  sub.add_flag("--offload", bo.offload, "base shards and optimizer state in pinned host memory");
+  sub.add_flag("--offload", bo.offload, "base shards in pinned host memory (offload.params)");
+  sub.add_flag("--offload-optimizer", bo.offload_optimizer,
+               "LoRA masters and AdamW state in host memory, AdamW on the host (offload.optimizer)");
   sub.add_option("--gpu-budget-gb", bo.gpu_budget_gb, "memory.gpu_budget_gb: the memory plan's budget (GB = 1e9 bytes)");
   sub.add_option("--keep-layers", bo.keep_layers, "memory.keep_layers (-1: the plan's choice)");
   sub.add_option("--mlp-chunk-tokens", bo.mlp_chunk_tokens, "memory.mlp_chunk_tokens (-1: auto, 0: never)");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 
 #include "runtime/allocator.h"
@@ -38,6 +39,7 @@ struct ShardedParameterManager::Unit {
   int slot = -1;
   bool own_slot = false;
   int own_slot_index = -1;  // with own_slot: its slot in slots_
+  bool frozen_on_device = false;  // finalize(): an own-slot unit at world size 1 (offload_params aside)
   std::vector<std::function<void(int)>> hooks, release_hooks;
   uint64_t gathered_bytes = 0;  // all kinds padded + gradients
 };
@@ -109,10 +111,10 @@ Tensor ShardedParameterManager::alloc(int64_t bytes, bool host_side) {
   const int64_t n = std::max<int64_t>(bytes, 1);
   if (options_.compute_device == Device::kCpu) return Tensor::zeros({n}, DType::kU8);
   if (!host_side) return Tensor::zeros({n}, DType::kU8, Device::kCuda);
-  // Offloaded shard: page-locked host memory so the h2d copy is a true async DMA.
+  // Offloaded shard: page-locked host memory so the h2d copy is a true async DMA. Not zeroed here:
+  // finalize() writes every byte of a shard (the packing zeroes its gaps and tail).
   static PinnedHostAllocator pinned;
   void* p = pinned.allocate(static_cast<size_t>(n));
-  std::memset(p, 0, static_cast<size_t>(n));
   return Tensor::adopt(p, {n}, DType::kU8, Device::kCpu, [](void* q) { pinned.release(q); });
 }
 
@@ -135,26 +137,30 @@ size_t ShardedParameterManager::add_tensor(int unit, BufferKind kind, const std:
   return layout.entries().size() - 1;
 }
 
-bool ShardedParameterManager::host_side(int kind) const {
-  return kind == static_cast<int>(BufferKind::kTrainable) ? options_.offload_optimizer : options_.offload_params;
+bool ShardedParameterManager::host_side(const Unit& u, int kind) const {
+  if (kind == static_cast<int>(BufferKind::kTrainable)) return options_.offload_optimizer;
+  return options_.offload_params && !u.frozen_on_device;
 }
 
-bool ShardedParameterManager::resident(int kind) const { return comm_.size() == 1 && !host_side(kind); }
+bool ShardedParameterManager::resident(const Unit& u, int kind) const {
+  return comm_.size() == 1 && !host_side(u, kind);
+}
 
 const Tensor& ShardedParameterManager::flat_of(const Unit& u, int kind) const {
-  return resident(kind) ? u.shard[kind] : slots_[u.slot]->flat[kind];
+  return resident(u, kind) ? u.shard[kind] : slots_[u.slot]->flat[kind];
 }
 
-std::unique_ptr<ShardedParameterManager::Slot> ShardedParameterManager::make_slot(const int64_t (&flat_bytes)[3],
-                                                                                  int64_t grad_bytes) {
+std::unique_ptr<ShardedParameterManager::Slot> ShardedParameterManager::make_slot(const SlotSizes& sizes) {
   const int world = comm_.size();
+  const int64_t grad_bytes = sizes.train;
   auto slot = std::make_unique<Slot>();
   for (int k = 0; k < kNumBufferKinds; ++k) {
-    if (resident(k)) continue;  // its units are read in place (their shards)
-    slot->flat[k] = alloc(flat_bytes[k], false);
-    slot_bytes_ += slot->flat[k].nbytes();
-    if (host_side(k) && world > 1) {  // the shard is copied next to the gather first (h2d on a GPU)
-      slot->staging[k] = alloc(flat_bytes[k] / world + kFlatAlign, false);
+    if (sizes.flat[k] > 0) {  // 0: every unit it serves reads that kind in place (its shard)
+      slot->flat[k] = alloc(sizes.flat[k], false);
+      slot_bytes_ += slot->flat[k].nbytes();
+    }
+    if (sizes.staging[k] > 0) {  // offloaded shards are copied next to the gather first (h2d on a GPU)
+      slot->staging[k] = alloc(sizes.staging[k], false);
       slot_bytes_ += slot->staging[k].nbytes();
     }
   }
@@ -176,16 +182,22 @@ void ShardedParameterManager::finalize() {
   QS_CHECK(!finalized_, "finalize called twice");
   const int world = comm_.size(), rank = comm_.rank();
   const int t = static_cast<int>(BufferKind::kTrainable);
-  int64_t slot_bytes[kNumBufferKinds] = {0, 0, 0};
-  int64_t slot_train = 0;  // the largest shared unit's trainable buffer: its gradients, compute copy
+  const auto start = std::chrono::steady_clock::now();
+  SlotSizes shared;  // per kind the largest shared unit's buffer that is not read in place
   for (auto& up : units_) {
     Unit& u = *up;
+    // An own-slot unit at world size 1 holds its whole self in that slot: its frozen shards live
+    // there (on the device) rather than in pinned memory with a device copy beside them.
+    u.frozen_on_device = world == 1 && u.own_slot;
     uint64_t unit_bytes = 0;
     for (int k = 0; k < kNumBufferKinds; ++k) {
       FlatLayout& l = u.layout[k];
       l.set_world(world);
-      if (!u.own_slot && !resident(k)) slot_bytes[k] = std::max(slot_bytes[k], l.padded_bytes());
-      if (!u.own_slot && k == t) slot_train = std::max(slot_train, l.padded_bytes());
+      if (!u.own_slot) {
+        if (!resident(u, k)) shared.flat[k] = std::max(shared.flat[k], l.padded_bytes());
+        if (host_side(u, k) && world > 1) shared.staging[k] = std::max(shared.staging[k], l.shard_bytes());
+        if (k == t) shared.train = std::max(shared.train, l.padded_bytes());
+      }
       unit_bytes += l.padded_bytes();
       shard_bytes_ += l.shard_bytes();
     }
@@ -201,12 +213,13 @@ void ShardedParameterManager::finalize() {
   for (auto& up : units_) {
     Unit& u = *up;
     for (int k = 0; k < kNumBufferKinds; ++k)
-      u.shard[k] = alloc(u.layout[k].shard_bytes(), host_side(k)).flat_slice(0, u.layout[k].shard_bytes());
+      u.shard[k] = alloc(u.layout[k].shard_bytes(), host_side(u, k)).flat_slice(0, u.layout[k].shard_bytes());
     // Gradient shards live where the compute is (accumulated on the reduce stream).
     u.grad_shard = alloc(u.layout[t].shard_bytes(), false)
                        .flat_slice(0, u.layout[t].shard_bytes())
                        .view_as(DType::kF32, {u.layout[t].shard_bytes() / 4});
   }
+  alloc_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   auto on_host = [](const std::vector<Tensor>& ts) {
     for (const Tensor& x : ts)
       if (x.device() != Device::kCpu) return false;
@@ -241,28 +254,28 @@ void ShardedParameterManager::finalize() {
   }
   // The bound: per shared slot the largest shared unit's buffers (+ staging, gradients, reduce
   // output); per own-slot unit its own.
-  auto slot_cost = [&](const int64_t (&b)[3], int64_t train) {
+  auto slot_cost = [&](const SlotSizes& z) {
     uint64_t c = 0;
-    for (int k = 0; k < kNumBufferKinds; ++k) {
-      if (resident(k)) continue;
-      c += std::max<int64_t>(b[k], 1);
-      if (host_side(k) && world > 1) c += b[k] / world + kFlatAlign;
-    }
-    const int64_t g = std::max<int64_t>(train, 4);
+    for (int k = 0; k < kNumBufferKinds; ++k) c += z.flat[k] + z.staging[k];
+    const int64_t g = std::max<int64_t>(z.train, 4);
     c += g + std::max<int64_t>(g / world + kFlatAlign, 4);
     if (options_.trainable_compute_dtype != DType::kF32)  // the LoRA compute copy
-      c += std::max<int64_t>(train / 4, 1) * dtype_size(options_.trainable_compute_dtype);
+      c += std::max<int64_t>(z.train / 4, 1) * dtype_size(options_.trainable_compute_dtype);
     return c;
   };
-  slot_bound_ = slot_cost(slot_bytes, slot_train) * options_.gathered_slots;
-  for (int s = 0; s < options_.gathered_slots; ++s) slots_.push_back(make_slot(slot_bytes, slot_train));
+  slot_bound_ = slot_cost(shared) * options_.gathered_slots;
+  for (int s = 0; s < options_.gathered_slots; ++s) slots_.push_back(make_slot(shared));
   for (auto& up : units_) {
     Unit& u = *up;
     if (!u.own_slot) continue;
-    int64_t own[kNumBufferKinds];
-    for (int k = 0; k < kNumBufferKinds; ++k) own[k] = resident(k) ? 0 : u.layout[k].padded_bytes();
-    slot_bound_ += slot_cost(own, u.layout[t].padded_bytes());
-    slots_.push_back(make_slot(own, u.layout[t].padded_bytes()));
+    SlotSizes own;
+    for (int k = 0; k < kNumBufferKinds; ++k) {
+      own.flat[k] = resident(u, k) ? 0 : u.layout[k].padded_bytes();
+      own.staging[k] = host_side(u, k) && world > 1 ? u.layout[k].shard_bytes() : 0;
+    }
+    own.train = u.layout[t].padded_bytes();
+    slot_bound_ += slot_cost(own);
+    slots_.push_back(make_slot(own));
     slots_.back()->shared = false;
     u.own_slot_index = static_cast<int>(slots_.size()) - 1;
   }
@@ -293,14 +306,16 @@ void ShardedParameterManager::prefetch(int unit) {
   // The slot's previous unit may still be read by compute (and its gradients by the reduce).
   h2d_->wait(slot.released);
   gather_->wait(slot.released);
-  h2d_->wait(masters_written_);  // the optimizer's writes of the shards this gather reads
+  // The optimizer's writes of the masters this gather reads: the h2d copy of offloaded masters,
+  // the gather (and its LoRA compute copy) of every kind.
+  if (host_side(u, static_cast<int>(BufferKind::kTrainable))) h2d_->wait(masters_written_);
   gather_->wait(masters_written_);
   gather_->wait(slot.grads_read);
   const bool alone = comm_.size() == 1;
   const void* src[kNumBufferKinds];
   for (int k = 0; k < kNumBufferKinds; ++k) {
     src[k] = u.shard[k].raw();
-    if (host_side(k)) {
+    if (host_side(u, k)) {
       // Offloaded: the pinned host shard goes to the device (h2d): at world size 1 straight into
       // the slot (the shard is the whole buffer: nothing to gather), else into the staging copy
       // the all-gather sends.
@@ -317,7 +332,7 @@ void ShardedParameterManager::prefetch(int unit) {
   if (!alone) {
     comm_.group_begin();
     for (int k = 0; k < kNumBufferKinds; ++k)
-      if (!resident(k))
+      if (!resident(u, k))
         comm_.all_gather(src[k], slot.flat[k].raw(), static_cast<size_t>(u.layout[k].shard_bytes()), DType::kU8,
                          gather_->handle());
     comm_.group_end();
@@ -494,11 +509,11 @@ void ShardedParameterManager::account(MemoryLedger& ledger) const {
   for (const auto& up : units_) {
     const Unit& u = *up;
     for (int k = 0; k < kNumBufferKinds; ++k) {
-      const MemoryPlace p = host_side(k) && options_.compute_device != Device::kCpu ? MemoryPlace::kPinnedHost
-                                                                                   : MemoryPlace::kDevice;
+      const MemoryPlace p = host_side(u, k) && options_.compute_device != Device::kCpu ? MemoryPlace::kPinnedHost
+                                                                                      : MemoryPlace::kDevice;
       std::string name = kShardNames[k];
       if (u.own_slot && k != static_cast<int>(BufferKind::kTrainable)) name = u.name + " unit shards";
-      ledger.add(name + (resident(k) ? " (read in place)" : ""), static_cast<uint64_t>(u.shard[k].nbytes()), p);
+      ledger.add(name + (resident(u, k) ? " (read in place)" : ""), static_cast<uint64_t>(u.shard[k].nbytes()), p);
     }
     ledger.add("LoRA gradient shards", static_cast<uint64_t>(u.grad_shard.nbytes()), MemoryPlace::kDevice);
   }

@@ -8,6 +8,8 @@
 // Each buffer is padded to a multiple of the world size (flat_layout.h); rank r keeps shard r.
 // Offload: with offload_params the frozen shards, with offload_optimizer the trainable (master)
 // shards live in pinned host memory and are copied to the device (h2d stream) before the gather.
+// One exception: at world size 1 an own-slot unit (the root) keeps its frozen shards on the
+// device, read in place: its slot would hold the whole unit anyway, next to a pinned copy.
 // Gradient shards always live on the compute device (accumulated there on the reduce stream);
 // an optimizer on the host copies them out after wait_for_gradients().
 // Gathered buffers live in `gathered_slots` (default 2: the unit computing now and the one
@@ -103,6 +105,9 @@ class ShardedParameterManager {
   size_t add_tensor(int unit, BufferKind kind, const std::string& name, const Tensor& full);
   // Lays out every unit, keeps this rank's shards, allocates the gathered slots. Collective-free.
   void finalize();
+  // The seconds finalize() spent allocating this rank's shards (pinned host memory for offloaded
+  // ones: page-locking dominates), the rest of it being the packing and the slots.
+  double shard_alloc_seconds() const { return alloc_seconds_; }
 
   int num_units() const { return static_cast<int>(units_.size()); }
   const std::string& unit_name(int unit) const;
@@ -162,12 +167,19 @@ class ShardedParameterManager {
   const Unit& unit_at(int unit) const;
   void transition(Unit& u, UnitState from, UnitState to);
   Tensor alloc(int64_t bytes, bool host_side);
-  bool host_side(int kind) const;
-  // World size 1 and the kind's shard on the compute device: the shard is the whole buffer, read
-  // in place by a gather (no slot buffer, no copy).
-  bool resident(int kind) const;
+  struct SlotSizes {
+    int64_t flat[kNumBufferKinds] = {0, 0, 0};     // 0: no buffer (read in place)
+    int64_t staging[kNumBufferKinds] = {0, 0, 0};  // device copy of offloaded shards (world > 1)
+    int64_t train = 0;                             // trainable padded bytes: gradients, compute copy
+  };
+  // u's shard of this kind lives in pinned host memory (offload_optimizer for the trainable kind,
+  // offload_params for the frozen ones unless the unit's frozen shards stay on the device).
+  bool host_side(const Unit& u, int kind) const;
+  // World size 1 and the unit's shard of the kind on the compute device: the shard is the whole
+  // buffer, read in place by a gather (no slot buffer, no copy).
+  bool resident(const Unit& u, int kind) const;
   const Tensor& flat_of(const Unit& u, int kind) const;  // the gathered buffer of u's kind
-  std::unique_ptr<Slot> make_slot(const int64_t (&flat_bytes)[3], int64_t grad_bytes);
+  std::unique_ptr<Slot> make_slot(const SlotSizes& sizes);
 
   Communicator& comm_;
   ShardOptions options_;
@@ -181,6 +193,7 @@ class ShardedParameterManager {
   int gathered_now_ = 0, gathered_peak_ = 0;
   uint64_t shard_bytes_ = 0, slot_bytes_ = 0, slot_bound_ = 0, unit_bytes_max_ = 0;
   uint64_t gathered_bytes_now_ = 0, gathered_bytes_peak_ = 0;
+  double alloc_seconds_ = 0;
 };
 
 }  // namespace qshard

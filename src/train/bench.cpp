@@ -76,7 +76,8 @@ TrainConfig bench_config(const BenchOptions& o, const std::string& data_train, i
   c.batch.micro_batch_size = o.batch;
   c.batch.global_batch_size = o.batch * world;
   c.steps = o.warmup + o.steps;
-  c.offload.params = c.offload.optimizer = o.offload;
+  c.offload.params = o.offload;
+  c.offload.optimizer = o.offload_optimizer;
   c.memory.gpu_budget_gb = o.gpu_budget_gb;
   c.memory.keep_layers = o.keep_layers;
   c.memory.mlp_chunk_tokens = o.mlp_chunk_tokens;

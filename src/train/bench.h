@@ -41,7 +41,8 @@ struct BenchOptions {
   int64_t rank = 16;     // LoRA rank
   int64_t steps = 6;     // timed
   int64_t warmup = 2;
-  bool offload = false;  // offload.params + offload.optimizer
+  bool offload = false;            // offload.params: the base in pinned host memory
+  bool offload_optimizer = false;  // offload.optimizer: LoRA masters and AdamW on the host
   double gpu_budget_gb = 0;
   int64_t keep_layers = -1;
   int64_t mlp_chunk_tokens = -1;

@@ -87,9 +87,16 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
   p.step = static_cast<double>(p.step_buffers.total());
   p.per_kept = llama_kept_layer_bytes(lc, step_options(config, 0), backend, act_t, config.lora.r);
   p.resident = resident(p.offload_params, p.offload_optimizer);
+  // Over the budget: the base goes to pinned host memory first (streamed to the GPU a layer at a
+  // time); the LoRA optimizer state (masters, moments: AdamW on the host) only when that is not
+  // enough, since a host AdamW leaves the GPU idle.
   if (p.budget > 0 && backend == Backend::kCuda && !p.offload_params && p.resident + p.step > p.budget) {
-    p.offload_params = p.offload_optimizer = true;
-    p.resident = resident(true, true);
+    p.offload_params = true;
+    p.resident = resident(true, p.offload_optimizer);
+  }
+  if (p.budget > 0 && backend == Backend::kCuda && !p.offload_optimizer && p.resident + p.step > p.budget) {
+    p.offload_optimizer = true;
+    p.resident = resident(p.offload_params, true);
   }
   p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
   return p;

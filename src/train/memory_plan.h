@@ -1,9 +1,10 @@
 // memory_plan.h: the training step's GPU memory plan (the memory.* keys of a job).
 //
 // What: given a GPU memory budget (memory.gpu_budget_gb, bytes = GB x 1e9), chooses
-//   - whether the frozen base's shards live on the GPU or in pinned host memory (offload.params,
-//     with offload.optimizer): offloaded only when the resident base would not leave room for one
-//     step's buffers; a config that asks for offload keeps it;
+//   - whether the frozen base's shards live on the GPU or in pinned host memory (offload.params):
+//     offloaded only when the resident base would not leave room for one step's buffers; then
+//     whether the LoRA optimizer state goes to the host too (offload.optimizer: AdamW on the host),
+//     only when the budget is still exceeded; a config that asks for offload keeps it;
 //   - whether the MLP runs in chunks of rows (long sequences: memory.mlp_chunk_tokens, auto past
 //     kAutoChunkAbove tokens per micro-batch, in chunks of kAutoChunkRows);
 //   - how many decoder layers keep their activations from the forward instead of recomputing them

@@ -141,6 +141,11 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
   m->mgr->finalize();
   m->mgr->release_all_views();  // the full tensors go; each rank keeps its shards
   phase("shards");
+  // Split: the allocation of the shards (page-locking a pinned base), then the packing.
+  const double alloc_s = m->mgr->shard_alloc_seconds();
+  m->build_seconds.back().second -= alloc_s;
+  m->build_seconds.back().first = "shards: packing";
+  m->build_seconds.insert(m->build_seconds.end() - 1, {"shards: allocation", alloc_s});
   // The weights resolve their entries and shapes from the tree's slots once (nothing kept of them).
   const LlamaTreeSlots slots(m->config, *m->tree, rt.ctx, /*fold_lora=*/false);
   m->weights = std::make_unique<ShardedLlamaWeights>(m->config, slots, *m->mgr, m->units);

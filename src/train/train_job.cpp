@@ -50,8 +50,11 @@ void TrainJob::build_model() {
   plan_ = plan_memory(config_, job_llama_config(config_.model), rt_.ctx.backend(), rt_.ctx.activation_dtype(),
                       rt_.data.size());
   if (rank_ == 0 && plan_.offload_params && !config_.offload.params)
-    QS_LOG_INFO("memory.gpu_budget_gb = {}: the base and its optimizer state go to pinned host memory "
-                "(offload.params and offload.optimizer on)", config_.memory.gpu_budget_gb);
+    QS_LOG_INFO("memory.gpu_budget_gb = {}: the base goes to pinned host memory (offload.params on)",
+                config_.memory.gpu_budget_gb);
+  if (rank_ == 0 && plan_.offload_optimizer && !config_.offload.optimizer)
+    QS_LOG_INFO("memory.gpu_budget_gb = {}: the LoRA optimizer state goes to host memory, AdamW on the host "
+                "(offload.optimizer on)", config_.memory.gpu_budget_gb);
   qm_ = build_qlora_model(config_, rt_, &plan_);  // the plan, made once, decides offload
   if (rank_ == 0) {
     std::string split;

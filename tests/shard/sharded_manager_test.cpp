@@ -69,13 +69,15 @@ FullModel make_model() {
   return m;
 }
 
-std::unique_ptr<ShardedParameterManager> build(Communicator& comm, const FullModel& m, bool offload) {
+// own_root: the root unit gets a slot of its own (as shard_module_tree adds it).
+std::unique_ptr<ShardedParameterManager> build(Communicator& comm, const FullModel& m, bool offload,
+                                               bool own_root = false) {
   ShardOptions o;
   o.offload_params = o.offload_optimizer = offload;
   o.compute_device = test_device();
   auto mgr = std::make_unique<ShardedParameterManager>(comm, qshard_test_compute_stream(), o);
   for (size_t u = 0; u < m.units.size(); ++u) {
-    const int id = mgr->add_unit(u < 3 ? "layers." + std::to_string(u) : "root");
+    const int id = u < 3 ? mgr->add_unit("layers." + std::to_string(u)) : mgr->add_unit("root", own_root);
     for (int k = 0; k < kNumBufferKinds; ++k)
       for (const auto& [name, t] : m.units[u][k]) mgr->add_tensor(id, static_cast<BufferKind>(k), name, t);
   }
@@ -179,6 +181,39 @@ TEST_F(Sharded, LedgerIsEveryAllocationAndWorldOneReadsInPlace) {
     const auto* v = static_cast<const uint8_t*>(mgr->view(1, BufferKind::kTrainable, "q_proj.lora_A.weight").raw());
     EXPECT_EQ(v >= lo && v < lo + master.nbytes(), in_place) << "a view into the master shard iff read in place";
     mgr->release(1);
+  }
+}
+
+// At world size 1 an own-slot unit's frozen shards stay on the device even with offload_params
+// (its slot would hold the whole unit anyway): read in place, no pinned copy, no slot buffer; the
+// layers are still offloaded. At larger world sizes the root is offloaded like the rest.
+TEST_F(Sharded, WorldOneKeepsAnOwnSlotUnitOnTheDevice) {
+  const FullModel m = make_model();
+  auto mgr = build(*comm_, m, /*offload=*/true, /*own_root=*/true);
+  const bool alone = comm_->size() == 1;
+  MemoryLedger ledger;
+  mgr->account(ledger);
+  const ShardMemoryStats s = mgr->memory();
+  EXPECT_EQ(ledger.total(MemoryPlace::kDevice) + ledger.total(MemoryPlace::kPinnedHost), s.shard_bytes + s.slot_bytes);
+  bool root_in_place = false, root_slot = false;
+  for (const LedgerLine& l : ledger.lines()) {
+    if (l.name == "root unit shards (read in place)") {
+      root_in_place = true;
+      EXPECT_EQ(l.place, MemoryPlace::kDevice) << ledger.describe();
+    }
+    root_slot = root_slot || l.name == "gathered slots (float) (root)";
+  }
+  EXPECT_EQ(root_in_place, alone) << ledger.describe();
+  EXPECT_EQ(root_slot, !alone) << ledger.describe();
+  if (test_device() == Device::kCuda) {
+    EXPECT_GT(ledger.total(MemoryPlace::kPinnedHost), 0u) << "the layers' shards are still offloaded";
+  }
+  for (int u : {3, 0}) {  // the root, then a layer: every gathered tensor is the original
+    mgr->gather(u);
+    for (int k = 0; k < kNumBufferKinds; ++k)
+      for (const auto& [name, t] : m.units[u][k])
+        EXPECT_TRUE(same_bytes(mgr->view(u, static_cast<BufferKind>(k), name), t)) << u << " " << name;
+    mgr->release(u);
   }
 }
 

@@ -82,6 +82,19 @@ TEST(MemoryPlan, SmallBudgetOffloadsTheBase) {
   EXPECT_NE(p.describe().find("offloaded to pinned host memory"), std::string::npos);
   c.memory.gpu_budget_gb = 30;
   EXPECT_FALSE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1).offload_params);
+  // Between the two, a budget where the offloaded base makes room for the LoRA optimizer on the
+  // GPU (a host AdamW leaves the GPU idle): the optimizer goes to the host only when it must.
+  bool optimizer_stays = false;
+  for (double gb = 4; gb <= 30; gb += 0.25) {
+    c.memory.gpu_budget_gb = gb;
+    const MemoryPlan q = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+    EXPECT_TRUE(!q.offload_optimizer || q.offload_params) << gb;
+    if (q.offload_params && !q.offload_optimizer) {
+      optimizer_stays = true;
+      EXPECT_LE(q.resident + q.step, gb * 1e9) << gb;
+    }
+  }
+  EXPECT_TRUE(optimizer_stays);
   // Over 8 ranks each keeps an eighth of the base: 12 GB holds it with the step.
   c.memory.gpu_budget_gb = 12;
   EXPECT_FALSE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 8).offload_params);
