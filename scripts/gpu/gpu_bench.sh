@@ -11,7 +11,7 @@
 #   long       the longest 8B sequences at batch 1 (LONG_SEQS, default "131072 262144"), one timed
 #              step each -> long.jsonl; PEER_LONG_SEQS for the peer (default none)
 #   b70        the Llama-3.1-70B shape at 1 x 2048: base offloaded to pinned host memory, then
-#              resident on the GPU -> b70.jsonl
+#              resident on the GPU (B70_RUNS: other modes, batches, flags) -> b70.jsonl
 # GPU lanes: GPU=<index> pins a stage to one GPU (CUDA_VISIBLE_DEVICES); run two stages at once on a
 # two-GPU machine with `GPU=0 scripts/gpu/gpu_bench.sh q8b & GPU=1 scripts/gpu/gpu_bench.sh peer`.
 # The bitsandbytes wheel is installed from .whl/ into /tmp/site when it is there.
@@ -36,7 +36,7 @@ qbench() {  # out.jsonl label args...: one qshard bench run, its JSON appended w
   timeout "${RUN_TIMEOUT:-400}" $Q bench --device cuda --json "$j" "$@" > "$LOGS/$label.log" 2>&1
   local rc=$?
   echo "== qshard $label ($*): exit $rc"
-  grep -E "^memory plan|tokens/s|MFU|peak GPU|peak pinned|^  step  |    [a-zA-Z]" "$LOGS/$label.log" | sed 's/^/   /'
+  grep -E "^memory plan|model build|tokens/s|MFU|peak GPU|peak pinned|^  step  |    [a-zA-Z]" "$LOGS/$label.log" | sed 's/^/   /'
   [ $rc = 0 ] || grep -v "^step " "$LOGS/$label.log" | tail -6
   if [ -f "$j" ]; then
     python3 -c "import json,sys; d=json.load(open('$j')); d['label']='$label'; d['exit']=$rc; print(json.dumps(d))" >> "$out"
@@ -102,9 +102,13 @@ for stage in "$@"; do
         qbench "$OUT/long.jsonl" "8b_1x$s" --preset 8b --batch 1 --seq "$s" --steps 1 --warmup "${LONG_WARMUP:-0}"
       done
       ;;
-    b70)
-      qbench "$OUT/b70.jsonl" 70b_offload --preset 70b --batch 1 --offload --steps "${STEPS70:-3}" --warmup 1
-      qbench "$OUT/b70.jsonl" 70b_resident --preset 70b --batch 1 --steps "${STEPS70:-3}" --warmup 1
+    b70)  # B70_RUNS: mode:batch[:extra bench flags, comma-separated], mode offload | resident
+      for r in ${B70_RUNS:-offload:1 resident:1}; do
+        mode=${r%%:*}; rest=${r#*:}; b=${rest%%:*}; extra=""
+        [ "$rest" != "$b" ] && extra=$(echo "${rest#*:}" | tr ',' ' ')
+        qbench "$OUT/b70.jsonl" "70b_${mode}_b$b" --preset 70b --batch "$b" $([ "$mode" = offload ] && echo --offload) \
+          --steps "${STEPS70:-3}" --warmup 1 $extra
+      done
       ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
