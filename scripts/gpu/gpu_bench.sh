@@ -12,9 +12,17 @@
 #              step each -> long.jsonl; PEER_LONG_SEQS for the peer (default none)
 #   b70        the Llama-3.1-70B shape at 1 x 2048: base offloaded to pinned host memory, then
 #              resident on the GPU (B70_RUNS: other modes, batches, flags) -> b70.jsonl
+#   unsloth    the Unsloth peer (bench_peer.py --peer unsloth), one process, one model load, the points
+#              UNSLOTH_POINTS (default "1x2048,2x2048,4x2048,8x2048") of preset UNSLOTH_PRESET (default
+#              8b), checkpointing "unsloth" (UNSLOTH_ARGS=--no-checkpointing for off) -> unsloth.jsonl.
+#              Needs .whl/peer/site (scripts/bench/fetch_peer_wheels.sh), copied to /tmp/site-peer.
+#              The random model is saved once to /tmp/qshard-unsloth-PRESET and reused while the
+#              machine stays warm. UNSLOTH_TIMEOUT (default 540 s) bounds the whole stage.
+#   unsloth_smoke  the same on the tiny preset, 1x256 and 2x256, 1 timed step -> unsloth_smoke.jsonl
 # GPU lanes: GPU=<index> pins a stage to one GPU (CUDA_VISIBLE_DEVICES); run two stages at once on a
 # two-GPU machine with `GPU=0 scripts/gpu/gpu_bench.sh q8b & GPU=1 scripts/gpu/gpu_bench.sh peer`.
-# The bitsandbytes wheel is installed from .whl/ into /tmp/site when it is there.
+# The bitsandbytes wheel is installed from .whl/ into /tmp/site when it is there; without one, the
+# peer stage takes bitsandbytes (only) from .whl/peer/site.
 # Usage: scripts/gpu/gpu_bench.sh stage...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -43,6 +51,44 @@ qbench() {  # out.jsonl label args...: one qshard bench run, its JSON appended w
   else
     echo "{\"label\": \"$label\", \"exit\": $rc, \"args\": \"$*\"}" >> "$out"
   fi
+}
+
+peer_site() {  # the Unsloth peer's packages (fetch_peer_wheels.sh) into /tmp/site-peer, on PYTHONPATH
+  if [ ! -d /tmp/site-peer/unsloth ]; then
+    if [ -d .whl/peer/site ]; then
+      rm -rf /tmp/site-peer && cp -a .whl/peer/site /tmp/site-peer
+    elif ls .whl/peer/*.whl > /dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-peer \
+        .whl/peer/*.whl
+    else
+      echo "no .whl/peer: run scripts/bench/fetch_peer_wheels.sh on the development machine and carry .whl"
+      return 1
+    fi
+  fi
+  export PYTHONPATH=/tmp/site-peer${PYTHONPATH:+:$PYTHONPATH}
+}
+
+ubench() {  # out.jsonl label args...: one Unsloth peer process (several points on one model load)
+  local out=$1 label=$2
+  shift 2
+  peer_site || return 1
+  local t0=$SECONDS
+  PYTHONUNBUFFERED=1 timeout "${UNSLOTH_TIMEOUT:-540}" python3 scripts/bench/bench_peer.py --peer unsloth \
+    --jsonl "$out" "$@" > "$LOGS/unsloth_$label.log" 2>&1
+  local rc=$?
+  echo "== unsloth $label ($*): exit $rc, $((SECONDS - t0)) s"
+  grep -v '^{' "$LOGS/unsloth_$label.log" | grep -v -i "warn" | tail -${UNSLOTH_TAIL:-15} | cut -c1-300 | sed 's/^/   /'
+  grep '^{' "$LOGS/unsloth_$label.log" | python3 -c "
+import json, sys
+for l in sys.stdin:
+    d = json.loads(l)
+    if d.get('oom') or 'error' in d:
+        print('   %sx%s: oom=%s %s' % (d.get('batch'), d.get('seq'), d.get('oom'), d.get('error', '')[:200]))
+    else:
+        print('   %sx%s: %.0f tokens/s, peak allocated %.2f GiB, reserved %.2f GiB, in use %.2f GiB, losses %s' % (
+            d['batch'], d['seq'], d['tokens_per_s'], d['peak_allocated_bytes'] / 2**30,
+            d['peak_reserved_bytes'] / 2**30, d['device_in_use_bytes'] / 2**30, d['losses'][-2:]))
+"
 }
 
 pbench() {  # label args...: one peer run
@@ -84,9 +130,12 @@ for stage in "$@"; do
         --steps "$STEPS" --warmup "$WARMUP"
       ;;
     peer)
-      if [ -d .whl ]; then
+      if ls .whl/*.whl > /dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
           && export PYTHONPATH=/tmp/site
+      elif [ -d .whl/peer/site/bitsandbytes ]; then  # bitsandbytes alone from the Unsloth peer's tree
+        mkdir -p /tmp/site-bnb && cp -a .whl/peer/site/bitsandbytes .whl/peer/site/bitsandbytes-*.dist-info /tmp/site-bnb/ \
+          && export PYTHONPATH=/tmp/site-bnb
       fi
       # PEER_RUNS: batch x seq : ckpt | nockpt (default: the issue's table)
       for r in ${PEER_RUNS:-1x2048:ckpt 4x2048:ckpt 8x2048:ckpt 1x8192:ckpt 1x2048:nockpt 4x2048:nockpt}; do
@@ -109,6 +158,13 @@ for stage in "$@"; do
         qbench "$OUT/b70.jsonl" "70b_${mode}_b$b" --preset 70b --batch "$b" $([ "$mode" = offload ] && echo --offload) \
           --steps "${STEPS70:-3}" --warmup 1 $extra
       done
+      ;;
+    unsloth)
+      ubench "$OUT/unsloth.jsonl" "${UNSLOTH_PRESET:-8b}" --preset "${UNSLOTH_PRESET:-8b}" \
+        --points "${UNSLOTH_POINTS:-1x2048,2x2048,4x2048,8x2048}" --steps "$STEPS" --warmup "$WARMUP" ${UNSLOTH_ARGS:-}
+      ;;
+    unsloth_smoke)
+      ubench "$OUT/unsloth_smoke.jsonl" smoke_tiny --preset tiny --points 1x256,2x256 --steps 1 --warmup 1
       ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
