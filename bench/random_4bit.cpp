@@ -11,7 +11,10 @@
 // init_random_base runs it (one tensor per thread). Best of --repeat runs.
 //
 // Usage: bench_random_4bit [--rows 8192] [--cols 28672] [--blocksize 64] [--threads N] [--repeat 3]
-//                          [--no-float]
+//                          [--no-float] [--cuda]
+// --cuda adds the GPU draw (quant/random_4bit.h): into device tensors, and into host tensors
+// through pinned staging (a batch of 8 such tensors on 1, 4 and 8 stagers), the first checked byte
+// for byte against the CPU draw.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -51,7 +54,7 @@ int main(int argc, char** argv) {
   using namespace qshard;
   int64_t rows = 8192, cols = 28672, blocksize = 64;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), repeat = 3;
-  bool no_float = false;
+  bool no_float = false, cuda = false;
   CLI::App app{"values/s of a random 4-bit base: direct draw vs float draw + quantize"};
   app.add_option("--rows", rows, "tensor rows")->check(CLI::PositiveNumber);
   app.add_option("--cols", cols, "tensor columns")->check(CLI::PositiveNumber);
@@ -59,8 +62,13 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "threads for the parallel direct draw")->check(CLI::PositiveNumber);
   app.add_option("--repeat", repeat, "runs per path (best reported)")->check(CLI::PositiveNumber);
   app.add_flag("--no-float", no_float, "skip the float path");
+  app.add_flag("--cuda", cuda, "also the GPU draw (a CUDA build with a GPU)");
   CLI11_PARSE(app, argc, argv);
 
+  if (cuda && !cuda_available()) {
+    std::fprintf(stderr, "bench_random_4bit: --cuda needs a CUDA build and a visible GPU\n");
+    return 1;
+  }
   const Shape shape{rows, cols};
   const double n = static_cast<double>(rows) * static_cast<double>(cols);
   const QuantizeOptions q{QuantType::kNf4, blocksize, true};
@@ -79,6 +87,24 @@ int main(int argc, char** argv) {
     report(("direct draw, " + std::to_string(threads) + " threads").c_str(),
            best_seconds(repeat, [&] { many = random_4bit(shape, DType::kBF16, q, 0.02, 7, threads); }), threads);
     std::printf("  %d-thread bytes equal the 1-thread draw's: %s\n", threads, same_bytes(one, many) ? "yes" : "NO");
+  }
+  if (cuda) {  // the GPU draw (quant/random_4bit.h): device tensors, and into host tensors via pinned staging
+    Params4bit dev;
+    report("GPU draw, device tensors (per core: 1)",
+           best_seconds(repeat, [&] { dev = random_4bit(shape, DType::kBF16, q, 0.02, 7, Device::kCuda, nullptr); }),
+           1);
+    std::printf("  GPU bytes equal the CPU draw's: %s\n", same_bytes(one, dev.to(Device::kCpu)) ? "yes" : "NO");
+    // A batch of 8 such tensors (keys 7, 8, ...), as init_random_base hands a model's projections over.
+    std::vector<Params4bit> outs(8);
+    std::vector<Random4bitJob> jobs;
+    for (size_t i = 0; i < outs.size(); ++i) jobs.push_back({shape, DType::kBF16, q, 0.02, 7 + i, &outs[i]});
+    for (int t : {1, 4, 8}) {
+      const double s = best_seconds(repeat, [&] { random_4bit_to_host(jobs, Device::kCuda, t); });
+      std::printf("  %-40s %8.3f s  %8.1f M values/s\n",
+                  ("GPU draw of 8 into host tensors, " + std::to_string(t) + " stager(s)").c_str(), s, 8 * n / s * 1e-6);
+    }
+    const Params4bit& host = outs[0];
+    std::printf("  GPU-to-host bytes equal the CPU draw's: %s\n", same_bytes(one, host) ? "yes" : "NO");
   }
   if (!no_float) {
     Params4bit f;

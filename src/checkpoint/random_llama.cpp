@@ -9,6 +9,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "runtime/machine.h"
+#include "runtime/parallel.h"
 
 namespace qshard {
 namespace fs = std::filesystem;
@@ -38,23 +39,50 @@ nlohmann::json llama_config_json(const LlamaSizes& o, DType dtype, double init_s
   return j;
 }
 
-std::vector<float> random_normal(uint64_t seed, const std::string& fqn, int64_t n, double std) {
-  uint64_t h = 1469598103934665603ull ^ seed;  // FNV-1a over the name, mixed with the seed
+namespace {
+
+// random_normal's stream key: FNV-1a over the name, mixed with the seed.
+uint64_t normal_key(uint64_t seed, const std::string& fqn) {
+  uint64_t h = 1469598103934665603ull ^ seed;
   for (unsigned char c : fqn) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// The counter-based value i: splitmix64(h + i * golden) as four 16-bit uniforms, summed, centred
+// and scaled to unit variance (Irwin-Hall, |z| <= 2 sqrt(3)); scale = std sqrt(3) / 65536.
+inline float fast_normal(uint64_t h, int64_t i, double scale) {
+  uint64_t z = h + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const int64_t sum = static_cast<int64_t>(z & 0xffff) + static_cast<int64_t>((z >> 16) & 0xffff) +
+                      static_cast<int64_t>((z >> 32) & 0xffff) + static_cast<int64_t>(z >> 48);
+  return static_cast<float>((static_cast<double>(sum) - 131070.0) * scale);
+}
+
+constexpr int64_t kFastChunk = int64_t{1} << 22;  // values per parallel work item
+
+// body(begin, end) over [0, n) in chunks of kFastChunk on up to `threads` threads.
+template <class F>
+void for_chunks(int64_t n, int threads, F&& body) {
+  const int64_t chunks = (n + kFastChunk - 1) / kFastChunk;
+  parallel_for(static_cast<size_t>(chunks), threads, [&](size_t c) {
+    const int64_t begin = static_cast<int64_t>(c) * kFastChunk;
+    body(begin, std::min(n, begin + kFastChunk));
+  });
+}
+
+}  // namespace
+
+std::vector<float> random_normal(uint64_t seed, const std::string& fqn, int64_t n, double std, int threads) {
+  const uint64_t h = normal_key(seed, fqn);
   if (n > kFastNormalElements) {
-    // Counter-based: value i from splitmix64(h + i) as four 16-bit uniforms, summed, centred and
-    // scaled to unit variance (Irwin-Hall, |z| <= 2 sqrt(3)).
     std::vector<float> v(static_cast<size_t>(n));
     const double scale = std * std::sqrt(3.0) / 65536.0;  // (sum of 4 u16 - 4 * 32767.5) -> N(0, std)
-    for (int64_t i = 0; i < n; ++i) {
-      uint64_t z = h + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
-      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-      z ^= z >> 31;
-      const int64_t sum = static_cast<int64_t>(z & 0xffff) + static_cast<int64_t>((z >> 16) & 0xffff) +
-                          static_cast<int64_t>((z >> 32) & 0xffff) + static_cast<int64_t>(z >> 48);
-      v[static_cast<size_t>(i)] = static_cast<float>((static_cast<double>(sum) - 131070.0) * scale);
-    }
+    float* out = v.data();
+    for_chunks(n, threads, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = fast_normal(h, i, scale);
+    });
     return v;
   }
   std::mt19937_64 g(h);
@@ -66,6 +94,33 @@ std::vector<float> random_normal(uint64_t seed, const std::string& fqn, int64_t 
     if (i + 1 < n) v[i + 1] = static_cast<float>(std * r * std::sin(t));
   }
   return v;
+}
+
+void random_normal_into(Tensor& out, uint64_t seed, const std::string& fqn, double std, int threads) {
+  if (!dtype_is_float(out.dtype()) || (out.numel() > 0 && !out.raw()))
+    throw Error("random_normal_into: " + fqn + " needs a float tensor with storage, got " +
+                dtype_torch_name(out.dtype()) + shape_str(out.shape()));
+  const int64_t n = out.numel();
+  if (n <= kFastNormalElements || out.device() != Device::kCpu) {  // device memory: drawn on the host, copied
+    out.copy_from(Tensor::from_f32(out.shape(), out.dtype(), random_normal(seed, fqn, n, std, threads)));
+    return;
+  }
+  const uint64_t h = normal_key(seed, fqn);
+  const double scale = std * std::sqrt(3.0) / 65536.0;
+  const DType dt = out.dtype();
+  void* raw = out.raw();
+  for_chunks(n, threads, [&](int64_t begin, int64_t end) {
+    if (dt == DType::kF32) {
+      float* p = static_cast<float*>(raw);
+      for (int64_t i = begin; i < end; ++i) p[i] = fast_normal(h, i, scale);
+    } else if (dt == DType::kBF16) {
+      uint16_t* p = static_cast<uint16_t*>(raw);
+      for (int64_t i = begin; i < end; ++i) p[i] = f32_to_bf16(fast_normal(h, i, scale));
+    } else {
+      uint16_t* p = static_cast<uint16_t*>(raw);
+      for (int64_t i = begin; i < end; ++i) p[i] = f32_to_f16(fast_normal(h, i, scale));
+    }
+  });
 }
 
 LlamaConfig write_random_llama_folder(const std::string& dir, const RandomLlamaOptions& o) {
@@ -95,7 +150,7 @@ LlamaConfig write_random_llama_folder(const std::string& dir, const RandomLlamaO
       const int64_t n = shape_numel(shape);
       const bool norm = name.find("norm.weight") != std::string::npos;
       const std::vector<float> v = norm ? std::vector<float>(static_cast<size_t>(n), 1.0f)
-                                        : random_normal(o.seed, name, n, o.init_std);
+                                        : random_normal(o.seed, name, n, o.init_std, host_threads(32));
       w.write(name, Tensor::from_f32(shape, o.dtype, v).bytes());
     }
     w.finish();

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "checkpoint/hf_config.h"
+#include "runtime/tensor.h"
 
 namespace qshard {
 
@@ -40,8 +41,16 @@ nlohmann::json llama_config_json(const LlamaSizes& sizes, DType dtype, double in
 // Tensors of more than kFastNormalElements values (8B- and 70B-shaped models) draw from a
 // counter-based generator instead (an Irwin-Hall sum of four uniforms: ~10x faster, same mean and
 // variance, tails cut at 3.46 sigma), so a 70B random base is built in seconds per core, not minutes.
+// threads: the counter-based path, value i a pure function of (seed, fqn, i), is split into chunks
+// of 2^22 values over up to `threads` host threads (runtime/parallel.h): the same bytes at any
+// count. The Box-Muller path is one sequential stream whatever `threads`.
 inline constexpr int64_t kFastNormalElements = int64_t{1} << 24;
-std::vector<float> random_normal(uint64_t seed, const std::string& fqn, int64_t n, double std);
+std::vector<float> random_normal(uint64_t seed, const std::string& fqn, int64_t n, double std, int threads = 1);
+// The bytes of Tensor::from_f32(out.shape(), out.dtype(), random_normal(seed, fqn, out.numel(), std))
+// written into `out` (f32, bf16 or f16; rounded as from_f32 rounds). A CPU tensor on the
+// counter-based path gets each chunk written straight in its dtype (no float32 copy of the tensor);
+// a device tensor is drawn on the host and copied. Errors: Error for a non-float or meta `out`.
+void random_normal_into(Tensor& out, uint64_t seed, const std::string& fqn, double std, int threads = 1);
 
 struct RandomLlamaOptions : LlamaSizes {
   DType dtype = DType::kBF16;

@@ -30,15 +30,21 @@
 // Determinism: block b draws the 64-bit words splitmix64(k + c * 0x9e3779b97f4a7c15) for counters
 // c = b * (blocksize / 2 + 2) + j, k = splitmix64 of `key` (model_init passes random_normal's
 // seed-and-name hash): a pure function of key and block index, so the bytes do not depend on
-// `threads` nor on the order blocks are drawn in.
+// `threads`, on the order blocks are drawn in, nor on where: the per-block arithmetic is one
+// source for the host and the GPU (quant/random_4bit_block.h, which states how the two round
+// alike), so the CUDA draw gives the CPU draw's bytes.
 // Threads: blocks are drawn in chunks of 2^20 values on up to `threads` threads (runtime/parallel.h);
 // threads = 1 draws on the caller's thread (for callers that already run tensors in parallel).
+// GPU: random_4bit(..., Device::kCuda, stream) returns the Params4bit in device memory;
+// random_4bit_to_host draws many tensors on the GPU into host Params4bit (a model's base).
 // Speed: docs/PERFORMANCE.md ("random 4-bit base"), measured by bench/random_4bit.cpp.
 // Errors: InputError naming the value for a bad blocksize, a non-float dtype, an empty shape, or
-// std outside [1e-6, 1e3]. Thread safety: pure; the result is a fresh CPU Params4bit.
+// std outside [1e-6, 1e3]; Error "op random_4bit...: no cuda implementation in this build" for
+// Device::kCuda in a CPU build. Thread safety: pure; the CPU draw's result is a fresh CPU Params4bit.
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "quant/params4bit.h"
 
@@ -46,6 +52,31 @@ namespace qshard {
 
 Params4bit random_4bit(const Shape& shape, DType dtype, const QuantizeOptions& options, double std, uint64_t key,
                        int threads = 1);
+
+// The same draw on `draw_on`. kCuda: codes and absmax drawn by the kernel on `stream` (a
+// cudaStream_t as void*; nullptr the default stream), the nested statistics made by
+// params4bit_from_blocks's CUDA kernels (bitwise equal to the host's); the tensors are in device
+// memory; returns when they are ready. kCpu: the host draw above on the caller's thread.
+Params4bit random_4bit(const Shape& shape, DType dtype, const QuantizeOptions& options, double std, uint64_t key,
+                       Device draw_on, void* stream);
+
+// One tensor of a batch: *out = random_4bit(shape, dtype, options, std, key), host tensors.
+struct Random4bitJob {
+  Shape shape;
+  DType dtype = DType::kBF16;
+  QuantizeOptions options;
+  double std = 0.02;
+  uint64_t key = 0;
+  Params4bit* out = nullptr;
+};
+// Draws every job into its host Params4bit; the bytes are the CPU draw's wherever it is drawn.
+// kCpu: one job per host thread on up to `threads` threads, largest first as given.
+// kCuda: up to `threads` host threads (at most 8), each with its own stream ("random_4bit") and
+// double-buffered staging (two device and two pinned chunks of 2^24 values: 8 MB of codes and
+// 2 MB of absmax each, 20 MB device and 20 MB pinned per thread), draw a job chunk by chunk on the GPU and copy each chunk into the host tensors
+// while the next is drawn; the nested statistics (1/blocksize of the data) on the host. Returns
+// when every job is done; the staging is freed. REQUIRES: distinct `out`s.
+void random_4bit_to_host(std::span<const Random4bitJob> jobs, Device draw_on, int threads);
 
 // The encoder's decision boundaries in scaled units (x / absmax) and the code of each interval:
 // encode_4bit(t, flush_subnormal(v)) == code[#{k : v > bound[k]}] for every float v (read off the
