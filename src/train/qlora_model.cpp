@@ -108,8 +108,9 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
     to.shapes_only_4bit = true;  // init_random_base replaces every Params4bit: no zeros to write first
     m->tree = build_llama_tree(m->config, to);
     phase("tree");
+    // A 4-bit draw runs on the GPU when the job does (the same bytes as the host's draw).
     init_random_base(*m->tree, config.model.init.seed, m->config.raw.value("initializer_range", 0.02),
-                     config.model.init.draw_4bit);
+                     config.model.init.draw_4bit, rt.ctx.is_cuda() ? Device::kCuda : Device::kCpu);
     phase("random base");
   } else {
     // Frozen float tensors keep the dtype they have in model.path's folder (bf16 stays bf16), so
