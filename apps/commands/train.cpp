@@ -113,6 +113,8 @@ void add_bench(CLI::App& sub, BenchArgs& a) {
   sub.add_option("--heads", bo.heads, "num_attention_heads");
   sub.add_option("--kv-heads", bo.kv_heads, "num_key_value_heads");
   sub.add_option("--batch", bo.batch, "sequences per rank per step");
+  sub.add_option("--micro-batch", bo.micro_batch,
+                 "sequences per micro-batch (batch.micro_batch_size): -1 = --batch, 0 = the memory plan's choice");
   sub.add_option("--seq", bo.seq, "tokens per sequence");
   sub.add_option("--rank", bo.rank, "LoRA rank (all seven projections)");
   sub.add_option("--steps", bo.steps, "timed steps");

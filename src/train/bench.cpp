@@ -73,7 +73,7 @@ TrainConfig bench_config(const BenchOptions& o, const std::string& data_train, i
   c.schedule.warmup_steps = 0;
   c.data.train = data_train;
   c.data.max_seq_len = o.seq;
-  c.batch.micro_batch_size = o.batch;
+  c.batch.micro_batch_size = o.micro_batch < 0 ? o.batch : o.micro_batch;
   c.batch.global_batch_size = o.batch * world;
   c.steps = o.warmup + o.steps;
   c.offload.params = o.offload;
@@ -146,6 +146,7 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
   j["steps_timed"] = o.steps;
   j["warmup"] = o.warmup;
   j["plan"] = {{"offload_params", p.offload_params},   {"offload_optimizer", p.offload_optimizer},
+               {"micro_batch", p.micro_batch},         {"est_step_s", p.est_step_s},
                {"keep_layers", p.keep_layers},         {"mlp_chunk_rows", p.mlp_chunk_rows},
                {"gpu_budget_gb", o.gpu_budget_gb},     {"text", p.plan}};
   j["tokens_per_s"] = tps;

@@ -36,7 +36,8 @@ struct BenchOptions {
   std::string preset = "8b";  // tiny | 1b | 8b | 70b
   // Sizes overriding the preset's (0: the preset's).
   int64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0;
-  int64_t batch = 1;     // sequences per rank per step (micro-batch)
+  int64_t batch = 1;     // sequences per rank per step
+  int64_t micro_batch = -1;  // sequences per micro-batch: -1 = batch (no accumulation); 0 = the plan's choice
   int64_t seq = 2048;
   int64_t rank = 16;     // LoRA rank
   int64_t steps = 6;     // timed

@@ -8,6 +8,7 @@
 #include "model/llama_model.h"
 #include "runtime/error.h"
 #include "runtime/machine.h"
+#include "train/flops.h"
 
 namespace qshard {
 namespace {
@@ -17,9 +18,9 @@ namespace {
 constexpr double kRuntimeBytes = 1.0e9;
 constexpr double kLibraryBytes = 0.5e9;
 
-LlamaModelOptions step_options(const TrainConfig& config, int64_t chunk_rows) {
+LlamaModelOptions step_options(const TrainConfig& config, int64_t micro, int64_t chunk_rows) {
   LlamaModelOptions mo;
-  mo.max_batch = config.batch.micro_batch_size;
+  mo.max_batch = micro;
   mo.max_seq = config.data.max_seq_len;
   mo.lora_dropout = static_cast<float>(config.lora.dropout);
   mo.mlp_chunk_rows = chunk_rows;
@@ -43,25 +44,66 @@ std::string MemoryPlan::describe() const {
                    human_bytes(resident), human_bytes(step),
                    human_bytes(per_kept * static_cast<double>(keep_layers > 1 ? keep_layers - 1 : 0)),
                    human_bytes(total()));
+  if (est_step_s > 0) {
+    s += fmt::format("; micro-batch {}, estimated {:.3f} s a step", micro_batch, est_step_s);
+    if (candidates > 1 && runner_up_s > 0)
+      s += fmt::format(" (fastest of {} plans; next: {}, {:.3f} s)", candidates, runner_up, runner_up_s);
+  }
   return s;
 }
 
-MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend backend, DType act_t, int world) {
+namespace {
+
+// The cost model's constants, measured on one H200 (docs/PERFORMANCE.md, session 11, Llama-3.1-8B
+// and 70B shapes): MFU of a large micro-batch with full recompute; the share of that time the
+// recompute takes (every layer kept runs at 1 / (1 - share) the speed); the per-micro-batch fixed
+// cost (dequantizing the base, the head, launch latency) in tokens' worth of compute; the host
+// AdamW's bytes per second (masters, moments, gradients: 32 bytes a parameter). Defaults for the
+// rates when none were measured (tests, estimates before a GPU is seen).
+constexpr double kMfuRecompute = 0.53;
+constexpr double kRecomputeShare = 0.2;
+constexpr double kFixedTokens = 384;
+constexpr double kHostAdamBytesPerSecond = 10e9;
+constexpr double kDefaultGemmFlops = 790e12;
+constexpr double kDefaultH2dBytesPerSecond = 55e9;
+
+// What the estimate needs besides the plan.
+struct CostInputs {
+  double L = 1, T = 1, batch = 1;  // layers, tokens per sequence, sequences per rank per step
+  double flops_per_token = 0;      // useful_flops_per_token
+  double layer_bytes = 0;          // one layer's frozen bytes (what an offloaded layer copies)
+  double lora_params = 0;
+  int world = 1;
+};
+
+double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
+  const double R = r.gemm_flops > 0 ? r.gemm_flops : kDefaultGemmFlops;
+  const double h2d = r.h2d_bytes_per_second > 0 ? r.h2d_bytes_per_second : kDefaultH2dBytesPerSecond;
+  const double a = in.flops_per_token / (kMfuRecompute * R);  // seconds per token, full recompute
+  const double N = static_cast<double>(p.micro_batch) * in.T;
+  const double kept = in.L > 1 ? (static_cast<double>(std::max<int64_t>(p.keep_layers, 1)) - 1) / (in.L - 1) : 0.0;
+  double micro = (N * a + kFixedTokens * a) * (1 - kRecomputeShare * kept);
+  if (p.offload_params) {
+    // Each layer's shard crosses host to device once in the forward and once in the backward,
+    // behind that layer's compute: exposed where the copy is longer (the forward at small N).
+    const double copy = in.layer_bytes / in.world / h2d;
+    const double fwd = N * a * (1 - kRecomputeShare) / (3 * in.L);
+    micro += in.L * (std::max(0.0, copy - fwd) + std::max(0.0, copy - 3 * fwd));
+  }
+  double step = micro * (in.batch / static_cast<double>(p.micro_batch));
+  if (p.offload_optimizer) step += in.lora_params / in.world * 32 / kHostAdamBytesPerSecond;
+  return step;
+}
+
+}  // namespace
+
+std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaConfig& lc, Backend backend, DType act_t,
+                                        int world, const PlanRates& rates) {
   const MemoryConfig& m = config.memory;
-  MemoryPlan p;
-  p.budget = m.gpu_budget_gb * 1e9;
-  p.layers = lc.num_hidden_layers;
-  p.cuda = backend == Backend::kCuda;
-  p.offload_params = config.offload.params;
-  p.offload_optimizer = config.offload.optimizer;
-  const int64_t N = config.batch.micro_batch_size * config.data.max_seq_len;
-  if (m.mlp_chunk_tokens < 0) p.mlp_chunk_rows = N > kAutoChunkAbove ? kAutoChunkRows : 0;
-  else p.mlp_chunk_rows = m.mlp_chunk_tokens >= N ? 0 : m.mlp_chunk_tokens;
-  if (m.keep_layers > 0 && p.mlp_chunk_rows > 0)
-    throw InputError(fmt::format("{}: memory.keep_layers = {} keeps whole layers, but the MLP runs in chunks of {} rows "
-                                 "(memory.mlp_chunk_tokens = {}; {} tokens per micro-batch): set memory.keep_layers: "
-                                 "0 or memory.mlp_chunk_tokens: 0",
-                                 config.source, m.keep_layers, p.mlp_chunk_rows, m.mlp_chunk_tokens, N));
+  const bool cuda = backend == Backend::kCuda;
+  const double budget = m.gpu_budget_gb * 1e9;
+  const int64_t per_rank = config.batch.global_batch_size / std::max(world, 1);
+  const int64_t T = config.data.max_seq_len;
 
   // Estimates of what stays on the GPU besides the step's buffers.
   const double other_b = config.model.path.empty() ? static_cast<double>(dtype_size(config.model.init.dtype)) : 2.0;
@@ -75,31 +117,131 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
   const double kv = static_cast<double>(lc.num_key_value_heads * lc.head_dim);
   const double lora_p = static_cast<double>(config.lora.r) * L * (7 * C + 2 * q + 2 * kv + 3 * I);
   auto resident = [&](bool offload_params, bool offload_opt) {
-    double b = (p.cuda ? kRuntimeBytes : 0.0) + 2 * unit + root;
-    if (!offload_params) b += (proj_b + root) / world;
+    double b = cuda ? kRuntimeBytes : 0.0;
+    if (world == 1)  // the base read in place, or offloaded through two layer slots; the root on the device
+      b += (offload_params ? 2 * unit : proj_b) + root;
+    else  // two gathered layer slots and the root's own slot, beside this rank's shards unless offloaded
+      b += 2 * unit + root + (offload_params ? 0.0 : (proj_b + root) / world);
     b += lora_p * 4 * (offload_opt ? 1.0 : 4.0) / world;  // gradient shards; master + moments unless offloaded
     b += 2 * (lora_p / L) * (2 + 4);                       // two units' compute copies and full gradients
     return b;
   };
-  p.step_buffers = llama_buffer_plan(
-      llama_buffer_dims(lc, step_options(config, p.mlp_chunk_rows), backend, act_t, act_t, config.lora.r), backend,
-      act_t);
-  p.step = static_cast<double>(p.step_buffers.total());
-  p.per_kept = llama_kept_layer_bytes(lc, step_options(config, 0), backend, act_t, config.lora.r);
-  p.resident = resident(p.offload_params, p.offload_optimizer);
-  // Over the budget: the base goes to pinned host memory first (streamed to the GPU a layer at a
-  // time); the LoRA optimizer state (masters, moments: AdamW on the host) only when that is not
-  // enough, since a host AdamW leaves the GPU idle.
-  if (p.budget > 0 && backend == Backend::kCuda && !p.offload_params && p.resident + p.step > p.budget) {
-    p.offload_params = true;
-    p.resident = resident(true, p.offload_optimizer);
+  const CostInputs cost{L, static_cast<double>(T), static_cast<double>(per_rank),
+                        useful_flops_per_token(lc, T, static_cast<uint64_t>(lora_p)), unit, lora_p, world};
+
+  // One candidate: the step's buffers for micro-batch `micro`, the kept layers the budget holds.
+  auto candidate = [&](int64_t micro, bool offload_params, bool offload_opt) {
+    MemoryPlan p;
+    p.budget = budget;
+    p.layers = lc.num_hidden_layers;
+    p.cuda = cuda;
+    p.micro_batch = micro;
+    p.offload_params = offload_params;
+    p.offload_optimizer = offload_opt;
+    const int64_t N = micro * T;
+    if (m.mlp_chunk_tokens < 0) p.mlp_chunk_rows = N > kAutoChunkAbove ? kAutoChunkRows : 0;
+    else p.mlp_chunk_rows = m.mlp_chunk_tokens >= N ? 0 : m.mlp_chunk_tokens;
+    p.step_buffers = llama_buffer_plan(
+        llama_buffer_dims(lc, step_options(config, micro, p.mlp_chunk_rows), backend, act_t, act_t, config.lora.r),
+        backend, act_t);
+    p.step = static_cast<double>(p.step_buffers.total());
+    p.per_kept = llama_kept_layer_bytes(lc, step_options(config, micro, 0), backend, act_t, config.lora.r);
+    p.resident = resident(offload_params, offload_opt);
+    p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
+    if (m.keep_layers < 0 && budget > 0 && p.mlp_chunk_rows == 0 && p.per_kept > 0) {
+      const double room = budget - p.resident - p.step;
+      const double extra = room > 0 ? std::floor(room / p.per_kept) : 0.0;
+      p.keep_layers = std::clamp<int64_t>(1 + static_cast<int64_t>(std::min(extra, 1e9)), 0, p.layers);
+    }
+    if (cuda) p.est_step_s = estimate(p, cost, rates);
+    return p;
+  };
+
+  // The choices open to the plan: the micro-batch (batch.micro_batch_size 0: any divisor of the
+  // rank's batch; else the config's), the base on the GPU or offloaded (on the GPU with a budget;
+  // offload.params: true keeps it offloaded), the LoRA optimizer on the GPU or the host (only when
+  // nothing fits with it on the GPU: a host AdamW leaves the GPU idle).
+  std::vector<int64_t> micros;
+  if (config.batch.micro_batch_size > 0) {
+    micros.push_back(config.batch.micro_batch_size);
+  } else if (!cuda) {
+    micros.push_back(1);  // no cost model for the CPU backend: the smallest step buffers
+  } else {
+    for (int64_t d = 1; d <= per_rank; ++d)
+      if (per_rank % d == 0 && d * T <= kMaxMicroTokens) micros.push_back(d);
   }
-  if (p.budget > 0 && backend == Backend::kCuda && !p.offload_optimizer && p.resident + p.step > p.budget) {
-    p.offload_optimizer = true;
-    p.resident = resident(p.offload_params, true);
+  const bool choose_offload = cuda && budget > 0 && !config.offload.params;
+  std::vector<MemoryPlan> all;
+  // The optimizer on the host as the config asks, else on the GPU first; on the host only when no
+  // candidate fits with it on the GPU (and the plan may choose: a budget on the GPU).
+  const bool opt_fixed = config.offload.optimizer;
+  for (bool opt : {opt_fixed, true}) {
+    for (int64_t micro : micros)
+      for (bool off : {false, true}) {
+        if (!off && config.offload.params) continue;
+        if (off && !config.offload.params && !choose_offload) continue;
+        all.push_back(candidate(micro, off, opt));
+      }
+    if (opt || budget <= 0 || !cuda) break;
+    const bool any_fits = std::any_of(all.begin(), all.end(), [&](const MemoryPlan& p) {
+      return p.resident + p.step <= budget;
+    });
+    if (any_fits) break;
   }
-  p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
-  return p;
+  QS_CHECK(!all.empty(), "memory plan: no candidate");
+  return all;
+}
+
+MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend backend, DType act_t, int world,
+                       const PlanRates& rates) {
+  const MemoryConfig& m = config.memory;
+  const double budget = m.gpu_budget_gb * 1e9;
+  const int64_t T = config.data.max_seq_len;
+  const std::vector<MemoryPlan> all = plan_candidates(config, lc, backend, act_t, world, rates);
+  // Within the budget: the fastest estimate; ties (the CPU, no budget) keep the config's order (the
+  // base on the GPU first, the optimizer on the GPU first). Nothing fits: the smallest.
+  auto fits = [&](const MemoryPlan& p) { return budget <= 0 || p.resident + p.step <= budget; };
+  const MemoryPlan* best = nullptr;
+  for (const MemoryPlan& p : all)
+    if (fits(p) && (!best || p.est_step_s < best->est_step_s * (1 - 1e-9))) best = &p;
+  if (!best) {
+    for (const MemoryPlan& p : all)
+      if (!best || p.resident + p.step < best->resident + best->step) best = &p;
+  }
+  MemoryPlan chosen = *best;
+  chosen.candidates = static_cast<int>(all.size());
+  for (const MemoryPlan& p : all)
+    if (&p != best && fits(p) && (chosen.runner_up_s <= 0 || p.est_step_s < chosen.runner_up_s)) {
+      chosen.runner_up_s = p.est_step_s;
+      chosen.runner_up = fmt::format("micro-batch {}{}{}", p.micro_batch, p.offload_params ? ", base offloaded" : "",
+                                     p.offload_optimizer ? ", optimizer on the host" : "");
+    }
+  if (m.keep_layers > 0 && chosen.mlp_chunk_rows > 0)
+    throw InputError(fmt::format("{}: memory.keep_layers = {} keeps whole layers, but the MLP runs in chunks of {} rows "
+                                 "(memory.mlp_chunk_tokens = {}; {} tokens per micro-batch): set memory.keep_layers: "
+                                 "0 or memory.mlp_chunk_tokens: 0",
+                                 config.source, m.keep_layers, chosen.mlp_chunk_rows, m.mlp_chunk_tokens,
+                                 chosen.micro_batch * T));
+  // Stage 1 keeps the configured kept layers (0 without one); stage 2 fills the budget with the
+  // memory measured after the build.
+  chosen.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
+  return chosen;
+}
+
+double plan_step_estimate(const MemoryPlan& p, const TrainConfig& config, const LlamaConfig& lc, int world,
+                          const PlanRates& rates) {
+  const double L = static_cast<double>(lc.num_hidden_layers);
+  const double C = static_cast<double>(lc.hidden_size), I = static_cast<double>(lc.intermediate_size);
+  const double q = static_cast<double>(lc.num_attention_heads * lc.head_dim);
+  const double kv = static_cast<double>(lc.num_key_value_heads * lc.head_dim);
+  const double lora_p = static_cast<double>(config.lora.r) * L * (7 * C + 2 * q + 2 * kv + 3 * I);
+  const double other_b = config.model.path.empty() ? static_cast<double>(dtype_size(config.model.init.dtype)) : 2.0;
+  const Llama4bitBytes base = llama_4bit_bytes(lc, config.model.blocksize, config.model.double_quant, other_b);
+  const CostInputs cost{L, static_cast<double>(config.data.max_seq_len),
+                        static_cast<double>(config.batch.global_batch_size / std::max(world, 1)),
+                        useful_flops_per_token(lc, config.data.max_seq_len, static_cast<uint64_t>(lora_p)),
+                        base.projections / L, lora_p, world};
+  return estimate(p, cost, rates);
 }
 
 void plan_kept_layers(MemoryPlan& p, const TrainConfig& config, double in_use_bytes, double optimizer_bytes) {

@@ -1,25 +1,38 @@
 // memory_plan.h: the training step's GPU memory plan (the memory.* keys of a job).
 //
-// What: given a GPU memory budget (memory.gpu_budget_gb, bytes = GB x 1e9), chooses
-//   - whether the frozen base's shards live on the GPU or in pinned host memory (offload.params):
-//     offloaded only when the resident base would not leave room for one step's buffers; then
-//     whether the LoRA optimizer state goes to the host too (offload.optimizer: AdamW on the host),
-//     only when the budget is still exceeded; a config that asks for offload keeps it;
+// What: given a GPU memory budget (memory.gpu_budget_gb, bytes = GB x 1e9), weighs the plans
+// open to the job and keeps the one a cost model says is fastest among those within the budget:
+//   - the micro-batch, when batch.micro_batch_size is 0 (auto): any divisor of the rank's share of
+//     the global batch, gradient accumulation making up the rest (the GPU; the CPU takes 1);
+//   - whether the frozen base's shards live on the GPU or in pinned host memory (offload.params;
+//     a config that asks for it keeps it); whether the LoRA optimizer state goes to the host too
+//     (offload.optimizer: AdamW on the host), only when no plan fits with it on the GPU;
 //   - whether the MLP runs in chunks of rows (long sequences: memory.mlp_chunk_tokens, auto past
 //     kAutoChunkAbove tokens per micro-batch, in chunks of kAutoChunkRows);
 //   - how many decoder layers keep their activations from the forward instead of recomputing them
 //     in the backward (LlamaModelOptions::keep_layers; the last layers first): as many as the budget
 //     holds after the base, the LoRA state and the step's buffers. Kept layers are the speed lever:
 //     each saves its layer's recompute (about a third of its forward and backward work).
+// The cost model (GPU): a micro-batch of N tokens takes (N + N0) a (1 - s k) seconds, a = useful
+// FLOPs per token / (0.53 x the measured GEMM rate), N0 = 384 tokens of per-micro-batch fixed work
+// (dequantizing the base, launches), s = 0.2 the recompute's share, k the kept fraction of the
+// layers; an offloaded base adds, per layer, the part of its host-to-device copy (at the measured
+// bandwidth) longer than that layer's forward (and its backward); a host optimizer adds 32 bytes a
+// LoRA parameter at 10 GB/s. Constants from the H200 runs of docs/PERFORMANCE.md (session 11): the
+// model puts the 8B shape's measured rows within 6%, the 70B offloaded / resident ratio at 0.87
+// (measured 0.91). The base is offloaded when that is faster within the budget (room for kept
+// layers), not only when it must be.
 // Two stages: plan_memory() before the model is built (estimates: offload and chunking), then
 // plan_kept_layers() once it is, with the device memory actually in use (CUDA; the estimate on the
 // CPU) in place of the estimate of the base, the LoRA state and the runtime's own memory.
-// Every plan gives the same arithmetic as full recompute (tested bitwise on the CPU).
+// Every plan of one micro-batch size gives the same arithmetic as full recompute (tested bitwise on
+// the CPU); another micro-batch sums the same gradients in another order (gradient accumulation).
 // Thread safety: pure functions.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "checkpoint/hf_config.h"
 #include "model/llama_buffers.h"
@@ -32,8 +45,17 @@ namespace qshard {
 inline constexpr int64_t kAutoChunkAbove = 16384;  // tokens per micro-batch
 inline constexpr int64_t kAutoChunkRows = 8192;
 
+// The rates the cost model reads (measured at start on the GPU; 0: the H200's, as measured in
+// docs/PERFORMANCE.md).
+struct PlanRates {
+  double gemm_flops = 0;            // bf16 GEMM FLOP/s (flops.h measure_gemm_flops)
+  double h2d_bytes_per_second = 0;  // pinned host to device (flops.h measure_h2d_bandwidth)
+};
+
 struct MemoryPlan {
   double budget = 0;             // bytes; 0: no budget (keep_layers as configured, else 0)
+  int64_t micro_batch = 1;       // sequences per forward/backward (batch.micro_batch_size, or the plan's
+                                 // choice when that is 0)
   bool offload_params = false;
   bool offload_optimizer = false;
   int64_t mlp_chunk_rows = 0;    // 0: the whole micro-batch at once
@@ -46,14 +68,28 @@ struct MemoryPlan {
   double step = 0;      // LlamaModel's activation buffers and workspace at keep_layers 0 (step_buffers' total)
   BufferPlan step_buffers;  // those buffers, entry by entry (model/llama_buffers.h; ledger() prints them)
   double per_kept = 0;  // each kept layer but the last
+  // The cost model (GPU plans): the estimated seconds of one optimizer step, how many plans were
+  // weighed, and the fastest other one that fits.
+  double est_step_s = 0;
+  int candidates = 1;
+  std::string runner_up;
+  double runner_up_s = 0;
   double total() const { return resident + step + per_kept * static_cast<double>(keep_layers > 1 ? keep_layers - 1 : 0); }
   std::string describe() const;
 };
 
-// Stage 1: offload and chunking from the config and estimates. `world`: ranks sharing the base.
-// Throws InputError when memory.keep_layers > 0 asks for kept layers with a chunked MLP.
+// Stage 1: the micro-batch, offload and chunking from the config and estimates. `world`: ranks
+// sharing the base. Throws InputError when memory.keep_layers > 0 asks for kept layers with a
+// chunked MLP.
 MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& model, Backend backend, DType activation_dtype,
-                       int world);
+                       int world, const PlanRates& rates = {});
+// Every plan stage 1 weighs (its kept layers: what the estimated budget holds), in the order
+// plan_memory prefers on a tie.
+std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaConfig& model, Backend backend,
+                                        DType activation_dtype, int world, const PlanRates& rates = {});
+// The cost model's step time for `plan` (after stage 2 changed its kept layers).
+double plan_step_estimate(const MemoryPlan& plan, const TrainConfig& config, const LlamaConfig& model, int world,
+                          const PlanRates& rates = {});
 // Stage 2: the kept layers. in_use_bytes > 0: the device memory in use now (the built model);
 // optimizer_bytes: state still to be allocated (AdamW moments on the GPU).
 void plan_kept_layers(MemoryPlan& plan, const TrainConfig& config, double in_use_bytes, double optimizer_bytes);

@@ -438,7 +438,8 @@ void TrainConfig::validate(int world_size) const {
              fmt::format("0 when data.eval is set ('{}'): use one or the other", data.eval));
   // batch
   ck.require(batch.global_batch_size > 0, "batch.global_batch_size", batch.global_batch_size, "> 0");
-  ck.require(batch.micro_batch_size > 0, "batch.micro_batch_size", batch.micro_batch_size, "> 0");
+  ck.require(batch.micro_batch_size >= 0, "batch.micro_batch_size", batch.micro_batch_size,
+             "> 0, or 0 (the memory plan chooses)");
   // Upper bounds keep every product below (micro x world, micro x seq_len x hidden x layers, epochs x
   // batches) inside int64: a value past them is a typo or an attack, never a job.
   ck.require(batch.global_batch_size <= kMaxBatch, "batch.global_batch_size", batch.global_batch_size,
@@ -449,7 +450,7 @@ void TrainConfig::validate(int world_size) const {
   ck.require(batch.micro_batch_size * data.max_seq_len <= kMaxMicroTokens, "batch.micro_batch_size",
              batch.micro_batch_size,
              fmt::format("x data.max_seq_len ({}) <= {} tokens per micro-batch", data.max_seq_len, kMaxMicroTokens));
-  const int64_t per_step = batch.micro_batch_size * world_size;  // both <= 2^30 here
+  const int64_t per_step = std::max<int64_t>(batch.micro_batch_size, 1) * world_size;  // both <= 2^30 here
   ck.require(batch.global_batch_size % per_step == 0, "batch.global_batch_size", batch.global_batch_size,
              fmt::format("a multiple of batch.micro_batch_size x world size = {} x {} = {}", batch.micro_batch_size,
                          world_size, per_step));

@@ -125,7 +125,8 @@ struct DataConfig {
 
 struct BatchConfig {
   int64_t global_batch_size = 8;  // sequences per optimizer step over all ranks
-  int64_t micro_batch_size = 1;   // sequences per forward/backward on one rank
+  int64_t micro_batch_size = 1;   // sequences per forward/backward on one rank; 0: the memory plan
+                                  // chooses (GPU: the fastest that fits; CPU: 1; train/memory_plan.h)
 };
 
 struct OffloadConfig {

@@ -47,8 +47,20 @@ void TrainJob::build_model() {
   // The runtime's own device memory (CUDA context, communicators), before anything of the model.
   const std::optional<int64_t> runtime_bytes = rt_.ctx.memory_in_use();
   // ---- memory plan (offload, MLP chunks), then the model, sharded ----
-  plan_ = plan_memory(config_, job_llama_config(config_.model), rt_.ctx.backend(), rt_.ctx.activation_dtype(),
-                      rt_.data.size());
+  // The cost model's rates, measured now when the plan has a choice to make on the GPU.
+  const bool choosing = config_.memory.gpu_budget_gb > 0 || config_.batch.micro_batch_size == 0;
+  if (rt_.ctx.is_cuda() && choosing) {
+    rates_.gemm_flops = measure_gemm_flops(rt_.ctx);
+    rates_.h2d_bytes_per_second = measure_h2d_bandwidth(rt_.ctx);
+  }
+  const LlamaConfig lc = job_llama_config(config_.model);
+  plan_ = plan_memory(config_, lc, rt_.ctx.backend(), rt_.ctx.activation_dtype(), rt_.data.size(), rates_);
+  if (config_.batch.micro_batch_size == 0) {
+    config_.batch.micro_batch_size = plan_.micro_batch;  // everything below reads the chosen one
+    if (rank_ == 0)
+      QS_LOG_INFO("batch.micro_batch_size = 0: the memory plan chose micro-batches of {} ({} per step on each rank)",
+                  plan_.micro_batch, config_.batch.global_batch_size / (plan_.micro_batch * world_));
+  }
   if (rank_ == 0 && plan_.offload_params && !config_.offload.params)
     QS_LOG_INFO("memory.gpu_budget_gb = {}: the base goes to pinned host memory (offload.params on)",
                 config_.memory.gpu_budget_gb);
@@ -82,6 +94,7 @@ void TrainJob::build_model() {
 
   // ---- kept layers: what the budget holds once the model and its state are built ----
   plan_kept_layers(plan_, config_, static_cast<double>(rt_.ctx.memory_in_use().value_or(0)), 0.0);
+  if (rt_.ctx.is_cuda()) plan_.est_step_s = plan_step_estimate(plan_, config_, mc, world_, rates_);
   mo_.keep_layers = plan_.keep_layers;
   mo_.mlp_chunk_rows = plan_.mlp_chunk_rows;
   if (rank_ == 0) QS_LOG_INFO("{}", plan_.describe());
@@ -187,7 +200,9 @@ void TrainJob::open_logger() {
                 mc.num_hidden_layers, mc.hidden_size, mc.vocab_size, qm_->trainable_parameters, qm_->mgr->num_units(),
                 world_, max_steps_, rt_.ctx.describe());
   // MFU's denominator: this GPU's bf16 GEMM rate (logging.gemm_tflops; 0 on the CPU: no MFU reported).
-  gemm_flops_ = job_gemm_flops(rt_.ctx, config_.logging.gemm_tflops);
+  gemm_flops_ = config_.logging.gemm_tflops < 0 && rates_.gemm_flops > 0
+                    ? rates_.gemm_flops  // measured for the memory plan a moment ago
+                    : job_gemm_flops(rt_.ctx, config_.logging.gemm_tflops);
   flops_per_token_ = useful_flops_per_token(mc, T_, qm_->trainable_parameters);
   if (rank_ == 0 && gemm_flops_ > 0)
     QS_LOG_INFO("bf16 GEMM rate on {}: {:.0f} TFLOP/s; useful work {:.2f} GFLOP per token", rt_.ctx.describe(),
@@ -198,6 +213,8 @@ void TrainJob::open_logger() {
   summary_.perf.flops_per_token = flops_per_token_;
   summary_.perf.plan = plan_.describe();
   summary_.perf.keep_layers = plan_.keep_layers;
+  summary_.perf.micro_batch = plan_.micro_batch;
+  summary_.perf.est_step_s = plan_.est_step_s;
   summary_.perf.mlp_chunk_rows = plan_.mlp_chunk_rows;
   summary_.perf.offload_params = plan_.offload_params;
   summary_.perf.offload_optimizer = plan_.offload_optimizer;

@@ -88,7 +88,7 @@ class TrainJob {
   void print_profile() const;
   void export_final();
 
-  const TrainConfig& config_;
+  TrainConfig config_;  // a copy: the memory plan fills batch.micro_batch_size when it is 0 (auto)
   Runtime& rt_;
   Communicator& comm_;  // rt_.host
   const TrainCallbacks* callbacks_;
@@ -114,6 +114,7 @@ class TrainJob {
   int64_t start_step_ = 0, stop_step_ = 0;
   std::unique_ptr<MetricsLogger> logger_;
   double gemm_flops_ = 0, flops_per_token_ = 0;
+  PlanRates rates_;  // measured before the plan when it has a choice (GPU)
 
   TrainSummary summary_;
 };
