@@ -183,16 +183,19 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   for (int64_t i = 0; i < d.kept_sets; ++i)
     add_internals(p, d, backend, esz, BufferLife::kKept, "kept[" + std::to_string(i) + "].", N,
                   a ? &a->kept[static_cast<size_t>(i)] : nullptr);
-  // ---- workspace: the larger of a layer's and the head's scratch (f32 elements) ----
+  // ---- workspace: the larger of a layer's and the head's scratch, in bytes ----
+  // f32 scratch of the CPU kernels (a GEMM's row, attention's scores)
   const int64_t gemm_scratch = 2 * std::max({N, V, I, C, d.max_in, d.max_out}) + 2 * T;
   // LoRA dropout's masked input and input gradient (unfolded projections; the MLP's per chunk)
   const int64_t dropout_ws = d.dropout ? 2 * std::max(N * std::max(C, q), NM * d.max_in) : 0;
+  // The layer's projections dequantized (or widened, or converted) and the LoRA intermediates are
+  // taken in the activation dtype: bf16 on the GPU holds the layer's weights in half the f32 bytes.
   const int64_t layer_ws =
-      d.dequant_elems + d.fold_extra[0] + d.fold_extra[1] + dropout_ws + 2 * N * d.max_r + gemm_scratch;
+      (d.dequant_elems + d.fold_extra[0] + d.fold_extra[1] + dropout_ws + 2 * N * d.max_r) * esz + gemm_scratch * 4;
   // f32 logits, and their gradient in the activation dtype when the GEMM does not take f32 with the head
-  const int64_t head_ws = d.head_rows * V * 2 + gemm_scratch;
+  const int64_t head_ws = (d.head_rows * V * 2 + gemm_scratch) * 4;
   p.add(layer_ws >= head_ws ? "workspace (a layer's scratch)" : "workspace (an LM-head chunk)",
-        std::max(layer_ws, head_ws) * 4 + 64 * static_cast<int64_t>(Workspace::kAlign), BufferLife::kWorkspace);
+        std::max(layer_ws, head_ws) + 64 * static_cast<int64_t>(Workspace::kAlign), BufferLife::kWorkspace);
   // ---- cuDNN's attention workspace (prepare_attention): past its limit the non-deterministic
   // backward, whose f32 dQ accumulator is about B*T*H*D*4 bytes (the estimate) ----
   if (backend == Backend::kCuda) p.add("attention workspace (cuDNN)", N * q * 4, BufferLife::kLibrary);

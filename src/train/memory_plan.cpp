@@ -170,6 +170,9 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     for (int64_t d = 1; d <= per_rank; ++d)
       if (per_rank % d == 0 && d * T <= kMaxMicroTokens) micros.push_back(d);
   }
+  // Offloading by choice (not because nothing else fits) needs the host to hold the pinned shards
+  // beside the build's own copy of the base, with room to spare: three bases' worth.
+  const bool host_room = rates.host_available_bytes <= 0 || rates.host_available_bytes >= 3 * (proj_b + root) / world;
   const bool choose_offload = cuda && budget > 0 && !config.offload.params;
   std::vector<MemoryPlan> all;
   // The optimizer on the host as the config asks, else on the GPU first; on the host only when no
@@ -182,6 +185,15 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
         if (off && !config.offload.params && !choose_offload) continue;
         all.push_back(candidate(micro, off, opt));
       }
+    // Without host room the base is offloaded only when nothing fits on the GPU.
+    if (choose_offload && !host_room) {
+      const bool resident_fits = std::any_of(all.begin(), all.end(), [&](const MemoryPlan& p) {
+        return !p.offload_params && p.resident + p.step <= budget;
+      });
+      if (resident_fits)
+        all.erase(std::remove_if(all.begin(), all.end(), [](const MemoryPlan& p) { return p.offload_params; }),
+                  all.end());
+    }
     if (opt || budget <= 0 || !cuda) break;
     const bool any_fits = std::any_of(all.begin(), all.end(), [&](const MemoryPlan& p) {
       return p.resident + p.step <= budget;

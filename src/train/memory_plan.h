@@ -50,6 +50,7 @@ inline constexpr int64_t kAutoChunkRows = 8192;
 struct PlanRates {
   double gemm_flops = 0;            // bf16 GEMM FLOP/s (flops.h measure_gemm_flops)
   double h2d_bytes_per_second = 0;  // pinned host to device (flops.h measure_h2d_bandwidth)
+  double host_available_bytes = 0;  // host memory the process can still take (machine.h); 0: unknown
 };
 
 struct MemoryPlan {

@@ -52,6 +52,7 @@ void TrainJob::build_model() {
   if (rt_.ctx.is_cuda() && choosing) {
     rates_.gemm_flops = measure_gemm_flops(rt_.ctx);
     rates_.h2d_bytes_per_second = measure_h2d_bandwidth(rt_.ctx);
+    rates_.host_available_bytes = static_cast<double>(host_memory_available().bytes);
   }
   const LlamaConfig lc = job_llama_config(config_.model);
   plan_ = plan_memory(config_, lc, rt_.ctx.backend(), rt_.ctx.activation_dtype(), rt_.data.size(), rates_);
