@@ -153,6 +153,14 @@ TEST(HfTokenizerLimits, CatastrophicRegexIsAnInputErrorWithTheOffset) {
     EXPECT_HAS(e.what(), "tokenizer.json pre_tokenizer Split: regular expression '(a+)+$' gave up searching from byte 0");
     EXPECT_HAS(e.what(), "PCRE2 match limit");
   }
+  // The limits in force are the ones used: (a+)+$ on 12 a's (about 2^12 steps) passes the defaults
+  // and is refused under a 1000-step limit.
+  const std::string a12 = "x" + std::string(12, 'a') + "!";
+  EXPECT_NO_THROW(t.encode(a12));
+  const hf_tok::RegexLimits defaults = hf_tok::default_regex_limits();
+  hf_tok::set_regex_limits({1000, 0, defaults.heap_kib, defaults.jit_stack_bytes});
+  EXPECT_THROW(t.encode(a12), InputError);
+  hf_tok::set_regex_limits(defaults);
   // The offset is where the failing search started: after a match ending at byte 4.
   write(d.path() / "tokenizer.json", R"({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "^abab|(a+)+$"},
       "behavior": "Isolated"}, )" + kModel + "}");
