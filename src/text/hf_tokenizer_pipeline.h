@@ -4,11 +4,12 @@
 // What: the stages of a tokenizer.json pipeline as plain structs (Normalizer, PreTokenizer,
 // Decoder), each read from its JSON by a parse_* function, and the helpers they share. The seams:
 //   hf_tokenizer_utf8.cpp         UTF-8 (utf8_replace_invalid) and GPT-2's byte <-> character map
-//   hf_tokenizer_regex.cpp        PCRE2 regular expressions and tokenizer.json patterns
+//   hf_tokenizer_regex.cpp        PCRE2 regular expressions (with their step limits), tokenizer.json
+//                                 patterns and the shape checks of its components (Sequence depth)
 //   hf_tokenizer_pretokenize.cpp  splitting a piece on matches, the normalizers, the pre-tokenizers
 //   hf_tokenizer_decode.cpp       the decoders
-//   hf_tokenizer.cpp              the BPE model, added tokens, the post-processor and the public
-//                                 API (load, encode, decode)
+//   hf_tokenizer.cpp              the BPE model, added tokens (a linear-time matcher), the
+//                                 post-processor and the public API (load, encode, decode)
 // Strings are UTF-8 bytes and offsets byte offsets; text reaching a stage is valid UTF-8
 // (encode runs utf8_replace_invalid first).
 // Errors: a parse_* function throws InputError naming `where` (the tokenizer.json path), the stage
