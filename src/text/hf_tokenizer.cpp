@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 #include "text/hf_tokenizer_pipeline.h"
 
 namespace qshard {
@@ -46,6 +48,121 @@ struct AddedToken {
 
 bool is_word_char(char32_t c) { return c == '_' || (c < 128 && std::isalnum(static_cast<int>(c))) || c >= 128; }
 
+// The longest added token starting at each byte offset of a text, in one pass linear in the text
+// (however many tokens share a prefix, however long they are): an Aho-Corasick automaton over the
+// tokens' contents reversed, run over the text from its end. After reading text[i] (right to left)
+// the state is the longest text[i, j) that ends some token; the nearest terminal on its failure
+// chain (`out`) is the longest token equal to some text[i, j), i.e. the longest starting at i.
+// Each byte takes one goto plus failure steps that only undo earlier gotos: at most 2 steps a byte.
+class AddedMatcher {
+ public:
+  // tokens: non-empty contents; among equal contents the first (lowest index) is reported.
+  void build(const std::vector<AddedToken>& tokens) {
+    nodes_.assign(1, Node{});
+    edges_.clear();
+    for (uint32_t t = 0; t < tokens.size(); ++t) {
+      const std::string& c = tokens[t].content;
+      int32_t v = 0;
+      for (size_t k = c.size(); k-- > 0;) {
+        const auto b = static_cast<unsigned char>(c[k]);
+        int32_t w = child(v, b);
+        if (w < 0) {
+          w = static_cast<int32_t>(nodes_.size());
+          nodes_.push_back(Node{});
+          nodes_[static_cast<size_t>(w)].byte = b;
+          nodes_[static_cast<size_t>(w)].sibling = nodes_[static_cast<size_t>(v)].first_child;
+          nodes_[static_cast<size_t>(v)].first_child = w;
+          edges_.emplace(key(v, b), w);
+          if (v == 0) root_[b] = w;
+        }
+        v = w;
+      }
+      if (nodes_[static_cast<size_t>(v)].token < 0) nodes_[static_cast<size_t>(v)].token = static_cast<int32_t>(t);
+    }
+    // Failure and output links, breadth first (a node's failure target is shallower).
+    std::vector<int32_t> order{0};
+    for (size_t q = 0; q < order.size(); ++q) {
+      const int32_t u = order[q];
+      for (int32_t v = nodes_[static_cast<size_t>(u)].first_child; v >= 0; v = nodes_[static_cast<size_t>(v)].sibling) {
+        Node& nv = nodes_[static_cast<size_t>(v)];
+        int32_t f = 0;
+        if (u != 0) {
+          f = nodes_[static_cast<size_t>(u)].fail;
+          while (f != 0 && child(f, nv.byte) < 0) f = nodes_[static_cast<size_t>(f)].fail;
+          const int32_t g = child(f, nv.byte);
+          f = g >= 0 ? g : 0;
+        }
+        nv.fail = f;
+        nv.out = nv.token >= 0 ? v : nodes_[static_cast<size_t>(f)].out;
+        order.push_back(v);
+      }
+    }
+  }
+
+  // (offset, token index) of the longest token starting at each offset that starts one, ascending.
+  // *steps grows by the automaton steps taken (at most 2 per byte).
+  std::vector<std::pair<size_t, uint32_t>> longest_starts(std::string_view text, uint64_t* steps) const {
+    std::vector<std::pair<size_t, uint32_t>> hits;
+    if (nodes_.size() <= 1) return hits;
+    uint64_t n_steps = 0;
+    int32_t state = 0;
+    for (size_t i = text.size(); i-- > 0;) {
+      const auto b = static_cast<unsigned char>(text[i]);
+      int32_t next;
+      while ((next = child(state, b)) < 0 && state != 0) {
+        state = nodes_[static_cast<size_t>(state)].fail;
+        ++n_steps;
+      }
+      state = next >= 0 ? next : 0;
+      ++n_steps;
+      if (const int32_t t = nodes_[static_cast<size_t>(state)].out; t >= 0)
+        hits.emplace_back(i, static_cast<uint32_t>(nodes_[static_cast<size_t>(t)].token));
+    }
+    std::reverse(hits.begin(), hits.end());
+    *steps += n_steps;
+    return hits;
+  }
+
+ private:
+  struct Node {
+    int32_t fail = 0, out = -1, token = -1;  // out: nearest terminal on the failure chain, itself included
+    int32_t first_child = -1, sibling = -1;  // the children, for the breadth-first pass
+    unsigned char byte = 0;                  // the byte leading here
+  };
+  static uint64_t key(int32_t v, unsigned char b) { return (static_cast<uint64_t>(v) << 8) | b; }
+  int32_t child(int32_t v, unsigned char b) const {
+    if (v == 0) return root_[b];
+    auto it = edges_.find(key(v, b));
+    return it == edges_.end() ? -1 : it->second;
+  }
+  std::vector<Node> nodes_{1};
+  std::unordered_map<uint64_t, int32_t> edges_;  // (node, byte) -> child, below the root
+  std::array<int32_t, 256> root_ = filled_root();
+  static std::array<int32_t, 256> filled_root() {
+    std::array<int32_t, 256> r;
+    r.fill(-1);
+    return r;
+  }
+};
+
+// v as a token id: an integer in [0, kMaxVocabSize); otherwise an InputError naming the file, the
+// key and the value.
+uint32_t token_id(const json& v, const std::string& path, const std::string& key) {
+  const bool ok = (v.is_number_unsigned() && v.get<uint64_t>() < kMaxVocabSize) ||
+                  (v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < int64_t{kMaxVocabSize});
+  if (!ok)
+    throw InputError(path + ": " + key + " = " + v.dump().substr(0, 40) + ": a token id must be an integer from 0 to " +
+                     std::to_string(kMaxVocabSize - 1) + " (kMaxVocabSize, 16x the largest real vocabulary)");
+  return static_cast<uint32_t>(v.get<uint64_t>());
+}
+
+// A token as a key in a message: quoted, cut to 40 bytes.
+std::string shown(const std::string& tok) {
+  size_t n = std::min<size_t>(tok.size(), 40);
+  while (n > 0 && n < tok.size() && (static_cast<unsigned char>(tok[n]) & 0xC0) == 0x80) --n;
+  return "\"" + tok.substr(0, n) + (n < tok.size() ? "...\"" : "\"");
+}
+
 }  // namespace
 
 // ---- the tokenizer ------------------------------------------------------------------------------------
@@ -62,7 +179,8 @@ struct HfTokenizer::Impl {
   std::optional<PreTokenizer> pre_tokenizer;
   std::optional<Decoder> decoder;
   std::vector<AddedToken> added;       // longest first
-  std::array<std::vector<const AddedToken*>, 256> added_by_byte;  // by first byte, longest first
+  AddedMatcher added_matcher;          // over `added`
+  mutable std::atomic<uint64_t> added_steps{0};  // the matcher's steps, all encodes (a test hook)
   std::vector<bool> special;           // per id
   std::vector<uint32_t> prefix_ids, suffix_ids;  // the post-processor's template around the text
   std::optional<uint32_t> bos, eos;
@@ -173,24 +291,42 @@ HfTokenizer::HfTokenizer(HfTokenizer&&) noexcept = default;
 HfTokenizer& HfTokenizer::operator=(HfTokenizer&&) noexcept = default;
 HfTokenizer::~HfTokenizer() = default;
 
-HfTokenizer HfTokenizer::load(const std::string& path_in) {
+namespace {
+
+// The tokenizer.json a load() argument names: the file itself, or a folder's tokenizer.json. A
+// missing path or a folder without one is an InputError naming the path; special files are refused
+// by read_input_file (a FIFO would block for ever).
+std::string tokenizer_json_path(const std::string& path) {
   namespace fs = std::filesystem;
-  std::string path = path_in;
   std::error_code ec;
-  if (fs::is_directory(path, ec)) path = (fs::path(path) / "tokenizer.json").string();
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw InputError(path + ": cannot read the tokenizer (a tokenizer.json file or a folder holding one)");
-  json j;
-  try {
-    j = json::parse(f);
-  } catch (const json::exception& e) {
-    throw InputError(path + ": not JSON: " + e.what());
-  }
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st))
+    throw InputError(path + ": cannot read the tokenizer (a tokenizer.json file or a folder holding one): " +
+                     (ec ? ec.message() : std::string("no such file or folder")));
+  if (!fs::is_directory(st)) return path;
+  const std::string file = (fs::path(path) / "tokenizer.json").string();
+  if (!fs::exists(fs::status(file, ec)))
+    throw InputError(path + ": cannot read the tokenizer: the folder has no tokenizer.json");
+  return file;
+}
+
+}  // namespace
+
+HfTokenizer HfTokenizer::load(const std::string& path_in) {
+  const std::string path = tokenizer_json_path(path_in);
+  return from_json(read_input_file(path, "tokenizer file", kMaxTokenizerFileBytes), path);
+}
+
+HfTokenizer HfTokenizer::from_json(std::string_view text, const std::string& path) {
+  namespace fs = std::filesystem;
+  const json j = parse_json_input(text, path);
   auto impl = std::make_unique<Impl>();
   Impl& t = *impl;
   t.path = path;
   try {
+    if (!j.is_object()) throw InputError(path + ": must be a JSON object with a \"model\"");
     const json& m = j.at("model");
+    if (!m.is_object()) throw InputError(path + ": model must be an object");
     const std::string type = m.value("type", "BPE");
     if (type != "BPE")
       throw InputError(path + ": model type '" + type + "' is not supported (BPE is: byte-level and SentencePiece style)");
@@ -199,10 +335,15 @@ HfTokenizer HfTokenizer::load(const std::string& path_in) {
         throw InputError(path + ": model." + key + " is not supported");
     if (m.contains("dropout") && m["dropout"].is_number() && m["dropout"].get<double>() > 0)
       throw InputError(path + ": model.dropout > 0 (BPE dropout) is not supported for encoding");
-    for (auto& [tok, id] : m.at("vocab").items()) {
-      const uint32_t i = id.get<uint32_t>();
-      t.vocab.emplace(tok, i);
+    const json& vocab = m.at("vocab");
+    if (!vocab.is_object()) throw InputError(path + ": model.vocab must be an object {token: id}");
+    for (auto& [tok, id] : vocab.items()) {
+      const uint32_t i = token_id(id, path, "model.vocab[" + shown(tok) + "]");
       if (t.id_to_token.size() <= i) t.id_to_token.resize(i + 1);
+      if (!t.id_to_token[i].empty())
+        throw InputError(path + ": model.vocab gives id " + std::to_string(i) + " to both " +
+                         shown(t.id_to_token[i]) + " and " + shown(tok));
+      t.vocab.emplace(tok, i);
       t.id_to_token[i] = tok;
     }
     t.fuse_unk = m.value("fuse_unk", false);
@@ -218,7 +359,7 @@ HfTokenizer HfTokenizer::load(const std::string& path_in) {
       if (auto it = t.vocab.find(name); it != t.vocab.end()) t.byte_ids[static_cast<size_t>(b)] = it->second;
     }
     uint32_t rank = 0;
-    for (const json& mg : m.at("merges")) {
+    for (const json& mg : hf_tok::array_at(m, "merges", path + ": model")) {
       std::string a, b;
       if (mg.is_string()) {
         const std::string s = mg.get<std::string>();
@@ -226,7 +367,7 @@ HfTokenizer HfTokenizer::load(const std::string& path_in) {
         if (sp == std::string::npos) throw InputError(path + ": merge '" + s + "' is not two tokens");
         a = s.substr(0, sp);
         b = s.substr(sp + 1);
-      } else if (mg.is_array() && mg.size() == 2) {
+      } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {
         a = mg[0].get<std::string>();
         b = mg[1].get<std::string>();
       } else {
@@ -239,23 +380,36 @@ HfTokenizer HfTokenizer::load(const std::string& path_in) {
       t.merges.emplace((static_cast<uint64_t>(ia->second) << 32) | ib->second, std::make_pair(rank, ic->second));
       ++rank;
     }
-    if (j.contains("added_tokens") && j["added_tokens"].is_array())
-      for (const json& a : j["added_tokens"]) {
+    if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
+      std::unordered_map<uint32_t, std::string> added_ids;
+      uint64_t added_bytes = 0;
+      size_t k = 0;
+      for (const json& a : hf_tok::array_at(j, "added_tokens", path)) {
+        const std::string key = "added_tokens[" + std::to_string(k++) + "]";
+        if (!a.is_object() || !a.contains("content") || !a["content"].is_string())
+          throw InputError(path + ": " + key + " must be an object with a string \"content\"");
         AddedToken at;
-        at.content = a.at("content").get<std::string>();
-        at.id = a.at("id").get<uint32_t>();
+        at.content = a["content"].get<std::string>();
+        at.id = token_id(a.contains("id") ? a["id"] : json(), path, key + ".id");
         at.special = a.value("special", false);
         at.lstrip = a.value("lstrip", false);
         at.rstrip = a.value("rstrip", false);
         at.single_word = a.value("single_word", false);
+        if (auto [it, fresh] = added_ids.emplace(at.id, at.content); !fresh && it->second != at.content)
+          throw InputError(path + ": " + key + ".id " + std::to_string(at.id) + " is also the id of added token " +
+                           shown(it->second) + " (not " + shown(at.content) + ")");
+        if ((added_bytes += at.content.size()) > kMaxAddedTokenBytes)
+          throw InputError(path + ": added_tokens hold more than " + std::to_string(kMaxAddedTokenBytes) +
+                           " bytes of content (at " + key + "); refused");
         if (at.content.empty()) continue;
         if (t.id_to_token.size() <= at.id) t.id_to_token.resize(at.id + 1);
         t.id_to_token[at.id] = at.content;
         t.added.push_back(at);
       }
+    }
     std::stable_sort(t.added.begin(), t.added.end(),
                      [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
-    for (const AddedToken& a : t.added) t.added_by_byte[static_cast<unsigned char>(a.content[0])].push_back(&a);
+    t.added_matcher.build(t.added);
     t.special.assign(t.id_to_token.size(), false);
     for (const AddedToken& a : t.added) t.special[a.id] = a.special;
     if (j.contains("normalizer") && !j["normalizer"].is_null()) t.normalizer = parse_normalizer(j["normalizer"], path);
@@ -263,45 +417,56 @@ HfTokenizer HfTokenizer::load(const std::string& path_in) {
       t.pre_tokenizer = parse_pre_tokenizer(j["pre_tokenizer"], path);
     if (j.contains("decoder") && !j["decoder"].is_null()) t.decoder = parse_decoder(j["decoder"], path);
     // Post-processor: a TemplateProcessing's single template (possibly inside a Sequence).
-    std::function<void(const json&)> post = [&](const json& p) {
-      const std::string type = p.value("type", "");
+    std::function<void(const json&, int)> post = [&](const json& p, int depth) {
+      hf_tok::check_sequence_depth(depth, path, "post_processor");
+      const std::string type = hf_tok::component(p, path + " post_processor").value("type", "");
+      const std::string w = path + " post_processor " + type;
       if (type == "Sequence") {
-        for (const json& c : p.at("processors")) post(c);
+        for (const json& c : hf_tok::array_at(p, "processors", w)) post(c, depth + 1);
       } else if (type == "TemplateProcessing") {
         bool seen_a = false;
-        for (const json& item : p.at("single")) {
+        for (const json& item : hf_tok::array_at(p, "single", w)) {
           if (item.contains("Sequence")) {
             seen_a = true;
             continue;
           }
           const std::string tok = item.at("SpecialToken").at("id").get<std::string>();
-          const json& ids = p.at("special_tokens").at(tok).at("ids");
-          for (const json& id : ids) (seen_a ? t.suffix_ids : t.prefix_ids).push_back(id.get<uint32_t>());
+          const std::string key = "post_processor.special_tokens[" + shown(tok) + "].ids";
+          for (const json& id : hf_tok::array_at(p.at("special_tokens").at(tok), "ids", w + " " + shown(tok))) {
+            const uint32_t i = token_id(id, path, key);
+            if (i >= t.id_to_token.size() || t.id_to_token[i].empty())
+              throw InputError(path + ": " + key + " holds id " + std::to_string(i) +
+                               ", which names no token of the vocabulary or the added tokens");
+            (seen_a ? t.suffix_ids : t.prefix_ids).push_back(i);
+          }
         }
       } else if (type != "ByteLevel") {
         throw InputError(path + ": post_processor type '" + type +
                          "' is not supported (TemplateProcessing, ByteLevel and Sequence are)");
       }
     };
-    if (j.contains("post_processor") && !j["post_processor"].is_null()) post(j["post_processor"]);
+    if (j.contains("post_processor") && !j["post_processor"].is_null()) post(j["post_processor"], 0);
   } catch (const json::exception& e) {
     throw InputError(path + ": " + e.what());
   }
-  // bos / eos from tokenizer_config.json (a string, or {"content": ...}).
+  // bos / eos from tokenizer_config.json (a string, or {"content": ...}), when the folder has one.
   const fs::path cfg_path = fs::path(path).parent_path() / "tokenizer_config.json";
-  if (std::ifstream cf(cfg_path); cf) {
-    json c = json::parse(cf, nullptr, /*allow_exceptions=*/false);
-    if (c.is_discarded()) throw InputError(cfg_path.string() + ": not JSON");
+  std::error_code ec;
+  if (fs::exists(fs::status(cfg_path, ec))) {
+    const std::string cfg = cfg_path.string();
+    const json c = parse_json_input(read_input_file(cfg, "tokenizer config"), cfg);
+    if (!c.is_object()) throw InputError(cfg + ": must be a JSON object");
     auto named = [&](const char* key) -> std::optional<uint32_t> {
-      if (!c.contains(key)) return std::nullopt;
-      const json& v = c[key];
+      auto it = c.find(key);
+      if (it == c.end()) return std::nullopt;
+      const json& v = *it;
       std::string name;
       if (v.is_string()) name = v.get<std::string>();
       else if (v.is_object() && v.contains("content") && v["content"].is_string()) name = v["content"].get<std::string>();
       else return std::nullopt;
       for (const AddedToken& a : t.added)
         if (a.content == name) return a.id;
-      if (auto it = t.vocab.find(name); it != t.vocab.end()) return it->second;
+      if (auto vt = t.vocab.find(name); vt != t.vocab.end()) return vt->second;
       return std::nullopt;
     };
     t.bos = named("bos_token");
@@ -315,30 +480,30 @@ std::vector<uint32_t> HfTokenizer::encode(std::string_view raw, bool add_special
   const std::string text = utf8_replace_invalid(raw);
   std::vector<uint32_t> out;
   if (add_special_tokens) out.insert(out.end(), t.prefix_ids.begin(), t.prefix_ids.end());
-  // Added tokens first: leftmost match, longest at that position; the text between them goes
-  // through the normalizer, the pre-tokenizer and the model.
+  // Added tokens first: leftmost match, longest at that position (the tokenizers library's
+  // aho-corasick LeftmostLongest); a single_word token not standing alone is dropped and the search
+  // resumes after it, as the library's find_matches does. The text between them goes through the
+  // normalizer, the pre-tokenizer and the model.
+  uint64_t steps = 0;
+  const auto hits = t.added_matcher.longest_starts(text, &steps);
+  t.added_steps.fetch_add(steps, std::memory_order_relaxed);
   size_t at = 0, section = 0;
-  while (at < text.size()) {
-    const AddedToken* hit = nullptr;
-    for (const AddedToken* a : t.added_by_byte[static_cast<unsigned char>(text[at])]) {
-      if (text.compare(at, a->content.size(), a->content) != 0) continue;
-      if (a->single_word) {
-        size_t k = at;
-        while (k > 0 && (static_cast<unsigned char>(text[--k]) & 0xC0) == 0x80) {
-        }
-        const bool left_ok = at == 0 || !is_word_char(utf8_decode_at(text, k));
-        const size_t e = at + a->content.size();
-        const bool right_ok = e >= text.size() || !is_word_char(utf8_decode_at(text, e));
-        if (!left_ok || !right_ok) continue;
+  for (const auto& [pos, index] : hits) {
+    if (pos < at) continue;
+    const AddedToken* hit = &t.added[index];
+    if (hit->single_word) {
+      size_t k = pos;
+      while (k > 0 && (static_cast<unsigned char>(text[--k]) & 0xC0) == 0x80) {
       }
-      hit = a;
-      break;
+      const bool left_ok = pos == 0 || !is_word_char(utf8_decode_at(text, k));
+      const size_t e = pos + hit->content.size();
+      const bool right_ok = e >= text.size() || !is_word_char(utf8_decode_at(text, e));
+      if (!left_ok || !right_ok) {
+        at = e;
+        continue;
+      }
     }
-    if (!hit) {
-      ++at;  // (a token starts on a character boundary: continuation bytes start none)
-      continue;
-    }
-    size_t b = at, e = at + hit->content.size();
+    size_t b = pos, e = pos + hit->content.size();
     if (hit->lstrip)
       while (b > section && std::isspace(static_cast<unsigned char>(text[b - 1]))) --b;
     if (hit->rstrip)
@@ -390,6 +555,7 @@ std::string HfTokenizer::id_to_token(uint32_t id) const {
 bool HfTokenizer::is_special(uint32_t id) const { return id < impl_->special.size() && impl_->special[id]; }
 
 const std::string& HfTokenizer::path() const { return impl_->path; }
+uint64_t HfTokenizer::added_token_match_steps() const { return impl_->added_steps.load(); }
 std::optional<uint32_t> HfTokenizer::bos_id() const { return impl_->bos; }
 std::optional<uint32_t> HfTokenizer::eos_id() const { return impl_->eos; }
 

@@ -11,8 +11,9 @@
 //                  (Regex or String pattern; Isolated, Removed, MergedWithPrevious, MergedWithNext,
 //                  Contiguous; invert), Digits (individual_digits), Metaspace (replacement,
 //                  prepend_scheme always|first|never, split), Whitespace, WhitespaceSplit.
-//   added_tokens   matched in the text before anything else (leftmost, then longest), with lstrip,
-//                  rstrip and single_word; special ones are skipped by decode(skip_special = true).
+//   added_tokens   matched in the text before anything else (leftmost, then longest, in one pass
+//                  linear in the text), with lstrip, rstrip and single_word (a match not standing
+//                  alone is dropped); special ones are skipped by decode(skip_special = true).
 //   post_processor TemplateProcessing (single sequence), ByteLevel, Sequence: applied by
 //                  encode(add_special_tokens = true) only.
 //   decoder        ByteLevel, Metaspace, Sequence, Replace, ByteFallback, Fuse, Strip.
@@ -34,11 +35,24 @@
 
 namespace qshard {
 
+// Bounds on hostile tokenizer files (each an InputError naming the file, the key and the value).
+// Also bounded: JSON nesting (kMaxJsonDepth, runtime/input_file.h), Sequence nesting
+// (kMaxSequenceDepth = 32) and each regular-expression match (PCRE2 match and depth limits and a
+// bounded JIT stack: hf_tokenizer_pipeline.h); added-token matching is linear in the text.
+inline constexpr uint64_t kMaxTokenizerFileBytes = uint64_t{256} << 20;  // 7x Gemma 3's 33 MB tokenizer.json
+inline constexpr uint32_t kMaxVocabSize = uint32_t{1} << 22;  // ids < 4,194,304: 16x Gemma's 262,144
+inline constexpr uint64_t kMaxAddedTokenBytes = uint64_t{16} << 20;  // all added tokens' contents
+
 class HfTokenizer {
  public:
-  // `path`: a tokenizer.json file, or a folder holding one. Throws InputError naming the file and
-  // the key or type it cannot read.
+  // `path`: a tokenizer.json file, or a folder holding one (with tokenizer_config.json beside it
+  // read when present). Throws InputError naming the file and the key or type it cannot read; a
+  // missing path, a folder without tokenizer.json and special files (a FIFO, a device) are refused
+  // before anything is opened.
   static HfTokenizer load(const std::string& path);
+  // The same from tokenizer.json's text; `path` names it in errors, and tokenizer_config.json
+  // beside it is read when present.
+  static HfTokenizer from_json(std::string_view text, const std::string& path);
   HfTokenizer(HfTokenizer&&) noexcept;
   HfTokenizer& operator=(HfTokenizer&&) noexcept;
   ~HfTokenizer();
@@ -58,6 +72,9 @@ class HfTokenizer {
   std::optional<uint32_t> bos_id() const;
   std::optional<uint32_t> eos_id() const;
   const std::string& path() const;
+  // Steps the added-token matcher has taken over all encode() calls (at most 2 per byte of text):
+  // a test hook showing the matching is linear.
+  uint64_t added_token_match_steps() const;
 
  private:
   struct Impl;

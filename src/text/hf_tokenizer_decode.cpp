@@ -110,12 +110,13 @@ void Decoder::apply(std::vector<std::string>& t) const {
   }
 }
 
-Decoder parse_decoder(const json& j, const std::string& where) {
+Decoder parse_decoder(const json& j, const std::string& where, int depth) {
   Decoder d;
-  const std::string type = j.value("type", "");
+  check_sequence_depth(depth, where, "decoder");
+  const std::string type = component(j, where + " decoder").value("type", "");
   const std::string w = where + " decoder " + type;
   if (type == "Sequence") {
-    for (const json& c : j.at("decoders")) d.children.push_back(parse_decoder(c, where));
+    for (const json& c : array_at(j, "decoders", w)) d.children.push_back(parse_decoder(c, where, depth + 1));
   } else if (type == "ByteLevel") {
     d.kind = Decoder::kByteLevel;
   } else if (type == "Metaspace") {

@@ -4,11 +4,12 @@
 // What: the stages of a tokenizer.json pipeline as plain structs (Normalizer, PreTokenizer,
 // Decoder), each read from its JSON by a parse_* function, and the helpers they share. The seams:
 //   hf_tokenizer_utf8.cpp         UTF-8 (utf8_replace_invalid) and GPT-2's byte <-> character map
-//   hf_tokenizer_regex.cpp        PCRE2 regular expressions and tokenizer.json patterns
+//   hf_tokenizer_regex.cpp        PCRE2 regular expressions (with their step limits), tokenizer.json
+//                                 patterns and the shape checks of its components (Sequence depth)
 //   hf_tokenizer_pretokenize.cpp  splitting a piece on matches, the normalizers, the pre-tokenizers
 //   hf_tokenizer_decode.cpp       the decoders
-//   hf_tokenizer.cpp              the BPE model, added tokens, the post-processor and the public
-//                                 API (load, encode, decode)
+//   hf_tokenizer.cpp              the BPE model, added tokens (a linear-time matcher), the
+//                                 post-processor and the public API (load, encode, decode)
 // Strings are UTF-8 bytes and offsets byte offsets; text reaching a stage is valid UTF-8
 // (encode runs utf8_replace_invalid first).
 // Errors: a parse_* function throws InputError naming `where` (the tokenizer.json path), the stage
@@ -64,17 +65,56 @@ const ByteMap& byte_map();  // the one instance, built on first use
 
 // ---- regular expressions (hf_tokenizer_regex.cpp) ------------------------------------------------
 
+// Bounds on one pcre2_match call, so that a catastrophic pattern ((a+)+$ on 28 characters) ends as
+// an InputError naming the pattern and the byte offset instead of running for ever or overflowing a
+// stack. Each thread matches with its own match context and JIT stack (made on first use, remade
+// when jit_stack_bytes changes). Real patterns need steps in proportion to the text they scan (a
+// whitespace run is one match), so the step limit of a search from byte `at` of s is
+//   min(2^32 - 1, match_base + match_per_byte * (s.size() - at)),
+// used as pcre2_set_match_limit (JIT and interpreter) and pcre2_set_depth_limit (the interpreter's
+// backtracking depth, when JIT is unavailable); exponential backtracking passes it within a few
+// dozen bytes. heap_kib: pcre2_set_heap_limit (the interpreter's frames); jit_stack_bytes: the JIT
+// stack's maximum. Defaults and the margins measured on the real tokenizers over the golden corpus:
+// hf_tokenizer_regex.cpp.
+struct RegexLimits {
+  uint32_t match_base;
+  uint32_t match_per_byte;
+  uint32_t heap_kib;
+  size_t jit_stack_bytes;
+};
+RegexLimits default_regex_limits();
+RegexLimits regex_limits();               // the limits in force
+void set_regex_limits(const RegexLimits&);  // tests and measurement only; not while encoding
+
 // A compiled PCRE2 pattern (UTF + Unicode properties, JIT where available).
 class Regex {
  public:
   // Throws InputError naming `where`, the pattern and PCRE2's message when it does not compile.
   Regex(const std::string& pattern, const std::string& where);
   // Byte ranges [start, end) of the non-empty matches, left to right. REQUIRES valid UTF-8.
+  // A match that hits a limit of regex_limits() is an InputError naming `where`, the pattern, the
+  // limit and the byte offset in s where the failing search started.
   std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const;
 
  private:
   std::shared_ptr<pcre2_code> code_;
+  std::string pattern_, where_;
 };
+
+// ---- reading tokenizer.json (hf_tokenizer_regex.cpp) ---------------------------------------------
+
+// How deep a Sequence (normalizer, pre_tokenizer, decoder, post_processor) may nest. Real files nest
+// at most 2 deep; deeper is an InputError naming the file and the construct, so that no recursion
+// (parse or apply) runs without bound. tokenizer.json's JSON itself is bounded by kMaxJsonDepth
+// (runtime/input_file.h), which this is well inside.
+inline constexpr int kMaxSequenceDepth = 32;
+// Throws InputError "`where`: <what> Sequence nested more than kMaxSequenceDepth deep" when depth
+// exceeds it.
+void check_sequence_depth(int depth, const std::string& where, const char* what);
+// j[key], which must be an array: InputError naming `where` and the key otherwise.
+const json& array_at(const json& j, const char* key, const std::string& where);
+// j, which must be an object (a component): InputError naming `where` otherwise.
+const json& component(const json& j, const std::string& where);
 
 // Every match of `re` in s replaced by `content`.
 std::string regex_replace(const std::string& s, const Regex& re, const std::string& content);
@@ -104,7 +144,7 @@ struct Normalizer {
 
   void apply(std::string& s) const;
 };
-Normalizer parse_normalizer(const json& j, const std::string& where);
+Normalizer parse_normalizer(const json& j, const std::string& where, int depth = 0);
 
 struct PreTokenizer {
   enum Kind { kSequence, kByteLevel, kSplit, kMetaspace } kind = kSequence;
@@ -117,7 +157,7 @@ struct PreTokenizer {
 
   void apply(std::vector<Piece>& pieces) const;
 };
-PreTokenizer parse_pre_tokenizer(const json& j, const std::string& where);
+PreTokenizer parse_pre_tokenizer(const json& j, const std::string& where, int depth = 0);
 
 // ---- decoders (hf_tokenizer_decode.cpp) ------------------------------------------------------------
 
@@ -132,6 +172,6 @@ struct Decoder {
 
   void apply(std::vector<std::string>& t) const;
 };
-Decoder parse_decoder(const json& j, const std::string& where);
+Decoder parse_decoder(const json& j, const std::string& where, int depth = 0);
 
 }  // namespace qshard::hf_tok

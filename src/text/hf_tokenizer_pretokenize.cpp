@@ -117,12 +117,13 @@ void Normalizer::apply(std::string& s) const {
   }
 }
 
-Normalizer parse_normalizer(const json& j, const std::string& where) {
+Normalizer parse_normalizer(const json& j, const std::string& where, int depth) {
   Normalizer n;
-  const std::string type = j.value("type", "");
+  check_sequence_depth(depth, where, "normalizer");
+  const std::string type = component(j, where + " normalizer").value("type", "");
   const std::string w = where + " normalizer " + type;
   if (type == "Sequence") {
-    for (const json& c : j.at("normalizers")) n.children.push_back(parse_normalizer(c, where));
+    for (const json& c : array_at(j, "normalizers", w)) n.children.push_back(parse_normalizer(c, where, depth + 1));
   } else if (type == "Prepend") {
     n.kind = Normalizer::kPrepend;
     n.text = j.at("prepend").get<std::string>();
@@ -187,12 +188,14 @@ void PreTokenizer::apply(std::vector<Piece>& pieces) const {
   }
 }
 
-PreTokenizer parse_pre_tokenizer(const json& j, const std::string& where) {
+PreTokenizer parse_pre_tokenizer(const json& j, const std::string& where, int depth) {
   PreTokenizer p;
-  const std::string type = j.value("type", "");
+  check_sequence_depth(depth, where, "pre_tokenizer");
+  const std::string type = component(j, where + " pre_tokenizer").value("type", "");
   const std::string w = where + " pre_tokenizer " + type;
   if (type == "Sequence") {
-    for (const json& c : j.at("pretokenizers")) p.children.push_back(parse_pre_tokenizer(c, where));
+    for (const json& c : array_at(j, "pretokenizers", w))
+      p.children.push_back(parse_pre_tokenizer(c, where, depth + 1));
   } else if (type == "ByteLevel") {
     p.kind = PreTokenizer::kByteLevel;
     p.add_prefix_space = j.value("add_prefix_space", true);

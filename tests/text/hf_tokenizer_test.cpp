@@ -132,7 +132,7 @@ TEST(HfTokenizer, BadFilesAreNamed) {
     }
   };
   const std::string model = R"("model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]})";
-  expect("{", "not JSON");
+  expect("{", "not valid JSON");
   expect(R"({"model": {"type": "Unigram", "vocab": []}})", "model type 'Unigram'");
   expect(R"({"normalizer": {"type": "NFC"}, )" + model + "}", "normalizer type 'NFC'");
   expect(R"({"pre_tokenizer": {"type": "BertPreTokenizer"}, )" + model + "}", "'BertPreTokenizer'");
