@@ -81,11 +81,15 @@ struct Codec {
   }
 };
 
-Codec open_codec(const std::string& dir, int64_t vocab) {
+// `chosen`: the user named this tokenizer (--tokenizer): it must load, with no fallback. Else the
+// model folder's tokenizer.json when it has one (of any file type: a FIFO or a folder there is an
+// error, not a reason to fall back), or the byte tokenizer.
+Codec open_codec(const std::string& dir, int64_t vocab, bool chosen) {
   Codec c;
   c.label = dir;
-  const bool has_json = fs::is_regular_file(fs::path(dir) / "tokenizer.json") ||
-                        (fs::is_regular_file(dir) && fs::path(dir).filename() == "tokenizer.json");
+  std::error_code ec;
+  const bool has_json = chosen || fs::exists(fs::symlink_status(fs::path(dir) / "tokenizer.json", ec)) ||
+                        fs::path(dir).filename() == "tokenizer.json";
   if (has_json) {
 #if QSHARD_WITH_TOKENIZER
     c.hf.emplace(HfTokenizer::load(dir));
@@ -203,8 +207,11 @@ GenerateResult generate_text(const GenerateOptions& o, const std::function<void(
 
   GenerateResult r;
   std::optional<Codec> codec;
-  if (!o.prompt.empty() || fs::exists(fs::path(tok_dir) / "tokenizer.json") || V >= static_cast<int64_t>(kByteVocabSize))
-    codec = open_codec(tok_dir, V);
+  std::error_code ec;
+  if (!o.prompt.empty() || !o.tokenizer_dir.empty() ||
+      fs::exists(fs::symlink_status(fs::path(tok_dir) / "tokenizer.json", ec)) ||
+      V >= static_cast<int64_t>(kByteVocabSize))
+    codec = open_codec(tok_dir, V, /*chosen=*/!o.tokenizer_dir.empty());
   if (o.chat) {
     const ChatTemplate tmpl = ChatTemplate::from_model_dir(tok_dir);
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();

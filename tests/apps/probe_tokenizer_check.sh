@@ -10,7 +10,7 @@
 # they catch: tests/text/hf_tokenizer_limits_test.cpp.
 # Usage: probe_tokenizer_check.sh QSHARD WORK_DIR
 set -uo pipefail
-qshard=$1 work=$2
+qshard=$1 work=$2 src=${3:-}
 rm -rf "$work" && mkdir -p "$work"
 fails=0
 
@@ -104,5 +104,18 @@ probe "folder without tokenizer.json" 2 "empty: cannot read the tokenizer: the f
 probe "missing folder" 2 "no_such_model: cannot read the tokenizer" -- run_tok no_such_model
 probe "/dev/zero as the tokenizer" 2 "/dev/zero is a character device, not a regular file" -- \
   "$qshard" tokenize --tokenizer /dev/zero "$work/in.txt" --out "$work/z.tok"
+
+# generate --tokenizer names its tokenizer: a missing one, a folder without tokenizer.json or a FIFO
+# is an error, not a quiet fall back to the byte tokenizer; a FIFO in the model folder likewise.
+if [ -n "$src" ]; then
+  m=$src/tests/data/hf/tiny_llama_bf16
+  probe "generate --tokenizer missing" 2 "no_such_tok: cannot read the tokenizer" -- "$qshard" generate --model "$m" --prompt hi --tokenizer "$work/no_such_tok"
+  probe "generate --tokenizer without tokenizer.json" 2 "empty: cannot read the tokenizer: the folder has no tokenizer.json" \
+    -- "$qshard" generate --model "$m" --prompt hi --tokenizer "$work/empty"
+  probe "generate --tokenizer FIFO" 2 "fifo_json/tokenizer.json is a FIFO" -- "$qshard" generate --model "$m" --prompt hi --tokenizer "$work/fifo_json"
+  mkdir -p "$work/fifo_model" && cp "$m"/* "$work/fifo_model/" && mkfifo "$work/fifo_model/tokenizer.json"
+  probe "generate, a FIFO tokenizer.json in the model folder" 2 "fifo_model/tokenizer.json is a FIFO" -- \
+    "$qshard" generate --model "$work/fifo_model" --prompt-ids 1,2
+fi
 
 [ "$fails" = 0 ] && echo "tokenizer probes ok" || { echo "$fails tokenizer probe(s) failed"; exit 1; }
