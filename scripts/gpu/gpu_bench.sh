@@ -44,7 +44,7 @@ qbench() {  # out.jsonl label args...: one qshard bench run, its JSON appended w
   timeout "${RUN_TIMEOUT:-400}" $Q bench --device cuda --json "$j" "$@" > "$LOGS/$label.log" 2>&1
   local rc=$?
   echo "== qshard $label ($*): exit $rc"
-  grep -E "^memory plan|model build|tokens/s|MFU|peak GPU|peak pinned|^  step  |    [a-zA-Z]" "$LOGS/$label.log" | sed 's/^/   /'
+  grep -E "^memory plan|model build|tokens/s|launch to first|MFU|peak GPU|peak pinned|^  step  |    [a-zA-Z]" "$LOGS/$label.log" | sed 's/^/   /'
   [ $rc = 0 ] || grep -v "^step " "$LOGS/$label.log" | tail -6
   if [ -f "$j" ]; then
     python3 -c "import json,sys; d=json.load(open('$j')); d['label']='$label'; d['exit']=$rc; print(json.dumps(d))" >> "$out"

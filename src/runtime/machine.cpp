@@ -1,5 +1,7 @@
 #include "runtime/machine.h"
 
+#include <chrono>
+
 #include <sys/resource.h>
 #include <sys/statvfs.h>
 
@@ -13,6 +15,15 @@
 #include "runtime/tensor.h"
 
 namespace qshard {
+
+namespace {
+// Static initialization of this library: before main(), within milliseconds of the launch.
+const std::chrono::steady_clock::time_point kProcessStart = std::chrono::steady_clock::now();
+}  // namespace
+
+double seconds_since_launch() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - kProcessStart).count();
+}
 
 int64_t peak_rss_bytes() {
   rusage u{};

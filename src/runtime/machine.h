@@ -30,6 +30,8 @@ HostMemory host_memory_available();
 uint64_t disk_free_bytes(const std::string& path);
 std::string human_bytes(double bytes);
 
+// Seconds since this process started (its static initialization, before main()).
+double seconds_since_launch();
 // The most resident memory this process has used so far (getrusage's ru_maxrss), bytes.
 int64_t peak_rss_bytes();
 void require_host_memory(double need_bytes, const std::string& what, const std::string& detail);

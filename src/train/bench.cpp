@@ -156,6 +156,7 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
   j["peak_gpu_bytes"] = p.peak_gpu_bytes;
   j["peak_pinned_host_bytes"] = pinned_host_peak_bytes();
   j["peak_rss_bytes"] = peak_rss_bytes();
+  j["launch_to_first_step_s"] = p.first_step_done_s;
   j["losses"] = s.losses;
   j["limits"] = {{"gemm_tflops", p.gemm_flops * 1e-12}, {"copy_gbps", copy_bps * 1e-9}, {"h2d_pinned_gbps", h2d_bps * 1e-9}};
   nlohmann::json split = nlohmann::json::object();
@@ -181,6 +182,7 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
     t += fmt::format("  {:<26} {:.0f}\n", "tokens/s", tps);
     t += fmt::format("  {:<26} {:.1f} ms ({} timed after {} warm-up)\n", "step", o.steps ? 1e3 * secs / o.steps : 0.0,
                      o.steps, o.warmup);
+    t += fmt::format("  {:<26} {:.1f} s\n", "launch to first step", p.first_step_done_s);
     if (p.gemm_flops > 0)
       t += fmt::format("  {:<26} {:.1f}% ({:.2f} GFLOP/token useful, bf16 GEMM {:.0f} TFLOP/s measured)\n", "MFU",
                        100 * mfu, p.flops_per_token * 1e-9, p.gemm_flops * 1e-12);

@@ -246,6 +246,10 @@ StepRecord TrainJob::run_step(int64_t step) {
   r.lr = so.adamw.lr;
   r.tokens = st.tokens;
   summary_.perf.step_seconds.push_back(r.step_s);
+  if (summary_.perf.step_seconds.size() == 1) {
+    summary_.perf.first_step_done_s = seconds_since_launch();
+    if (rank_ == 0) QS_LOG_INFO("first step done {:.1f} s after launch", summary_.perf.first_step_done_s);
+  }
   summary_.perf.step_tokens.push_back(st.tokens);
   summary_.perf.inside.host_syncs += st.inside.host_syncs;
   summary_.perf.inside.device_allocs += st.inside.device_allocs;

@@ -59,6 +59,7 @@ struct TrainPerf {
   int64_t keep_layers = 0, mlp_chunk_rows = 0;
   int64_t micro_batch = 0;            // sequences per micro-batch (the plan's choice with batch.micro_batch_size 0)
   double est_step_s = 0;              // the memory plan's cost model (GPU)
+  double first_step_done_s = 0;       // seconds from the launch to the end of the first step run here
   bool offload_params = false, offload_optimizer = false;
   // Summed over the steps run here: what each step did between its first gather and the optimizer
   // (train_step's StepStats::inside): host syncs and device allocations (0 on CUDA with NCCL) and
