@@ -12,6 +12,8 @@
 #              step each -> long.jsonl; PEER_LONG_SEQS for the peer (default none)
 #   b70        the Llama-3.1-70B shape at 1 x 2048: base offloaded to pinned host memory, then
 #              resident on the GPU (B70_RUNS: other modes, batches, flags) -> b70.jsonl
+#   plan8b     the 8B shape at 8 sequences a step under budgets (PLAN_BUDGETS), the plan choosing the
+#              micro-batch, offload and kept layers -> plan8b.jsonl
 #   unsloth    the Unsloth peer (bench_peer.py --peer unsloth), one process, one model load, the points
 #              UNSLOTH_POINTS (default "1x2048,2x2048,4x2048,8x2048") of preset UNSLOTH_PRESET (default
 #              8b), checkpointing "unsloth" (UNSLOTH_ARGS=--no-checkpointing for off) -> unsloth.jsonl.
@@ -157,6 +159,13 @@ for stage in "$@"; do
         [ "$rest" != "$b" ] && extra=$(echo "${rest#*:}" | tr ',' ' ')
         qbench "$OUT/b70.jsonl" "70b_${mode}_b$b" --preset 70b --batch "$b" $([ "$mode" = offload ] && echo --offload) \
           --steps "${STEPS70:-3}" --warmup 1 $extra
+      done
+      ;;
+    plan8b)  # the memory plan's choice at each budget (PLAN_BUDGETS GB): 8 sequences a step, the micro-batch,
+             # offload and kept layers left to the plan -> plan8b.jsonl
+      for g in ${PLAN_BUDGETS:-6 8 10 15 20 40}; do
+        qbench "$OUT/plan8b.jsonl" "8b_plan_${g}gb" --preset 8b --batch "${PLAN_BATCH:-8}" --micro-batch 0 \
+          --gpu-budget-gb "$g" --steps "$STEPS" --warmup "$WARMUP"
       done
       ;;
     unsloth)
