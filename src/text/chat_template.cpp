@@ -191,7 +191,7 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
 }
 
 std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                                 const nlohmann::ordered_json& extra) const {
+                                 const nlohmann::ordered_json& extra, ChatTemplateUsage* usage) const {
   if (!program_) throw InputError("render: the chat template was not loaded");
   if (!extra.is_object()) throw InputError(label_ + ": the extra template variables must be a JSON object");
   std::vector<std::pair<std::string, jinja::Value>> vars;
@@ -214,7 +214,7 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool ad
   vars.emplace_back("tools", std::move(tools));
   vars.emplace_back("documents", std::move(documents));
   vars.emplace_back("add_generation_prompt", jinja::Value::boolean(add_generation_prompt));
-  return jinja::run_program(*program_, std::move(vars), fixed_time_, limits_);
+  return jinja::run_program(*program_, std::move(vars), fixed_time_, limits_, usage);
 }
 
 ChatRender render_with_spans(const ChatTemplate& t, const nlohmann::ordered_json& messages, const nlohmann::ordered_json& extra) {

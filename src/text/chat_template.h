@@ -75,6 +75,15 @@ struct ChatTemplateLimits {
   static ChatTemplateLimits from_env();
 };
 
+// What one render used of each budget (render()'s `usage`): for tests and for measuring templates.
+struct ChatTemplateUsage {
+  uint64_t instructions = 0;
+  uint64_t iterations = 0;
+  uint64_t output_bytes = 0;
+  uint64_t bytes = 0;
+  int max_depth = 0;  // the deepest run-time nesting reached (of kMaxEvalDepth)
+};
+
 // Thrown when the template calls raise_exception(message); message() is the template's text.
 class ChatTemplateRaise : public InputError {
  public:
@@ -104,8 +113,10 @@ class ChatTemplate {
   // nlohmann::json converts implicitly but with its keys sorted). extra: more variables
   // (e.g. tools, date_string, enable_thinking). Throws InputError naming the template, line and
   // column on a runtime error, ChatTemplateRaise when the template raises.
+  // usage: when not null, receives what the render used of its budgets (when it succeeds).
   std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                     const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
+                     const nlohmann::ordered_json& extra = nlohmann::ordered_json::object(),
+                     ChatTemplateUsage* usage = nullptr) const;
 
   // strftime_now() formats this time (seconds since the epoch, as UTC) instead of reading the local
   // clock: renders that do not change with the day (tests, reproducible data). nullopt: the clock.

@@ -209,7 +209,8 @@ std::unique_ptr<Program> parse_program(std::string source, std::string label);
 // fixed_time: what strftime_now() formats (as UTC) instead of the local clock.
 // limits: the budgets (chat_template.h); the run fails at the statement or expression that goes over one.
 std::string run_program(const Program& program, std::vector<std::pair<std::string, Value>> vars,
-                        std::optional<std::time_t> fixed_time = std::nullopt, const ChatTemplateLimits& limits = {});
+                        std::optional<std::time_t> fixed_time = std::nullopt, const ChatTemplateLimits& limits = {},
+                        ChatTemplateUsage* usage = nullptr);
 
 // The accounting of the render running on this thread (Evaluator::run installs it; outside a render
 // these do nothing): value constructors charge the bytes they allocate, printers and builders check
@@ -252,6 +253,7 @@ class Evaluator {
   void enter(const char* what);  // one level deeper; fails past kMaxEvalDepth
   void leave() { --depth_; }
   static Evaluator* current();
+  ChatTemplateUsage usage() const { return {instructions_, iterations_, output_, bytes_, max_depth_}; }
 
  private:
   enum class Flow { kNormal, kBreak, kContinue };
@@ -269,6 +271,7 @@ class Evaluator {
   const ChatTemplateLimits& limits_;
   size_t at_ = 0;  // offset of the node being evaluated
   int depth_ = 0;  // nested exec/eval/macro calls/printing (kMaxEvalDepth)
+  int max_depth_ = 0;
   int macro_depth_ = 0;
   uint64_t instructions_ = 0;  // statements + expression nodes evaluated
   uint64_t iterations_ = 0;    // loop iterations + builtin element steps

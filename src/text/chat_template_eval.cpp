@@ -200,9 +200,11 @@ Value make_loop(size_t idx, const ValueList& items) {
 }  // namespace
 
 std::string run_program(const Program& program, std::vector<std::pair<std::string, Value>> vars,
-                        std::optional<std::time_t> fixed_time, const ChatTemplateLimits& limits) {
+                        std::optional<std::time_t> fixed_time, const ChatTemplateLimits& limits, ChatTemplateUsage* usage) {
   Evaluator ev(program, fixed_time, limits);
-  return ev.run(std::move(vars));
+  std::string out = ev.run(std::move(vars));
+  if (usage != nullptr) *usage = ev.usage();
+  return out;
 }
 
 Evaluator* Evaluator::current() { return t_current; }
@@ -254,6 +256,7 @@ void Evaluator::enter(const char* what) {
     --depth_;
     fail(fmt::format("{} nested deeper than {} levels at run time", what, kMaxEvalDepth));
   }
+  max_depth_ = std::max(max_depth_, depth_);
 }
 
 Evaluator::~Evaluator() {

@@ -92,13 +92,16 @@ class Parser {
   // else-ifs): fails past kMaxParseNesting, naming what nests.
   class Nest {
    public:
-    Nest(Parser& p, const char* what) : p_(p) {
-      if (++p_.nesting_ > kMaxParseNesting) p_.fail(fmt::format("{} nested deeper than {} levels", what, kMaxParseNesting));
+    Nest(Parser& p, int& counter, const char* what) : n_(counter) {
+      if (++n_ > kMaxParseNesting) {
+        --n_;
+        p.fail(fmt::format("{} nested deeper than {} levels", what, kMaxParseNesting));
+      }
     }
-    ~Nest() { --p_.nesting_; }
+    ~Nest() { --n_; }
 
    private:
-    Parser& p_;
+    int& n_;
   };
   ExprPtr mk(ExprOp op, size_t offset) const {
     auto e = std::make_unique<Expr>();
@@ -117,7 +120,7 @@ class Parser {
 
   // Data, prints and statements until a `{% name %}` with name in `ends` (consumed, in *found).
   Body parse_body(const std::vector<std::string_view>& ends, std::string* found) {
-    Nest nest(*this, "statements");
+    Nest nest(*this, body_nesting_, "statements");
     Body body;
     for (;;) {
       const Token& t = cur();
@@ -334,7 +337,7 @@ class Parser {
   ExprPtr parse_expression(bool with_condexpr) { return with_condexpr ? parse_condexpr() : parse_or(); }
 
   ExprPtr parse_condexpr() {
-    Nest nest(*this, "expressions");
+    Nest nest(*this, nesting_, "expressions");
     const size_t at = cur().offset;
     ExprPtr e = parse_or();
     while (skip_name("if")) {
@@ -376,7 +379,7 @@ class Parser {
   }
   ExprPtr parse_not() {
     if (is_name("not")) {
-      Nest nest(*this, "expressions");
+      Nest nest(*this, nesting_, "expressions");
       auto e = mk(ExprOp::kNot, cur().offset);
       advance();
       add_kid(*e, parse_not());
@@ -461,7 +464,7 @@ class Parser {
     if (is_op("-") || is_op("+")) {
       e = mk(is_op("-") ? ExprOp::kNeg : ExprOp::kPos, cur().offset);
       advance();
-      Nest nest(*this, "expressions");
+      Nest nest(*this, nesting_, "expressions");
       add_kid(*e, parse_unary(false));
     } else {
       e = parse_primary();
@@ -472,7 +475,7 @@ class Parser {
   }
 
   ExprPtr parse_primary() {
-    Nest nest(*this, "expressions");
+    Nest nest(*this, nesting_, "expressions");
     const Token& t = cur();
     const size_t at = t.offset;
     if (t.type == Tok::kName) {
@@ -702,7 +705,8 @@ class Parser {
   std::vector<Token> t_;
   size_t k_ = 0;
   int loop_depth_ = 0;
-  int nesting_ = 0;
+  int nesting_ = 0;       // expression recursion (Nest)
+  int body_nesting_ = 0;  // statement bodies (Nest)
 };
 
 // Unknown filters and tests are errors when the template is compiled, except inside an if

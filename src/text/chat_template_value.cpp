@@ -468,8 +468,7 @@ bool compare(Evaluator& ev, CmpOp op, const Value& a, const Value& b) {
 ValueList iterate(Evaluator& ev, const Value& v) {
   switch (v.kind) {
     case Kind::kList:
-      charge_work(v.items().size());
-      charge_bytes(v.items().size() * sizeof(Value));
+      charge_work(v.items().size());  // a transient copy: paid for as work, not memory
       return v.items();
     case Kind::kUndefined: return {};
     case Kind::kDict: {
