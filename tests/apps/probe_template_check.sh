@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Hostile chat templates and records through `qshard tokenize --format chat` (issue 25): nesting
-# 100k deep (statements, `not`, operator / filter / attribute chains, parentheses, macros, a
-# message content nested 100k deep), runaway loops, doubling strings, a value shared 2^60 ways
+# 100k deep (statements, `not`, operator / filter / attribute chains, parentheses, macros; a
+# message content nested past the template's bound), runaway loops, doubling strings, a value shared 2^60 ways
 # under tojson, huge indents, quadratic appends, huge output, a 100k-message record - each refused
 # with exit 2 and a message naming the template (or record) and the construct or budget; no crash,
 # no hang, no out-of-memory kill. Every probe runs under a 4 GiB address-space limit (ulimit -v)
@@ -60,8 +60,9 @@ model deep_attrs "{{ a$(rep '.b' $n) }}"
 probe deep_attrs "$t:1:[0-9]+: expression nested deeper than 200 levels"
 model deep_parens "{{ $(rep '(' $n)1$(rep ')' $n) }}"
 probe deep_parens "$t:1:[0-9]+: expressions nested deeper than 200 levels"
-model print_content '{% for m in messages %}{{ m.content }}{{ m.content|tojson }}{% endfor %}'
-{ printf '{"messages": [{"role": "user", "content": '; rep '[' $n; rep ']' $n; printf '}, {"role": "assistant", "content": "x"}]}\n'; } \
+model print_content '{% for m in messages %}{{ m.data }}{{ m.data|tojson }}{% endfor %}'
+# (230 deep: past the template's bound of 200, within the record reader's 256)
+{ printf '{"messages": [{"role": "user", "content": "x", "data": '; rep '[' 230; rep ']' 230; printf '}, {"role": "assistant", "content": "x"}]}\n'; } \
   > "$work/deep.jsonl"
 probe print_content "$t: messages\[0\]: JSON nested deeper than 200 levels" "$work/deep.jsonl"
 model self_namespace '{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}'
