@@ -72,6 +72,6 @@ run_fuzz config_yaml_fuzz "$work/yaml" 4096
 run_fuzz hf_config_fuzz "$work/json" 4096
 run_fuzz token_file_fuzz "$work/tok" 16384
 run_fuzz tokenizer_fuzz "$work/text" 4096
-run_fuzz chat_template_fuzz "$work/jinja" 16384
+run_fuzz chat_template_fuzz "$work/jinja" 20000
 wait_batch
 echo "ci_extra: fuzzing done at ${SECONDS}s"

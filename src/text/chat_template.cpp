@@ -231,13 +231,13 @@ ChatRender render_with_spans(const ChatTemplate& t, const nlohmann::ordered_json
       estimate += 2.0 * static_cast<double>(r.text.size()) * static_cast<double>(i + 1) / static_cast<double>(messages.size());
     }
   }
-  auto over = [&](double bytes) {
+  auto over = [&](double bytes, bool estimated) {
     return InputError(fmt::format(
-        "{}: the per-reply spans of this conversation ({} messages, {} bytes rendered) need about {:.0f} bytes of prefix "
+        "{}: the per-reply spans of this conversation ({} messages, {} bytes rendered) {} {:.0f} bytes of prefix "
         "renders, over the spans budget ({}; QSHARD_TEMPLATE_LIMITS=spans=N sets it): split the conversation",
-        t.label(), messages.size(), r.text.size(), bytes, budget));
+        t.label(), messages.size(), r.text.size(), estimated ? "need about" : "wrote", bytes, budget));
   };
-  if (estimate > static_cast<double>(budget)) throw over(estimate);
+  if (estimate > static_cast<double>(budget)) throw over(estimate, true);
   uint64_t spent = 0;
   auto head = [&](size_t n) {
     nlohmann::ordered_json part = nlohmann::ordered_json::array();
@@ -256,7 +256,7 @@ ChatRender render_with_spans(const ChatTemplate& t, const nlohmann::ordered_json
     const std::string prompt = t.render(head(i), true, extra);
     const std::string upto = t.render(head(i + 1), false, extra);
     spent += prompt.size() + upto.size();
-    if (spent > budget) throw over(static_cast<double>(spent));
+    if (spent > budget) throw over(static_cast<double>(spent), false);
     size_t begin = prompt.size();
     if (upto.compare(0, prompt.size(), prompt) != 0) {
       // A generation prompt the finished turn does not repeat (DeepSeek-R1's "<think>\n"): the
