@@ -141,8 +141,8 @@ namespace {
 constexpr int kMaxMacroDepth = 200;
 thread_local Evaluator* t_current = nullptr;  // the render running on this thread
 
-// Installs an evaluator as this thread's current render for the scope (renders may nest: a
-// value printed while... never; but restore the previous one anyway).
+// Installs an evaluator as this thread's current render for the scope (restoring the previous one,
+// should a render ever run inside another).
 struct CurrentRender {
   Evaluator* saved;
   explicit CurrentRender(Evaluator* ev) : saved(t_current) { t_current = ev; }

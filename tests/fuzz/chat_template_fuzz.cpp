@@ -35,7 +35,7 @@ std::string expr(Bytes& b, int depth);
 
 std::string atom(Bytes& b, int depth) {
   switch (b.next(10)) {
-    case 0: return std::to_string(b.next(200)) ;
+    case 0: return std::to_string(b.next(200));
     case 1: return "'s" + std::to_string(b.next(10)) + "\\n'";
     case 2: return kNames[b.next(std::size(kNames))];
     case 3: return "[" + expr(b, depth + 1) + ", " + expr(b, depth + 1) + "]";
