@@ -27,7 +27,7 @@ echo "ci_extra: asan tests done at ${SECONDS}s"
 CC=clang CXX=clang++ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQSHARD_CUDA=OFF \
   -DQSHARD_FUZZ=ON > /dev/null
 cmake --build build/fuzz -j "$jobs" --target safetensors_fuzz config_yaml_fuzz hf_config_fuzz token_file_fuzz \
-  tokenizer_fuzz
+  tokenizer_fuzz chat_template_fuzz
 echo "ci_extra: fuzz build done at ${SECONDS}s"
 seconds=${QSHARD_FUZZ_SECONDS:-60}
 # fuzz TARGET SEEDS_DIR MAX_LEN: runs one target for $seconds from the given seeds; a crash fails CI.
@@ -44,7 +44,7 @@ fuzz() {
 }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/safetensors" "$work/yaml" "$work/json" "$work/tok" "$work/text"
+mkdir -p "$work/safetensors" "$work/yaml" "$work/json" "$work/tok" "$work/text" "$work/jinja"
 find tests/data -name '*.safetensors' -size -64k -exec cp {} "$work/safetensors/" \;
 i=0; for f in configs/*.yaml bench/configs/*.yaml; do cp "$f" "$work/yaml/$((i++)).yaml"; done
 i=0; for f in $(find tests/data -name config.json -size -16k); do cp "$f" "$work/json/$((i++)).json"; done
@@ -54,6 +54,8 @@ cp "$work/sample.txt" "$work/text/" && head -c 3000 src/text/hf_tokenizer.cpp > 
 printf 'caf\xc3\xa9 \xe2\x82 \xf0\x9f\x98\x80  \t\n 12345 <|endoftext|>' > "$work/text/mixed.txt"
 # tokenizer_fuzz's structure mode (first byte 0x01: a generated tokenizer.json) from the start
 printf '\x01\x07\x13\x2a\x00\xff\x40\x05abc def' > "$work/text/structure.bin"
+cp tests/data/chat_template/templates/*.jinja "$work/jinja/"
+printf '\x01\x0a\x03\x07\x02\x05\x09\x01\x04\x0a\x02' > "$work/jinja/generated.bin"  # 0x01: the generator's input
 # One fuzzer per core at a time (each is single-threaded); any crash fails CI once its batch ends.
 pids=()
 wait_batch() {
@@ -72,5 +74,6 @@ run_fuzz config_yaml_fuzz "$work/yaml" 4096
 run_fuzz hf_config_fuzz "$work/json" 4096
 run_fuzz token_file_fuzz "$work/tok" 16384
 run_fuzz tokenizer_fuzz "$work/text" 4096
+run_fuzz chat_template_fuzz "$work/jinja" 20000
 wait_batch
 echo "ci_extra: fuzzing done at ${SECONDS}s"

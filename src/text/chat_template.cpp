@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -50,8 +52,12 @@ Value prepare_messages(const std::string& label, const nlohmann::ordered_json& m
     const auto& m = messages[i];
     if (!m.is_object()) throw InputError(fmt::format("{}: messages[{}] is not a JSON object", label, i));
     Dict d;
-    for (auto it = m.begin(); it != m.end(); ++it) {
-      if (!it.value().is_null()) d.set(it.key(), from_json(it.value()));
+    try {
+      for (auto it = m.begin(); it != m.end(); ++it) {  // keys are unique: no search per key
+        if (!it.value().is_null()) d.entries.emplace_back(Value::string(it.key()), from_json(it.value(), 1));
+      }
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("{}: messages[{}]: {}", label, i, e.what()));
     }
     for (const char* key : {"reasoning_content", "thinking", "reasoning"}) {
       const Value* r = d.find(key);
@@ -69,12 +75,57 @@ Value prepare_messages(const std::string& label, const nlohmann::ordered_json& m
   return Value::make_list(std::move(out));
 }
 
+// A render variable from JSON, its depth checked (InputError naming the template and the variable).
+Value variable(const std::string& label, const std::string& name, const nlohmann::ordered_json& j) {
+  try {
+    return from_json(j);
+  } catch (const InputError& e) {
+    throw InputError(label + ": variable '" + name + "': " + e.what());
+  }
+}
+
 }  // namespace
 }  // namespace jinja
+
+ChatTemplateLimits ChatTemplateLimits::from_env() {
+  ChatTemplateLimits l;
+  const char* env = std::getenv("QSHARD_TEMPLATE_LIMITS");
+  if (env == nullptr || *env == '\0') return l;
+  const std::string text = env;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    uint64_t* slot = key == "instructions" ? &l.max_instructions
+                   : key == "iterations"   ? &l.max_iterations
+                   : key == "output"       ? &l.max_output_bytes
+                   : key == "bytes"        ? &l.max_bytes
+                   : key == "spans"        ? &l.max_spans_bytes
+                                           : nullptr;
+    if (slot == nullptr) {
+      throw InputError("QSHARD_TEMPLATE_LIMITS: unknown budget '" + key + "' (expected instructions, iterations, output, bytes or spans)");
+    }
+    const std::string num = eq == std::string::npos ? std::string() : item.substr(eq + 1);
+    char* stop = nullptr;
+    errno = 0;
+    const unsigned long long v = num.empty() || num[0] == '-' ? 0 : std::strtoull(num.c_str(), &stop, 10);
+    if (num.empty() || num[0] == '-' || errno != 0 || *stop != '\0' || v == 0) {
+      throw InputError("QSHARD_TEMPLATE_LIMITS: " + key + "='" + num + "': expected a positive integer");
+    }
+    *slot = v;
+  }
+  return l;
+}
 
 ChatTemplate ChatTemplate::parse(std::string source, std::string label) {
   ChatTemplate t;
   t.label_ = label;
+  t.limits_ = ChatTemplateLimits::from_env();
   t.program_ = jinja::parse_program(std::move(source), std::move(label));
   return t;
 }
@@ -140,11 +191,11 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
 }
 
 std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                                 const nlohmann::ordered_json& extra) const {
+                                 const nlohmann::ordered_json& extra, ChatTemplateUsage* usage) const {
   if (!program_) throw InputError("render: the chat template was not loaded");
   if (!extra.is_object()) throw InputError(label_ + ": the extra template variables must be a JSON object");
   std::vector<std::pair<std::string, jinja::Value>> vars;
-  for (auto it = special_tokens_.begin(); it != special_tokens_.end(); ++it) vars.emplace_back(it.key(), jinja::from_json(it.value()));
+  for (auto it = special_tokens_.begin(); it != special_tokens_.end(); ++it) vars.emplace_back(it.key(), jinja::variable(label_, it.key(), it.value()));
   jinja::Value tools = jinja::Value::none();
   jinja::Value documents = jinja::Value::none();
   for (auto it = extra.begin(); it != extra.end(); ++it) {
@@ -152,23 +203,42 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool ad
       throw InputError(label_ + ": extra variable '" + it.key() + "' is set by render() itself");
     }
     if (it.key() == "tools") {
-      tools = jinja::from_json(it.value());
+      tools = jinja::variable(label_, "tools", it.value());
     } else if (it.key() == "documents") {
-      documents = jinja::from_json(it.value());
+      documents = jinja::variable(label_, "documents", it.value());
     } else {
-      vars.emplace_back(it.key(), jinja::from_json(it.value()));
+      vars.emplace_back(it.key(), jinja::variable(label_, it.key(), it.value()));
     }
   }
   vars.emplace_back("messages", jinja::prepare_messages(label_, messages));
   vars.emplace_back("tools", std::move(tools));
   vars.emplace_back("documents", std::move(documents));
   vars.emplace_back("add_generation_prompt", jinja::Value::boolean(add_generation_prompt));
-  return jinja::run_program(*program_, std::move(vars), fixed_time_);
+  return jinja::run_program(*program_, std::move(vars), fixed_time_, limits_, usage);
 }
 
 ChatRender render_with_spans(const ChatTemplate& t, const nlohmann::ordered_json& messages, const nlohmann::ordered_json& extra) {
   ChatRender r;
   r.text = t.render(messages, false, extra);
+  // The prefix renders cost about 2 x (the share of the conversation up to each reply) x the whole
+  // text per assistant message: quadratic in the turns. Refused at once when that estimate is over
+  // the spans budget; what the renders really write is counted too.
+  const uint64_t budget = t.limits().max_spans_bytes;
+  double estimate = 0;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    if (m.is_object() && m.contains("role") && m["role"] == "assistant") {
+      estimate += 2.0 * static_cast<double>(r.text.size()) * static_cast<double>(i + 1) / static_cast<double>(messages.size());
+    }
+  }
+  auto over = [&](double bytes, bool estimated) {
+    return InputError(fmt::format(
+        "{}: the per-reply spans of this conversation ({} messages, {} bytes rendered) {} {:.0f} bytes of prefix "
+        "renders, over the spans budget ({}; QSHARD_TEMPLATE_LIMITS=spans=N sets it): split the conversation",
+        t.label(), messages.size(), r.text.size(), estimated ? "need about" : "wrote", bytes, budget));
+  };
+  if (estimate > static_cast<double>(budget)) throw over(estimate, true);
+  uint64_t spent = 0;
   auto head = [&](size_t n) {
     nlohmann::ordered_json part = nlohmann::ordered_json::array();
     for (size_t k = 0; k < n; ++k) part.push_back(messages[k]);
@@ -185,6 +255,8 @@ ChatRender render_with_spans(const ChatTemplate& t, const nlohmann::ordered_json
     if (i == 0) throw InputError(t.label() + ": message 0 is an assistant message: there is no prompt before it to render");
     const std::string prompt = t.render(head(i), true, extra);
     const std::string upto = t.render(head(i + 1), false, extra);
+    spent += prompt.size() + upto.size();
+    if (spent > budget) throw over(static_cast<double>(spent), false);
     size_t begin = prompt.size();
     if (upto.compare(0, prompt.size(), prompt) != 0) {
       // A generation prompt the finished turn does not repeat (DeepSeek-R1's "<think>\n"): the

@@ -29,12 +29,18 @@
 // scripts/golden/make_chat_template_golden.py.
 // Strings are UTF-8; lengths, indexes and slices count code points as Python does. Spans
 // (ChatRender) are byte offsets into the UTF-8 text.
+// Hostile templates and inputs (issue 25): every recursive part (parser, evaluator, printing,
+// tojson, comparison, JSON input) is bounded in depth (chat_template_ast.h: statements and
+// expressions nested deeper than 200, values deeper than 200, 600 frames at run time) and a render
+// runs under the budgets of ChatTemplateLimits; either ends in an InputError "label:line:col: ..."
+// naming the construct or the budget, never a crash, hang or out-of-memory kill.
 // Thread safety: render() is const and may run on several threads at once (each call has its own
 // state; the parsed template is shared, immutable); set_fixed_time() must not race with render().
 #pragma once
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <ctime>
 #include <memory>
 #include <optional>
@@ -49,6 +55,36 @@ namespace qshard {
 namespace jinja {
 struct Program;
 }
+
+// The budgets of one render. Measured over the 628 golden renders of tests/data/chat_template
+// (tests/text/chat_template_limits_test.cpp prints them): at most 689 instructions, 316 iterations,
+// 1948 output bytes, 20 KB of values, run-time depth 28 (of kMaxEvalDepth 600). The defaults leave
+// margins of 145000x, 63000x, 138000x and 52000x, and a 100k-message conversation renders under
+// them (~0.35 s, linear); a hostile template ends within seconds and under ~2 GB.
+// The environment variable QSHARD_TEMPLATE_LIMITS overrides them:
+// "instructions=N,iterations=N,output=N,bytes=N,spans=N" (any subset; N a positive integer).
+struct ChatTemplateLimits {
+  uint64_t max_instructions = 100'000'000;     // statements + expression nodes evaluated
+  uint64_t max_iterations = 20'000'000;        // for-loop iterations + builtin element steps (filters, `in`, ...)
+  uint64_t max_output_bytes = 256ull << 20;    // bytes written (the output, macro and block-set bodies)
+  uint64_t max_bytes = 1ull << 30;             // bytes of strings, lists and dicts created (cumulative)
+  // render_with_spans: bytes of all the prefix renders together (quadratic in the turns: a
+  // conversation of thousands of turns is refused at once, from an estimate, instead of running
+  // for minutes).
+  uint64_t max_spans_bytes = 512ull << 20;
+
+  // The defaults with QSHARD_TEMPLATE_LIMITS applied; InputError naming the variable when malformed.
+  static ChatTemplateLimits from_env();
+};
+
+// What one render used of each budget (render()'s `usage`): for tests and for measuring templates.
+struct ChatTemplateUsage {
+  uint64_t instructions = 0;
+  uint64_t iterations = 0;
+  uint64_t output_bytes = 0;
+  uint64_t bytes = 0;
+  int max_depth = 0;  // the deepest run-time nesting reached (of kMaxEvalDepth)
+};
 
 // Thrown when the template calls raise_exception(message); message() is the template's text.
 class ChatTemplateRaise : public InputError {
@@ -79,12 +115,19 @@ class ChatTemplate {
   // nlohmann::json converts implicitly but with its keys sorted). extra: more variables
   // (e.g. tools, date_string, enable_thinking). Throws InputError naming the template, line and
   // column on a runtime error, ChatTemplateRaise when the template raises.
+  // usage: when not null, receives what the render used of its budgets (when it succeeds).
   std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                     const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
+                     const nlohmann::ordered_json& extra = nlohmann::ordered_json::object(),
+                     ChatTemplateUsage* usage = nullptr) const;
 
   // strftime_now() formats this time (seconds since the epoch, as UTC) instead of reading the local
   // clock: renders that do not change with the day (tests, reproducible data). nullopt: the clock.
   void set_fixed_time(std::optional<std::time_t> utc_seconds) { fixed_time_ = utc_seconds; }
+
+  // The budgets render() runs under (parse() and from_model_dir() start from
+  // ChatTemplateLimits::from_env()).
+  void set_limits(const ChatTemplateLimits& limits) { limits_ = limits; }
+  const ChatTemplateLimits& limits() const { return limits_; }
 
   const std::string& label() const { return label_; }
   // The special tokens given to the template ({"bos_token": "<s>", ...}; empty after parse()).
@@ -95,6 +138,7 @@ class ChatTemplate {
   std::string label_;
   nlohmann::ordered_json special_tokens_ = nlohmann::ordered_json::object();
   std::optional<std::time_t> fixed_time_;
+  ChatTemplateLimits limits_;
 };
 
 // The text of render(messages, false) and the byte spans of the assistant messages in it.

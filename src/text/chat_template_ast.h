@@ -19,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "text/chat_template.h"
+
 #include <cstdint>
 #include <ctime>
 #include <memory>
@@ -29,6 +31,14 @@
 #include <vector>
 
 namespace qshard::jinja {
+
+// Nesting bounds (each recursive part of the interpreter is bounded so that it fits an 8 MB stack
+// under ASan, whose frames are several times larger; the real templates of tests/data/chat_template
+// stay below 12 for each, see chat_template.h):
+constexpr int kMaxParseNesting = 200;  // statements inside statements; parentheses, `not`s, unary signs, else-ifs
+constexpr int kMaxExprDepth = 200;     // the height of one expression's tree (a + a + ..., x|f|f..., a.b.c...)
+constexpr int kMaxValueDepth = 200;    // lists/dicts inside lists/dicts (JSON input and values built by the template)
+constexpr int kMaxEvalDepth = 600;     // at run time: nested statements + expression nodes + macro calls + printing
 
 enum class Kind : uint8_t { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kCallable };
 // What a kList really is in Python: a list or tuple, or a lazy result that cannot be indexed or
@@ -47,6 +57,7 @@ struct Value {
   View view = View::kPlain;  // kList
   bool markup = false;       // kString: markupsafe.Markup (from |safe, |escape): `+` escapes the other side
   bool b = false;
+  uint16_t depth = 0;        // kList/kDict: 1 + the deepest item (a namespace counts as 0); <= kMaxValueDepth
   int64_t i = 0;
   double f = 0.0;
   std::shared_ptr<const std::string> s;  // kString: the text; kUndefined: what is undefined (or null)
@@ -142,6 +153,7 @@ struct Expr {
   std::vector<std::string> kw_names;
   FilterFn filter = nullptr;
   TestFn test = nullptr;
+  int height = 1;  // 1 + the tallest kid (<= kMaxExprDepth, checked as the parser builds the tree)
 };
 
 // An assignment target: a name, names to unpack (a, b), or a namespace attribute (ns.attr).
@@ -195,12 +207,34 @@ std::unique_ptr<Program> parse_program(std::string source, std::string label);
 
 // chat_template_eval.cpp: runs `program` with `vars` over the globals; the output text.
 // fixed_time: what strftime_now() formats (as UTC) instead of the local clock.
+// limits: the budgets (chat_template.h); the run fails at the statement or expression that goes over one.
 std::string run_program(const Program& program, std::vector<std::pair<std::string, Value>> vars,
-                        std::optional<std::time_t> fixed_time = std::nullopt);
+                        std::optional<std::time_t> fixed_time = std::nullopt, const ChatTemplateLimits& limits = {},
+                        ChatTemplateUsage* usage = nullptr);
+
+// The accounting of the render running on this thread (Evaluator::run installs it; outside a render
+// these do nothing): value constructors charge the bytes they allocate, printers and builders check
+// the size of what they are about to build, recursive helpers take a DepthGuard. Over a budget or the
+// depth bound: an InputError at the node being evaluated.
+void charge_bytes(uint64_t n);            // n bytes of a string / list / dict now allocated
+void check_bytes(uint64_t n);             // refuses, before allocating, a result of n more bytes
+void charge_work(uint64_t n);             // n element steps of a builtin (iteration, search)
+[[noreturn]] void fail_value_depth();     // a list/dict nested deeper than kMaxValueDepth
+class DepthGuard {
+ public:
+  explicit DepthGuard(const char* what);  // `what` names the construct in the error
+  ~DepthGuard();
+  DepthGuard(const DepthGuard&) = delete;
+  DepthGuard& operator=(const DepthGuard&) = delete;
+
+ private:
+  Evaluator* ev_;
+};
 
 class Evaluator {
  public:
-  Evaluator(const Program& program, std::optional<std::time_t> fixed_time) : program_(program), fixed_time_(fixed_time) {}
+  Evaluator(const Program& program, std::optional<std::time_t> fixed_time, const ChatTemplateLimits& limits)
+      : program_(program), fixed_time_(fixed_time), limits_(limits) {}
   ~Evaluator();  // empties the namespaces it made (a namespace may hold itself: a cycle)
   std::string run(std::vector<std::pair<std::string, Value>> vars);
   void own(const std::shared_ptr<Namespace>& ns) { namespaces_.push_back(ns); }
@@ -211,6 +245,16 @@ class Evaluator {
   Value call(const Value& callee, CallArgs& args);
   Value call_macro(const Callable& macro, CallArgs& args);
 
+  // Budgets and nesting (see charge_bytes & co. above).
+  void charge_bytes(uint64_t n);
+  void check_bytes(uint64_t n);
+  void charge_work(uint64_t n);
+  void charge_output(uint64_t n);
+  void enter(const char* what);  // one level deeper; fails past kMaxEvalDepth
+  void leave() { --depth_; }
+  static Evaluator* current();
+  ChatTemplateUsage usage() const { return {instructions_, iterations_, output_, bytes_, max_depth_}; }
+
  private:
   enum class Flow { kNormal, kBreak, kContinue };
   Flow exec(const Body& body, const std::shared_ptr<Scope>& scope, std::string& out);
@@ -220,11 +264,19 @@ class Evaluator {
   void eval_call_like(const Expr& e, const std::shared_ptr<Scope>& scope, CallArgs& args, size_t first);
   void assign(const Target& t, Value v, Scope& scope);
 
+  [[noreturn]] void over_budget(const char* budget, uint64_t limit, const char* key) const;
+
   const Program& program_;
   const std::optional<std::time_t> fixed_time_;
+  const ChatTemplateLimits& limits_;
   size_t at_ = 0;  // offset of the node being evaluated
-  int depth_ = 0;  // macro call depth
-  uint64_t steps_ = 0;  // statements and loop iterations run so far
+  int depth_ = 0;  // nested exec/eval/macro calls/printing (kMaxEvalDepth)
+  int max_depth_ = 0;
+  int macro_depth_ = 0;
+  uint64_t instructions_ = 0;  // statements + expression nodes evaluated
+  uint64_t iterations_ = 0;    // loop iterations + builtin element steps
+  uint64_t output_ = 0;        // bytes written to any output (the render's, macro and block-set bodies)
+  uint64_t bytes_ = 0;         // bytes of strings, lists and dicts created (never given back: conservative)
   std::shared_ptr<Scope> root_;  // the render's variables and top-level sets
   std::vector<std::shared_ptr<Namespace>> namespaces_;
 };
@@ -258,7 +310,8 @@ Value get_slice(Evaluator& ev, const Value& obj, const Value& start, const Value
 // chat_template_json.cpp
 std::string json_dumps(Evaluator& ev, const Value& v, bool ensure_ascii, const Value& indent, const Value& separators,
                        bool sort_keys);  // Python's json.dumps
-Value from_json(const nlohmann::ordered_json& j);  // null/bool/number/string/array/object
+// null/bool/number/string/array/object; deeper than kMaxValueDepth: InputError "JSON nested deeper ...".
+Value from_json(const nlohmann::ordered_json& j, int depth = 0);
 
 // chat_template_strings.cpp
 std::string html_escape(std::string_view s);  // markupsafe.escape: & < > " '

@@ -8,6 +8,8 @@
 // error, as with jinja2's default Undefined.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "text/chat_template.h"
 #include "text/chat_template_ast.h"
 
@@ -42,6 +44,7 @@ Value Value::real(double x) {
   return v;
 }
 Value Value::string(std::string x) {
+  charge_bytes(x.size());
   Value v;
   v.kind = Kind::kString;
   v.s = std::make_shared<const std::string>(std::move(x));
@@ -53,7 +56,12 @@ Value Value::markup_string(std::string x) {
   return v;
 }
 Value Value::make_list(ValueList x, bool is_tuple) {
+  charge_bytes(x.size() * sizeof(Value));
+  int depth = 0;
+  for (const auto& item : x) depth = std::max<int>(depth, item.depth);
+  if (depth + 1 > kMaxValueDepth) fail_value_depth();
   Value v;
+  v.depth = static_cast<uint16_t>(depth + 1);
   v.kind = Kind::kList;
   v.tuple = is_tuple;
   v.list = std::make_shared<const ValueList>(std::move(x));
@@ -65,13 +73,19 @@ Value Value::make_view(ValueList x, View view) {
   return v;
 }
 Value Value::make_dict(Dict d) {
+  charge_bytes(d.entries.size() * 2 * sizeof(Value));
+  int depth = 0;
+  for (const auto& [k, item] : d.entries) depth = std::max<int>({depth, k.depth, item.depth});
+  if (depth + 1 > kMaxValueDepth) fail_value_depth();
   Value v;
+  v.depth = static_cast<uint16_t>(depth + 1);
   v.kind = Kind::kDict;
   v.dict = std::make_shared<const Dict>(std::move(d));
   return v;
 }
 
 const Value* Dict::find(std::string_view key) const {
+  charge_work(entries.size());
   for (const auto& [k, v] : entries) {
     if (k.is(Kind::kString) && k.str() == key) return &v;
   }
@@ -79,6 +93,7 @@ const Value* Dict::find(std::string_view key) const {
 }
 const Value* Dict::find(const Value& key) const {
   if (key.is(Kind::kString)) return find(std::string_view(key.str()));
+  charge_work(entries.size());
   for (const auto& [k, v] : entries) {
     if (equal(k, key)) return &v;
   }
@@ -124,8 +139,15 @@ void Scope::set(const std::string& name, Value v) {
 namespace {
 
 constexpr int kMaxMacroDepth = 200;
-constexpr uint64_t kMaxSteps = 50'000'000;  // statements + loop iterations: a runaway template fails
-constexpr size_t kMaxOutput = size_t{1} << 30;
+thread_local Evaluator* t_current = nullptr;  // the render running on this thread
+
+// Installs an evaluator as this thread's current render for the scope (restoring the previous one,
+// should a render ever run inside another).
+struct CurrentRender {
+  Evaluator* saved;
+  explicit CurrentRender(Evaluator* ev) : saved(t_current) { t_current = ev; }
+  ~CurrentRender() { t_current = saved; }
+};
 
 std::string undefined_message(const Value& v) { return v.s ? *v.s : std::string("an undefined value was used"); }
 
@@ -135,20 +157,22 @@ Value loop_cycle(Evaluator& ev, const Callable& self, CallArgs& args) {
   return args.pos[static_cast<size_t>(self.self.i) % args.pos.size()];
 }
 
+// The `loop` object of iteration idx. Built directly (not through make_dict): its size is fixed,
+// so it is paid for by the iteration budget rather than the memory budget; its keys are made once.
 Value make_loop(size_t idx, const ValueList& items) {
+  static const char* const kNames[] = {"index", "index0", "revindex", "revindex0", "first", "last", "length",
+                                       "depth", "depth0", "previtem", "nextitem", "cycle"};
+  static const std::vector<Value> kKeys = [] {
+    std::vector<Value> keys;
+    for (const char* n : kNames) {
+      Value k;
+      k.kind = Kind::kString;
+      k.s = std::make_shared<const std::string>(n);
+      keys.push_back(std::move(k));
+    }
+    return keys;
+  }();
   const size_t n = items.size();
-  Dict d;
-  d.set("index", Value::integer(static_cast<int64_t>(idx + 1)));
-  d.set("index0", Value::integer(static_cast<int64_t>(idx)));
-  d.set("revindex", Value::integer(static_cast<int64_t>(n - idx)));
-  d.set("revindex0", Value::integer(static_cast<int64_t>(n - idx - 1)));
-  d.set("first", Value::boolean(idx == 0));
-  d.set("last", Value::boolean(idx + 1 == n));
-  d.set("length", Value::integer(static_cast<int64_t>(n)));
-  d.set("depth", Value::integer(1));
-  d.set("depth0", Value::integer(0));
-  d.set("previtem", idx > 0 ? items[idx - 1] : Value::undefined("there is no previous item"));
-  d.set("nextitem", idx + 1 < n ? items[idx + 1] : Value::undefined("there is no next item"));
   auto cycle = std::make_shared<Callable>();
   cycle->name = "loop.cycle";
   cycle->builtin = &loop_cycle;
@@ -156,16 +180,83 @@ Value make_loop(size_t idx, const ValueList& items) {
   Value c;
   c.kind = Kind::kCallable;
   c.fn = std::move(cycle);
-  d.set("cycle", std::move(c));
-  return Value::make_dict(std::move(d));
+  const Value values[] = {
+      Value::integer(static_cast<int64_t>(idx + 1)), Value::integer(static_cast<int64_t>(idx)),
+      Value::integer(static_cast<int64_t>(n - idx)), Value::integer(static_cast<int64_t>(n - idx - 1)),
+      Value::boolean(idx == 0), Value::boolean(idx + 1 == n), Value::integer(static_cast<int64_t>(n)),
+      Value::integer(1), Value::integer(0),
+      idx > 0 ? items[idx - 1] : Value::undefined("there is no previous item"),
+      idx + 1 < n ? items[idx + 1] : Value::undefined("there is no next item"), std::move(c)};
+  auto d = std::make_shared<Dict>();
+  d->entries.reserve(std::size(kNames));
+  for (size_t k = 0; k < std::size(kNames); ++k) d->entries.emplace_back(kKeys[k], values[k]);
+  Value v;
+  v.kind = Kind::kDict;
+  v.depth = static_cast<uint16_t>(1 + std::max(values[9].depth, values[10].depth));
+  v.dict = std::move(d);
+  return v;
 }
 
 }  // namespace
 
 std::string run_program(const Program& program, std::vector<std::pair<std::string, Value>> vars,
-                        std::optional<std::time_t> fixed_time) {
-  Evaluator ev(program, fixed_time);
-  return ev.run(std::move(vars));
+                        std::optional<std::time_t> fixed_time, const ChatTemplateLimits& limits, ChatTemplateUsage* usage) {
+  Evaluator ev(program, fixed_time, limits);
+  std::string out = ev.run(std::move(vars));
+  if (usage != nullptr) *usage = ev.usage();
+  return out;
+}
+
+Evaluator* Evaluator::current() { return t_current; }
+
+void charge_bytes(uint64_t n) {
+  if (t_current != nullptr) t_current->charge_bytes(n);
+}
+void check_bytes(uint64_t n) {
+  if (t_current != nullptr) t_current->check_bytes(n);
+}
+void charge_work(uint64_t n) {
+  if (t_current != nullptr) t_current->charge_work(n);
+}
+void fail_value_depth() {
+  const std::string msg = fmt::format("a list or dict nested deeper than {} levels", kMaxValueDepth);
+  if (t_current != nullptr) t_current->fail(msg);
+  throw InputError(msg);
+}
+DepthGuard::DepthGuard(const char* what) : ev_(t_current) {
+  if (ev_ != nullptr) ev_->enter(what);
+}
+DepthGuard::~DepthGuard() {
+  if (ev_ != nullptr) ev_->leave();
+}
+
+void Evaluator::over_budget(const char* budget, uint64_t limit, const char* key) const {
+  fail(fmt::format("the template went over its {} budget ({}; QSHARD_TEMPLATE_LIMITS={}=N sets it)", budget, limit, key));
+}
+void Evaluator::charge_bytes(uint64_t n) {
+  bytes_ += n;
+  if (bytes_ > limits_.max_bytes) over_budget("memory", limits_.max_bytes, "bytes");
+}
+void Evaluator::check_bytes(uint64_t n) {
+  if (n > limits_.max_bytes || bytes_ + n > limits_.max_bytes) {
+    fail(fmt::format("the template would build a value of {} bytes, over its memory budget ({}; QSHARD_TEMPLATE_LIMITS=bytes=N sets it)",
+                     n, limits_.max_bytes));
+  }
+}
+void Evaluator::charge_work(uint64_t n) {
+  iterations_ += n;
+  if (iterations_ > limits_.max_iterations) over_budget("iteration", limits_.max_iterations, "iterations");
+}
+void Evaluator::charge_output(uint64_t n) {
+  output_ += n;
+  if (output_ > limits_.max_output_bytes) over_budget("output", limits_.max_output_bytes, "output");
+}
+void Evaluator::enter(const char* what) {
+  if (++depth_ > kMaxEvalDepth) {
+    --depth_;
+    fail(fmt::format("{} nested deeper than {} levels at run time", what, kMaxEvalDepth));
+  }
+  max_depth_ = std::max(max_depth_, depth_);
 }
 
 Evaluator::~Evaluator() {
@@ -173,6 +264,7 @@ Evaluator::~Evaluator() {
 }
 
 std::string Evaluator::run(std::vector<std::pair<std::string, Value>> vars) {
+  CurrentRender current(this);
   auto globals = std::make_shared<Scope>();
   add_globals(*globals);
   root_ = std::make_shared<Scope>();
@@ -190,17 +282,29 @@ void Evaluator::raise(const std::string& template_message) const {
 }
 
 Evaluator::Flow Evaluator::exec(const Body& body, const std::shared_ptr<Scope>& scope, std::string& out) {
+  DepthGuard guard("statements");
   for (const auto& sp : body) {
     const Stmt& s = *sp;
     at_ = s.offset;
-    if (++steps_ > kMaxSteps) fail("the template ran too long (over 50 million steps)");
-    switch (s.op) {
+    if (++instructions_ > limits_.max_instructions) over_budget("instruction", limits_.max_instructions, "instructions");
+    switch (s.op) {  // output is charged where it is written (text, emit); nested bodies charge their own
       case StmtOp::kText:
+        charge_output(s.text.size());
         out += s.text;
         break;
-      case StmtOp::kEmit:
-        out += to_str(eval(*s.exprs[0], scope));
+      case StmtOp::kEmit: {
+        const Value v = eval(*s.exprs[0], scope);
+        at_ = s.offset;
+        if (v.is(Kind::kString)) {
+          charge_output(v.str().size());
+          out += v.str();
+        } else {
+          const std::string text = to_str(v);
+          charge_output(text.size());
+          out += text;
+        }
         break;
+      }
       case StmtOp::kIf: {
         size_t branch = 0;
         while (branch < s.exprs.size() && !truthy(eval(*s.exprs[branch], scope))) ++branch;
@@ -258,7 +362,6 @@ Evaluator::Flow Evaluator::exec(const Body& body, const std::shared_ptr<Scope>& 
       case StmtOp::kContinue:
         return Flow::kContinue;
     }
-    if (out.size() > kMaxOutput) fail("the template's output is over 1 GiB");
   }
   return Flow::kNormal;
 }
@@ -284,7 +387,8 @@ Evaluator::Flow Evaluator::exec_for(const Stmt& s, const std::shared_ptr<Scope>&
     return Flow::kNormal;
   }
   for (size_t idx = 0; idx < items.size(); ++idx) {
-    if (++steps_ > kMaxSteps) fail("the template ran too long (over 50 million steps)");
+    at_ = s.offset;
+    charge_work(1);
     auto inner = std::make_shared<Scope>();
     inner->parent = scope;
     at_ = s.offset;
@@ -327,6 +431,8 @@ void Evaluator::eval_call_like(const Expr& e, const std::shared_ptr<Scope>& scop
 
 Value Evaluator::eval(const Expr& e, const std::shared_ptr<Scope>& scope) {
   at_ = e.offset;
+  if (++instructions_ > limits_.max_instructions) over_budget("instruction", limits_.max_instructions, "instructions");
+  DepthGuard guard("expressions");
   switch (e.op) {
     case ExprOp::kConst:
       return e.value;
@@ -451,7 +557,7 @@ Value Evaluator::call(const Value& callee, CallArgs& args) {
 
 Value Evaluator::call_macro(const Callable& fn, CallArgs& args) {
   const Stmt& m = *fn.macro;
-  if (depth_ >= kMaxMacroDepth) fail("macro calls nested too deeply (recursion?) in '" + fn.name + "'");
+  if (macro_depth_ >= kMaxMacroDepth) fail("macro calls nested too deeply (recursion?) in '" + fn.name + "'");
   if (args.pos.size() > m.params.size()) {
     fail(fmt::format("macro '{}' takes not more than {} argument(s)", fn.name, m.params.size()));
   }
@@ -476,10 +582,10 @@ Value Evaluator::call_macro(const Callable& fn, CallArgs& args) {
     if (given[k]) continue;
     inner->set(m.params[k], m.exprs[k] ? eval(*m.exprs[k], inner) : Value::undefined("parameter '" + m.params[k] + "' was not provided"));
   }
-  ++depth_;
+  ++macro_depth_;
   std::string out;
   exec(m.bodies[0], inner, out);
-  --depth_;
+  --macro_depth_;
   at_ = saved_at;
   return Value::string(std::move(out));
 }

@@ -240,6 +240,7 @@ Value f_indent(Evaluator& ev, const Value& v, CallArgs& args) {
   CallArgs none;
   const Value lines_v = get_attr(ev, Value::string(to_str(v) + "\n"), "splitlines");
   const ValueList lines = lines_v.fn->builtin(ev, *lines_v.fn, none).items();
+  check_bytes(v.str().size() + (lines.size() + 1) * ind.size());  // before building: width x lines may be huge
   std::string out;
   if (p.get_bool(2, false)) {
     for (size_t k = 0; k < lines.size(); ++k) out += (k ? "\n" + ind : "") + lines[k].str();
@@ -270,6 +271,7 @@ Value f_join(Evaluator& ev, const Value& v, CallArgs& args) {
   for (size_t k = 0; k < items.size(); ++k) {
     if (k) out += sep;
     out += to_str(attr_arg(ev, items[k], p.get(1)));
+    check_bytes(out.size());
   }
   return Value::string(out);
 }

@@ -54,7 +54,8 @@ struct JsonStyle {
 };
 
 void json_value(Evaluator& ev, const Value& v, const JsonStyle& st, int level, std::string& out) {
-  if (level > 500) ev.fail("tojson: value nested too deeply");
+  DepthGuard guard("tojson values");
+  check_bytes(out.size());  // a value shared many ways serializes exponentially long
   auto newline = [&](int lv) {
     out += '\n';
     for (int k = 0; k < lv; ++k) out += st.indent;
@@ -145,7 +146,10 @@ std::string json_dumps(Evaluator& ev, const Value& v, bool ensure_ascii, const V
   return out;
 }
 
-Value from_json(const nlohmann::ordered_json& j) {
+Value from_json(const nlohmann::ordered_json& j, int depth) {
+  if ((j.is_array() || j.is_object()) && depth >= kMaxValueDepth) {
+    throw InputError(fmt::format("JSON nested deeper than {} levels", kMaxValueDepth));
+  }
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::none();
     case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
@@ -158,12 +162,13 @@ Value from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::string: return Value::string(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       ValueList items;
-      for (const auto& x : j) items.push_back(from_json(x));
+      for (const auto& x : j) items.push_back(from_json(x, depth + 1));
       return Value::make_list(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       Dict d;
-      for (auto it = j.begin(); it != j.end(); ++it) d.set(it.key(), from_json(it.value()));
+      d.entries.reserve(j.size());  // a JSON object's keys are unique: no search per key
+      for (auto it = j.begin(); it != j.end(); ++it) d.entries.emplace_back(Value::string(it.key()), from_json(it.value(), depth + 1));
       return Value::make_dict(std::move(d));
     }
     default: return Value::none();

@@ -133,6 +133,7 @@ std::string replace_impl(const std::string& s, const std::string& old, const std
     for (size_t k = 0; k <= c.size(); ++k) {
       if (count < 0 || done < count) out += with, ++done;
       if (k < c.size()) utf8_append(out, c[k]);
+      if ((k & 1023) == 0) check_bytes(out.size());
     }
     return out;
   }
@@ -146,6 +147,7 @@ std::string replace_impl(const std::string& s, const std::string& old, const std
     }
     out += s.substr(i, j - i);
     out += with;
+    if (with.size() > old.size()) check_bytes(out.size());
     i = j + old.size();
     ++done;
   }
@@ -326,6 +328,7 @@ Value str_method_impl(Evaluator& ev, const Callable& fn, CallArgs& args) {
       if (!items[k].is(Kind::kString)) ev.fail(fmt::format("{}: sequence item {}: expected str instance, {} found", where, k, type_name(items[k])));
       if (k) out += s;
       out += items[k].str();
+      check_bytes(out.size());
     }
     return Value::string(std::move(out));
   }

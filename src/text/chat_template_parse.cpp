@@ -76,6 +76,33 @@ class Parser {
     if (cur().type != type) fail_expected(what);
     advance();
   }
+  // Appends a kid (null allowed: an omitted part) and keeps e.height; the tree is built bottom-up,
+  // so no node taller than kMaxExprDepth is ever made (evaluating, checking and destroying the tree
+  // recurse along its height).
+  void add_kid(Expr& e, ExprPtr kid) {
+    if (kid) {
+      if (kid->height + 1 > kMaxExprDepth) {
+        throw InputError(p_.where(kid->offset) + fmt::format(": expression nested deeper than {} levels", kMaxExprDepth));
+      }
+      e.height = std::max(e.height, kid->height + 1);
+    }
+    e.kids.push_back(std::move(kid));
+  }
+  // One level of parser recursion (statements in statements, parentheses, `not`, unary signs,
+  // else-ifs): fails past kMaxParseNesting, naming what nests.
+  class Nest {
+   public:
+    Nest(Parser& p, int& counter, const char* what) : n_(counter) {
+      if (++n_ > kMaxParseNesting) {
+        --n_;
+        p.fail(fmt::format("{} nested deeper than {} levels", what, kMaxParseNesting));
+      }
+    }
+    ~Nest() { --n_; }
+
+   private:
+    int& n_;
+  };
   ExprPtr mk(ExprOp op, size_t offset) const {
     auto e = std::make_unique<Expr>();
     e->op = op;
@@ -93,6 +120,7 @@ class Parser {
 
   // Data, prints and statements until a `{% name %}` with name in `ends` (consumed, in *found).
   Body parse_body(const std::vector<std::string_view>& ends, std::string* found) {
+    Nest nest(*this, body_nesting_, "statements");
     Body body;
     for (;;) {
       const Token& t = cur();
@@ -302,22 +330,23 @@ class Parser {
       if (!explicit_parens) fail_expected("an expression");
     }
     auto e = mk(ExprOp::kTuple, at);
-    e->kids = std::move(args);
+    for (auto& a : args) add_kid(*e, std::move(a));
     return e;
   }
 
   ExprPtr parse_expression(bool with_condexpr) { return with_condexpr ? parse_condexpr() : parse_or(); }
 
   ExprPtr parse_condexpr() {
+    Nest nest(*this, nesting_, "expressions");
     const size_t at = cur().offset;
     ExprPtr e = parse_or();
     while (skip_name("if")) {
       auto c = mk(ExprOp::kCond, at);
       ExprPtr test = parse_or();
       ExprPtr otherwise = skip_name("else") ? parse_condexpr() : nullptr;
-      c->kids.push_back(std::move(e));
-      c->kids.push_back(std::move(test));
-      c->kids.push_back(std::move(otherwise));
+      add_kid(*c, std::move(e));
+      add_kid(*c, std::move(test));
+      add_kid(*c, std::move(otherwise));
       e = std::move(c);
     }
     return e;
@@ -325,8 +354,8 @@ class Parser {
 
   ExprPtr binary_node(ExprOp op, size_t at, ExprPtr a, ExprPtr b) {
     auto e = mk(op, at);
-    e->kids.push_back(std::move(a));
-    e->kids.push_back(std::move(b));
+    add_kid(*e, std::move(a));
+    add_kid(*e, std::move(b));
     return e;
   }
 
@@ -350,9 +379,10 @@ class Parser {
   }
   ExprPtr parse_not() {
     if (is_name("not")) {
+      Nest nest(*this, nesting_, "expressions");
       auto e = mk(ExprOp::kNot, cur().offset);
       advance();
-      e->kids.push_back(parse_not());
+      add_kid(*e, parse_not());
       return e;
     }
     return parse_compare();
@@ -375,10 +405,10 @@ class Parser {
       advance();
       if (!cmp) {
         cmp = mk(ExprOp::kCompare, at);
-        cmp->kids.push_back(std::move(first));
+        add_kid(*cmp, std::move(first));
       }
       cmp->cmps.push_back(op);
-      cmp->kids.push_back(parse_math1());
+      add_kid(*cmp, parse_math1());
     }
     return cmp ? std::move(cmp) : std::move(first);
   }
@@ -402,8 +432,8 @@ class Parser {
     ExprPtr e = parse_math2();
     if (!is_op("~")) return e;
     auto c = mk(ExprOp::kConcat, at);
-    c->kids.push_back(std::move(e));
-    while (skip_op("~")) c->kids.push_back(parse_math2());
+    add_kid(*c, std::move(e));
+    while (skip_op("~")) add_kid(*c, parse_math2());
     return c;
   }
   ExprPtr parse_math2() {
@@ -434,9 +464,8 @@ class Parser {
     if (is_op("-") || is_op("+")) {
       e = mk(is_op("-") ? ExprOp::kNeg : ExprOp::kPos, cur().offset);
       advance();
-      if (++nesting_ > 500) fail("expression nested too deeply");
-      e->kids.push_back(parse_unary(false));
-      --nesting_;
+      Nest nest(*this, nesting_, "expressions");
+      add_kid(*e, parse_unary(false));
     } else {
       e = parse_primary();
     }
@@ -446,11 +475,7 @@ class Parser {
   }
 
   ExprPtr parse_primary() {
-    if (++nesting_ > 500) fail("expression nested too deeply");
-    struct Guard {
-      int& n;
-      ~Guard() { --n; }
-    } guard{nesting_};
+    Nest nest(*this, nesting_, "expressions");
     const Token& t = cur();
     const size_t at = t.offset;
     if (t.type == Tok::kName) {
@@ -488,7 +513,7 @@ class Parser {
       while (!is_op("]")) {
         if (!e->kids.empty()) expect_op(",");
         if (is_op("]")) break;
-        e->kids.push_back(parse_expression(true));
+        add_kid(*e, parse_expression(true));
       }
       expect_op("]");
       return e;
@@ -498,9 +523,9 @@ class Parser {
       while (!is_op("}")) {
         if (!e->kids.empty()) expect_op(",");
         if (is_op("}")) break;
-        e->kids.push_back(parse_expression(true));
+        add_kid(*e, parse_expression(true));
         expect_op(":");
-        e->kids.push_back(parse_expression(true));
+        add_kid(*e, parse_expression(true));
       }
       expect_op("}");
       return e;
@@ -541,7 +566,7 @@ class Parser {
         auto e = mk(ExprOp::kGetAttr, at);
         e->name = cur().text;
         advance();
-        e->kids.push_back(std::move(obj));
+        add_kid(*e, std::move(obj));
         return e;
       }
       if (cur().type != Tok::kInt) fail_expected("a name or a number after '.'");
@@ -549,8 +574,8 @@ class Parser {
       auto key = mk(ExprOp::kConst, cur().offset);
       key->value = Value::integer(cur().ival);
       advance();
-      e->kids.push_back(std::move(obj));
-      e->kids.push_back(std::move(key));
+      add_kid(*e, std::move(obj));
+      add_kid(*e, std::move(key));
       return e;
     }
     expect_op("[");
@@ -564,21 +589,22 @@ class Parser {
       auto key = mk(ExprOp::kTuple, at);
       for (auto& a : args) {
         if (a->op == ExprOp::kSlice) fail("slices inside a tuple subscript are not supported");
-        key->kids.push_back(std::move(a));
+        add_kid(*key, std::move(a));
       }
       auto e = mk(ExprOp::kGetItem, at);
-      e->kids.push_back(std::move(obj));
-      e->kids.push_back(std::move(key));
+      add_kid(*e, std::move(obj));
+      add_kid(*e, std::move(key));
       return e;
     }
     if (args[0]->op == ExprOp::kSlice) {
-      args[0]->kids[0] = std::move(obj);
-      args[0]->offset = at;
-      return std::move(args[0]);
+      auto slice = mk(ExprOp::kSlice, at);
+      add_kid(*slice, std::move(obj));
+      for (size_t k = 1; k < args[0]->kids.size(); ++k) add_kid(*slice, std::move(args[0]->kids[k]));
+      return slice;
     }
     auto e = mk(ExprOp::kGetItem, at);
-    e->kids.push_back(std::move(obj));
-    e->kids.push_back(std::move(args[0]));
+    add_kid(*e, std::move(obj));
+    add_kid(*e, std::move(args[0]));
     return e;
   }
   // An index or a slice [start:stop:step]; a slice comes back as kSlice with kids[0] empty.
@@ -591,14 +617,14 @@ class Parser {
     }
     advance();  // ':'
     auto e = mk(ExprOp::kSlice, at);
-    e->kids.push_back(nullptr);
-    e->kids.push_back(std::move(start));
-    e->kids.push_back(is_op(":") || is_op("]") || is_op(",") ? nullptr : parse_expression(true));
+    add_kid(*e, nullptr);
+    add_kid(*e, std::move(start));
+    add_kid(*e, is_op(":") || is_op("]") || is_op(",") ? nullptr : parse_expression(true));
     ExprPtr step;
     if (skip_op(":")) {
       if (!is_op("]") && !is_op(",")) step = parse_expression(true);
     }
-    e->kids.push_back(std::move(step));
+    add_kid(*e, std::move(step));
     return e;
   }
 
@@ -617,10 +643,10 @@ class Parser {
         e.kw_names.push_back(cur().text);
         advance();
         advance();
-        e.kids.push_back(parse_expression(true));
+        add_kid(e, parse_expression(true));
       } else {
         if (!e.kw_names.empty()) fail("a positional argument follows a keyword argument");
-        e.kids.push_back(parse_expression(true));
+        add_kid(e, parse_expression(true));
       }
     }
     expect_op(")");
@@ -628,7 +654,7 @@ class Parser {
 
   ExprPtr parse_call(ExprPtr callee) {
     auto e = mk(ExprOp::kCall, cur().offset);
-    e->kids.push_back(std::move(callee));
+    add_kid(*e, std::move(callee));
     parse_call_args(*e);
     return e;
   }
@@ -645,7 +671,7 @@ class Parser {
       auto e = mk(ExprOp::kFilter, at);
       e->name = dotted_name();
       e->filter = find_filter(e->name);  // unknown: checked by check_names()
-      e->kids.push_back(std::move(subject));
+      add_kid(*e, std::move(subject));
       if (is_op("(")) parse_call_args(*e);
       subject = std::move(e);
     }
@@ -660,18 +686,18 @@ class Parser {
     auto e = mk(ExprOp::kTest, at);
     e->name = dotted_name();
     e->test = find_test(e->name);  // unknown: checked by check_names()
-    e->kids.push_back(std::move(subject));
+    add_kid(*e, std::move(subject));
     const Tok ty = cur().type;
     if (is_op("(")) {
       parse_call_args(*e);
     } else if ((ty == Tok::kName || ty == Tok::kString || ty == Tok::kInt || ty == Tok::kFloat || is_op("[") || is_op("{")) &&
                !is_name("else") && !is_name("or") && !is_name("and")) {
       if (is_name("is")) fail("cannot chain tests with 'is'");
-      e->kids.push_back(parse_postfix(parse_primary()));
+      add_kid(*e, parse_postfix(parse_primary()));
     }
     if (!negated) return e;
     auto n = mk(ExprOp::kNot, is_at);
-    n->kids.push_back(std::move(e));
+    add_kid(*n, std::move(e));
     return n;
   }
 
@@ -679,7 +705,8 @@ class Parser {
   std::vector<Token> t_;
   size_t k_ = 0;
   int loop_depth_ = 0;
-  int nesting_ = 0;
+  int nesting_ = 0;       // expression recursion (Nest)
+  int body_nesting_ = 0;  // statement bodies (Nest)
 };
 
 // Unknown filters and tests are errors when the template is compiled, except inside an if

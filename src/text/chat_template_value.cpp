@@ -168,6 +168,7 @@ Value repeat(Evaluator& ev, const Value& seq, int64_t times) {
   if (times <= 0) return Value::make_list({}, seq.tuple);
   const size_t unit = seq.is(Kind::kString) ? seq.str().size() : seq.items().size();
   if (unit != 0 && static_cast<uint64_t>(times) > (uint64_t{1} << 28) / unit) ev.fail("sequence repetition result too large");
+  check_bytes(static_cast<uint64_t>(times) * unit * (seq.is(Kind::kString) ? 1 : sizeof(Value)));
   if (seq.is(Kind::kString)) {
     std::string out;
     for (int64_t k = 0; k < times; ++k) out += seq.str();
@@ -201,6 +202,7 @@ bool less_than(Evaluator& ev, const Value& a, const Value& b, const char* op) {
   }
   if (a.is(Kind::kString) && b.is(Kind::kString)) return a.str() < b.str();  // UTF-8 byte order = code point order
   if (a.is(Kind::kList) && b.is(Kind::kList) && a.tuple == b.tuple && a.view == View::kPlain && b.view == View::kPlain) {
+    DepthGuard guard("comparisons");
     const auto& p = a.items();
     const auto& q = b.items();
     for (size_t k = 0; k < p.size() && k < q.size(); ++k) {
@@ -219,6 +221,7 @@ bool contains(Evaluator& ev, const Value& container, const Value& item) {
       if (!item.is(Kind::kString)) ev.fail("'in <string>' requires string as left operand, not " + type_name(item));
       return container.str().find(item.str()) != std::string::npos;
     case Kind::kList:
+      charge_work(container.items().size());
       for (const auto& x : container.items()) {
         if (equal(x, item)) return true;
       }
@@ -277,6 +280,8 @@ bool truthy(const Value& v) {
 bool hashable(const Value& v) {
   if (v.is(Kind::kDict) || (v.is(Kind::kList) && v.view != View::kGenerator && !v.tuple)) return false;
   if (v.is(Kind::kList) && v.tuple) {
+    DepthGuard guard("values");
+    charge_work(v.items().size());
     for (const auto& x : v.items()) {
       if (!hashable(x)) return false;
     }
@@ -298,6 +303,8 @@ bool equal(const Value& a, const Value& b) {
     case Kind::kList: {
       if (a.view != View::kPlain || b.view != View::kPlain) return a.list == b.list;
       if (a.tuple != b.tuple || a.items().size() != b.items().size()) return false;
+      DepthGuard guard("comparisons");
+      charge_work(a.items().size());
       for (size_t k = 0; k < a.items().size(); ++k) {
         if (!equal(a.items()[k], b.items()[k])) return false;
       }
@@ -305,6 +312,8 @@ bool equal(const Value& a, const Value& b) {
     }
     case Kind::kDict: {
       if (a.dict->entries.size() != b.dict->entries.size()) return false;
+      DepthGuard guard("comparisons");
+      charge_work(a.dict->entries.size());
       for (const auto& [k, v] : a.dict->entries) {
         const Value* w = b.dict->find(k);
         if (w == nullptr || !equal(v, *w)) return false;
@@ -324,20 +333,24 @@ std::string repr(const Value& v) {
     case Kind::kList: {
       if (v.view == View::kGenerator) return "<generator object>";
       if (v.view != View::kPlain) return type_name(v) + "(" + repr(Value::make_list(v.items())) + ")";
+      DepthGuard guard("printed values");
       std::string out(1, v.tuple ? '(' : '[');
       for (size_t k = 0; k < v.items().size(); ++k) {
         if (k) out += ", ";
         out += repr(v.items()[k]);
+        check_bytes(out.size());  // a value shared many ways prints exponentially long
       }
       if (v.tuple && v.items().size() == 1) out += ',';
       out += v.tuple ? ')' : ']';
       return out;
     }
     case Kind::kDict: {
+      DepthGuard guard("printed values");
       std::string out = "{";
       for (size_t k = 0; k < v.dict->entries.size(); ++k) {
         if (k) out += ", ";
         out += repr(v.dict->entries[k].first) + ": " + repr(v.dict->entries[k].second);
+        check_bytes(out.size());
       }
       return out + "}";
     }
@@ -353,7 +366,10 @@ std::string to_str(const Value& v) {
     case Kind::kInt: return std::to_string(v.i);
     case Kind::kFloat: return py_float_repr(v.f);
     case Kind::kString: return v.str();
-    case Kind::kNamespace: return "<Namespace " + repr(Value::make_dict(v.ns->attrs)) + ">";
+    case Kind::kNamespace: {
+      DepthGuard guard("printed values");  // a namespace may hold itself
+      return "<Namespace " + repr(Value::make_dict(v.ns->attrs)) + ">";
+    }
     case Kind::kCallable: return "<function " + v.fn->name + ">";
     default: return repr(v);
   }
@@ -451,14 +467,19 @@ bool compare(Evaluator& ev, CmpOp op, const Value& a, const Value& b) {
 
 ValueList iterate(Evaluator& ev, const Value& v) {
   switch (v.kind) {
-    case Kind::kList: return v.items();
+    case Kind::kList:
+      charge_work(v.items().size());  // a transient copy: paid for as work, not memory
+      return v.items();
     case Kind::kUndefined: return {};
     case Kind::kDict: {
+      charge_work(v.dict->entries.size());
       ValueList keys;
       for (const auto& kv : v.dict->entries) keys.push_back(kv.first);
       return keys;
     }
     case Kind::kString: {
+      charge_work(v.str().size());
+      check_bytes(v.str().size() * (sizeof(Value) + 32));
       ValueList chars;
       size_t pos = 0, prev = 0;
       uint32_t cp = 0;
