@@ -70,7 +70,7 @@ void add_export(CLI::App& sub, ExportArgs& a) {
   sub.add_option("CKPT", a.ckpt, "a checkpoint folder (step-N) or a checkpoint.dir (its newest)")->required();
   sub.add_option("--format", a.format, "bnb4 (4-bit base) | peft (adapter) | merged (bf16 with LoRA merged)");
   sub.add_option("--out", a.out, "output folder (must not exist or be empty)")->required();
-  add_double_option(sub, "--max-shard-size,--max-shard-size-gb", a.shard_gb, kMinShardGb, kMaxShardGb,
+  add_double_option(sub, "--max-shard-size-gb,--max-shard-size", a.shard_gb, kMinShardGb, kMaxShardGb,
                     "GB per safetensors file before splitting (bnb4, merged; a larger tensor: a file of its own)");
   sub.add_option("--base-model", a.base_model, "peft: base_model_name_or_path (default: the config's model.path)");
 }

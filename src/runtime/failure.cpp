@@ -179,8 +179,12 @@ double parse_collective_timeout_s(const char* text) {
   // milliseconds and more, so a millisecond limit ended healthy jobs with exit code 124 - the code
   // `timeout` gives a hang, which is how it was read.
   if (std::string_view(text) == "0") return 0.0;
-  return parse_double("environment variable QSHARD_COLLECTIVE_TIMEOUT_S (0 = off)", text, kMinCollectiveTimeoutS,
-                      kMaxCollectiveTimeoutS);
+  try {
+    return parse_double("environment variable QSHARD_COLLECTIVE_TIMEOUT_S", text, kMinCollectiveTimeoutS,
+                        kMaxCollectiveTimeoutS);
+  } catch (const InputError& e) {
+    throw InputError(std::string(e.what()) + " (or 0: the watchdog off)");
+  }
 }
 
 double collective_timeout_s() {

@@ -80,7 +80,7 @@ for v in 0 -1 nan inf 1e-12 2e6 abc; do
     "$qshard" export "$work/no_ckpt" --out "$work/ex_$v" --max-shard-size-gb "$v"
   absent "$work/ex_$v"
 done
-probe "export --max-shard-size 0" 2 "--max-shard-size '0': expected a number" -- \
+probe "export --max-shard-size 0 (the older name)" 2 "--max-shard-size-gb '0': expected a number" -- \
   "$qshard" export "$work/no_ckpt" --out "$work/ex_old" --max-shard-size 0
 # The smallest cap works: each tensor in a file of its own.
 probe "dequantize --max-shard-size-gb 1e-6" 0 "" -- \
@@ -106,7 +106,7 @@ done
 
 # ---- environment variables ----
 for v in 0.001 -1 nan 1e9 10s; do
-  probe "QSHARD_COLLECTIVE_TIMEOUT_S=$v" 2 "QSHARD_COLLECTIVE_TIMEOUT_S \(0 = off\) '$v': .*expected a number in \[1, 86400\]" -- \
+  probe "QSHARD_COLLECTIVE_TIMEOUT_S=$v" 2 "QSHARD_COLLECTIVE_TIMEOUT_S '$v': .*expected a number in \[1, 86400\] \(or 0: the watchdog off\)" -- \
     env QSHARD_COLLECTIVE_TIMEOUT_S="$v" "$qshard" bench --preset tiny --device cpu --steps 1 --warmup 0 --seq 32
 done
 probe "QSHARD_COLLECTIVE_TIMEOUT_S=0 (off)" 0 "tokens/s" -- \
