@@ -93,7 +93,9 @@ probe "quantize --blocksize 1.5" 2 "--blocksize '1.5': not an integer; expected 
 probe "quantize --threads 0" 2 "--threads '0': expected an integer in \[1, 256\]" -- \
   "$qshard" quantize "$hf/tiny_llama_bf16" "$work/q_th" --threads 0
 absent "$work/q_bs"
-probe "init-model --layers 0" 2 "--layers '0': expected an integer in \[1, " -- "$qshard" init-model --out "$work/im" --layers 0
+probe "init-model --layers 0" 2 "--layers '0': expected an integer in \[1, 2147483647\]" -- "$qshard" init-model --out "$work/im" --layers 0
+probe "init-model --heads 2147483648" 2 "--heads '2147483648': expected an integer in \[1, 2147483647\]" -- \
+  "$qshard" init-model --out "$work/im" --heads 2147483648
 probe "init-model --vocab-size 1e3" 2 "--vocab-size '1e3': not an integer" -- "$qshard" init-model --out "$work/im" --vocab-size 1e3
 absent "$work/im"
 probe "eval --seq-len 0x10" 2 "--seq-len '0x10': not an integer" -- \
