@@ -3,7 +3,9 @@
 // run() declares --log-level and every command of the table as a CLI11 subcommand, parses, sets
 // the log level and runs the one subcommand parsed (exactly one is required).
 // Exit codes: 0 success, 2 bad input (the message names the file, key or value), 1 other errors;
-// CLI11's own for a bad command line (its message, then "Run with --help for more information.").
+// also 2 for a bad command line (CLI11's message, then "Run with --help for more information.").
+// A number an option takes is parsed while the command line is (commands/number_options.h): the
+// whole text, in the option's range, else exit 2 naming the flag, the value and the range.
 // train / export / bench run under run_job (runtime/failure.h): a failure on any rank ends the
 // whole job with these codes there; main()'s catch clauses serve the host commands and the checks
 // made before a job starts.
@@ -34,7 +36,15 @@ int run(int argc, char** argv) {
     commands.emplace_back(sub, c.attach(*sub));
   }
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help (and the like) exit 0 with CLI11's text; a bad command line (an unknown flag, a
+    // missing value or required option, a value no validator accepts) is bad input: exit 2,
+    // after CLI11's message and its hint "Run with --help for more information.".
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
   qshard::set_log_level(log_level);
 
   for (auto& [sub, command_main] : commands)

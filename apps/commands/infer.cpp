@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "commands.h"
+#include "number_options.h"
 #include "infer/evaluate.h"
 #include "infer/generate.h"
 #include "runtime/device_context.h"
@@ -30,7 +31,8 @@ void add_eval(CLI::App& sub, EvalArgs& a) {
   sub.add_option("--adapter", eo.adapter_dir, "PEFT LoRA adapter folder");
   sub.add_option("--data", eo.data, "token file, or .json list of token-id lists")->required();
   sub.add_option("--dump-logits", eo.dump_logits, "write float32 logits [batch, seq, vocab] (key 'logits')");
-  sub.add_option("--seq-len", eo.seq_len, "sequence length for token files (default min(512, max positions))");
+  add_int_option(sub, "--seq-len", eo.seq_len, 1, int64_t{1} << 30,
+                 "sequence length for token files (default min(512, max positions))");
   sub.add_option("--device", a.device, "auto (the GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 }
@@ -38,7 +40,6 @@ void add_eval(CLI::App& sub, EvalArgs& a) {
 int run_eval(EvalArgs& a, int, char**) {
   EvalOptions& eo = a.eo;
   eo.device = *parse_device_choice(a.device);
-  if (eo.seq_len < 0) throw InputError("--seq-len " + std::to_string(eo.seq_len) + ": expected a positive length");
   const EvalResult r = evaluate_model(eo);
   std::printf("eval: %lld sequences, %lld tokens: loss %.6f, perplexity %.4f\n", (long long)r.sequences,
               (long long)r.tokens, r.loss, r.perplexity);
@@ -62,11 +63,14 @@ void add_generate(CLI::App& sub, GenerateArgs& a) {
   sub.add_option("--prompt-ids", a.prompt_ids, "the prompt as token ids, comma-separated (instead of --prompt)");
   sub.add_flag("--chat", go.chat, "render the prompt with the folder's chat template (generation prompt added)");
   sub.add_option("--system", go.system, "with --chat: a system message first");
-  sub.add_option("--max-new-tokens", go.max_new_tokens, "tokens to generate at most (default 128)");
-  sub.add_option("--temperature", go.sampling.temperature, "0 (default): greedy; else sample from softmax(logits / T)");
-  sub.add_option("--top-k", go.sampling.top_k, "sample among the k most likely tokens (0: all)");
-  sub.add_option("--top-p", go.sampling.top_p, "sample among the most likely tokens holding this probability (1: all)");
-  sub.add_option("--seed", go.sampling.seed, "the sampler's seed (default 0)");
+  add_int_option(sub, "--max-new-tokens", go.max_new_tokens, 0, kMaxNewTokens, "tokens to generate at most (default 128)");
+  add_double_option(sub, "--temperature", go.sampling.temperature, 0, kMaxTemperature,
+                    "0 (default): greedy; else sample from softmax(logits / T); below 1e-4: greedy");
+  add_int_option(sub, "--top-k", go.sampling.top_k, 0, kMaxTopK,
+                 "sample among the k most likely tokens (0: all; above the vocab size: all)");
+  add_double_option(sub, "--top-p", go.sampling.top_p, 0, 1,
+                    "sample among the most likely tokens holding this probability (1: all)", Bound::kOpen);
+  add_int_option(sub, "--seed", go.sampling.seed, 0, INT64_MAX, "the sampler's seed (default 0)");
   sub.add_flag("--ignore-eos", go.ignore_eos, "do not stop at an end token");
   sub.add_option("--dump-logits", go.dump_logits, "write the first step's float32 logits [1, vocab] (key 'logits')");
   sub.add_option("--json", a.json, "write prompt ids, new ids, text and timings as JSON here");
@@ -81,11 +85,7 @@ int run_generate(GenerateArgs& a, int, char**) {
   for (size_t at = 0; at < ids.size();) {  // "1,2,3"
     const size_t comma = std::min(ids.find(',', at), ids.size());
     const std::string item = ids.substr(at, comma - at);
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 0)
-      throw InputError("--prompt-ids: '" + item + "' is not a token id (expected ids like 1,2,3)");
-    go.prompt_ids.push_back(v);
+    go.prompt_ids.push_back(parse_int("--prompt-ids (ids like 1,2,3)", item, 0, kMaxTopK - 1));
     at = comma + 1;
   }
   const GenerateResult r = generate_text(go, [](std::string_view piece) {

@@ -7,6 +7,7 @@
 
 #include "checkpoint/export.h"
 #include "commands.h"
+#include "number_options.h"
 #include "runtime/device_context.h"
 #include "runtime/error.h"
 #include "runtime/failure.h"
@@ -69,7 +70,8 @@ void add_export(CLI::App& sub, ExportArgs& a) {
   sub.add_option("CKPT", a.ckpt, "a checkpoint folder (step-N) or a checkpoint.dir (its newest)")->required();
   sub.add_option("--format", a.format, "bnb4 (4-bit base) | peft (adapter) | merged (bf16 with LoRA merged)");
   sub.add_option("--out", a.out, "output folder (must not exist or be empty)")->required();
-  sub.add_option("--max-shard-size", a.shard_gb, "GB per safetensors file before splitting (bnb4, merged)");
+  add_double_option(sub, "--max-shard-size-gb,--max-shard-size", a.shard_gb, kMinShardGb, kMaxShardGb,
+                    "GB per safetensors file before splitting (bnb4, merged; a larger tensor: a file of its own)");
   sub.add_option("--base-model", a.base_model, "peft: base_model_name_or_path (default: the config's model.path)");
 }
 
@@ -79,8 +81,6 @@ int run_export(ExportArgs& a, int argc, char** argv) {
   else if (a.format == "peft") o.format = ExportFormat::kPeft;
   else if (a.format == "merged") o.format = ExportFormat::kMerged;
   else throw InputError("--format '" + a.format + "': expected bnb4, peft or merged");
-  if (!(a.shard_gb > 0) || !(a.shard_gb <= 1e6))
-    throw InputError("--max-shard-size " + std::to_string(a.shard_gb) + ": expected a size in (0, 1e6] GB");
   o.out_dir = a.out;
   o.max_shard_bytes = static_cast<uint64_t>(a.shard_gb * 1e9);
   o.base_model_name_or_path = a.base_model;
@@ -106,25 +106,25 @@ struct BenchArgs {
 void add_bench(CLI::App& sub, BenchArgs& a) {
   BenchOptions& bo = a.bo;
   sub.add_option("--preset", bo.preset, "tiny | 1b | 8b | 70b (Llama-3.2-1B / 3.1-8B / 3.1-70B shapes)");
-  sub.add_option("--vocab", bo.vocab, "vocab_size (default: the preset's)");
-  sub.add_option("--hidden", bo.hidden, "hidden_size");
-  sub.add_option("--intermediate", bo.intermediate, "intermediate_size");
-  sub.add_option("--layers", bo.layers, "num_hidden_layers");
-  sub.add_option("--heads", bo.heads, "num_attention_heads");
-  sub.add_option("--kv-heads", bo.kv_heads, "num_key_value_heads");
-  sub.add_option("--batch", bo.batch, "sequences per rank per step");
-  sub.add_option("--micro-batch", bo.micro_batch,
+  add_int_option(sub, "--vocab", bo.vocab, 0, kMaxBenchSize, "vocab_size (default: the preset's)");
+  add_int_option(sub, "--hidden", bo.hidden, 0, kMaxBenchSize, "hidden_size (0: the preset's)");
+  add_int_option(sub, "--intermediate", bo.intermediate, 0, kMaxBenchSize, "intermediate_size (0: the preset's)");
+  add_int_option(sub, "--layers", bo.layers, 0, kMaxBenchSize, "num_hidden_layers (0: the preset's)");
+  add_int_option(sub, "--heads", bo.heads, 0, kMaxBenchSize, "num_attention_heads (0: the preset's)");
+  add_int_option(sub, "--kv-heads", bo.kv_heads, 0, kMaxBenchSize, "num_key_value_heads (0: the preset's)");
+  add_int_option(sub, "--batch", bo.batch, 1, kMaxBenchCount, "sequences per rank per step");
+  add_int_option(sub, "--micro-batch", bo.micro_batch, -1, kMaxBenchCount,
                  "sequences per micro-batch (batch.micro_batch_size): -1 = --batch, 0 = the memory plan's choice");
-  sub.add_option("--seq", bo.seq, "tokens per sequence");
-  sub.add_option("--rank", bo.rank, "LoRA rank (all seven projections)");
-  sub.add_option("--steps", bo.steps, "timed steps");
-  sub.add_option("--warmup", bo.warmup, "untimed steps first");
+  add_int_option(sub, "--seq", bo.seq, 1, kMaxBenchCount, "tokens per sequence");
+  add_int_option(sub, "--rank", bo.rank, 1, kMaxBenchCount, "LoRA rank (all seven projections)");
+  add_int_option(sub, "--steps", bo.steps, 1, kMaxBenchCount, "timed steps");
+  add_int_option(sub, "--warmup", bo.warmup, 0, kMaxBenchCount, "untimed steps first");
   sub.add_flag("--offload", bo.offload, "base shards in pinned host memory (offload.params)");
   sub.add_flag("--offload-optimizer", bo.offload_optimizer,
                "LoRA masters and AdamW state in host memory, AdamW on the host (offload.optimizer)");
-  sub.add_option("--gpu-budget-gb", bo.gpu_budget_gb, "memory.gpu_budget_gb: the memory plan's budget (GB = 1e9 bytes)");
-  sub.add_option("--keep-layers", bo.keep_layers, "memory.keep_layers (-1: the plan's choice)");
-  sub.add_option("--mlp-chunk-tokens", bo.mlp_chunk_tokens, "memory.mlp_chunk_tokens (-1: auto, 0: never)");
+  add_double_option(sub, "--gpu-budget-gb", bo.gpu_budget_gb, 0, kMaxBenchGb, "memory.gpu_budget_gb: the memory plan's budget (GB = 1e9 bytes)");
+  add_int_option(sub, "--keep-layers", bo.keep_layers, -1, kMaxBenchSize, "memory.keep_layers (-1: the plan's choice)");
+  add_int_option(sub, "--mlp-chunk-tokens", bo.mlp_chunk_tokens, -1, kMaxBenchCount, "memory.mlp_chunk_tokens (-1: auto, 0: never)");
   sub.add_option("--set", bo.set, "any other config key: --set lora.dropout=0.1 (repeatable)");
   sub.add_option("--json", bo.json, "write the result as JSON here");
   sub.add_option("--device", a.device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));

@@ -13,6 +13,7 @@
 #include "runtime/error.h"
 #include "runtime/input_file.h"
 #include "runtime/machine.h"
+#include "runtime/numbers.h"
 #include "text/byte_tokenizer.h"
 #include "text/chat_template.h"
 #include "infer/evaluate.h"
@@ -142,16 +143,14 @@ size_t stable_prefix(const std::string& s) {
 // ---- Sampler --------------------------------------------------------------------------------------------
 
 Sampler::Sampler(const SamplingOptions& options) : o_(options), rng_(options.seed) {
-  if (!(o_.temperature >= 0.0) || !std::isfinite(o_.temperature))
-    throw InputError("generate --temperature " + std::to_string(o_.temperature) + ": expected a value >= 0");
-  if (o_.top_k < 0) throw InputError("generate --top-k " + std::to_string(o_.top_k) + ": expected a value >= 0");
-  if (!(o_.top_p > 0.0 && o_.top_p <= 1.0))
-    throw InputError("generate --top-p " + std::to_string(o_.top_p) + ": expected a value in (0, 1]");
+  check_double("generate --temperature", o_.temperature, 0, kMaxTemperature);
+  check_int("generate --top-k", o_.top_k, 0, kMaxTopK);
+  check_double("generate --top-p", o_.top_p, 0, 1, Bound::kOpen);
 }
 
 int64_t Sampler::next(std::span<const float> logits) {
   QS_CHECK(!logits.empty(), "Sampler::next: no logits");
-  if (o_.temperature <= 0.0) return argmax(logits);
+  if (o_.temperature < kGreedyBelowTemperature) return argmax(logits);  // 1 / T stays <= 1e4: no overflow
   const int64_t V = static_cast<int64_t>(logits.size());
   order_.resize(static_cast<size_t>(V));
   const float inv_t = static_cast<float>(1.0 / o_.temperature);
@@ -192,8 +191,7 @@ int64_t Sampler::next(std::span<const float> logits) {
 // ---- generate ----------------------------------------------------------------------------------------------
 
 GenerateResult generate_text(const GenerateOptions& o, const std::function<void(std::string_view)>& on_text) {
-  if (o.max_new_tokens < 0)
-    throw InputError("generate --max-new-tokens " + std::to_string(o.max_new_tokens) + ": expected a value >= 0");
+  check_int("generate --max-new-tokens", o.max_new_tokens, 0, kMaxNewTokens);
   if (o.prompt_ids.empty() == o.prompt.empty())
     throw InputError("generate: give exactly one of --prompt and --prompt-ids");
   if (o.chat && o.prompt.empty()) throw InputError("generate --chat needs --prompt (the user's message)");

@@ -9,10 +9,16 @@
 // one the demo's jobs train with. prompt_ids: the prompt as ids instead (no tokenizer read).
 // Steps: the prompt in one forward (LlamaModel::forward_cached at position 0: the logits of its
 // last position are `qshard eval`'s), then one token per step reading the cache.
-// Sampling, in transformers' order: temperature <= 0 is greedy (the first largest logit); else
+// Sampling, in transformers' order: temperature < kGreedyBelowTemperature (1e-4; 0 included) is
+// greedy (the first largest logit: a smaller temperature would scale the logits past float's
+// range, and the draw is already greedy in effect well above it); else
 // logits / temperature, then top-k (the k largest kept), then top-p (the smallest set of the most
 // likely tokens whose probability reaches top_p, at least one), then a draw from the softmax with
 // a std::mt19937_64 seeded by `seed` (the same seed and logits give the same tokens).
+// Ranges (Sampler and generate_text throw InputError outside them; the CLI checks the same ones
+// while parsing): temperature in [0, kMaxTemperature]; top_k in [0, kMaxTopK], 0 = off and a
+// top_k at or above the vocab size keeps every token; top_p in (0, 1], 1 = off; max_new_tokens in
+// [0, kMaxNewTokens] (generation stops at max_position_embeddings in any case).
 // Stops at an end token (generation_config.json's eos_token_id, else config.json's, and the
 // tokenizer's EOS; the byte tokenizer's EOS) unless ignore_eos, at max_new_tokens, or at the
 // model's max_position_embeddings.
@@ -33,8 +39,13 @@
 
 namespace qshard {
 
+inline constexpr double kGreedyBelowTemperature = 1e-4;
+inline constexpr double kMaxTemperature = 100;
+inline constexpr int64_t kMaxTopK = int64_t{1} << 24;       // model.init.vocab_size's cap
+inline constexpr int64_t kMaxNewTokens = int64_t{1} << 30;  // keeps prompt + new tokens far from overflow
+
 struct SamplingOptions {
-  double temperature = 0.0;  // <= 0: greedy
+  double temperature = 0.0;  // < kGreedyBelowTemperature: greedy
   int64_t top_k = 0;         // 0: off
   double top_p = 1.0;        // 1: off
   uint64_t seed = 0;
@@ -66,7 +77,7 @@ struct GenerateResult {
 };
 
 // Picks the next token from logits [V] (REQUIRES: V >= 1); the generator carries on between
-// calls. Throws InputError for a temperature < 0, top_k < 0 or top_p outside (0, 1].
+// calls. Throws InputError for a temperature, top_k or top_p outside the ranges above.
 class Sampler {
  public:
   explicit Sampler(const SamplingOptions& options);

@@ -11,12 +11,14 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "runtime/communicator.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/numbers.h"
 #include "runtime/world.h"
 
 namespace qshard {
@@ -149,6 +151,7 @@ int run_job(int argc, char** argv, const std::function<int(World&)>& body) {
   int rc = 0;
   try {
     World& world = World::init(&argc, &argv);
+    collective_timeout_s();  // a bad QSHARD_COLLECTIVE_TIMEOUT_S is refused (exit 2) before any work, at any size
     rc = body(world);
   } catch (const InputError& e) {
     abort_job(2, std::string("bad input: ") + e.what());  // a config, checkpoint or data file: exit 2
@@ -170,17 +173,22 @@ int run_job(int argc, char** argv, const std::function<int(World&)>& body) {
   return 0;
 }
 
+double parse_collective_timeout_s(const char* text) {
+  if (!text || !*text) return kDefaultCollectiveTimeoutS;  // bounded by default: a stuck peer ends the job
+  // 0 turns the watchdog off; else at least kMinCollectiveTimeoutS: a healthy collective takes
+  // milliseconds and more, so a millisecond limit ended healthy jobs with exit code 124 - the code
+  // `timeout` gives a hang, which is how it was read.
+  if (std::string_view(text) == "0") return 0.0;
+  try {
+    return parse_double("environment variable QSHARD_COLLECTIVE_TIMEOUT_S", text, kMinCollectiveTimeoutS,
+                        kMaxCollectiveTimeoutS);
+  } catch (const InputError& e) {
+    throw InputError(std::string(e.what()) + " (or 0: the watchdog off)");
+  }
+}
+
 double collective_timeout_s() {
-  static const double t = [] {
-    const char* s = std::getenv("QSHARD_COLLECTIVE_TIMEOUT_S");
-    if (!s || !*s) return kDefaultCollectiveTimeoutS;  // bounded by default: a stuck peer ends the job
-    char* end = nullptr;
-    double v = std::strtod(s, &end);
-    if (end == s || *end != '\0' || !(v >= 0))
-      throw InputError(std::string("environment variable QSHARD_COLLECTIVE_TIMEOUT_S='") + s +
-                       "' is not a non-negative number of seconds (0 disables the watchdog)");
-    return v;
-  }();
+  static const double t = parse_collective_timeout_s(std::getenv("QSHARD_COLLECTIVE_TIMEOUT_S"));
   return t;
 }
 

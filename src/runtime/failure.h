@@ -37,6 +37,9 @@ inline constexpr int kTimeoutExitCode = 124;
 // The watchdog's limit when QSHARD_COLLECTIVE_TIMEOUT_S is unset: far above any collective of a
 // healthy job (rank 0 writing a 70B export while the others wait is minutes), far below "for ever".
 inline constexpr double kDefaultCollectiveTimeoutS = 1800.0;
+// QSHARD_COLLECTIVE_TIMEOUT_S's range (besides 0 = off): below a second a healthy collective (a
+// barrier while rank 0 reads a file) ends the job; above a day it is "off" in all but name.
+inline constexpr double kMinCollectiveTimeoutS = 1.0, kMaxCollectiveTimeoutS = 86400.0;
 
 // How a registered communicator's abort() behaves.
 enum class AbortScope {
@@ -54,8 +57,12 @@ void unregister_communicator(Communicator* comm);
 int run_job(int argc, char** argv, const std::function<int(World&)>& body);
 
 // Seconds after which a collective aborts the job (QSHARD_COLLECTIVE_TIMEOUT_S, read once;
-// unset = kDefaultCollectiveTimeoutS, 0 = off). Throws qshard::InputError when the variable is not a non-negative number.
+// unset = kDefaultCollectiveTimeoutS, 0 = off, else in [kMinCollectiveTimeoutS,
+// kMaxCollectiveTimeoutS]). Throws qshard::InputError naming the variable, its value and the range
+// for anything else (runtime/numbers.h: the whole text, a finite number).
 double collective_timeout_s();
+// The same for a given text (nullptr or "": unset), without the environment: testable.
+double parse_collective_timeout_s(const char* text);
 
 class CollectiveScope {
  public:

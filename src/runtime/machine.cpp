@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/numbers.h"
 #include "runtime/tensor.h"
 
 namespace qshard {
@@ -91,11 +92,8 @@ HostMemory host_memory_available() {
     }
   }
   if (const char* env = std::getenv("QSHARD_HOST_MEMORY_BYTES"); env && *env) {
-    char* end = nullptr;
-    const double v = std::strtod(env, &end);
-    if (!end || *end != '\0' || !(v >= 0))
-      throw InputError(std::string("QSHARD_HOST_MEMORY_BYTES='") + env + "': expected a number of bytes");
-    take_min(m, v, "QSHARD_HOST_MEMORY_BYTES");
+    take_min(m, parse_double("environment variable QSHARD_HOST_MEMORY_BYTES", env, 0, 1e18),
+             "QSHARD_HOST_MEMORY_BYTES");
   }
   if (m.limited_by.empty()) m.bytes = UINT64_MAX, m.limited_by = "no known limit";
   return m;

@@ -9,6 +9,7 @@
 #include "runtime/cuda_check.h"
 #include "runtime/error.h"
 #include "runtime/failure.h"
+#include "runtime/numbers.h"
 #include "runtime/log.h"
 #include "runtime/mpi_check.h"
 
@@ -59,7 +60,9 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm) {
   // Non-blocking by default (failures surface through ncclCommGetAsyncError instead of hanging);
   // QSHARD_NCCL_BLOCKING=1 selects NCCL's blocking mode.
   const char* blocking_env = std::getenv("QSHARD_NCCL_BLOCKING");
-  config.blocking = blocking_env && std::string(blocking_env) == "1" ? 1 : 0;
+  config.blocking = blocking_env && *blocking_env
+                        ? static_cast<int>(parse_int("environment variable QSHARD_NCCL_BLOCKING", blocking_env, 0, 1))
+                        : 0;
   QS_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
   double t = collective_timeout_s();
   settle("ncclCommInitRankConfig", t > 0 ? t : kDefaultInitTimeoutS);

@@ -13,6 +13,7 @@
 #include "runtime/error.h"
 #include "runtime/log.h"
 #include "runtime/machine.h"
+#include "runtime/numbers.h"
 #include "runtime/runtime.h"
 #include "runtime/tensor.h"
 #include "train/flops.h"
@@ -47,9 +48,18 @@ double gib(double bytes) { return bytes / double(1 << 30); }
 
 TrainConfig bench_config(const BenchOptions& o, const std::string& data_train, int world) {
   const Preset& p = find_preset(o.preset);
-  for (const auto& [name, v] : {std::pair{"--batch", o.batch}, {"--seq", o.seq}, {"--rank", o.rank}, {"--steps", o.steps}})
-    if (v <= 0) throw InputError(fmt::format("bench {} {}: expected a positive number", name, v));
-  if (o.warmup < 0) throw InputError(fmt::format("bench --warmup {}: expected >= 0", o.warmup));
+  for (const auto& [name, v] : {std::pair{"bench --vocab", o.vocab}, {"bench --hidden", o.hidden},
+                                {"bench --intermediate", o.intermediate}, {"bench --layers", o.layers},
+                                {"bench --heads", o.heads}, {"bench --kv-heads", o.kv_heads}})
+    check_int(name, v, 0, kMaxBenchSize);  // 0: the preset's; a negative size is refused, not the preset's
+  for (const auto& [name, v] : {std::pair{"bench --batch", o.batch}, {"bench --seq", o.seq}, {"bench --rank", o.rank},
+                                {"bench --steps", o.steps}})
+    check_int(name, v, 1, kMaxBenchCount);
+  check_int("bench --warmup", o.warmup, 0, kMaxBenchCount);
+  check_int("bench --micro-batch", o.micro_batch, -1, kMaxBenchCount);
+  check_int("bench --keep-layers", o.keep_layers, -1, kMaxBenchSize);
+  check_int("bench --mlp-chunk-tokens", o.mlp_chunk_tokens, -1, kMaxBenchCount);
+  check_double("bench --gpu-budget-gb", o.gpu_budget_gb, 0, kMaxBenchGb);
   TrainConfig c;
   c.source = "qshard bench";
   ModelInitConfig& m = c.model.init;

@@ -32,6 +32,15 @@
 
 namespace qshard {
 
+// BenchOptions' ranges (bench_config throws InputError naming the option outside them; the CLI
+// checks the same while parsing): model sizes 0 (the preset's) or 1..kMaxBenchSize; counts
+// (--batch, --seq, --rank, --steps) 1..kMaxBenchCount, --warmup from 0, --micro-batch,
+// --keep-layers and --mlp-chunk-tokens from -1; gpu_budget_gb in [0, kMaxBenchGb]. TrainConfig's
+// validate then checks how they fit together.
+inline constexpr int64_t kMaxBenchSize = int64_t{1} << 24;   // model.init.vocab_size's cap
+inline constexpr int64_t kMaxBenchCount = int64_t{1} << 30;
+inline constexpr double kMaxBenchGb = 1e6;
+
 struct BenchOptions {
   std::string preset = "8b";  // tiny | 1b | 8b | 70b
   // Sizes overriding the preset's (0: the preset's).

@@ -60,9 +60,9 @@ probe "config.json nested 100k deep" 2 "config.json: JSON nested more than 256 l
 { cat "$src/configs/tiny.yaml"; printf -- '---\nsteps: 5\n'; } > "$work/two.yaml"
 probe "job YAML with a second document" 2 "two.yaml: holds 2 YAML documents" -- \
   "$qshard" train --config "$work/two.yaml" --set device=cpu
-probe "eval --seq-len -5" 2 "--seq-len -5: expected a positive length" -- \
+probe "eval --seq-len -5" 2 "--seq-len '-5': expected an integer in \\[1, " -- \
   "$qshard" eval --model "$hf/tiny_llama_bf16" --data "$work/ids.json" --seq-len -5 --device cpu
-probe "quantize --max-shard-size-gb nan" 2 "--max-shard-size-gb nan: expected a size" -- \
+probe "quantize --max-shard-size-gb nan" 2 "--max-shard-size-gb 'nan': not a finite number; expected a number in" -- \
   "$qshard" quantize "$hf/tiny_llama_bf16" "$work/q_nan" --max-shard-size-gb nan
 cp -r "$src/tests/data/model/nf4_adapter" "$work/adapter"
 sed -i 's/"alpha_pattern": {}/"alpha_pattern": {"q_proj": 3}/' "$work/adapter/adapter_config.json"
