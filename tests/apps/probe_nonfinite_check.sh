@@ -57,7 +57,11 @@ probe "inspect --check, a NaN weight" 3 "problem: .*$msg" -- "$qshard" inspect -
 probe "quantize, a NaN weight" 2 "tensor '$W' holds 1 NaN/Inf values \(the first at flat index 3\)" -- \
   "$qshard" quantize --cpu "$work/nan" "$work/nan_q"
 probe "train model.path, a NaN weight" 2 "$msg" -- "$qshard" train --config "$src/configs/tiny.yaml" \
-  --set device=cpu --set model.path="$work/nan" --set steps=1 --set checkpoint.dir="$work/nan_ckpt"
+  --set device=cpu --set model.path="$work/nan" --set steps=10 --set checkpoint.dir="$work/nan_ckpt"
+# With the flag the model builds (the line after the load) and the job stops at the missing token file.
+probe "train --allow-nonfinite" 2 "model build: load" -- "$qshard" train --config "$src/configs/tiny.yaml" \
+  --allow-nonfinite --set device=cpu --set model.path="$work/nan" --set steps=10 --set checkpoint.dir="$work/nan_ckpt" \
+  --set data.train="$work/no_such.tok"
 probe "eval --allow-nonfinite" 0 "eval: 1 sequences" -- \
   "$qshard" eval --model "$work/nan" --data "$work/ids.json" --device cpu --allow-nonfinite
 probe "generate --allow-nonfinite" 0 "." -- \
