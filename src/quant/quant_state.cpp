@@ -192,8 +192,14 @@ Tensor to_cpu(const Tensor& t) { return t.device() == Device::kCpu ? t : t.to(De
 }  // namespace
 
 void QuantState::check_values(const std::string& label) const {
-  // The largest |absmax| whose code 1.0 still dequantizes to a finite value of `dtype`.
-  const double dtype_max = dtype == DType::kF16 ? 65504.0 : static_cast<double>(std::numeric_limits<float>::max());
+  // The bound on |absmax| past which code 1.0 dequantizes to Inf in `dtype`: float16 rounds values
+  // below 65520 to its largest finite 65504 (bitsandbytes' own double quant can decode an absmax
+  // of 65504 to 65509, seen in tests/data/quant), so the bound is 65520, exclusive; f32 / bf16:
+  // any finite float32 (bf16 rounds values below its threshold the same way; the f32 product is
+  // what is cast).
+  const bool f16 = dtype == DType::kF16;
+  const double dtype_max = f16 ? 65520.0 : static_cast<double>(std::numeric_limits<float>::max());
+  auto in_range = [f16, dtype_max](double x) { return f16 ? x < dtype_max : x <= dtype_max; };
   auto fail = [&](const std::string& field, const float* v, std::pair<int64_t, int64_t> b, const std::string& want) {
     throw InputError(label + ": " + field + "[" + std::to_string(b.first) + "] = " + value_str(v[b.first]) + " (" +
                      std::to_string(b.second) + " such values): expected " + want +
@@ -208,16 +214,17 @@ void QuantState::check_values(const std::string& label) const {
       fail("nested_quant_map", nc.data<float>(), b, "a finite value in [-1, 1]");
     auto finite = [](float x) { return std::isfinite(x); };
     if (auto b = first_bad(na.data<float>(), na.numel(), finite); b.second) fail("nested_absmax", na.data<float>(), b, "a finite value");
-    if (!std::isfinite(state2->offset) || std::fabs(state2->offset) > dtype_max)
-      throw InputError(label + ": nested_offset = " + value_str(state2->offset) + " (packed quant state): expected a finite value of magnitude <= " +
-                       python_float_repr(dtype_max) + "; refusing these statistics (--allow-nonfinite to load anyway)");
+    if (!std::isfinite(state2->offset) || !in_range(std::fabs(static_cast<double>(state2->offset))))
+      throw InputError(label + ": nested_offset = " + value_str(state2->offset) + " (packed quant state): expected a finite value of magnitude " +
+                       (f16 ? "< " : "<= ") + python_float_repr(dtype_max) + "; refusing these statistics (--allow-nonfinite to load anyway)");
   }
   // What dequantization multiplies by: absmax, decoded as code256[q] * nested_absmax + offset when nested.
   const std::vector<float> a = absmax_f32();
-  auto usable = [dtype_max](float x) { return std::isfinite(x) && std::fabs(static_cast<double>(x)) <= dtype_max; };
+  auto usable = [&in_range](float x) { return std::isfinite(x) && in_range(std::fabs(static_cast<double>(x))); };
   if (auto b = first_bad(a.data(), static_cast<int64_t>(a.size()), usable); b.second)
     fail(state2 ? "absmax (decoded: nested_quant_map[q] * nested_absmax + nested_offset)" : "absmax", a.data(), b,
-         "a finite value of magnitude <= " + python_float_repr(dtype_max) + " (the largest " + dtype_torch_name(dtype) + ")");
+         std::string("a finite value of magnitude ") + (f16 ? "< " : "<= ") + python_float_repr(dtype_max) + " (past it " +
+             dtype_torch_name(dtype) + " holds Inf)");
 }
 
 }  // namespace qshard

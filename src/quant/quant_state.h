@@ -67,8 +67,8 @@ struct QuantState {
   void validate(const std::string& label) const;
   // Checks the values dequantization multiplies by (REQUIRES: validate passed): quant_map and
   // nested_quant_map finite and in [-1, 1], nested_absmax and nested_offset finite, and every
-  // absmax as dequantization decodes it (absmax_f32) finite and no larger in magnitude than
-  // `dtype` holds (65504 for float16). Throws InputError naming `label`, the field, the first bad
+  // absmax as dequantization decodes it (absmax_f32) finite and below the magnitude at which
+  // `dtype` holds Inf (float16: 65520, exclusive). Throws InputError naming `label`, the field, the first bad
   // index, its value and the count. One pass over the statistics (n/blocksize values).
   void check_values(const std::string& label) const;
 };
