@@ -10,11 +10,26 @@
 namespace qshard {
 namespace {
 
-// NaN and Inf are the values whose exponent bits are all ones: (bits & mask) == mask.
+// GCC's -O2 (RelWithDebInfo) vectorizes only loops that need no scalar epilogue; this one is
+// worth the full vectorizer (measured: docs in the commit; clang vectorizes it at -O2 as is).
+#if defined(__GNUC__) && !defined(__clang__)
+#define QS_VECTORIZE __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic")))
+#else
+#define QS_VECTORIZE
+#endif
+
+// NaN and Inf are the values whose exponent bits are all ones: (bits & mask) == mask. The count
+// is kept in U-sized lanes over blocks of at most 2^15 elements (no lane overflows), so the loop
+// vectorizes without widening.
 template <typename U>
-int64_t count_range(const U* p, int64_t n, U mask) {
+QS_VECTORIZE int64_t count_range(const U* p, int64_t n, U mask) {
   int64_t bad = 0;
-  for (int64_t i = 0; i < n; ++i) bad += (p[i] & mask) == mask;  // branch-free: vectorizes
+  for (int64_t b = 0; b < n; b += 32768) {
+    const int64_t e = std::min<int64_t>(n, b + 32768);
+    U c = 0;
+    for (int64_t i = b; i < e; ++i) c += static_cast<U>((p[i] & mask) == mask);
+    bad += c;
+  }
   return bad;
 }
 
