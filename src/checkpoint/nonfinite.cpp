@@ -11,7 +11,7 @@ namespace qshard {
 namespace {
 
 // GCC's -O2 (RelWithDebInfo) vectorizes only loops that need no scalar epilogue; this one is
-// worth the full vectorizer (measured: docs in the commit; clang vectorizes it at -O2 as is).
+// worth the full vectorizer (1.7 -> 8.5 GB/s on one thread; clang vectorizes it at -O2 as is).
 #if defined(__GNUC__) && !defined(__clang__)
 #define QS_VECTORIZE __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic")))
 #else
