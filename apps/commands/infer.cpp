@@ -33,6 +33,7 @@ void add_eval(CLI::App& sub, EvalArgs& a) {
   sub.add_option("--dump-logits", eo.dump_logits, "write float32 logits [batch, seq, vocab] (key 'logits')");
   add_int_option(sub, "--seq-len", eo.seq_len, 1, int64_t{1} << 30,
                  "sequence length for token files (default min(512, max positions))");
+  sub.add_flag("--allow-nonfinite", eo.allow_nonfinite, "load weights holding NaN/Inf (refused by default)");
   sub.add_option("--device", a.device, "auto (the GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 }
@@ -74,6 +75,7 @@ void add_generate(CLI::App& sub, GenerateArgs& a) {
   sub.add_flag("--ignore-eos", go.ignore_eos, "do not stop at an end token");
   sub.add_option("--dump-logits", go.dump_logits, "write the first step's float32 logits [1, vocab] (key 'logits')");
   sub.add_option("--json", a.json, "write prompt ids, new ids, text and timings as JSON here");
+  sub.add_flag("--allow-nonfinite", go.allow_nonfinite, "load weights holding NaN/Inf (refused by default)");
   sub.add_option("--device", a.device, "auto (the GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 }

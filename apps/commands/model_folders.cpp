@@ -81,12 +81,14 @@ int run_quantize(QuantizeArgs& a, int, char**) {
 struct DequantizeArgs {
   std::string in, out, dtype;
   double shard_gb = 5.0;
+  bool allow_nonfinite = false;
 };
 
 void add_dequantize(CLI::App& sub, DequantizeArgs& a) {
   sub.add_option("IN_DIR", a.in, "bitsandbytes 4-bit folder")->required();
   sub.add_option("OUT_DIR", a.out, "output folder (must not exist or be empty)")->required();
   sub.add_option("--dtype", a.dtype, "bfloat16 | float16 | float32 (default: the dtype each weight was quantized from)");
+  sub.add_flag("--allow-nonfinite", a.allow_nonfinite, "dequantize statistics that decode to NaN/Inf (refused by default)");
   add_double_option(sub, "--max-shard-size-gb", a.shard_gb, kMinShardGb, kMaxShardGb,
                     "split the output into files of at most this size (a larger tensor: a file of its own)");
 }
@@ -97,7 +99,7 @@ int run_dequantize(DequantizeArgs& a, int, char**) {
     dt = parse_dtype(a.dtype);
     if (!dt || !dtype_is_float(*dt)) throw InputError("--dtype '" + a.dtype + "' is not bfloat16, float16 or float32");
   }
-  FolderReport r = dequantize_model_folder(a.in, a.out, dt, static_cast<uint64_t>(a.shard_gb * 1e9));
+  FolderReport r = dequantize_model_folder(a.in, a.out, dt, static_cast<uint64_t>(a.shard_gb * 1e9), a.allow_nonfinite);
   print_report("dequantized", r, a.out);
   return 0;
 }

@@ -27,6 +27,7 @@ struct TrainArgs {
   std::string config, resume;
   std::vector<std::string> set;
   bool print_config = false;
+  bool allow_nonfinite = false;
 };
 
 void add_train(CLI::App& sub, TrainArgs& a) {
@@ -36,9 +37,12 @@ void add_train(CLI::App& sub, TrainArgs& a) {
   sub.add_option("--resume", a.resume,
                  "auto (the newest complete checkpoint in checkpoint.dir, if any) or a checkpoint folder; "
                  "same as --set checkpoint.resume=...");
+  sub.add_flag("--allow-nonfinite", a.allow_nonfinite,
+               "load model.path even when a weight holds NaN/Inf (refused by default); same as --set model.allow_nonfinite=true");
 }
 
 int run_train(TrainArgs& a, int argc, char** argv) {
+  if (a.allow_nonfinite) a.set.push_back("model.allow_nonfinite=true");
   if (a.print_config) {
     std::printf("%s", load_train_config(a.config, a.set).to_yaml().c_str());
     return 0;

@@ -1,4 +1,5 @@
 #include "checkpoint/bnb_folder.h"
+#include "checkpoint/nonfinite.h"
 
 #include <unistd.h>
 
@@ -396,18 +397,11 @@ FolderReport quantize_model_folder(const std::string& in_dir, const std::string&
     groups.push_back({entries,
                       [&in, name, &opt, cuda, planned_offset](FolderReport& part) {
                         const Tensor x = in.get(name);
+                        // One thread: the groups already run on the worker threads.
+                        part.nonfinite_values +=
+                            require_finite(x, in.dir(), name, opt.allow_nonfinite,
+                                           "; refusing to quantize them (--allow-nonfinite to quantize anyway)", 1);
                         const std::vector<float> v = x.to_f32_vector();
-                        int64_t bad = 0, first_bad = -1;
-                        for (size_t i = 0; i < v.size(); ++i)
-                          if (!std::isfinite(v[i])) {
-                            if (first_bad < 0) first_bad = static_cast<int64_t>(i);
-                            ++bad;
-                          }
-                        if (bad > 0 && !opt.allow_nonfinite)
-                          throw InputError(in.dir() + ": tensor '" + name + "' holds " + std::to_string(bad) +
-                                           " NaN/Inf values (the first at flat index " + std::to_string(first_bad) +
-                                           "); refusing to quantize them (--allow-nonfinite to quantize anyway)");
-                        part.nonfinite_values += bad;
                         Params4bit p = quantize_4bit(cuda ? x.to(Device::kCuda) : x, opt.quant);
                         if (p.quant_state.nested())
                           QS_CHECK(p.quant_state.state2->offset == planned_offset, "offset differs from pass 1");
@@ -427,7 +421,7 @@ FolderReport quantize_model_folder(const std::string& in_dir, const std::string&
 }
 
 FolderReport dequantize_model_folder(const std::string& in_dir, const std::string& out_dir,
-                                     std::optional<DType> out_dtype, uint64_t max_shard_bytes) {
+                                     std::optional<DType> out_dtype, uint64_t max_shard_bytes, bool allow_nonfinite) {
   if (out_dtype && !dtype_is_float(*out_dtype))
     throw InputError(std::string("dequantize: output dtype ") + dtype_torch_name(*out_dtype) + " is not a float type");
   const LlamaConfig cfg = LlamaConfig::load(in_dir);
@@ -441,7 +435,8 @@ FolderReport dequantize_model_folder(const std::string& in_dir, const std::strin
   for (const auto& [name, shape] : llama_expected_weights(cfg)) {
     if (!in.contains(name)) throw InputError(in_dir + ": tensor '" + name + "' required by config.json is missing");
     if (is_4bit_weight(name, lookup)) {
-      Params4bit p = params4bit_from_state_dict(name, lookup, label);
+      // The statistics' values are checked once, here, before anything is written.
+      Params4bit p = params4bit_from_state_dict(name, lookup, label, allow_nonfinite);
       if (p.quant_state.shape != shape)
         throw InputError(in_dir + ": 4-bit tensor '" + name + "' has shape " + shape_str(p.quant_state.shape) +
                          ", config.json implies " + shape_str(shape));
@@ -459,13 +454,13 @@ FolderReport dequantize_model_folder(const std::string& in_dir, const std::strin
     std::string base;
     if (is_stat_suffix(name, &base) && is_4bit_weight(base, lookup)) continue;  // consumed with its weight
     if (is_4bit_weight(name, lookup)) {
-      const QuantState st = params4bit_from_state_dict(name, lookup, label).quant_state;
+      const QuantState st = params4bit_from_state_dict(name, lookup, label, allow_nonfinite).quant_state;
       const DType dt = out_dtype.value_or(st.dtype);  // bitsandbytes' dequantize_4bit gives st.dtype
       if (weights_dtype && *weights_dtype != dt) mixed = true;
       weights_dtype = dt;
       groups.push_back({{{name, dt, st.shape}},
                         [name, lookup, label, dt](FolderReport& part) {
-                          Params4bit p = params4bit_from_state_dict(name, lookup, label);
+                          Params4bit p = params4bit_from_state_dict(name, lookup, label, /*allow_nonfinite=*/true);
                           ++part.converted_tensors;
                           part.converted_elements += p.quant_state.numel();
                           return NamedTensors{{name, dequantize_4bit(p, dt)}};

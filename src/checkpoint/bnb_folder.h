@@ -58,9 +58,11 @@ struct FolderReport {
 
 FolderReport quantize_model_folder(const std::string& in_dir, const std::string& out_dir,
                                    const QuantizeFolderOptions& options = {});
+// allow_nonfinite false: a 4-bit weight whose statistics dequantize to NaN / Inf (or past its
+// dtype's range) is refused before anything is written (QuantState::check_values).
 FolderReport dequantize_model_folder(const std::string& in_dir, const std::string& out_dir,
                                      std::optional<DType> out_dtype = std::nullopt,
-                                     uint64_t max_shard_bytes = 5'000'000'000ULL);
+                                     uint64_t max_shard_bytes = 5'000'000'000ULL, bool allow_nonfinite = false);
 
 // transformers' quantization_config for these options (keys sorted, as in FORMATS.md), as
 // BitsAndBytesConfig(load_in_4bit=True, ...).to_dict() writes it (transformers 5.24): the compute

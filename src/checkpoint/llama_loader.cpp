@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/nonfinite.h"
 #include "checkpoint/safetensors_index.h"
 #include "runtime/error.h"
 #include "runtime/machine.h"
@@ -69,7 +70,8 @@ LoadReport plan_fills(Module& tree, const SafetensorsFolder& folder, const Llama
       // A 4-bit folder's projections must be stored in 4-bit under strict (what its config implies).
       if (is_4bit_weight(key, lookup) || (strict && config.quantized)) {
         try {
-          Params4bit p = params4bit_from_state_dict(key, lookup, dir);
+          // Structure here (shapes, sizes, dtypes); the statistics' values are checked in run_fill.
+          Params4bit p = params4bit_from_state_dict(key, lookup, dir, /*allow_nonfinite=*/true);
           for (const auto& [k, t] : params4bit_state_dict(p, key)) consumed.insert(k);
           if (p.quant_state.shape != want)
             rep.mismatched.push_back(key + ": expected 4-bit " + shape_str(want) + ", got " + shape_str(p.quant_state.shape));
@@ -106,16 +108,31 @@ LoadReport plan_fills(Module& tree, const SafetensorsFolder& folder, const Llama
   return rep;
 }
 
-void run_fill(SlotFill& f, const SafetensorsFolder& folder, const QuantizeOptions& quantize) {
+constexpr const char* kRefuse = "; refusing to load it (--allow-nonfinite to load anyway)";
+
+// The file that holds `key`, for error messages (the folder when the key is not in one file).
+std::string file_of(const SafetensorsFolder& folder, const std::string& key) {
+  const SafetensorsFile* f = folder.file_of(key);
+  return f ? f->path() : folder.dir();
+}
+
+// Fills one slot; unless allow_nonfinite, first refuses a source holding NaN / Inf (a float
+// tensor: count_nonfinite over its bits; a stored 4-bit weight: QuantState::check_values).
+void run_fill(SlotFill& f, const SafetensorsFolder& folder, const QuantizeOptions& quantize, bool allow_nonfinite) {
   switch (f.how) {
     case SlotFill::How::kStored4bit:
+      if (!allow_nonfinite) f.stored->quant_state.check_values(file_of(folder, f.key) + ": '" + f.key + "'");
       *f.slot->params4bit = std::move(*f.stored);
       return;
-    case SlotFill::How::kQuantize:
-      *f.slot->params4bit = quantize_4bit(folder.get(f.key), quantize);
+    case SlotFill::How::kQuantize: {
+      const Tensor t = folder.get(f.key);
+      require_finite(t, file_of(folder, f.key), f.key, allow_nonfinite, kRefuse);
+      *f.slot->params4bit = quantize_4bit(t, quantize);
       return;
+    }
     case SlotFill::How::kTensor: {
       const Tensor t = folder.get(f.key);
+      require_finite(t, file_of(folder, f.key), f.key, allow_nonfinite, kRefuse);
       Tensor& dst = f.slot->tensor;
       // The same dtype: the stored bytes; another float dtype: through f32 (exact for widening).
       if (t.dtype() == dst.dtype()) dst.copy_from(t);
@@ -163,8 +180,15 @@ LoadedLlama load_llama_folder(const std::string& dir, const LlamaLoadOptions& o)
   std::vector<SlotFill> fills;
   const LoadReport rep = plan_fills(*out.tree, folder, config, o.strict, dir, fills);
   if (!rep.ok()) throw InputError(dir + ": state dict does not match the model: " + rep.str());
-  for (SlotFill& f : fills) run_fill(f, folder, quantize);
-  if (!o.adapter_dir.empty()) load_peft_adapter(*out.tree, o.adapter_dir);
+  for (SlotFill& f : fills) run_fill(f, folder, quantize, o.allow_nonfinite);
+  if (!o.adapter_dir.empty()) {
+    load_peft_adapter(*out.tree, o.adapter_dir);
+    // The adapter's LoRA weights, as loaded into the trainable slots (named by their module path).
+    visit_slots(*out.tree, "", [&](Module::Slot& s, const std::string& key) {
+      if (s.trainable && s.tensor.defined())
+        require_finite(s.tensor, o.adapter_dir + "/adapter_model.safetensors", key, o.allow_nonfinite, kRefuse);
+    });
+  }
   return out;
 }
 

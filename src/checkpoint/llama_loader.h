@@ -22,6 +22,10 @@
 // way a tensor the tree needs and the folder lacks, a wrong shape or a non-float tensor in a float
 // slot is an InputError "<dir>: state dict does not match the model: missing keys (n): ...;
 // unexpected keys (strict only) ...; mismatched keys ..." listing all of them (LoadReport::str).
+// Values: every float tensor a slot takes is scanned for NaN / Inf once, as it is copied (one
+// pass over its bits, host threads for large tensors: checkpoint/nonfinite.h), and every stored
+// 4-bit weight's statistics as dequantization decodes them, and an adapter's LoRA weights once
+// loaded; refused unless allow_nonfinite.
 // Errors: InputError naming the folder, file and key (config.json, adapter_config.json and the
 // safetensors readers name theirs); a host too small names the bytes (require_host_memory).
 // Ownership: the result owns the tree (host tensors; the caller moves them to a device).
@@ -57,6 +61,11 @@ struct LlamaLoadOptions {
   // true: before anything is allocated, require_host_memory(llama_tree_bytes(...),
   // "loading <dir>", llama_size_keys(config)); false: the caller checks (or nothing does).
   bool check_host_memory = false;
+  // false: a float tensor holding NaN / Inf, or 4-bit statistics that dequantize to NaN / Inf or
+  // past the dtype's range, is an InputError naming the file, tensor (or field), the first bad
+  // index and the count (checkpoint/nonfinite.h, QuantState::check_values); true: loaded as is
+  // (`--allow-nonfinite`).
+  bool allow_nonfinite = false;
 };
 
 struct LoadedLlama {

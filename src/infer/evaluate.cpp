@@ -48,7 +48,7 @@ void move_tree_to(Module& m, Device device) {
   for (const auto& [name, child] : m.children()) move_tree_to(*child, device);
 }
 
-InferenceModel load_inference_model(const std::string& model_dir, const std::string& adapter_dir) {
+InferenceModel load_inference_model(const std::string& model_dir, const std::string& adapter_dir, bool allow_nonfinite) {
   // 4-bit projections as stored, every other weight in f32 (on the host, then on the GPU when the
   // command runs there); the host must hold the tree.
   LlamaLoadOptions lo;
@@ -56,6 +56,7 @@ InferenceModel load_inference_model(const std::string& model_dir, const std::str
   lo.adapter_dir = adapter_dir;
   lo.strict = false;
   lo.check_host_memory = true;
+  lo.allow_nonfinite = allow_nonfinite;
   LoadedLlama loaded = load_llama_folder(model_dir, lo);
   InferenceModel im;
   im.config = std::move(loaded.config);
@@ -79,7 +80,7 @@ std::unique_ptr<DeviceContext> inference_context(DeviceChoice choice, const std:
 
 EvalResult evaluate_model(const EvalOptions& o) {
   if (o.seq_len < 0) throw InputError("eval --seq-len " + std::to_string(o.seq_len) + ": expected a positive length");
-  InferenceModel im = load_inference_model(o.model_dir, o.adapter_dir);
+  InferenceModel im = load_inference_model(o.model_dir, o.adapter_dir, o.allow_nonfinite);
   const LlamaConfig& cfg = im.config;
   LlamaModelOptions mo = im.options;
   const double tree_bytes = im.tree_bytes;

@@ -31,7 +31,9 @@ struct InferenceModel {
   int64_t lora_r = 0;       // the adapter's rank (0: none)
   double tree_bytes = 0;    // the tree's bytes (host, then device)
 };
-InferenceModel load_inference_model(const std::string& model_dir, const std::string& adapter_dir);
+// allow_nonfinite: LlamaLoadOptions::allow_nonfinite (NaN / Inf weights refused when false).
+InferenceModel load_inference_model(const std::string& model_dir, const std::string& adapter_dir,
+                                    bool allow_nonfinite = false);
 // Every tensor of the tree (parameters, buffers, 4-bit data and statistics) onto `device`.
 void move_tree_to(Module& m, Device device);
 // The context of a one-process inference command: the first GPU or the CPU as `choice` says
@@ -45,6 +47,7 @@ struct EvalOptions {
   std::string dump_logits;   // optional output .safetensors
   int64_t seq_len = 0;       // token files: 0 = min(512, max_position_embeddings)
   DeviceChoice device = DeviceChoice::kAuto;  // auto: the GPU when this build and machine have one
+  bool allow_nonfinite = false;              // load weights holding NaN / Inf (--allow-nonfinite)
 };
 
 struct EvalResult {

@@ -198,7 +198,7 @@ GenerateResult generate_text(const GenerateOptions& o, const std::function<void(
   if (!o.system.empty() && !o.chat) throw InputError("generate --system needs --chat");
   Sampler sampler(o.sampling);  // validates the sampling flags before anything is loaded
 
-  InferenceModel im = load_inference_model(o.model_dir, o.adapter_dir);
+  InferenceModel im = load_inference_model(o.model_dir, o.adapter_dir, o.allow_nonfinite);
   const LlamaConfig& cfg = im.config;
   const int64_t V = cfg.vocab_size;
   const std::string tok_dir = o.tokenizer_dir.empty() ? o.model_dir : o.tokenizer_dir;

@@ -64,6 +64,7 @@ struct GenerateOptions {
   SamplingOptions sampling;
   DeviceChoice device = DeviceChoice::kAuto;
   std::string dump_logits;      // optional: the first step's logits [1, V] f32 as safetensors ("logits")
+  bool allow_nonfinite = false; // load weights holding NaN / Inf (--allow-nonfinite)
 };
 
 struct GenerateResult {

@@ -187,7 +187,8 @@ bool is_4bit_weight(const std::string& w, const TensorLookup& lookup) {
          lookup(w + ".quant_state.bitsandbytes__fp4").has_value();
 }
 
-Params4bit params4bit_from_state_dict(const std::string& w, const TensorLookup& lookup, const std::string& source) {
+Params4bit params4bit_from_state_dict(const std::string& w, const TensorLookup& lookup, const std::string& source,
+                                      bool allow_nonfinite) {
   auto need = [&](const std::string& key) {
     auto t = lookup(key);
     if (!t) throw InputError(source + ": missing tensor '" + key + "'");
@@ -228,6 +229,7 @@ Params4bit params4bit_from_state_dict(const std::string& w, const TensorLookup& 
     throw InputError(label + ": has no nested fields, but '" + w + ".nested_absmax' is present");
   }
   st.validate(source + ": '" + w + "'");
+  if (!allow_nonfinite) st.check_values(source + ": '" + w + "'");
   p.quant_state = std::move(st);
   return p;
 }

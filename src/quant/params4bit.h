@@ -76,9 +76,11 @@ NamedTensors params4bit_state_dict(const Params4bit& p, const std::string& weigh
 using TensorLookup = std::function<std::optional<Tensor>(const std::string& key)>;
 // Rebuilds a Params4bit from a state dict. `source` names the file or folder in errors. Throws
 // InputError naming the key for: a missing key, a packed JSON that is malformed, a packed size
-// that does not match the shape, statistics of the wrong dtype or size.
+// that does not match the shape, statistics of the wrong dtype or size, and (unless
+// allow_nonfinite) statistics that dequantize to NaN / Inf or past the dtype's range
+// (QuantState::check_values: one pass over the n/blocksize statistics, not the packed codes).
 Params4bit params4bit_from_state_dict(const std::string& weight_key, const TensorLookup& lookup,
-                                      const std::string& source);
+                                      const std::string& source, bool allow_nonfinite = false);
 // True if `lookup` has W.quant_state.bitsandbytes__nf4 or __fp4 (i.e. W is a 4-bit weight).
 bool is_4bit_weight(const std::string& weight_key, const TensorLookup& lookup);
 

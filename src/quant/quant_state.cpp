@@ -5,6 +5,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <limits>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "quant/blockwise.h"
@@ -104,20 +106,34 @@ QuantState QuantState::from_packed_json(std::string_view text, const std::string
   st.dtype = require_dtype(j, "dtype", label);
   const auto& shape = require(j, "shape", label);
   if (!shape.is_array()) throw InputError(label + ": packed quant state field \"shape\" must be a list");
+  // Every dimension a non-negative int64 and the product at most kMaxQuantNumel, so that
+  // (n + 1) / 2 packed bytes and ceil(n / blocksize) blocks are computed without overflow.
+  int64_t numel = 1;
   for (const auto& d : shape) {
-    if (!d.is_number_integer() || d.get<int64_t>() < 0)
-      throw InputError(label + ": packed quant state shape " + shape.dump() + " has a bad dimension");
-    st.shape.push_back(d.get<int64_t>());
+    if (!d.is_number_integer() || (d.is_number_unsigned() && d.get<uint64_t>() > uint64_t{INT64_MAX}) ||
+        d.get<int64_t>() < 0)
+      throw InputError(label + ": packed quant state field \"shape\" " + shape.dump() +
+                       " has a bad dimension (expected non-negative integers)");
+    const int64_t v = d.get<int64_t>();
+    if (v != 0 && numel > kMaxQuantNumel / v)
+      throw InputError(label + ": packed quant state field \"shape\" " + shape.dump() + " holds more than " +
+                       std::to_string(kMaxQuantNumel) + " elements (overflow)");
+    numel *= v;
+    st.shape.push_back(v);
   }
   const bool has_nested = j.contains("nested_blocksize") || j.contains("nested_offset") || j.contains("nested_dtype");
   if (has_nested) {
     NestedQuantState n;
     n.blocksize = require_int(j, "nested_blocksize", label);
-    if (n.blocksize <= 0) throw InputError(label + ": nested_blocksize must be positive");
+    try {
+      validate_blocksize(n.blocksize);
+    } catch (const InputError& e) {
+      throw InputError(label + ": packed quant state field \"nested_blocksize\": " + e.what());
+    }
     n.dtype = require_dtype(j, "nested_dtype", label);
     const auto& off = require(j, "nested_offset", label);
     if (!off.is_number()) throw InputError(label + ": packed quant state field \"nested_offset\" must be a number");
-    n.offset = static_cast<float>(off.get<double>());
+    n.offset = static_cast<float>(off.get<double>());  // 1e308 becomes Inf: check_values refuses it
     st.state2 = n;
   }
   return st;
@@ -156,6 +172,59 @@ void QuantState::validate(const std::string& label) const {
   } else if (absmax.dtype() != DType::kF32) {
     fail("absmax must be float32 without double quantization");
   }
+}
+
+namespace {
+// The first index and count of the values of v[0..n) that fail ok(); {-1, 0} when all pass.
+template <typename Ok>
+std::pair<int64_t, int64_t> first_bad(const float* v, int64_t n, Ok ok) {
+  int64_t first = -1, bad = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (!ok(v[i])) {
+      if (first < 0) first = i;
+      ++bad;
+    }
+  return {first, bad};
+}
+
+std::string value_str(float v) { return python_float_repr(static_cast<double>(v)); }
+Tensor to_cpu(const Tensor& t) { return t.device() == Device::kCpu ? t : t.to(Device::kCpu); }
+}  // namespace
+
+void QuantState::check_values(const std::string& label) const {
+  // The bound on |absmax| past which code 1.0 dequantizes to Inf in `dtype`: float16 rounds values
+  // below 65520 to its largest finite 65504 (bitsandbytes' own double quant can decode an absmax
+  // of 65504 to 65509, seen in tests/data/quant), so the bound is 65520, exclusive; f32 / bf16:
+  // any finite float32 (bf16 rounds values below its threshold the same way; the f32 product is
+  // what is cast).
+  const bool f16 = dtype == DType::kF16;
+  const double dtype_max = f16 ? 65520.0 : static_cast<double>(std::numeric_limits<float>::max());
+  auto in_range = [f16, dtype_max](double x) { return f16 ? x < dtype_max : x <= dtype_max; };
+  auto fail = [&](const std::string& field, const float* v, std::pair<int64_t, int64_t> b, const std::string& want) {
+    throw InputError(label + ": " + field + "[" + std::to_string(b.first) + "] = " + value_str(v[b.first]) + " (" +
+                     std::to_string(b.second) + " such values): expected " + want +
+                     "; refusing these statistics (--allow-nonfinite to load anyway)");
+  };
+  auto in_unit = [](float x) { return std::isfinite(x) && std::fabs(x) <= 1.0f; };
+  const Tensor c = to_cpu(code);
+  if (auto b = first_bad(c.data<float>(), c.numel(), in_unit); b.second) fail("quant_map", c.data<float>(), b, "a finite value in [-1, 1]");
+  if (state2) {
+    const Tensor nc = to_cpu(state2->code), na = to_cpu(state2->absmax);
+    if (auto b = first_bad(nc.data<float>(), nc.numel(), in_unit); b.second)
+      fail("nested_quant_map", nc.data<float>(), b, "a finite value in [-1, 1]");
+    auto finite = [](float x) { return std::isfinite(x); };
+    if (auto b = first_bad(na.data<float>(), na.numel(), finite); b.second) fail("nested_absmax", na.data<float>(), b, "a finite value");
+    if (!std::isfinite(state2->offset) || !in_range(std::fabs(static_cast<double>(state2->offset))))
+      throw InputError(label + ": nested_offset = " + value_str(state2->offset) + " (packed quant state): expected a finite value of magnitude " +
+                       (f16 ? "< " : "<= ") + python_float_repr(dtype_max) + "; refusing these statistics (--allow-nonfinite to load anyway)");
+  }
+  // What dequantization multiplies by: absmax, decoded as code256[q] * nested_absmax + offset when nested.
+  const std::vector<float> a = absmax_f32();
+  auto usable = [&in_range](float x) { return std::isfinite(x) && in_range(std::fabs(static_cast<double>(x))); };
+  if (auto b = first_bad(a.data(), static_cast<int64_t>(a.size()), usable); b.second)
+    fail(state2 ? "absmax (decoded: nested_quant_map[q] * nested_absmax + nested_offset)" : "absmax", a.data(), b,
+         std::string("a finite value of magnitude ") + (f16 ? "< " : "<= ") + python_float_repr(dtype_max) + " (past it " +
+             dtype_torch_name(dtype) + " holds Inf)");
 }
 
 }  // namespace qshard

@@ -26,6 +26,10 @@
 
 namespace qshard {
 
+// The most elements a quant state's shape may hold (2^62): (n + 1) / 2 and the block counts stay
+// in int64. A packed JSON shape past it is an InputError naming the field, never an overflow.
+constexpr int64_t kMaxQuantNumel = int64_t{1} << 62;
+
 struct NestedQuantState {
   Tensor absmax;           // [ceil(nblocks / blocksize)] f32
   Tensor code;             // [256] f32
@@ -51,7 +55,8 @@ struct QuantState {
   std::string packed_json() const;
   // Fills quant_type, blocksize, dtype, shape and the nested scalars from packed JSON bytes.
   // `label` names the source (file and key) in error messages. Throws InputError on malformed
-  // JSON, missing or mistyped fields, unknown quant type/dtype, invalid blocksize, and on a
+  // JSON, missing or mistyped fields, unknown quant type/dtype, invalid blocksize or
+  // nested_blocksize, a shape with a negative dimension or more than kMaxQuantNumel elements, and on a
   // type key (nf4|fp4 suffix) that disagrees with the JSON's quant_type.
   static QuantState from_packed_json(std::string_view json, const std::string& label);
 
@@ -60,6 +65,12 @@ struct QuantState {
   std::vector<float> absmax_f32() const;
   // Checks that tensor shapes/dtypes agree with the scalars; throws InputError naming `label`.
   void validate(const std::string& label) const;
+  // Checks the values dequantization multiplies by (REQUIRES: validate passed): quant_map and
+  // nested_quant_map finite and in [-1, 1], nested_absmax and nested_offset finite, and every
+  // absmax as dequantization decodes it (absmax_f32) finite and below the magnitude at which
+  // `dtype` holds Inf (float16: 65520, exclusive). Throws InputError naming `label`, the field, the first bad
+  // index, its value and the count. One pass over the statistics (n/blocksize values).
+  void check_values(const std::string& label) const;
 };
 
 // Python's repr() of a double (what json.dumps prints for a float): shortest round-trip digits,

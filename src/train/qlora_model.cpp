@@ -122,6 +122,7 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
     lo.quantize = quant;
     lo.lora = lora;
     lo.strict = false;
+    lo.allow_nonfinite = config.model.allow_nonfinite;
     LoadedLlama loaded = load_llama_folder(config.model.path, lo);
     m->tree = std::move(loaded.tree);
     phase("load");

@@ -144,6 +144,7 @@ const std::vector<Field>& fields() {
       QS_FIELD("model.quant_type", model.quant_type),
       QS_FIELD("model.blocksize", model.blocksize),
       QS_FIELD("model.double_quant", model.double_quant),
+      QS_FIELD("model.allow_nonfinite", model.allow_nonfinite),
       QS_FIELD("lora.r", lora.r),
       QS_FIELD("lora.alpha", lora.alpha),
       QS_FIELD("lora.dropout", lora.dropout),

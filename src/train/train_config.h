@@ -78,6 +78,9 @@ struct ModelConfig {
   QuantType quant_type = QuantType::kNf4;
   int64_t blocksize = 64;
   bool double_quant = true;
+  // Load model.path even when a weight holds NaN / Inf (LlamaLoadOptions::allow_nonfinite);
+  // `qshard train --allow-nonfinite` sets it.
+  bool allow_nonfinite = false;
 };
 
 struct LoraConfig {

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Non-finite weights and insane quant states through the CLI (issue 25): a NaN in a bf16 projection,
+# an Inf in a norm, a NaN nested_absmax, a nested_offset of 1e308 and a quant-state shape of
+# [2^40, 2^40] - eval, generate, train (model.path), dequantize and inspect --check refuse each with
+# exit 2 (inspect --check: 3) and a message naming the tensor (and field, first index, count);
+# --allow-nonfinite lets the NaN weight through eval, generate and dequantize. Every probe runs
+# under a 4 GiB address-space limit and a 60 s timeout, as tests/apps/probe_suite_check.sh's do.
+# The unit tests, with the mutations they catch: tests/checkpoint/nonfinite_test.cpp.
+# Usage: probe_nonfinite_check.sh QSHARD SOURCE_DIR WORK_DIR
+set -uo pipefail
+qshard=$1 src=$2 work=$3
+rm -rf "$work" && mkdir -p "$work"
+hf=$src/tests/data/hf
+fails=0
+
+# probe NAME EXPECTED_EXIT PATTERN -- command...: runs the command under the limits.
+probe() {
+  local name=$1 want=$2 pattern=$3
+  shift 4
+  local out rc
+  out=$( (ulimit -v 4194304; timeout 60 "$@") 2>&1)
+  rc=$?
+  if [ "$rc" != "$want" ] || ! grep -Eq -e "$pattern" <<< "$out"; then
+    echo "FAIL $name: exit $rc (want $want), pattern '$pattern'"
+    echo "$out" | tail -5 | cut -c1-400
+    fails=$((fails + 1))
+  else
+    echo "ok   $name: exit $rc: $(grep -Eo -e "$pattern.{0,60}" <<< "$out" | head -1)"
+  fi
+}
+
+# poke FILE TENSOR BYTE_OFFSET PRINTF_BYTES: overwrite bytes inside one tensor's payload.
+poke() {
+  local st=$1 hlen off
+  hlen=$(od -An -t u8 -N8 "$st" | tr -d ' ')
+  off=$(head -c $((8 + hlen)) "$st" | tail -c "$hlen" | grep -o "\"$2\":{[^}]*}" |
+    grep -o 'data_offsets":\[[0-9]*' | grep -o '[0-9]*$')
+  [ -n "$off" ] || { echo "FAIL: no tensor $2 in $st"; fails=$((fails + 1)); return; }
+  printf "$4" | dd of="$st" bs=1 seek=$((8 + hlen + off + $3)) conv=notrunc status=none
+}
+# packed_json FILE JSON: the first packed quant state in FILE replaced by JSON, padded with spaces
+# to the same length (so no header changes).
+packed_json() {
+  NEW=$2 perl -0777 -pi -e 's/\{"quant_type"[^}]*\}/my $o = $&; length($ENV{NEW}) <= length($o) or die "too long"; $ENV{NEW} . " " x (length($o) - length($ENV{NEW}))/e' "$1"
+}
+
+echo '[[1, 5, 3, 7]]' > "$work/ids.json"
+W=model.layers.0.mlp.up_proj.weight
+
+# ---- a NaN in a bf16 projection (element 3) and an Inf in model.norm.weight (element 0) ----
+cp -r "$hf/tiny_llama_bf16" "$work/nan"
+poke "$work/nan/model.safetensors" "$W" 6 '\xc0\x7f'
+msg="nan/model.safetensors: tensor '$W' holds 1 NaN/Inf values \(the first at flat index 3\)"
+probe "eval, a NaN weight" 2 "$msg" -- "$qshard" eval --model "$work/nan" --data "$work/ids.json" --device cpu
+probe "generate, a NaN weight" 2 "$msg" -- "$qshard" generate --model "$work/nan" --prompt-ids 1,2 --max-new-tokens 2 --device cpu
+probe "inspect --check, a NaN weight" 3 "problem: .*$msg" -- "$qshard" inspect --check --quiet "$work/nan"
+probe "quantize, a NaN weight" 2 "tensor '$W' holds 1 NaN/Inf values \(the first at flat index 3\)" -- \
+  "$qshard" quantize --cpu "$work/nan" "$work/nan_q"
+probe "train model.path, a NaN weight" 2 "$msg" -- "$qshard" train --config "$src/configs/tiny.yaml" \
+  --set device=cpu --set model.path="$work/nan" --set steps=10 --set checkpoint.dir="$work/nan_ckpt"
+# With the flag the model builds (the line after the load) and the job stops at the missing token file.
+probe "train --allow-nonfinite" 2 "model build: load" -- "$qshard" train --config "$src/configs/tiny.yaml" \
+  --allow-nonfinite --set device=cpu --set model.path="$work/nan" --set steps=10 --set checkpoint.dir="$work/nan_ckpt" \
+  --set data.train="$work/no_such.tok"
+probe "eval --allow-nonfinite" 0 "eval: 1 sequences" -- \
+  "$qshard" eval --model "$work/nan" --data "$work/ids.json" --device cpu --allow-nonfinite
+probe "generate --allow-nonfinite" 0 "." -- \
+  "$qshard" generate --model "$work/nan" --prompt-ids 1,2 --max-new-tokens 2 --device cpu --allow-nonfinite
+cp -r "$hf/tiny_llama_f32" "$work/inf"
+poke "$work/inf/model.safetensors" model.norm.weight 0 '\x00\x00\x80\xff'
+probe "eval, an Inf norm" 2 "tensor 'model.norm.weight' holds 1 NaN/Inf values \(the first at flat index 0\)" -- \
+  "$qshard" eval --model "$work/inf" --data "$work/ids.json" --device cpu
+
+# ---- 4-bit statistics: a NaN nested_absmax, a nested_offset of 1e308 ----
+Q=model.layers.0.self_attn.q_proj.weight
+cp -r "$hf/tiny_llama_bnb4_nf4_dq" "$work/nested"
+poke "$work/nested/model.safetensors" "$Q.nested_absmax" 0 '\x00\x00\xc0\x7f'
+msg="'$Q': nested_absmax\[0\] = NaN"
+probe "eval, a NaN nested_absmax" 2 "$msg" -- "$qshard" eval --model "$work/nested" --data "$work/ids.json" --device cpu
+probe "generate, a NaN nested_absmax" 2 "$msg" -- "$qshard" generate --model "$work/nested" --prompt-ids 1,2 --device cpu
+probe "dequantize, a NaN nested_absmax" 2 "$msg" -- "$qshard" dequantize "$work/nested" "$work/nested_d"
+[ ! -e "$work/nested_d" ] || { echo "FAIL: dequantize left output for a NaN nested_absmax"; fails=$((fails + 1)); }
+probe "inspect --check, a NaN nested_absmax" 3 "problem: .*$msg" -- "$qshard" inspect --check --quiet "$work/nested"
+probe "dequantize --allow-nonfinite" 0 "dequantized 14 weights" -- \
+  "$qshard" dequantize --allow-nonfinite "$work/nested" "$work/nested_d2"
+cp -r "$hf/tiny_llama_bnb4_nf4_dq" "$work/offset"
+packed_json "$work/offset/model.safetensors" \
+  '{"quant_type":"nf4","blocksize":64,"dtype":"bfloat16","shape":[64,96],"nested_blocksize":256,"nested_dtype":"float32","nested_offset":1e308}'
+probe "eval, nested_offset 1e308" 2 "nested_offset = Infinity" -- \
+  "$qshard" eval --model "$work/offset" --data "$work/ids.json" --device cpu
+probe "dequantize, nested_offset 1e308" 2 "nested_offset = Infinity" -- "$qshard" dequantize "$work/offset" "$work/offset_d"
+
+# ---- a quant-state shape of [2^40, 2^40]: an input error naming the field, not an internal one ----
+cp -r "$hf/tiny_llama_bnb4_nf4_dq" "$work/shape"
+packed_json "$work/shape/model.safetensors" \
+  '{"quant_type":"nf4","blocksize":64,"dtype":"bfloat16","shape":[1099511627776,1099511627776],"nested_blocksize":256,"nested_dtype":"float32","nested_offset":0.5}'
+msg="packed quant state field \"shape\" \[1099511627776,1099511627776\] holds more than"
+probe "eval, shape [2^40, 2^40]" 2 "$msg" -- "$qshard" eval --model "$work/shape" --data "$work/ids.json" --device cpu
+probe "dequantize, shape [2^40, 2^40]" 2 "$msg" -- "$qshard" dequantize "$work/shape" "$work/shape_d"
+probe "inspect --check, shape [2^40, 2^40]" 3 "problem: .*$msg" -- "$qshard" inspect --check --quiet "$work/shape"
+
+[ "$fails" = 0 ] && echo "nonfinite probes ok" || { echo "$fails nonfinite probe(s) failed"; exit 1; }
