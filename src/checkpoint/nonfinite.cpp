@@ -1,4 +1,5 @@
 #include "checkpoint/nonfinite.h"
+#include <cstdint>
 
 #include <algorithm>
 #include <cstring>
@@ -42,6 +43,13 @@ int64_t first_in_range(const U* p, int64_t n, U mask) {
 
 template <typename U>
 NonfiniteCount scan(const void* raw, int64_t n, U mask, int threads) {
+  // A view into a file's bytes may sit at any offset: such a tensor is scanned from an aligned copy.
+  std::vector<U> aligned;
+  if (reinterpret_cast<uintptr_t>(raw) % alignof(U) != 0) {
+    aligned.resize(static_cast<size_t>(n));
+    std::memcpy(aligned.data(), raw, static_cast<size_t>(n) * sizeof(U));
+    raw = aligned.data();
+  }
   const U* p = static_cast<const U*>(raw);
   const int64_t chunks = (n + kNonfiniteChunk - 1) / kNonfiniteChunk;
   std::vector<int64_t> bad(static_cast<size_t>(chunks), 0);

@@ -1,4 +1,7 @@
 #include "quant/quant_state.h"
+
+#include <cstdint>
+#include <cstring>
 #include "runtime/input_file.h"
 
 #include <algorithm>
@@ -139,16 +142,28 @@ QuantState QuantState::from_packed_json(std::string_view text, const std::string
   return st;
 }
 
+namespace {
+// `t` on the host at an address its element type may be read from: a view into a file's bytes (a
+// safetensors payload at any offset) is copied first.
+Tensor host_aligned(const Tensor& t) {
+  Tensor h = t.device() == Device::kCpu ? t : t.to(Device::kCpu);
+  if (reinterpret_cast<uintptr_t>(h.raw()) % dtype_size(h.dtype()) == 0) return h;
+  Tensor copy = Tensor::empty(h.shape(), h.dtype());
+  std::memcpy(copy.raw(), h.raw(), h.nbytes());
+  return copy;
+}
+}  // namespace
+
 std::vector<float> QuantState::absmax_f32() const {
   const int64_t nb = num_blocks();
   std::vector<float> out(static_cast<size_t>(nb));
-  Tensor a = absmax.device() == Device::kCpu ? absmax : absmax.to(Device::kCpu);
+  Tensor a = host_aligned(absmax);
   if (!state2) {
     std::copy_n(a.data<float>(), nb, out.begin());
     return out;
   }
-  Tensor na = state2->absmax.device() == Device::kCpu ? state2->absmax : state2->absmax.to(Device::kCpu);
-  Tensor nc = state2->code.device() == Device::kCpu ? state2->code : state2->code.to(Device::kCpu);
+  Tensor na = host_aligned(state2->absmax);
+  Tensor nc = host_aligned(state2->code);
   cpu::decode_nested_absmax(a.data<uint8_t>(), na.data<float>(), nc.data<float>(), nb, state2->blocksize,
                             state2->offset, out.data());
   return out;
@@ -175,12 +190,19 @@ void QuantState::validate(const std::string& label) const {
 }
 
 namespace {
+// v[i] of a float32 array that may sit at any byte offset (a view into a file's bytes).
+float load_f32(const float* v, int64_t i) {
+  float x;
+  std::memcpy(&x, reinterpret_cast<const unsigned char*>(v) + i * static_cast<int64_t>(sizeof(float)), sizeof x);
+  return x;
+}
+
 // The first index and count of the values of v[0..n) that fail ok(); {-1, 0} when all pass.
 template <typename Ok>
 std::pair<int64_t, int64_t> first_bad(const float* v, int64_t n, Ok ok) {
   int64_t first = -1, bad = 0;
   for (int64_t i = 0; i < n; ++i)
-    if (!ok(v[i])) {
+    if (!ok(load_f32(v, i))) {
       if (first < 0) first = i;
       ++bad;
     }
@@ -188,7 +210,7 @@ std::pair<int64_t, int64_t> first_bad(const float* v, int64_t n, Ok ok) {
 }
 
 std::string value_str(float v) { return python_float_repr(static_cast<double>(v)); }
-Tensor to_cpu(const Tensor& t) { return t.device() == Device::kCpu ? t : t.to(Device::kCpu); }
+Tensor to_cpu(const Tensor& t) { return host_aligned(t); }
 }  // namespace
 
 void QuantState::check_values(const std::string& label) const {
@@ -201,7 +223,7 @@ void QuantState::check_values(const std::string& label) const {
   const double dtype_max = f16 ? 65520.0 : static_cast<double>(std::numeric_limits<float>::max());
   auto in_range = [f16, dtype_max](double x) { return f16 ? x < dtype_max : x <= dtype_max; };
   auto fail = [&](const std::string& field, const float* v, std::pair<int64_t, int64_t> b, const std::string& want) {
-    throw InputError(label + ": " + field + "[" + std::to_string(b.first) + "] = " + value_str(v[b.first]) + " (" +
+    throw InputError(label + ": " + field + "[" + std::to_string(b.first) + "] = " + value_str(load_f32(v, b.first)) + " (" +
                      std::to_string(b.second) + " such values): expected " + want +
                      "; refusing these statistics (--allow-nonfinite to load anyway)");
   };
