@@ -76,6 +76,36 @@ struct CostInputs {
   int world = 1;
 };
 
+// The job's sizes for the cost model (and the resident estimate): the 4-bit base as the build
+// makes it, and the LoRA parameters on all seven projections.
+struct JobSizes {
+  Llama4bitBytes base;
+  double lora_params = 0;
+  CostInputs cost;
+};
+JobSizes job_sizes(const TrainConfig& config, const LlamaConfig& lc, int world) {
+  JobSizes z;
+  const double other_b = config.model.path.empty() ? static_cast<double>(dtype_size(config.model.init.dtype)) : 2.0;
+  z.base = llama_4bit_bytes(lc, config.model.blocksize, config.model.double_quant, other_b);
+  const double L = static_cast<double>(lc.num_hidden_layers);
+  const double C = static_cast<double>(lc.hidden_size), I = static_cast<double>(lc.intermediate_size);
+  const double q = static_cast<double>(lc.num_attention_heads * lc.head_dim);
+  const double kv = static_cast<double>(lc.num_key_value_heads * lc.head_dim);
+  z.lora_params = static_cast<double>(config.lora.r) * L * (7 * C + 2 * q + 2 * kv + 3 * I);
+  const int64_t T = config.data.max_seq_len;
+  z.cost = CostInputs{L, static_cast<double>(T),
+                      static_cast<double>(config.batch.global_batch_size / std::max(world, 1)),
+                      useful_flops_per_token(lc, T, static_cast<uint64_t>(z.lora_params)), z.base.projections / L,
+                      z.lora_params, world};
+  return z;
+}
+
+// 1 + the kept layers (each but the last costs per_kept) that `room` bytes hold, at most `layers`.
+int64_t kept_for_room(double room, double per_kept, int64_t layers) {
+  const double extra = room > 0 ? std::floor(room / per_kept) : 0.0;
+  return std::clamp<int64_t>(1 + static_cast<int64_t>(std::min(extra, 1e9)), 0, layers);
+}
+
 double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
   const double R = r.gemm_flops > 0 ? r.gemm_flops : kDefaultGemmFlops;
   const double h2d = r.h2d_bytes_per_second > 0 ? r.h2d_bytes_per_second : kDefaultH2dBytesPerSecond;
@@ -106,16 +136,12 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
   const int64_t T = config.data.max_seq_len;
 
   // Estimates of what stays on the GPU besides the step's buffers.
-  const double other_b = config.model.path.empty() ? static_cast<double>(dtype_size(config.model.init.dtype)) : 2.0;
-  const Llama4bitBytes base = llama_4bit_bytes(lc, config.model.blocksize, config.model.double_quant, other_b);
-  const double proj_b = base.projections;
+  const JobSizes sizes = job_sizes(config, lc, world);
+  const double proj_b = sizes.base.projections;
   const double L = static_cast<double>(lc.num_hidden_layers);
-  const double root = base.other;   // embeddings, head, norms: gathered whole at the head
-  const double unit = proj_b / L;   // one decoder layer, gathered (two in flight)
-  const double C = static_cast<double>(lc.hidden_size), I = static_cast<double>(lc.intermediate_size);
-  const double q = static_cast<double>(lc.num_attention_heads * lc.head_dim);
-  const double kv = static_cast<double>(lc.num_key_value_heads * lc.head_dim);
-  const double lora_p = static_cast<double>(config.lora.r) * L * (7 * C + 2 * q + 2 * kv + 3 * I);
+  const double root = sizes.base.other;  // embeddings, head, norms: gathered whole at the head
+  const double unit = proj_b / L;        // one decoder layer, gathered (two in flight)
+  const double lora_p = sizes.lora_params;
   auto resident = [&](bool offload_params, bool offload_opt) {
     double b = cuda ? kRuntimeBytes : 0.0;
     if (world == 1)  // the base read in place, or offloaded through two layer slots; the root on the device
@@ -126,8 +152,6 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     b += 2 * (lora_p / L) * (2 + 4);                       // two units' compute copies and full gradients
     return b;
   };
-  const CostInputs cost{L, static_cast<double>(T), static_cast<double>(per_rank),
-                        useful_flops_per_token(lc, T, static_cast<uint64_t>(lora_p)), unit, lora_p, world};
 
   // One candidate: the step's buffers for micro-batch `micro`, the kept layers the budget holds.
   auto candidate = [&](int64_t micro, bool offload_params, bool offload_opt) {
@@ -148,12 +172,9 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     p.per_kept = llama_kept_layer_bytes(lc, step_options(config, micro, 0), backend, act_t, config.lora.r);
     p.resident = resident(offload_params, offload_opt);
     p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
-    if (m.keep_layers < 0 && budget > 0 && p.mlp_chunk_rows == 0 && p.per_kept > 0) {
-      const double room = budget - p.resident - p.step;
-      const double extra = room > 0 ? std::floor(room / p.per_kept) : 0.0;
-      p.keep_layers = std::clamp<int64_t>(1 + static_cast<int64_t>(std::min(extra, 1e9)), 0, p.layers);
-    }
-    if (cuda) p.est_step_s = estimate(p, cost, rates);
+    if (m.keep_layers < 0 && budget > 0 && p.mlp_chunk_rows == 0 && p.per_kept > 0)
+      p.keep_layers = kept_for_room(budget - p.resident - p.step, p.per_kept, p.layers);
+    if (cuda) p.est_step_s = estimate(p, sizes.cost, rates);
     return p;
   };
 
@@ -242,18 +263,7 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
 
 double plan_step_estimate(const MemoryPlan& p, const TrainConfig& config, const LlamaConfig& lc, int world,
                           const PlanRates& rates) {
-  const double L = static_cast<double>(lc.num_hidden_layers);
-  const double C = static_cast<double>(lc.hidden_size), I = static_cast<double>(lc.intermediate_size);
-  const double q = static_cast<double>(lc.num_attention_heads * lc.head_dim);
-  const double kv = static_cast<double>(lc.num_key_value_heads * lc.head_dim);
-  const double lora_p = static_cast<double>(config.lora.r) * L * (7 * C + 2 * q + 2 * kv + 3 * I);
-  const double other_b = config.model.path.empty() ? static_cast<double>(dtype_size(config.model.init.dtype)) : 2.0;
-  const Llama4bitBytes base = llama_4bit_bytes(lc, config.model.blocksize, config.model.double_quant, other_b);
-  const CostInputs cost{L, static_cast<double>(config.data.max_seq_len),
-                        static_cast<double>(config.batch.global_batch_size / std::max(world, 1)),
-                        useful_flops_per_token(lc, config.data.max_seq_len, static_cast<uint64_t>(lora_p)),
-                        base.projections / L, lora_p, world};
-  return estimate(p, cost, rates);
+  return estimate(p, job_sizes(config, lc, world).cost, rates);
 }
 
 void plan_kept_layers(MemoryPlan& p, const TrainConfig& config, double in_use_bytes, double optimizer_bytes) {
@@ -263,9 +273,7 @@ void plan_kept_layers(MemoryPlan& p, const TrainConfig& config, double in_use_by
     p.measured = true;
   }
   if (config.memory.keep_layers >= 0 || p.budget <= 0 || p.mlp_chunk_rows > 0 || p.per_kept <= 0) return;
-  const double room = p.budget - p.resident - p.step;
-  const double extra = room > 0 ? std::floor(room / p.per_kept) : 0.0;
-  p.keep_layers = std::clamp<int64_t>(1 + static_cast<int64_t>(std::min(extra, 1e9)), 0, p.layers);
+  p.keep_layers = kept_for_room(p.budget - p.resident - p.step, p.per_kept, p.layers);
 }
 
 }  // namespace qshard
