@@ -210,6 +210,7 @@ TEST_F(Sharded, WorldOneKeepsAnOwnSlotUnitOnTheDevice) {
   }
   for (int u : {3, 0}) {  // the root, then a layer: every gathered tensor is the original
     mgr->gather(u);
+    mgr->compute_stream().synchronize();  // the host reads the views below (the layer's h2d copy)
     for (int k = 0; k < kNumBufferKinds; ++k)
       for (const auto& [name, t] : m.units[u][k])
         EXPECT_TRUE(same_bytes(mgr->view(u, static_cast<BufferKind>(k), name), t)) << u << " " << name;
