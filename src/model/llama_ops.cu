@@ -12,6 +12,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <tuple>
 #include <vector>
 
@@ -190,6 +191,121 @@ __global__ void rmsnorm_bwd_kernel_v8(bf16* dx, const bf16* dout, const bf16* x,
   }
 }
 
+// Register-resident 8-wide RMSNorm (C / 8 <= kNormThreads * VPT): each thread loads its VPT 16-byte
+// vectors of the row (and, backward, of the incoming gradient) once, keeps them in registers for
+// the row sum and the output, and reads the f32 weight as two float4. The v8 kernels above read
+// the row twice; these move each byte once (the row sum's order differs from theirs in the last
+// bit, as theirs differs from the scalar kernels').
+constexpr int kNormThreads = 128;
+constexpr int kNormMaxVpt = 8;  // C <= 8 * 128 * 8 = 8192
+
+__device__ inline void load_w8(float (&w)[8], const float* wp, int64_t c8) {
+  const float4 a = reinterpret_cast<const float4*>(wp)[2 * c8], b = reinterpret_cast<const float4*>(wp)[2 * c8 + 1];
+  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+}
+
+template <int VPT>
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_fwd_kernel_reg(bf16* out, float* rstd, const bf16* x,
+                                                                       const float* w, int64_t C, int64_t ld_out,
+                                                                       float eps) {
+  const int64_t n = blockIdx.x, C8 = C / 8;
+  const Bf16x8* xr = reinterpret_cast<const Bf16x8*>(x + n * C);
+  Bf16x8 v[VPT];
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(i) * kNormThreads;
+    if (c < C8) {
+      v[i] = xr[c];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float f = __bfloat162float(v[i].v[j]);
+        ss += f * f;
+      }
+    }
+  }
+  ss = block_sum(ss);
+  const float r = 1.0f / sqrtf(ss / static_cast<float>(C) + eps);
+  if (threadIdx.x == 0) rstd[n] = r;
+  Bf16x8* o = reinterpret_cast<Bf16x8*>(out + n * ld_out);
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(i) * kNormThreads;
+    if (c < C8) {
+      float wv[8];
+      load_w8(wv, w, c);
+      Bf16x8 y;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) y.v[j] = __float2bfloat16_rn(wv[j] * (__bfloat162float(v[i].v[j]) * r));
+      o[c] = y;
+    }
+  }
+}
+
+template <int VPT>
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_bwd_kernel_reg(bf16* dx, const bf16* dout, const bf16* x,
+                                                                       const float* w, const float* rstd, int64_t C,
+                                                                       int64_t ld_dout) {
+  const int64_t n = blockIdx.x, C8 = C / 8;
+  const float r = rstd[n];
+  const Bf16x8* xr = reinterpret_cast<const Bf16x8*>(x + n * C);
+  const Bf16x8* gr = reinterpret_cast<const Bf16x8*>(dout + n * ld_dout);
+  Bf16x8 xv[VPT], gv[VPT];
+  float dot = 0.0f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(i) * kNormThreads;
+    if (c < C8) {
+      xv[i] = xr[c];
+      gv[i] = gr[c];
+      float wv[8];
+      load_w8(wv, w, c);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) dot += __bfloat162float(gv[i].v[j]) * wv[j] * (__bfloat162float(xv[i].v[j]) * r);
+    }
+  }
+  dot = block_sum(dot);
+  const float mean_dot = dot / static_cast<float>(C);
+  Bf16x8* d = reinterpret_cast<Bf16x8*>(dx + n * C);
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(i) * kNormThreads;
+    if (c < C8) {
+      float wv[8];
+      load_w8(wv, w, c);
+      Bf16x8 dv = d[c];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float xh = __bfloat162float(xv[i].v[j]) * r;
+        const float g = __bfloat162float(gv[i].v[j]) * wv[j];
+        dv.v[j] = __float2bfloat16_rn(__bfloat162float(dv.v[j]) + r * (g - xh * mean_dot));
+      }
+      d[c] = dv;
+    }
+  }
+}
+
+// Vectors per thread of the register-resident kernels for a row of C (0: C too wide for them).
+int norm_vpt(int64_t C) {
+  const int64_t vpt = (C / 8 + kNormThreads - 1) / kNormThreads;
+  return vpt <= kNormMaxVpt ? static_cast<int>(vpt) : 0;
+}
+
+// Runs f(std::integral_constant<int, V>{}) for V = vpt in 1 .. kNormMaxVpt.
+template <class F>
+void with_vpt(int vpt, F&& f) {
+  switch (vpt) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
 // ---- element-wise ops: one per-element function, run by a scalar kernel or, when every pointer is
 // 16-byte aligned and n a multiple of 8, by a kernel moving 8 bf16 (16 bytes) per load/store. Both
 // give the same bits (the same function per element); the wide one is the common case (buffers
@@ -253,6 +369,32 @@ __global__ void rope_kernel(bf16* x, const float* cos, const float* sin, int64_t
     const float x1 = __bfloat162float(v[k]), x2 = __bfloat162float(v[k + half]);
     v[k] = __float2bfloat16_rn(x1 * c - x2 * s);
     v[k + half] = __float2bfloat16_rn(x2 * c + x1 * s);
+  }
+}
+
+// The same rotation 8 pairs per thread (half % 8 == 0, x, cos and sin 16-byte aligned): one 16-byte
+// load of each half of the head and two float4 of each table; the same f32 expression per element.
+__global__ void rope_kernel_v8(bf16* x, const float* cos, const float* sin, int64_t T, int64_t nh, int64_t half,
+                               int64_t n8, float sign) {
+  const int64_t g8 = half / 8;
+  QS_GRID_STRIDE(i, n8) {
+    const int64_t k = (i % g8) * 8, row = i / g8;  // row = (b*T + t)*nh + h
+    const int64_t t = (row / nh) % T;
+    Bf16x8* p1 = reinterpret_cast<Bf16x8*>(x + row * 2 * half + k);
+    Bf16x8* p2 = reinterpret_cast<Bf16x8*>(x + row * 2 * half + half + k);
+    float c[8], s[8];
+    load_w8(c, cos + t * half, k / 8);
+    load_w8(s, sin + t * half, k / 8);
+    const Bf16x8 a = *p1, b = *p2;
+    Bf16x8 ya, yb;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float x1 = __bfloat162float(a.v[j]), x2 = __bfloat162float(b.v[j]), sj = sign * s[j];
+      ya.v[j] = __float2bfloat16_rn(x1 * c[j] - x2 * sj);
+      yb.v[j] = __float2bfloat16_rn(x2 * c[j] + x1 * sj);
+    }
+    *p1 = ya;
+    *p2 = yb;
   }
 }
 
@@ -520,7 +662,13 @@ void rmsnorm_fwd(uint16_t* out, float* rstd, const uint16_t* x, const float* wei
                  DeviceContext& ctx, int64_t ld_out) {
   if (N == 0) return;
   if (ld_out == 0) ld_out = C;
-  if (C % 8 == 0 && ld_out % 8 == 0 && vec8_ok(8, {out, x}))
+  const int vpt = norm_vpt(C);
+  if (C % 8 == 0 && ld_out % 8 == 0 && vpt > 0 && vec8_ok(8, {out, x, weight}))
+    with_vpt(vpt, [&](auto v) {
+      rmsnorm_fwd_kernel_reg<decltype(v)::value>
+          <<<static_cast<unsigned>(N), kNormThreads, 0, st(ctx)>>>(B16(out), rstd, B16(x), weight, C, ld_out, eps);
+    });
+  else if (C % 8 == 0 && ld_out % 8 == 0 && vec8_ok(8, {out, x}))
     rmsnorm_fwd_kernel_v8<<<static_cast<unsigned>(N), 256, 0, st(ctx)>>>(B16(out), rstd, B16(x), weight, C, ld_out, eps);
   else
     rmsnorm_fwd_kernel<<<static_cast<unsigned>(N), 256, 0, st(ctx)>>>(B16(out), rstd, B16(x), weight, C, ld_out, eps);
@@ -531,7 +679,13 @@ void rmsnorm_bwd(uint16_t* dx, const uint16_t* dout, const uint16_t* x, const fl
                  int64_t N, int64_t C, DeviceContext& ctx, int64_t ld_dout) {
   if (N == 0) return;
   if (ld_dout == 0) ld_dout = C;
-  if (C % 8 == 0 && ld_dout % 8 == 0 && vec8_ok(8, {dx, dout, x}))
+  const int vpt = norm_vpt(C);
+  if (C % 8 == 0 && ld_dout % 8 == 0 && vpt > 0 && vec8_ok(8, {dx, dout, x, weight}))
+    with_vpt(vpt, [&](auto v) {
+      rmsnorm_bwd_kernel_reg<decltype(v)::value><<<static_cast<unsigned>(N), kNormThreads, 0, st(ctx)>>>(
+          B16(dx), B16(dout), B16(x), weight, rstd, C, ld_dout);
+    });
+  else if (C % 8 == 0 && ld_dout % 8 == 0 && vec8_ok(8, {dx, dout, x}))
     rmsnorm_bwd_kernel_v8<<<static_cast<unsigned>(N), 256, 0, st(ctx)>>>(B16(dx), B16(dout), B16(x), weight, rstd, C,
                                                                         ld_dout);
   else
@@ -595,11 +749,21 @@ void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceC
   ctx.compute().synchronize();  // the host vectors go out of scope (a start-up op, not in a step)
 }
 
+// The 8-wide kernel when the head's halves and the tables allow it, else the scalar one.
+static void rope_launch(bf16* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
+                 float sign, DeviceContext& ctx) {
+  const int64_t half = D / 2, n = B * T * nh * half;
+  if (half % 8 == 0 && vec8_ok(8, {x, cos, sin}))
+    rope_kernel_v8<<<grid_for(n / 8), 256, 0, st(ctx)>>>(x, cos, sin, T, nh, half, n / 8, sign);
+  else
+    rope_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(x, cos, sin, B, T, nh, D, sign);
+}
+
 void rope_fwd(uint16_t* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
               DeviceContext& ctx) {
   const int64_t n = B * T * nh * (D / 2);
   if (n == 0) return;
-  rope_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(x), cos, sin, B, T, nh, D, 1.0f);
+  rope_launch(B16(x), cos, sin, B, T, nh, D, 1.0f, ctx);
   QS_CUDA_CHECK_LAUNCH();
 }
 
@@ -607,7 +771,7 @@ void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64
               DeviceContext& ctx) {
   const int64_t n = B * T * nh * (D / 2);
   if (n == 0) return;
-  rope_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(dx), cos, sin, B, T, nh, D, -1.0f);
+  rope_launch(B16(dx), cos, sin, B, T, nh, D, -1.0f, ctx);
   QS_CUDA_CHECK_LAUNCH();
 }
 

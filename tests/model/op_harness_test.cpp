@@ -89,11 +89,13 @@ TEST(OpHarness, GemmLeadingDimensions) {
   });
 }
 
-// RMSNorm forward and backward. CPU tol 1e-5: a mean of C squares in f32, one rsqrt. C = 96 runs
-// CUDA's 8-wide kernels, C = 90 the scalar ones; ld = C + 8 writes the forward's output and reads
-// the backward's incoming gradient as a column block of a wider buffer (the LoRA fold).
+// RMSNorm forward and backward. CPU tol 1e-5: a mean of C squares in f32, one rsqrt. On CUDA, C = 96
+// (one vector per thread) and 2056 (three, the last partial) run the register-resident kernels,
+// C = 8200 (too wide for them) the 8-wide ones, C = 90 the scalar ones; ld = C + 8 writes the
+// forward's output and reads the backward's incoming gradient as a column block of a wider buffer
+// (the LoRA fold).
 TEST(OpHarness, RmsNorm) {
-  for (const int64_t C : {int64_t{96}, int64_t{90}})
+  for (const int64_t C : {int64_t{96}, int64_t{2056}, int64_t{8200}, int64_t{90}})
     for (const int64_t pad : {int64_t{0}, int64_t{8}}) for_each_case([C, pad](DeviceContext& ctx, Inputs& in) {
       const int64_t N = 7, ld = C + pad;
       const float eps = 1e-5f;
@@ -185,10 +187,11 @@ TEST(OpHarness, SwiGlu) {
 
 // RoPE with llama3 scaling, T = 67 (not a multiple of 64), forward then backward = identity.
 // CPU tol 1e-5: f32 angles t * inv_freq (HF computes them in f32 too; the oracle uses the same
-// f32 inv_freq, then double trig).
+// f32 inv_freq, then double trig). On CUDA, D = 16 and 128 run the 8-wide kernel (half % 8 == 0),
+// D = 24 the scalar one.
 TEST(OpHarness, Rope) {
-  for_each_case([](DeviceContext& ctx, Inputs& in) {
-    const int64_t B = 2, T = 67, nh = 3, D = 16;
+  for (const int64_t D : {int64_t{16}, int64_t{128}, int64_t{24}}) for_each_case([D](DeviceContext& ctx, Inputs& in) {
+    const int64_t B = 2, T = 67, nh = 3;
     RopeParams p;
     p.theta = 500000.0;
     p.head_dim = D;
@@ -213,10 +216,10 @@ TEST(OpHarness, Rope) {
             want[o + i] = X[o + i] * c - X[o + i + D / 2] * s;
             want[o + i + D / 2] = X[o + i + D / 2] * c + X[o + i] * s;
           }
-    report(ctx, "rope_fwd", in.adversarial, back(ctx, x), want, tol(ctx, 1e-5, 4e-3));
+    report(ctx, ("rope_fwd D" + std::to_string(D)).c_str(), in.adversarial, back(ctx, x), want, tol(ctx, 1e-5, 4e-3));
     ops::rope_bwd(x.raw(), cs.data<float>(), sn.data<float>(), B, T, nh, D, ctx);
     // CUDA: two bf16 roundings (after the forward and after the backward).
-    report(ctx, "rope_bwd(rope_fwd(x))", in.adversarial, back(ctx, x), std::vector<double>(X.begin(), X.end()),
+    report(ctx, ("rope_bwd(rope_fwd(x)) D" + std::to_string(D)).c_str(), in.adversarial, back(ctx, x), std::vector<double>(X.begin(), X.end()),
            tol(ctx, 1e-5, 8e-3));
   });
 }
