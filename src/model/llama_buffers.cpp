@@ -120,7 +120,10 @@ void add_internals(BufferPlan& p, const LlamaBufferDims& d, Backend backend, int
                    const std::string& prefix, int64_t mlp_rows, LlamaInternals* s) {
   const int64_t N = d.N, C = d.C, q = d.H * d.D, kv = d.Hkv * d.D;
   auto t = [&](auto* field) { return s ? reinterpret_cast<void**>(field) : nullptr; };
-  p.add(prefix + "h1", N * (C + d.fold_r[0]) * esz, life, t(s ? &s->h1 : nullptr));
+  // A kept set has no h1 / h2: the backward recomputes them (one RMSNorm and the fold's x A^T each)
+  // into the working set's, a sixth less memory per kept layer for two memory-bound kernels.
+  const bool kept = life == BufferLife::kKept;
+  if (!kept) p.add(prefix + "h1", N * (C + d.fold_r[0]) * esz, life, t(s ? &s->h1 : nullptr));
   p.add(prefix + "rstd1", N * 4, life, t(s ? &s->rstd1 : nullptr));
   p.add(prefix + "q", N * q * esz, life, t(s ? &s->q : nullptr));
   p.add(prefix + "k", N * kv * esz, life, t(s ? &s->k : nullptr));
@@ -129,7 +132,7 @@ void add_internals(BufferPlan& p, const LlamaBufferDims& d, Backend backend, int
         life, t(s ? &s->att_saved : nullptr));
   p.add(prefix + "a", N * q * esz, life, t(s ? &s->a : nullptr));
   p.add(prefix + "x2", N * C * esz, life, t(s ? &s->x2 : nullptr));
-  p.add(prefix + "h2", N * (C + d.fold_r[1]) * esz, life, t(s ? &s->h2 : nullptr));
+  if (!kept) p.add(prefix + "h2", N * (C + d.fold_r[1]) * esz, life, t(s ? &s->h2 : nullptr));
   p.add(prefix + "rstd2", N * 4, life, t(s ? &s->rstd2 : nullptr));
   p.add(prefix + "gate", mlp_rows * d.I * esz, life, t(s ? &s->g : nullptr));
   p.add(prefix + "up", mlp_rows * d.I * esz, life, t(s ? &s->u : nullptr));

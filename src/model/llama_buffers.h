@@ -6,7 +6,8 @@
 //               (checkpoints x_l, one layer's internals and gradients, head, RoPE tables, ids,
 //               the loss accumulator, per-bind conversions, generation's KV cache);
 //   kKept       the internals of each kept layer but the last (LlamaModelOptions::keep_layers),
-//               one more allocation, "kept[i].<name>";
+//               one more allocation, "kept[i].<name>" (all but the two RMSNorm outputs h1 / h2,
+//               which the backward recomputes into the working set's);
 //   kWorkspace  the scratch the model reserves in the context's Workspace (dequantized
 //               projections, the fold's widened weights, LoRA and dropout temporaries, one chunk of
 //               LM-head logits): reset and reused per layer;
@@ -115,7 +116,13 @@ struct LlamaActivations : LlamaInternals {
   Tensor storage, kept_storage;
   std::vector<LlamaInternals> kept;  // kept_sets sets: layers L-keep .. L-2 (the last: the working set)
   LlamaInternals work;               // the working set's pointers (saved while a kept set is in use)
-  void use(const LlamaInternals& s) { static_cast<LlamaInternals&>(*this) = s; }
+  // Points the internals at set `s`; a kept set has no h1 / h2 (recomputed in the backward): the
+  // working set's serve.
+  void use(const LlamaInternals& s) {
+    static_cast<LlamaInternals&>(*this) = s;
+    if (!s.h1) h1 = work.h1;
+    if (!s.h2) h2 = work.h2;
+  }
   void* xs = nullptr;        // [L+1, N, C] layer inputs (checkpoints); xs[L] the final hidden state
   void* m = nullptr;         // [NM, I] silu(g) * u (down_proj input)
   // gradients

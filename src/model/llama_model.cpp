@@ -520,7 +520,14 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
   dequantize_layer();
   if (set < 0) {
     run_layer(x_in, nullptr, B, T);  // activation checkpointing: recompute the internals
-  } else if (own) {
+  } else if (own) {  // a kept set: what it does not hold, from what it does (the same kernels: the same bits)
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    mark(StepPart::kNorm);
+    ops::rmsnorm_fwd(a.h1, a.rstd1, x_in, layer_.input_norm, N, C, eps, ctx_, fold_ld(0));
+    fold_fwd(0, a.h1, N);
+    mark(StepPart::kNorm);
+    ops::rmsnorm_fwd(a.h2, a.rstd2, a.x2, layer_.post_norm, N, C, eps, ctx_, fold_ld(1));
+    fold_fwd(1, a.h2, N);
     mark(StepPart::kSwiglu);
     ops::swiglu_fwd(a.m, a.g, a.u, N * I, ctx_);  // m is not kept: one elementwise op
     mark(StepPart::kOther);
