@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -70,16 +71,22 @@ InferenceModel load_inference_model(const std::string& model_dir, const std::str
   return im;
 }
 
-std::unique_ptr<DeviceContext> inference_context(DeviceChoice choice, const std::string& setting) {
+std::unique_ptr<DeviceContext> inference_context(DeviceChoice choice, const std::string& setting,
+                                                 const std::string& model_dir) {
   const int gpu = cuda_available() ? 0 : -1;
   std::unique_ptr<DeviceContext> ctx = make_device_context(choice, gpu, setting);
   if (ctx->is_cuda() && !ops::has_backend(Backend::kCuda, "attention_fwd"))
     throw InputError(setting + ": this build has no fused attention on CUDA (built without cuDNN); use --device cpu");
+  if (ctx->is_cuda())  // before the weights load
+    check_attention_shape(LlamaConfig::load(model_dir), ctx->backend(),
+                          (std::filesystem::path(model_dir) / "config.json").string() + " (" + setting + " cuda)");
   return ctx;
 }
 
 EvalResult evaluate_model(const EvalOptions& o) {
   if (o.seq_len < 0) throw InputError("eval --seq-len " + std::to_string(o.seq_len) + ": expected a positive length");
+  // `qshard eval` runs in one process: on the first GPU (bf16 activations) or the CPU reference.
+  std::unique_ptr<DeviceContext> ctx_ptr = inference_context(o.device, "eval --device", o.model_dir);
   InferenceModel im = load_inference_model(o.model_dir, o.adapter_dir, o.allow_nonfinite);
   const LlamaConfig& cfg = im.config;
   LlamaModelOptions mo = im.options;
@@ -119,8 +126,6 @@ EvalResult evaluate_model(const EvalOptions& o) {
         throw InputError("--dump-logits needs sequences of one length; " + o.data + " has lengths " +
                          std::to_string(seqs[0].size()) + " and " + std::to_string(s.size()));
 
-  // `qshard eval` runs in one process: on the first GPU (bf16 activations) or the CPU reference.
-  std::unique_ptr<DeviceContext> ctx_ptr = inference_context(o.device, "eval --device");
   DeviceContext& ctx = *ctx_ptr;
   if (ctx.is_cuda()) require_device_memory(tree_bytes, "eval of " + o.model_dir + " on the GPU", llama_size_keys(cfg));
   move_tree_to(*tree, ctx.compute_device());

@@ -38,7 +38,8 @@ InferenceModel load_inference_model(const std::string& model_dir, const std::str
 void move_tree_to(Module& m, Device device);
 // The context of a one-process inference command: the first GPU or the CPU as `choice` says
 // (`setting` names the flag in errors); a CUDA build without fused attention refuses the GPU.
-std::unique_ptr<DeviceContext> inference_context(DeviceChoice choice, const std::string& setting);
+std::unique_ptr<DeviceContext> inference_context(DeviceChoice choice, const std::string& setting,
+                                                 const std::string& model_dir);
 
 struct EvalOptions {
   std::string model_dir;

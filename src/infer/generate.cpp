@@ -198,6 +198,7 @@ GenerateResult generate_text(const GenerateOptions& o, const std::function<void(
   if (!o.system.empty() && !o.chat) throw InputError("generate --system needs --chat");
   Sampler sampler(o.sampling);  // validates the sampling flags before anything is loaded
 
+  std::unique_ptr<DeviceContext> ctx_ptr = inference_context(o.device, "generate --device", o.model_dir);
   InferenceModel im = load_inference_model(o.model_dir, o.adapter_dir, o.allow_nonfinite);
   const LlamaConfig& cfg = im.config;
   const int64_t V = cfg.vocab_size;
@@ -242,7 +243,6 @@ GenerateResult generate_text(const GenerateOptions& o, const std::function<void(
     if (codec && codec->eos()) eos.insert(*codec->eos());
   }
 
-  std::unique_ptr<DeviceContext> ctx_ptr = inference_context(o.device, "generate --device");
   DeviceContext& ctx = *ctx_ptr;
   r.device = ctx.is_cuda() ? "cuda" : "cpu";
   LlamaModelOptions mo = im.options;

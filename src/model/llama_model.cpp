@@ -36,12 +36,20 @@ struct LlamaModel::Staging {
   }
 };
 
+void check_attention_shape(const LlamaConfig& config, Backend backend, const std::string& source) {
+  if (backend == Backend::kCuda && config.head_dim % 8 != 0)
+    throw InputError(source + ": head_dim " + std::to_string(config.head_dim) +
+                     " is not a multiple of 8, which the GPU's fused attention (cuDNN) needs; run this model "
+                     "with device cpu");
+}
+
 LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& ctx, const LlamaModelOptions& options)
     : config_(config), ctx_(ctx), options_(options),
       act_(std::make_unique<LlamaActivations>()),
       profiler_(ctx.compute(), options.profile && ctx.is_cuda()) {
   const LlamaConfig& c = config_;
   QS_CHECK(c.head_dim % 2 == 0, "head_dim must be even for RoPE");
+  check_attention_shape(c, ctx.backend(), "the model");
   QS_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
            "num_attention_heads must be a multiple of num_key_value_heads");
   QS_CHECK(options.max_batch >= 1, "max_batch must be at least 1");

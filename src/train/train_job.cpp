@@ -36,6 +36,11 @@ void TrainJob::open() {
     throw InputError(config_.source + ": device '" + device_choice_name(config_.device) + "' chose the GPU (" +
                      rt_.ctx.describe() + "), but this build has no fused attention (it was built without cuDNN "
                      "or the cudnn-frontend headers: rerun scripts/setup.sh); set device: cpu");
+  if (rt_.ctx.is_cuda())  // before anything loads
+    check_attention_shape(job_llama_config(config_.model), Backend::kCuda,
+                          config_.source + ": " +
+                              (config_.model.path.empty() ? std::string("model.init")
+                                                          : "model.path " + config_.model.path + "/config.json"));
   resume_ = agree_on_resume(config_, comm_);  // rank 0 picks the checkpoint, every rank reads its metadata
   build_model();
   open_data();

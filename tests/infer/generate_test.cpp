@@ -38,7 +38,7 @@ const Case kCases[] = {{"f32", "/model/tiny_llama3_tied", ""},
 // one token per step, as generate runs), on `device`.
 void cached_and_full(const Case& c, DeviceChoice device, std::vector<float>& full, std::vector<float>& cached) {
   InferenceModel im = load_inference_model(kData + c.model, *c.adapter ? kData + c.adapter : "");
-  auto ctx = inference_context(device, "test");
+  auto ctx = inference_context(device, "test", kData + c.model);
   move_tree_to(*im.tree, ctx->compute_device());
   LlamaModelOptions mo = im.options;
   const int64_t S = static_cast<int64_t>(kSeq.size()), V = im.config.vocab_size, P = 4;

@@ -280,6 +280,25 @@ TEST(LlamaModel, MemoryPlansGiveTheSameStep) {
   }
 }
 
+// cuDNN's fused attention takes head_dim % 8 == 0 only: on CUDA any other head_dim is refused by
+// name (the source and the value) before anything loads; the CPU backend takes it.
+TEST(LlamaModel, GpuAttentionRefusesAHeadDimNotAMultipleOf8) {
+  LlamaConfig c;
+  c.head_dim = 14;
+  try {
+    check_attention_shape(c, Backend::kCuda, "models/odd/config.json");
+    ADD_FAILURE() << "head_dim 14 accepted on CUDA";
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("models/odd/config.json"), std::string::npos) << m;
+    EXPECT_NE(m.find("head_dim 14"), std::string::npos) << m;
+    EXPECT_NE(m.find("device cpu"), std::string::npos) << m;
+  }
+  EXPECT_NO_THROW(check_attention_shape(c, Backend::kCpu, "models/odd/config.json"));
+  c.head_dim = 16;
+  EXPECT_NO_THROW(check_attention_shape(c, Backend::kCuda, "models/odd/config.json"));
+}
+
 TEST(LlamaModel, KeptLayersNeedTheWholeMlp) {
   const LlamaConfig c = small_config();
   auto tree = random_tree(c, 3);
