@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -561,6 +562,17 @@ void SafetensorsWriter::begin(const std::map<std::string, std::string>& metadata
   if (std::fwrite(text.data(), 1, text.size(), file_) != text.size()) fail_io("write");
 }
 
+namespace {
+
+// Test hook: QSHARD_TEST_DISK_FULL=<text> makes every tensor write of a writer whose path holds
+// <text> fail with ENOSPC, as on a full disk (the header is written first: a partial temp file).
+bool disk_full_for_test(const std::string& path) {
+  static const char* const text = std::getenv("QSHARD_TEST_DISK_FULL");
+  return text && *text && path.find(text) != std::string::npos;
+}
+
+}  // namespace
+
 void SafetensorsWriter::write(std::string_view name, std::span<const uint8_t> bytes) {
   if (state_ != State::kWriting)
     throw Error(fmt::format("SafetensorsWriter({}): write(\"{}\") outside begin()..finish()", path_, name));
@@ -580,6 +592,10 @@ void SafetensorsWriter::write(std::string_view name, std::span<const uint8_t> by
                             path_, name, bytes.size(), p.nbytes, p.written));
   if (idx > current_) current_ = idx;
   if (bytes.empty()) return;
+  if (disk_full_for_test(path_)) {
+    errno = ENOSPC;
+    fail_io("write");
+  }
   if (std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size()) fail_io("write");
   p.written += bytes.size();
 }
