@@ -537,6 +537,11 @@ void SafetensorsWriter::begin(const std::map<std::string, std::string>& metadata
     }
     header["__metadata__"] = std::move(meta);
   }
+  // Names are unique (declare() checked them): append to the object's item vector directly.
+  // ordered_json's push_back searches the items for the key first, which made a header of n
+  // tensors cost O(n^2) (40k tensors: 12 s); this is O(n) and writes the same bytes.
+  auto& items = static_cast<std::vector<std::pair<const std::string, ojson>>&>(header.get_ref<ojson::object_t&>());
+  items.reserve(items.size() + tensors_.size());
   uint64_t offset = 0;
   for (const Pending& p : tensors_) {
     ojson entry = ojson::object();
@@ -544,7 +549,7 @@ void SafetensorsWriter::begin(const std::map<std::string, std::string>& metadata
     entry["shape"] = p.shape;
     entry["data_offsets"] = {offset, offset + p.nbytes};
     offset += p.nbytes;
-    header.push_back({p.name, std::move(entry)});
+    items.emplace_back(p.name, std::move(entry));
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
