@@ -2,7 +2,8 @@
 // (one file of apps/commands/ per group: the options, their declaration and the run step).
 // run() declares --log-level and every command of the table as a CLI11 subcommand, parses, sets
 // the log level and runs the one subcommand parsed (exactly one is required).
-// Exit codes: 0 success, 2 bad input (the message names the file, key or value), 1 other errors;
+// Exit codes: 0 success, 2 bad input (the message names the file, key or value; also a failing
+// write, e.g. a full disk: it names the file and strerror), 1 other errors;
 // also 2 for a bad command line (CLI11's message, then "Run with --help for more information.").
 // A number an option takes is parsed while the command line is (commands/number_options.h): the
 // whole text, in the option's range, else exit 2 naming the flag, the value and the range.

@@ -38,7 +38,8 @@ void add_train(CLI::App& sub, TrainArgs& a) {
                  "auto (the newest complete checkpoint in checkpoint.dir, if any) or a checkpoint folder; "
                  "same as --set checkpoint.resume=...");
   sub.add_flag("--allow-nonfinite", a.allow_nonfinite,
-               "load model.path even when a weight holds NaN/Inf (refused by default); same as --set model.allow_nonfinite=true");
+               "load model.path, lora.init_adapter and the --resume checkpoint even when they hold NaN/Inf (refused by "
+               "default); same as --set model.allow_nonfinite=true");
 }
 
 int run_train(TrainArgs& a, int argc, char** argv) {

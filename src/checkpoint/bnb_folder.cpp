@@ -187,22 +187,22 @@ int write_groups(const fs::path& out, std::vector<OutGroup>& groups, uint64_t ma
     sizes.emplace_back(g.entries.front().name, b);
   }
   const ShardPlan plan = plan_shards(sizes, max_shard_bytes);
+  // The groups of each file, in group order (one pass: linear in groups, whatever the file count).
+  std::vector<std::vector<size_t>> groups_of_file(plan.files.size());
+  for (size_t gi = 0; gi < groups.size(); ++gi) groups_of_file[plan.file_of_tensor[gi]].push_back(gi);
   // The groups in the order they are written (file by file), emitted ahead on the workers.
   std::vector<size_t> order;
-  for (size_t f = 0; f < plan.files.size(); ++f)
-    for (size_t gi = 0; gi < groups.size(); ++gi)
-      if (plan.file_of_tensor[gi] == f) order.push_back(gi);
+  order.reserve(groups.size());
+  for (const auto& gs : groups_of_file) order.insert(order.end(), gs.begin(), gs.end());
   EmitPipeline pipeline(groups, order, workers);
   size_t taken = 0;
   SafetensorsIndex index;
   for (size_t f = 0; f < plan.files.size(); ++f) {
     SafetensorsWriter w((out / plan.files[f]).string());
-    for (size_t gi = 0; gi < groups.size(); ++gi)
-      if (plan.file_of_tensor[gi] == f)
-        for (const auto& e : groups[gi].entries) w.declare(e.name, e.dtype, e.shape);
+    for (size_t gi : groups_of_file[f])
+      for (const auto& e : groups[gi].entries) w.declare(e.name, e.dtype, e.shape);
     w.begin({{"format", "pt"}});
-    for (size_t gi = 0; gi < groups.size(); ++gi) {
-      if (plan.file_of_tensor[gi] != f) continue;
+    for (size_t gi : groups_of_file[f]) {
       FolderReport part;
       NamedTensors ts = pipeline.next(taken++, part);
       merge_report(rep, part);

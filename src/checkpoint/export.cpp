@@ -1,9 +1,13 @@
 #include "checkpoint/export.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -18,6 +22,7 @@
 #include "checkpoint/safetensors_index.h"
 #include "quant/blockwise.h"
 #include "runtime/collective_status.h"
+#include "runtime/log.h"
 
 namespace qshard {
 namespace fs = std::filesystem;
@@ -412,17 +417,47 @@ void check_peft_folder(const Module& tree, const Layout& L, const std::string& d
   }
 }
 
-std::string what_of(const std::exception_ptr& e) {
+// Rank 0's failure as it travels to the other ranks: its kind ('I' InputError, 'E' anything else)
+// then its message, so every rank throws the same kind and the job's exit code does not depend on
+// which rank's abort comes first (runtime/failure.h: InputError 2, others 1).
+std::string status_of(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
+  } catch (const InputError& x) {
+    return std::string("I") + x.what();
   } catch (const std::exception& x) {
-    return x.what();
+    return std::string("E") + x.what();
   } catch (...) {
-    return "unknown error";
+    return "Eunknown error";
   }
 }
 
+// QSHARD_TEST_KILL_DURING_EXPORT=<format>: rank 0 dies (SIGKILL) once `written` of `total` tensors
+// of an export of that format are written: a job killed in the middle of its final export.
+void maybe_kill_for_test(ExportFormat f, size_t written, size_t total) {
+  static const char* k = std::getenv("QSHARD_TEST_KILL_DURING_EXPORT");
+  if (!k || std::strcmp(k, export_format_name(f)) != 0 || written != total / 2) return;
+  QS_LOG_WARN("QSHARD_TEST_KILL_DURING_EXPORT: rank 0 kills itself during the {} export ({} of {} tensors written)",
+              k, written, total);
+  std::raise(SIGKILL);
+}
+
+// Makes a rename inside `dir`'s parent durable.
+void fsync_parent(const fs::path& dir) {
+  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
+  const int fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw InputError("export: cannot open " + parent.string() + " to fsync it: " + std::strerror(errno));
+  const int rc = ::fsync(fd), err = errno;
+  ::close(fd);
+  if (rc != 0) throw InputError("export: fsync of " + parent.string() + " failed: " + std::strerror(err));
+}
+
 }  // namespace
+
+bool export_complete(const std::string& out_dir) {
+  std::error_code ec;
+  return fs::is_directory(out_dir, ec) && !fs::is_empty(out_dir, ec) && !ec;
+}
 
 const char* export_format_name(ExportFormat f) {
   switch (f) {
@@ -512,6 +547,7 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
             writer->begin({{"format", "pt"}});
           }
           writer->write(L.tensors[i].name, host[i - begin].second.bytes());
+          maybe_kill_for_test(o.format, i + 1, L.tensors.size());
           index.weight_map.emplace_back(L.tensors[i].name, L.files[cur_file]);
           index.total_size += L.tensors[i].nbytes();
         }
@@ -531,8 +567,10 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
         writer = std::make_unique<SafetensorsWriter>((partial / L.files[0]).string());
         for (const auto& [name, t] : peft_tensors) writer->declare(name, t.dtype(), t.shape());
         writer->begin({{"format", "pt"}});
+        size_t written = 0;
         for (const auto& [name, t] : peft_tensors) {
           writer->write(name, t.bytes());
+          maybe_kill_for_test(o.format, ++written, peft_tensors.size());
           index.total_size += t.nbytes();
         }
       }
@@ -552,6 +590,7 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
       if (fs::exists(o.out_dir)) fs::remove(o.out_dir, ec);  // an empty directory (checked above)
       fs::rename(partial, o.out_dir, ec);
       if (ec) throw InputError("export: cannot move " + partial.string() + " to " + o.out_dir + ": " + ec.message());
+      fsync_parent(fs::path(o.out_dir).lexically_normal());
     } catch (...) {
       failure = std::current_exception();
     }
@@ -561,9 +600,10 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
     std::error_code ec;
     fs::remove_all(partial, ec);
   }
-  err = broadcast_string(comm, failure ? what_of(failure) : std::string(), 0, stream);
+  err = broadcast_string(comm, failure ? status_of(failure) : std::string(), 0, stream);
   if (root && failure) std::rethrow_exception(failure);
-  if (!err.empty()) throw Error("export failed on rank 0: " + err);
+  if (!err.empty() && err[0] == 'I') throw InputError("export failed on rank 0: " + err.substr(1));
+  if (!err.empty()) throw Error("export failed on rank 0: " + err.substr(1));
   return rep;
 }
 

@@ -35,8 +35,14 @@
 //            scaling = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora.
 // Atomicity: rank 0 writes into "<out_dir>.partial-<pid>"; after every rank has finished its gathers
 // (a broadcast of rank 0's status acts as the barrier) rank 0 self-checks the folder and renames it
-// to out_dir. A failure on rank 0 (I/O, self-check) is broadcast, so every rank throws and none
-// hangs; the partial folder is removed. out_dir must not exist or be an empty directory (checked
+// to out_dir (then fsyncs out_dir's parent). The rename is the completion marker: out_dir exists
+// only once the export is complete and checked (export_complete). A process killed before it
+// leaves "<out_dir>.partial-<pid>", which the next export to out_dir removes (partial_dir_for).
+// A failure on rank 0 (I/O, self-check) is broadcast with its kind, so every rank throws the same
+// kind (InputError for bad input and failing I/O - a full disk -, Error otherwise: one exit code,
+// whichever rank ends the job first) and none hangs; the partial folder is removed.
+// Test hook: with QSHARD_TEST_KILL_DURING_EXPORT=<bnb4|peft|merged> rank 0 SIGKILLs itself halfway
+// through writing the tensors of an export of that format (tests/apps/export_resume_check.sh). out_dir must not exist or be an empty directory (checked
 // on rank 0 and broadcast before any gather: InputError on every rank).
 // Self-check (rank 0, on the partial folder, streaming, bounded memory): config.json parses and
 // implies exactly the stored weight names and shapes; every stored key resolves through the
@@ -79,6 +85,10 @@ struct ExportReport {
   uint64_t bytes = 0;              // tensor bytes written (all ranks)
   uint64_t peak_unit_bytes = 0;    // rank 0: most bytes of host tensor copies alive at once
 };
+
+// Whether out_dir holds a complete export: a non-empty directory (export_model's rename is the
+// marker). Never throws.
+bool export_complete(const std::string& out_dir);
 
 ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& config, ShardedParameterManager& mgr,
                           const ShardedTree& units, const ExportOptions& options);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -536,6 +537,11 @@ void SafetensorsWriter::begin(const std::map<std::string, std::string>& metadata
     }
     header["__metadata__"] = std::move(meta);
   }
+  // Names are unique (declare() checked them): append to the object's item vector directly.
+  // ordered_json's push_back searches the items for the key first, which made a header of n
+  // tensors cost O(n^2) (40k tensors: 12 s); this is O(n) and writes the same bytes.
+  auto& items = static_cast<std::vector<std::pair<const std::string, ojson>>&>(header.get_ref<ojson::object_t&>());
+  items.reserve(items.size() + tensors_.size());
   uint64_t offset = 0;
   for (const Pending& p : tensors_) {
     ojson entry = ojson::object();
@@ -543,7 +549,7 @@ void SafetensorsWriter::begin(const std::map<std::string, std::string>& metadata
     entry["shape"] = p.shape;
     entry["data_offsets"] = {offset, offset + p.nbytes};
     offset += p.nbytes;
-    header.push_back({p.name, std::move(entry)});
+    items.emplace_back(p.name, std::move(entry));
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
@@ -560,6 +566,17 @@ void SafetensorsWriter::begin(const std::map<std::string, std::string>& metadata
   if (std::fwrite(len, 1, 8, file_) != 8) fail_io("write");
   if (std::fwrite(text.data(), 1, text.size(), file_) != text.size()) fail_io("write");
 }
+
+namespace {
+
+// Test hook: QSHARD_TEST_DISK_FULL=<text> makes every tensor write of a writer whose path holds
+// <text> fail with ENOSPC, as on a full disk (the header is written first: a partial temp file).
+bool disk_full_for_test(const std::string& path) {
+  static const char* const text = std::getenv("QSHARD_TEST_DISK_FULL");
+  return text && *text && path.find(text) != std::string::npos;
+}
+
+}  // namespace
 
 void SafetensorsWriter::write(std::string_view name, std::span<const uint8_t> bytes) {
   if (state_ != State::kWriting)
@@ -580,6 +597,10 @@ void SafetensorsWriter::write(std::string_view name, std::span<const uint8_t> by
                             path_, name, bytes.size(), p.nbytes, p.written));
   if (idx > current_) current_ = idx;
   if (bytes.empty()) return;
+  if (disk_full_for_test(path_)) {
+    errno = ENOSPC;
+    fail_io("write");
+  }
   if (std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size()) fail_io("write");
   p.written += bytes.size();
 }

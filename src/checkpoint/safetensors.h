@@ -40,6 +40,9 @@
 // its temp file, so <path> is either the old file or the complete new one, never a partial one.
 // Misuse (duplicate names, wrong order, too many bytes, calls out of sequence) throws Error;
 // failing I/O (open/write/fsync/rename) throws InputError naming the path and strerror(errno).
+// Test hook: with QSHARD_TEST_DISK_FULL=<text> every write() of a writer whose path contains
+// <text> fails with ENOSPC, as on a full disk (tests/apps/export_resume_check.sh: one rank's
+// file, "rank-00001", or an export's folder).
 // Thread safety: a writer is used from one thread.
 #pragma once
 

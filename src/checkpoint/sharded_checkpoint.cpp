@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -192,6 +193,29 @@ std::pair<int64_t, int64_t> write_rank_file(const fs::path& path, const std::vec
   return {static_cast<int64_t>(w.file_size()), static_cast<int64_t>(crc32_file(path.string()))};
 }
 
+// Unit u's flat elements [a, b) of `slice`, staged at staging[p - first] (p: the element in the
+// unit's flat buffer), must be finite: else an InputError naming the file that holds the first
+// NaN / Inf (saved shards of s_old elements), the slice, the tensor and the index in it.
+void refuse_nonfinite(const UnitStateShard& u, const std::string& slice, const std::vector<float>& staging, int64_t a,
+                      int64_t b, int64_t first, int64_t s_old, const nlohmann::json& files, const std::string& dir) {
+  int64_t count = 0, at = -1;
+  for (int64_t p = a; p < b; ++p)
+    if (!std::isfinite(staging[static_cast<size_t>(p - first)]) && count++ == 0) at = p;
+  if (count == 0) return;
+  std::string tensor = "(padding)";
+  int64_t index = at;
+  for (const FlatEntry& e : u.layout->entries())
+    if (at >= e.offset / 4 && at < (e.offset + e.nbytes) / 4) {
+      tensor = e.name;
+      index = at - e.offset / 4;
+      break;
+    }
+  const std::string file = (fs::path(dir) / files[static_cast<size_t>(at / s_old)].at("name").get<std::string>()).string();
+  throw InputError("checkpoint file " + file + ": slice '" + slice + "' of '" + tensor + "' holds NaN/Inf (the first at flat index " +
+                   std::to_string(index) + "; " + std::to_string(count) + " in this rank's part of unit '" + u.unit +
+                   "'); refusing to resume from it (--allow-nonfinite to load it anyway)");
+}
+
 }  // namespace
 
 std::string checkpoint_dir_name(int64_t step) {
@@ -344,7 +368,8 @@ CheckpointInfo read_checkpoint_metadata(const std::string& path) {
   return info;
 }
 
-void load_sharded_checkpoint(Communicator& comm, const CheckpointInfo& info, const std::vector<UnitStateShard>& units) {
+void load_sharded_checkpoint(Communicator& comm, const CheckpointInfo& info, const std::vector<UnitStateShard>& units,
+                             bool allow_nonfinite) {
   check_slices(units);
   const int rank = comm.rank(), world = comm.size();
   const nlohmann::json& m = info.metadata;
@@ -451,6 +476,7 @@ void load_sharded_checkpoint(Communicator& comm, const CheckpointInfo& info, con
           std::memcpy(dst.data() + (lo - rank * S_new), src.data() + (lo - f * S_old) * 4,
                       static_cast<size_t>(hi - lo) * 4);
         }
+        if (!allow_nonfinite) refuse_nonfinite(u, u.slices[s].first, dst, a, b, rank * S_new, S_old, files, info.dir);
       }
     }
   } catch (const std::exception& e) {

@@ -49,6 +49,10 @@
 // checkpoint is refused with an InputError naming the file (on every rank) and never half-loaded.
 // The units must match metadata.json (names, numel, tensor names, offsets and shapes): loading
 // into another model is refused naming the first difference.
+// Non-finite values: unless allow_nonfinite, each rank scans the floats it loads (LoRA masters and
+// AdamW moments, its new range of every unit and slice) and refuses a NaN / Inf with an InputError
+// naming the file, the slice, the tensor and the flat index in it, on every rank, before anything
+// is written (a run that diverged, or a corrupted file whose CRC was recomputed).
 // Filesystem: root must be shared by all ranks (one job per root).
 // Thread safety: one thread per rank; every rank makes the same calls.
 #pragma once
@@ -109,6 +113,7 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 CheckpointInfo read_checkpoint_metadata(const std::string& path);
 
 // Collective: fills each unit's slices (a subset of metadata "slices", by name) from `info`.
-void load_sharded_checkpoint(Communicator& comm, const CheckpointInfo& info, const std::vector<UnitStateShard>& units);
+void load_sharded_checkpoint(Communicator& comm, const CheckpointInfo& info, const std::vector<UnitStateShard>& units,
+                             bool allow_nonfinite = false);
 
 }  // namespace qshard

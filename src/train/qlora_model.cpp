@@ -9,6 +9,7 @@
 
 #include "checkpoint/llama_loader.h"
 #include "checkpoint/llama_tree.h"
+#include "checkpoint/nonfinite.h"
 #include "checkpoint/peft_adapter.h"
 #include "checkpoint/random_llama.h"
 #include "model/llama_model.h"
@@ -75,6 +76,10 @@ void start_from_adapter(Module& tree, const TrainConfig& config) {
     mismatch("target_modules (lora.target_modules)", fmt::format("[{}]", fmt::join(theirs, ", ")),
              fmt::format("[{}]", fmt::join(ours, ", ")));
   load_peft_adapter(tree, dir);
+  // The adapter's LoRA weights, as loaded into the trainable slots (named by their module path).
+  for (const auto& [key, t] : state_dict(tree, {true, false, true}))
+    require_finite(t, dir + "/adapter_model.safetensors", key, config.model.allow_nonfinite,
+                   "; refusing to start from it (lora.init_adapter; --allow-nonfinite to load it anyway)");
 }
 
 }  // namespace

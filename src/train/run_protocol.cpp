@@ -1,13 +1,16 @@
 #include "train/run_protocol.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/export.h"
 #include "checkpoint/safetensors.h"
 #include "runtime/collective_status.h"
 #include "runtime/log.h"
@@ -101,31 +104,97 @@ void drop_metrics_after(const std::string& path, int64_t step) {
   QS_LOG_INFO("{}: dropped {} lines logged after step {} by the interrupted run", path, dropped, step);
 }
 
-// ---- final export ---------------------------------------------------------------------------
+// ---- final export ----
+
+namespace {
+
+// The step the marker of a final folder names; nullopt when it has none.
+std::optional<int64_t> export_marker_step(const std::string& dir) {
+  const std::string path = dir + "/" + kFinalExportMarker;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (!in || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer())
+    throw InputError(path + ": expected {\"step\": N}, the step whose exports " + dir +
+                     " holds (written by qshard before the final export); move the folder away to export again");
+  return j["step"].get<int64_t>();
+}
+
+bool every_export_complete(const std::string& dir) {
+  for (const char* name : kFinalExports)
+    if (!export_complete(dir + "/" + name)) return false;
+  return true;
+}
+
+}  // namespace
 
 std::string final_export_dir(const std::string& checkpoint_dir, int64_t start_step, int64_t max_steps) {
   if (checkpoint_dir.empty()) return "";
-  // A resumed run whose earlier part already exported (a run extended by more steps) keeps
-  // that export and writes the new one next to it.
   const std::string fin = checkpoint_dir + "/final";
-  if (!non_empty_dir(fin)) return fin;
-  const std::string next = fin + "-step-" + std::to_string(max_steps);
-  if (start_step == max_steps || non_empty_dir(next)) {
-    QS_LOG_INFO("the run is complete (step {}) and its exports exist under {}; nothing to do", max_steps,
-                checkpoint_dir);
+  std::string dir = fin;
+  if (non_empty_dir(fin)) {
+    // Whose exports final/ holds: its marker says; without one (a folder written before the
+    // marker existed) this step's when the run resumed at its last step, as before.
+    const std::optional<int64_t> step = export_marker_step(fin);
+    if (step ? *step != max_steps : start_step != max_steps) dir = fin + "-step-" + std::to_string(max_steps);
+  }
+  if (non_empty_dir(dir) && every_export_complete(dir)) {
+    QS_LOG_INFO("the run is complete (step {}) and its exports under {} are complete; nothing to do", max_steps, dir);
     return "";
   }
-  QS_LOG_WARN("{} exists from an earlier part of this run; exporting to {}", fin, next);
-  return next;
+  if (dir != fin) QS_LOG_WARN("{} holds the exports of an earlier part of this run; exporting to {}", fin, dir);
+  return dir;
 }
 
-std::string agree_on_final_export_dir(Communicator& comm, const std::string& checkpoint_dir, int64_t start_step,
+std::vector<std::string> pending_exports(const std::string& dir) {
+  std::vector<std::string> pending;
+  for (const char* name : kFinalExports) {
+    const std::string out = dir + "/" + name;
+    (void)partial_dir_for(out);  // removes <out>.partial-<pid> of processes that no longer run
+    if (!export_complete(out)) pending.emplace_back(name);
+  }
+  return pending;
+}
+
+FinalExportPlan agree_on_final_export(Communicator& comm, const std::string& checkpoint_dir, int64_t start_step,
                                       int64_t max_steps) {
-  if (checkpoint_dir.empty()) return "";  // the same config on every rank: no collective
-  // Rank 0 decides (one answer for every rank); "" = already exported, nothing to do.
-  std::string fin;
-  if (comm.rank() == 0) fin = final_export_dir(checkpoint_dir, start_step, max_steps);
-  return broadcast_string(comm, fin, 0);
+  if (checkpoint_dir.empty()) return {};  // the same config on every rank: no collective
+  // Rank 0 decides (one answer for every rank) and marks the folder as this step's.
+  FinalExportPlan plan;
+  std::string err, pending;
+  if (comm.rank() == 0) {
+    try {
+      plan.dir = final_export_dir(checkpoint_dir, start_step, max_steps);
+      if (!plan.dir.empty()) plan.pending = pending_exports(plan.dir);
+      if (plan.pending.empty()) plan.dir.clear();
+      if (!plan.dir.empty()) {
+        std::error_code ec;
+        std::filesystem::create_directories(plan.dir, ec);
+        if (ec) throw InputError("checkpoint.dir: cannot create " + plan.dir + ": " + ec.message());
+        if (!export_marker_step(plan.dir))
+          write_file_atomic(plan.dir + "/" + kFinalExportMarker, nlohmann::json{{"step", max_steps}}.dump() + "\n");
+        for (const char* name : kFinalExports)
+          if (std::find(plan.pending.begin(), plan.pending.end(), name) == plan.pending.end())
+            QS_LOG_INFO("{}/{} is complete from an interrupted run; kept", plan.dir, name);
+      }
+      for (const std::string& p : plan.pending) pending += (pending.empty() ? "" : "\n") + p;
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  throw_if_any_failed(comm, err);
+  plan.dir = broadcast_string(comm, plan.dir, 0);
+  pending = broadcast_string(comm, pending, 0);
+  plan.pending.clear();
+  for (size_t at = 0; !pending.empty() && at <= pending.size();) {
+    const size_t nl = std::min(pending.find('\n', at), pending.size());
+    plan.pending.push_back(pending.substr(at, nl - at));
+    at = nl + 1;
+  }
+  return plan;
 }
 
 }  // namespace qshard

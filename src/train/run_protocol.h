@@ -20,18 +20,32 @@
 //                       logged after the checkpoint's step go first (rewritten atomically), so every
 //                       step appears once. Lines that are not JSON objects with an integer "step"
 //                       are kept. A missing file is left alone.
-// Final export (at the end of a complete run):
-//   final_export_dir    rank 0: where the exports go: "" = nothing to write (no checkpoint.dir, or the
-//                       run is complete and its exports exist: logged); CKPT/final when that is empty
-//                       or absent; CKPT/final-step-<max_steps> when final/ holds the export of an
-//                       earlier part of this run (a run extended by more steps; logged as a warning).
-//   agree_on_final_export_dir  collective: rank 0 decides, every rank gets the answer.
+// Final export (at the end of a complete run): the exports kFinalExports (the 4-bit base, then
+// the PEFT adapter), each in its own subfolder of the run's final folder. An export is complete
+// when its subfolder exists: export_model (checkpoint/export.h) writes <name>.partial-<pid> and
+// renames it into place only after its self-check, so the rename is the completion marker.
+// The final folder holds kFinalExportMarker, {"step": N}, written (atomically) before the first
+// export starts: the folder holds the exports of step N, complete or not.
+//   final_export_dir    rank 0: the folder of this run's exports (at step max_steps), "" = nothing
+//                       to write (no checkpoint.dir, or every export there is complete: logged).
+//                       CKPT/final when it is empty or absent, or its marker names max_steps (an
+//                       export that was interrupted: finish it); CKPT/final-step-<max_steps> when
+//                       final/ holds the exports of another step (a run extended by more steps;
+//                       logged as a warning). A final/ without the marker (written before it
+//                       existed) is taken for this step's when the run resumed at its last step.
+//   pending_exports     rank 0: the kFinalExports not complete in `dir`, in order; first removes
+//                       every <dir>/<export>.partial-<pid> whose process no longer runs on this host
+//                       (a job killed during the export; a live process's is never touched).
+//   agree_on_final_export  collective: rank 0 decides the folder and what is pending, writes the
+//                       marker, every rank gets the answer (an error on rank 0 ends every rank).
+//                       A complete export is never removed or rewritten.
 // Thread safety: plain functions; the collective ones follow communicator.h's rules.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "checkpoint/sharded_checkpoint.h"
 #include "runtime/communicator.h"
@@ -46,8 +60,19 @@ std::optional<CheckpointInfo> agree_on_resume(const TrainConfig& config, Communi
 void drop_metrics_after(const std::string& path, int64_t step);
 
 // ---- final export ----
+// The exports of a complete run, in the order they are written: subfolders of its final folder.
+inline constexpr const char* kFinalExports[] = {"base_bnb4", "adapter"};
+// In the final folder: {"step": N}, the step whose exports the folder holds.
+inline constexpr const char* kFinalExportMarker = "final_export.json";
+
+struct FinalExportPlan {
+  std::string dir;                  // "" = nothing to write
+  std::vector<std::string> pending; // names from kFinalExports still to write, in order
+};
+
 std::string final_export_dir(const std::string& checkpoint_dir, int64_t start_step, int64_t max_steps);
-std::string agree_on_final_export_dir(Communicator& comm, const std::string& checkpoint_dir, int64_t start_step,
+std::vector<std::string> pending_exports(const std::string& dir);
+FinalExportPlan agree_on_final_export(Communicator& comm, const std::string& checkpoint_dir, int64_t start_step,
                                       int64_t max_steps);
 
 }  // namespace qshard

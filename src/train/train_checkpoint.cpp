@@ -37,7 +37,11 @@ const std::vector<std::string>& must_match_keys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> k;
     for (const auto& key : config_keys())
-      if ((key.rfind("model.", 0) == 0 || key.rfind("lora.", 0) == 0) && key != "lora.fold") k.push_back(key);
+      // lora.fold changes how the step computes, model.allow_nonfinite what loading lets through:
+      // neither fixes the model, so both may change on resume.
+      if ((key.rfind("model.", 0) == 0 || key.rfind("lora.", 0) == 0) && key != "lora.fold" &&
+          key != "model.allow_nonfinite")
+        k.push_back(key);
     for (const char* key : {"seed", "data.max_seq_len", "data.seed", "data.eval_fraction", "batch.global_batch_size"})
       k.emplace_back(key);
     return k;
@@ -153,7 +157,7 @@ ExportReport export_checkpoint(const std::string& checkpoint, ExportOptions opti
     QS_LOG_INFO("export {} (step {}, saved by {} ranks) as {} to {}", info.dir, info.step, info.world_size,
                 export_format_name(options.format), options.out_dir);
   std::unique_ptr<QloraModel> model = build_qlora_model(cfg, rt, BuildFor::kExport);
-  load_sharded_checkpoint(comm, info, state_shards(*model));
+  load_sharded_checkpoint(comm, info, state_shards(*model), cfg.model.allow_nonfinite);
   options.r = cfg.lora.r;
   options.lora_alpha = cfg.lora.alpha;
   options.use_rslora = cfg.lora.rslora;

@@ -78,8 +78,9 @@ struct ModelConfig {
   QuantType quant_type = QuantType::kNf4;
   int64_t blocksize = 64;
   bool double_quant = true;
-  // Load model.path even when a weight holds NaN / Inf (LlamaLoadOptions::allow_nonfinite);
-  // `qshard train --allow-nonfinite` sets it.
+  // Load model.path even when a weight holds NaN / Inf (LlamaLoadOptions::allow_nonfinite), and
+  // likewise lora.init_adapter's LoRA weights and the floats of the checkpoint a run resumes from
+  // (LoRA masters, AdamW moments; load_sharded_checkpoint); `qshard train --allow-nonfinite` sets it.
   bool allow_nonfinite = false;
 };
 

@@ -171,7 +171,7 @@ void TrainJob::open_data() {
 void TrainJob::restore_resumed() {
   TrainHistory history;
   if (resume_) {
-    load_sharded_checkpoint(comm_, *resume_, state_);
+    load_sharded_checkpoint(comm_, *resume_, state_, config_.model.allow_nonfinite);
     std::string err;
     try {
       history = checkpoint_history(*resume_);
@@ -363,24 +363,33 @@ void TrainJob::print_profile() const {
 }
 
 // The trained job's exports (every rank takes part; rank 0 writes): the base model as the
-// bitsandbytes 4-bit folder transformers loads, and the PEFT adapter, under checkpoint.dir.
+// bitsandbytes 4-bit folder transformers loads, and the PEFT adapter, under checkpoint.dir. A run
+// resumed after a kill during the export writes only the exports that are not complete
+// (run_protocol.h).
 void TrainJob::export_final() {
-  const std::string fin = agree_on_final_export_dir(comm_, config_.checkpoint.dir, start_step_, max_steps_);
-  if (fin.empty()) return;
-  const std::string base = fin + "/base_bnb4", adapter = fin + "/adapter";
+  const FinalExportPlan plan = agree_on_final_export(comm_, config_.checkpoint.dir, start_step_, max_steps_);
+  if (plan.dir.empty()) return;
+  const std::string base = plan.dir + "/" + kFinalExports[0], adapter = plan.dir + "/" + kFinalExports[1];
+  auto pending = [&plan](const char* name) {
+    return std::find(plan.pending.begin(), plan.pending.end(), name) != plan.pending.end();
+  };
   ExportOptions eo;
-  eo.format = ExportFormat::kBnb4;
-  eo.out_dir = base;
-  export_model(comm_, *qm_->tree, qm_->config, *qm_->mgr, qm_->units, eo);
-  eo.format = ExportFormat::kPeft;
-  eo.out_dir = adapter;
-  eo.base_model_name_or_path = config_.model.path.empty() ? base : config_.model.path;
-  eo.r = config_.lora.r;
-  eo.lora_alpha = config_.lora.alpha;
-  eo.use_rslora = config_.lora.rslora;
-  eo.lora_dropout = config_.lora.dropout;
-  eo.target_modules = config_.lora.target_modules;
-  export_model(comm_, *qm_->tree, qm_->config, *qm_->mgr, qm_->units, eo);
+  if (pending(kFinalExports[0])) {
+    eo.format = ExportFormat::kBnb4;
+    eo.out_dir = base;
+    export_model(comm_, *qm_->tree, qm_->config, *qm_->mgr, qm_->units, eo);
+  }
+  if (pending(kFinalExports[1])) {
+    eo.format = ExportFormat::kPeft;
+    eo.out_dir = adapter;
+    eo.base_model_name_or_path = config_.model.path.empty() ? base : config_.model.path;
+    eo.r = config_.lora.r;
+    eo.lora_alpha = config_.lora.alpha;
+    eo.use_rslora = config_.lora.rslora;
+    eo.lora_dropout = config_.lora.dropout;
+    eo.target_modules = config_.lora.target_modules;
+    export_model(comm_, *qm_->tree, qm_->config, *qm_->mgr, qm_->units, eo);
+  }
   summary_.exported_base = base;
   summary_.exported_adapter = adapter;
   if (rank_ == 0) QS_LOG_INFO("exported the base model to {} and the LoRA adapter to {}", base, adapter);

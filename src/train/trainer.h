@@ -22,8 +22,10 @@
 //            checkpoint.dir that holds an earlier run's checkpoints or exports is refused.
 //   export   with checkpoint.dir set, at the end: CKPT/final/base_bnb4 (the bitsandbytes 4-bit
 //            folder transformers loads) and CKPT/final/adapter (PEFT), streamed one unit at a
-//            time (checkpoint/export.h); CKPT/final-step-N when final/ exists from an earlier
-//            part of the run. A run stopped by stop_after_steps does not export.
+//            time (checkpoint/export.h); CKPT/final-step-N when final/ holds the exports of an
+//            earlier part of the run. A run killed during the export is finished by --resume auto,
+//            which writes only the exports not complete (run_protocol.h). A run stopped by
+//            stop_after_steps does not export.
 //   knobs    logging.profile prints the compute stream's time split at the end (CUDA);
 //            lora.fold false runs separate LoRA GEMMs per projection; logging.gemm_tflops sets
 //            MFU's denominator (-1 measures it at start, 0 reports no MFU).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Non-finite weights and insane quant states through the CLI (issue 25): a NaN in a bf16 projection,
 # an Inf in a norm, a NaN nested_absmax, a nested_offset of 1e308 and a quant-state shape of
-# [2^40, 2^40] - eval, generate, train (model.path), dequantize and inspect --check refuse each with
+# [2^40, 2^40] - eval, generate, train (model.path, lora.init_adapter), dequantize and inspect --check refuse each with
 # exit 2 (inspect --check: 3) and a message naming the tensor (and field, first index, count);
 # --allow-nonfinite lets the NaN weight through eval, generate and dequantize. Every probe runs
 # under a 4 GiB address-space limit and a 60 s timeout, as tests/apps/probe_suite_check.sh's do.
@@ -70,6 +70,18 @@ cp -r "$hf/tiny_llama_f32" "$work/inf"
 poke "$work/inf/model.safetensors" model.norm.weight 0 '\x00\x00\x80\xff'
 probe "eval, an Inf norm" 2 "tensor 'model.norm.weight' holds 1 NaN/Inf values \(the first at flat index 0\)" -- \
   "$qshard" eval --model "$work/inf" --data "$work/ids.json" --device cpu
+
+# ---- a NaN in lora.init_adapter (the adapter a training job starts from; element 2 of a lora_A) ----
+cp -r "$src/tests/data/model/nf4_adapter" "$work/nan_adapter"
+A=model.layers.0.self_attn.q_proj.lora_A.weight
+poke "$work/nan_adapter/adapter_model.safetensors" "base_model.model.$A" 8 '\x00\x00\xc0\x7f'
+adapter_job=(train --config "$src/configs/tiny.yaml" --set device=cpu --set model.path="$hf/tiny_llama_bnb4_nf4_dq"
+             --set lora.r=4 --set lora.alpha=8 --set lora.init_adapter="$work/nan_adapter"
+             --set checkpoint.dir="$work/adapter_ckpt" --set data.train="$work/no_such.tok")
+probe "train lora.init_adapter, a NaN" 2 \
+  "nan_adapter/adapter_model.safetensors: tensor '$A' holds 1 NaN/Inf values \(the first at flat index 2\)" -- \
+  "$qshard" "${adapter_job[@]}"
+probe "train lora.init_adapter --allow-nonfinite" 2 "model build: load" -- "$qshard" "${adapter_job[@]}" --allow-nonfinite
 
 # ---- 4-bit statistics: a NaN nested_absmax, a nested_offset of 1e308 ----
 Q=model.layers.0.self_attn.q_proj.weight

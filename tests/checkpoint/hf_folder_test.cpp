@@ -2,7 +2,9 @@
 // against folders made by real transformers + bitsandbytes (scripts/golden/make_hf_golden.py).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -205,6 +207,59 @@ TEST(HfFolder, QuantizeIsTheSameForAnyThreadCount) {
   const FolderReport d = dequantize_model_folder(t / "q1", t / "d", DType::kBF16, 40000);
   EXPECT_EQ(d.converted_tensors, 4 * 7);
   EXPECT_EQ(LlamaConfig::load(t / "d").num_hidden_layers, 4);
+}
+
+// quantize / dequantize are linear in the number of tensors (issue 25: the safetensors writer
+// searched its ordered JSON header for each key it added, O(n^2): 40k extra tensors took 12 s).
+// The tiny Llama plus n, then 4n, one-element extra tensors (copied through both commands): 4x the
+// tensors must take less than 8x the time (quadratic: ~16x). n is large enough that the fixed
+// costs (the model's own tensors, threads) do not dominate; each size's best of two runs.
+TEST(HfFolder, QuantizeAndDequantizeAreLinearInTheTensorCount) {
+  TempDir t;
+  const SafetensorsFile model = SafetensorsFile::open(kHf + "/tiny_llama_bf16/model.safetensors");
+  const auto make_input = [&](int64_t extra) {
+    const std::string dir = t / ("in" + std::to_string(extra));
+    fs::create_directories(dir);
+    fs::copy_file(kHf + "/tiny_llama_bf16/config.json", dir + "/config.json");
+    SafetensorsWriter w(dir + "/model.safetensors");
+    for (const SafetensorsEntry& e : model.entries()) w.declare(e.name, *e.dtype, e.shape);
+    for (int64_t k = 0; k < extra; ++k) w.declare("extra." + std::to_string(k), DType::kBF16, {1});
+    w.begin({{"format", "pt"}});
+    for (const SafetensorsEntry& e : model.entries()) w.write(e.name, model.bytes(e.name));
+    const uint8_t one[2] = {0x80, 0x3f};  // bf16 1.0
+    for (int64_t k = 0; k < extra; ++k) w.write("extra." + std::to_string(k), one);
+    w.finish();
+    return dir;
+  };
+  QuantizeFolderOptions o;
+  o.use_cuda = false;
+  const auto best_seconds = [&](const std::string& in) {
+    double best = 1e30;
+    for (int run = 0; run < 2; ++run) {
+      const std::string q = in + "_q" + std::to_string(run), d = in + "_d" + std::to_string(run);
+      const auto t0 = std::chrono::steady_clock::now();
+      const FolderReport qr = quantize_model_folder(in, q, o);
+      const FolderReport dr = dequantize_model_folder(q, d);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      EXPECT_EQ(qr.converted_tensors, 14);
+      EXPECT_EQ(dr.converted_tensors, 14);
+      fs::remove_all(q);
+      fs::remove_all(d);
+    }
+    return best;
+  };
+  const int64_t n = 25'000;
+  const double small = best_seconds(make_input(n)), large = best_seconds(make_input(4 * n));
+  std::printf("quantize + dequantize: %lld extra tensors %.3f s, %lld extra tensors %.3f s: ratio %.2f\n",
+              static_cast<long long>(n), small, static_cast<long long>(4 * n), large, large / small);
+  EXPECT_LT(large, 8 * small) << "4x the tensors took " << large / small << "x the time: quadratic?";
+  // The extra tensors come through both commands, in their order, with their bytes.
+  const std::string in = make_input(3);
+  quantize_model_folder(in, t / "q3", o);
+  dequantize_model_folder(t / "q3", t / "d3");
+  const SafetensorsFile back = SafetensorsFile::open(t / "d3/model.safetensors");
+  ASSERT_NE(back.find("extra.2"), nullptr);
+  EXPECT_EQ(back.get("extra.2").to_f32_vector(), std::vector<float>{1.0f});
 }
 
 TEST(HfFolder, MissingConfigJson) {

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -323,6 +324,41 @@ TEST(ShardedCheckpoint, UnwritableAndFullDestinations) {
   EXPECT_FALSE(fs::exists(root + "/ckpt/step-00000002"));
   EXPECT_EQ(read_checkpoint_metadata(root + "/ckpt").step, 1);
   EXPECT_EQ(try_load(comm, root + "/ckpt").first, "");
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (comm.rank() == 0) fs::remove_all(root);
+}
+
+// A NaN in a saved optimizer moment: refused on load, naming the file, the slice, the tensor and
+// the index in it, on every rank and before any target is written; loaded with allow_nonfinite.
+TEST(ShardedCheckpoint, NonFiniteStateIsRefused) {
+  MpiCommunicator comm(World::get().comm());
+  const std::string root = shared_dir("nonfinite");
+  const Model m(comm.size());
+  auto saved = shards(m, comm.rank(), true);
+  // exp_avg of model.layers.1.q.lora_B.weight, its element 3, on the rank whose shard holds it
+  const FlatEntry& e = m.layouts[1].entries()[1];
+  ASSERT_EQ(e.name, "model.layers.1.q.lora_B.weight");
+  const int64_t g = e.offset / 4 + 3, n = m.layouts[1].shard_bytes() / 4;
+  if (g / n == comm.rank()) saved[1].slices[1].second.data<float>()[g % n] = std::nanf("");
+  CheckpointSaveOptions o;
+  o.root = root;
+  o.step = 1;
+  o.trainer = {{"note", "test"}};
+  const std::string dir = save_sharded_checkpoint(comm, saved, o);
+  auto got = shards(m, comm.rank(), false);
+  std::string err;
+  try {
+    load_sharded_checkpoint(comm, read_checkpoint_metadata(dir), got);
+  } catch (const InputError& x) {
+    err = x.what();
+  }
+  EXPECT_NE(err.find("slice 'exp_avg' of 'model.layers.1.q.lora_B.weight' holds NaN/Inf (the first at flat index 3"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("rank-0000" + std::to_string(g / n) + "-of-"), std::string::npos) << err;  // the file
+  EXPECT_TRUE(all_marker(got));
+  load_sharded_checkpoint(comm, read_checkpoint_metadata(dir), got, /*allow_nonfinite=*/true);
+  if (g / n == comm.rank()) EXPECT_TRUE(std::isnan(got[1].slices[1].second.data<float>()[g % n]));
   MPI_Barrier(MPI_COMM_WORLD);
   if (comm.rank() == 0) fs::remove_all(root);
 }

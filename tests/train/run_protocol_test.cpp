@@ -3,7 +3,8 @@
 //    metadata.json; an incomplete one without it), and when a fresh start is refused (earlier
 //    checkpoints, a non-empty final/) or the folder is unusable;
 //  - the metrics file of a resumed run: lines after the checkpoint's step dropped, others kept;
-//  - the final export: final/, final-step-N, or nothing;
+//  - the final export: final/, final-step-N, or nothing; after a kill during it, the exports not
+//    complete (partial folders of dead processes removed, a live one's kept);
 //  - resume config checks: lora.fold may change on resume, lora.r may not.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -139,6 +140,16 @@ TEST(RunProtocol, DropMetricsAfterTheResumedStep) {
   EXPECT_FALSE(fs::exists(tmp.file("missing.jsonl")));
 }
 
+// A final folder holding the complete exports of `step`: the marker and each export's folder.
+void complete_exports(const std::string& dir, int64_t step) {
+  fs::create_directories(dir);
+  write_bytes(dir + "/" + kFinalExportMarker, "{\"step\": " + std::to_string(step) + "}\n");
+  for (const char* name : kFinalExports) {
+    fs::create_directories(dir + "/" + name);
+    write_bytes(dir + "/" + name + "/config.json", "{}");
+  }
+}
+
 TEST(RunProtocol, FinalExportDir) {
   TempDir tmp;
   const std::string root = tmp.file("ckpt");
@@ -147,17 +158,60 @@ TEST(RunProtocol, FinalExportDir) {
   EXPECT_EQ(final_export_dir(root, 0, 30), root + "/final");
   fs::create_directories(root + "/final");
   EXPECT_EQ(final_export_dir(root, 15, 30), root + "/final");
-  // final/ holds an earlier part's export: a run extended to 40 steps exports next to it.
-  write_bytes(root + "/final/adapter_config.json", "{}");
+  // final/ holds step 30's complete exports: a run extended to 40 steps exports next to it ...
+  complete_exports(root + "/final", 30);
   EXPECT_EQ(final_export_dir(root, 30, 40), root + "/final-step-40");
-  // Resumed at its last step: complete and exported already, nothing to do.
+  // ... and resumed at its last step, nothing is left to do.
   EXPECT_EQ(final_export_dir(root, 30, 30), "");
-  // final-step-40 exists (empty: still the place to write; non-empty: done).
+  // final-step-40 exists (empty or incomplete: still the place to write; complete: done).
   fs::create_directories(root + "/final-step-40");
   EXPECT_EQ(final_export_dir(root, 30, 40), root + "/final-step-40");
-  write_bytes(root + "/final-step-40/x", "x");
+  write_bytes(root + "/final-step-40/" + kFinalExportMarker, "{\"step\": 40}");
+  EXPECT_EQ(final_export_dir(root, 40, 40), root + "/final-step-40");  // resumed after a kill before any export
+  complete_exports(root + "/final-step-40", 40);
   EXPECT_EQ(final_export_dir(root, 30, 40), "");
+  EXPECT_EQ(final_export_dir(root, 40, 40), "");
   EXPECT_EQ(final_export_dir(root, 30, 50), root + "/final-step-50");
+  // The exports of step 30 complete, resumed at step 40 after a kill between the last save and
+  // the export (nothing of step 40 written yet): step 40's exports are still to write.
+  fs::remove_all(root + "/final-step-40");
+  EXPECT_EQ(final_export_dir(root, 40, 40), root + "/final-step-40");
+}
+
+TEST(RunProtocol, FinalExportInterruptedByAKill) {
+  TempDir tmp;
+  const std::string root = tmp.file("ckpt"), fin = root + "/final";
+  // Killed during the 4-bit export of step 30: the marker and a partial folder of a dead process.
+  fs::create_directories(fin + "/base_bnb4.partial-999999999");
+  write_bytes(fin + "/base_bnb4.partial-999999999/model.safetensors", "half");
+  write_bytes(fin + "/" + kFinalExportMarker, "{\"step\": 30}\n");
+  EXPECT_EQ(final_export_dir(root, 30, 30), fin);  // not "nothing to do": nothing is complete
+  EXPECT_EQ(pending_exports(fin), (std::vector<std::string>{"base_bnb4", "adapter"}));
+  EXPECT_FALSE(fs::exists(fin + "/base_bnb4.partial-999999999"));  // the dead process's partial folder
+  // The 4-bit export completed, the adapter's was killed; a live process's partial folder (this
+  // test's parent, which runs) is never removed.
+  fs::create_directories(fin + "/base_bnb4");
+  write_bytes(fin + "/base_bnb4/config.json", "{\"kept\": true}");
+  fs::create_directories(fin + "/adapter.partial-999999999");
+  const std::string live = fin + "/adapter.partial-" + std::to_string(::getppid());
+  fs::create_directories(live);
+  EXPECT_EQ(final_export_dir(root, 30, 30), fin);
+  EXPECT_EQ(pending_exports(fin), (std::vector<std::string>{"adapter"}));
+  EXPECT_FALSE(fs::exists(fin + "/adapter.partial-999999999"));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_EQ(read_bytes(fin + "/base_bnb4/config.json"), "{\"kept\": true}");
+  fs::remove_all(live);
+  // A final/ written before the marker existed, holding only a partial folder: this step's when
+  // the run resumed at its last step (finish it), an earlier part's otherwise.
+  const std::string root2 = tmp.file("ckpt2"), fin2 = root2 + "/final";
+  fs::create_directories(fin2 + "/base_bnb4.partial-999999999");
+  EXPECT_EQ(final_export_dir(root2, 30, 30), fin2);
+  EXPECT_EQ(final_export_dir(root2, 20, 30), fin2 + "-step-30");
+  // A marker naming another step: that step's exports, kept; a bad marker is named.
+  write_bytes(fin2 + "/" + kFinalExportMarker, "{\"step\": 20}");
+  EXPECT_EQ(final_export_dir(root2, 30, 30), fin2 + "-step-30");
+  write_bytes(fin2 + "/" + kFinalExportMarker, "{\"step\": \"x\"}");
+  EXPECT_NE(error_of([&] { final_export_dir(root2, 30, 30); }).find(kFinalExportMarker), std::string::npos);
 }
 
 TEST(RunProtocol, ResumeConfigMayChangeTheFoldNotTheAdapter) {
@@ -167,6 +221,7 @@ TEST(RunProtocol, ResumeConfigMayChangeTheFoldNotTheAdapter) {
   now.lora.fold = false;
   now.logging.profile = true;
   now.logging.gemm_tflops = 0;
+  now.model.allow_nonfinite = true;  // resuming from a checkpoint holding NaN, on purpose
   EXPECT_NO_THROW(check_resume_config(now, saved, "ckpt/step-00000010"));
   now.lora.r = 16;
   EXPECT_NE(error_of([&] { check_resume_config(now, saved, "ckpt/step-00000010"); }).find("key 'lora.r' is 8"),
