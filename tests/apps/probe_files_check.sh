@@ -9,7 +9,10 @@
 # symbolic link to /dev/zero. Each run must exit 2 with a message naming the role and the path and
 # what it is ("... is a FIFO (named pipe), not a regular file"): no hang (a 20 s timeout: 124 fails),
 # no signal, no read of /dev/zero for ever. bench and version read no file.
-# Unit tests: tests/runtime/input_file_test.cpp.
+# Also: records over --max-record-bytes (a 300 MB line of jsonl, alpaca and text, under a 512 MiB
+# address-space limit) are refused naming file:line, and a 64 MB one-line text file streams
+# through the byte tokenizer in that limit. Unit tests: tests/runtime/input_file_test.cpp,
+# tests/text/byte_tokenizer_test.cpp (RecordLimit*).
 # Usage: probe_files_check.sh QSHARD SOURCE_DIR WORK_DIR [tokenizer]
 #   (4th argument "tokenizer": the build has the native tokenizer; its roles are probed too)
 set -uo pipefail
@@ -174,5 +177,32 @@ role "model config" "$m" config.json -- "$qshard" inspect --check @@
 role "safetensors file" "$m" model.safetensors -- "$qshard" inspect --check @@
 role "safetensors index" "$hf/tiny_llama_bf16_sharded" model.safetensors.index.json -- "$qshard" inspect --check @@
 [ ! -e "$work/never" ] || { echo "FAIL: a refused command wrote $work/never"; fails=$((fails + 1)); }
+
+# ---- records over --max-record-bytes, in bounded memory ----
+# A 300 MB file of one line: refused by file:line after reading 16 MiB of it, under 512 MiB of
+# address space (reading it whole, as a string and its copies, needs several times that).
+PROBE_VMEM_KB=524288
+big=$work/big.jsonl
+{ printf '{"text": "'; head -c 314572800 /dev/zero | tr '\0' a; } > "$big"
+lim=(--max-record-bytes 16777216 --out "$work/big.tok")
+rec="$(ere "$big"):1: a record longer than 16777216 bytes \(--max-record-bytes\)"
+probe "tokenize jsonl, a 300 MB line" 2 "$rec" -- "$qshard" tokenize "$big" "${lim[@]}"
+probe "tokenize alpaca, a 300 MB line" 2 "$rec" -- "$qshard" tokenize "$big" --format alpaca "${lim[@]}"
+probe "tokenize text --split blank-lines, a 300 MB line" 2 "$rec" -- \
+  "$qshard" tokenize "$big" --format text --split blank-lines "${lim[@]}"
+if [ "$native" = tokenizer ]; then
+  probe "tokenize text --split file --tokenizer, 300 MB" 2 "$rec.*the whole file, 314572810 bytes, is one document" -- \
+    "$qshard" tokenize "$big" --format text --tokenizer "$tm" "${lim[@]}"
+fi
+probe "tokenize --max-record-bytes 0" 2 "--max-record-bytes '0': expected an integer in \[1, 1099511627776\]" -- \
+  "$qshard" tokenize "$work/data/in.txt" --max-record-bytes 0 --out "$work/never.tok"
+rm -f "$big"
+# The byte tokenizer streams a whole-file document (--split file) in pieces: 64 MB of one line
+# tokenizes in the same 512 MiB (its 256 MB of tokens are never held).
+head -c 67108864 /dev/zero | tr '\0' a > "$work/big.txt"
+probe "tokenize text --split file, a 64 MB line (streamed)" 0 "tokenized 1 files, 1 documents, 67108864 bytes -> 67108866 tokens" -- \
+  "$qshard" tokenize "$work/big.txt" "${lim[@]}"
+rm -f "$work/big.txt" "$work/big.tok"
+PROBE_VMEM_KB=4194304
 
 probe_summary "file probes ok"
