@@ -1,10 +1,12 @@
 // qshard tokenize: text / jsonl files -> a token file, with the byte-level tokenizer or a model
 // folder's own (see commands.h).
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "commands.h"
+#include "number_options.h"
 #include "runtime/error.h"
 #include "text/byte_tokenizer.h"
 
@@ -14,6 +16,7 @@ namespace {
 struct TokenizeArgs {
   std::vector<std::string> inputs;
   std::string out, format = "auto", field = "text", split = "file", tokenizer;
+  int64_t max_record_bytes = kDefaultMaxRecordBytes;
 };
 
 void add_tokenize(CLI::App& sub, TokenizeArgs& a) {
@@ -25,6 +28,10 @@ void add_tokenize(CLI::App& sub, TokenizeArgs& a) {
   sub.add_option("--split", a.split, "text documents: file (one per file) | blank-lines");
   sub.add_option("--tokenizer", a.tokenizer,
                  "a model folder (or tokenizer.json): its tokenizer, natively, instead of the byte tokenizer");
+  add_int_option(sub, "--max-record-bytes", a.max_record_bytes, 1, kMaxRecordBytesCeiling,
+                 "the longest record read into memory: a jsonl / alpaca / chat line, a paragraph (--split "
+                 "blank-lines), a whole file (--split file with --tokenizer); a longer one is refused naming "
+                 "file:line (default 64 MiB)");
 }
 
 int run_tokenize(TokenizeArgs& a, int, char**) {
@@ -32,6 +39,7 @@ int run_tokenize(TokenizeArgs& a, int, char**) {
   to.format = parse_input_format(a.format);
   to.jsonl_field = a.field;
   to.tokenizer = a.tokenizer;
+  to.max_record_bytes = a.max_record_bytes;
   if (a.split == "file") to.text_split = TextSplit::kFile;
   else if (a.split == "blank-lines") to.text_split = TextSplit::kBlankLines;
   else throw InputError("--split '" + a.split + "' is not 'file' or 'blank-lines'");

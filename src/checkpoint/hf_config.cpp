@@ -159,6 +159,7 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
 
 LlamaConfig LlamaConfig::load(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  if (std::filesystem::exists(dir)) check_input_folder(dir, "model folder");  // a file, FIFO or device: named
   if (!std::filesystem::is_directory(dir)) throw InputError("model folder " + dir + " does not exist or is not a directory");
   if (!std::filesystem::exists(path))
     throw InputError("model folder " + dir + " has no config.json (expected " + path + ")");

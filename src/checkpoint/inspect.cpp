@@ -2,9 +2,11 @@
 
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "checkpoint/llama_loader.h"
 #include "checkpoint/safetensors_index.h"
+#include "runtime/input_file.h"
 
 namespace qshard {
 namespace fs = std::filesystem;
@@ -46,11 +48,29 @@ std::unique_ptr<Module> generic_tree(const SafetensorsFolder& folder) {
   return tree_from_keys(folder.names(), lookup, folder.dir());
 }
 
+// A path, or a folder's config.json / weights / index, that is a FIFO, folder or device where a
+// file belongs is bad input (exit 2), refused before anything is opened, not a problem of the report.
+void check_special_files(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return;  // reported below
+  if (!fs::is_directory(path, ec)) {
+    check_input_file(path, "safetensors file");
+    return;
+  }
+  const std::pair<const char*, const char*> files[] = {
+      {"config.json", "model config"}, {kSafetensorsSingleName, "safetensors file"}, {kSafetensorsIndexName, "safetensors index"}};
+  for (const auto& [name, role] : files) {
+    const fs::path p = fs::path(path) / name;
+    if (fs::exists(fs::symlink_status(p, ec))) check_input_file(p.string(), role);
+  }
+}
+
 }  // namespace
 
 InspectReport inspect_path(const std::string& path) {
   InspectReport rep;
   rep.path = path;
+  check_special_files(path);
   try {
     if (!fs::exists(path)) {
       rep.problems.push_back(path + ": no such file or folder");

@@ -12,6 +12,7 @@ namespace fs = std::filesystem;
 
 PeftLoraConfig read_peft_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "adapter_config.json").string();
+  check_input_folder(dir, "adapter folder");
   if (!fs::exists(path)) throw InputError("adapter folder " + dir + " has no adapter_config.json");
   const nlohmann::json j = parse_json_input(read_input_file(path, "adapter config"), path);
   if (!j.is_object()) throw InputError(path + ": must be a JSON object");
@@ -58,6 +59,7 @@ PeftLoraConfig read_peft_config(const std::string& dir) {
 
 void load_peft_adapter(Module& root, const std::string& dir) {
   const std::string path = (fs::path(dir) / "adapter_model.safetensors").string();
+  check_input_folder(dir, "adapter folder");
   if (!fs::exists(path)) throw InputError("adapter folder " + dir + " has no adapter_model.safetensors");
   const SafetensorsFile f = SafetensorsFile::open(path);
   static const std::string kPrefix = "base_model.model.";

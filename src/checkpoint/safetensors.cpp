@@ -381,7 +381,10 @@ SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> file_bytes, 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;
   f.path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // A folder, FIFO or device is refused by name before it is opened (a FIFO would block open() for
+  // ever); O_NONBLOCK and the fstat below catch one swapped in after the check.
+  check_input_file(path, "safetensors file");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw InputError(fmt::format("{}: cannot open safetensors file: {}", path, std::strerror(errno)));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {

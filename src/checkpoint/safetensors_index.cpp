@@ -139,6 +139,7 @@ ShardPlan plan_shards(const std::vector<std::pair<std::string, uint64_t>>& tenso
 SafetensorsFolder SafetensorsFolder::open(const std::string& dir) {
   const fs::path d(dir);
   std::error_code ec;
+  if (fs::exists(d, ec)) check_input_folder(dir, "safetensors folder");  // a file, FIFO or device: named
   if (!fs::is_directory(d, ec))
     throw InputError(fmt::format("{}: not a directory (expected a folder with {} or {})", dir, kSafetensorsSingleName,
                                  kSafetensorsIndexName));

@@ -19,6 +19,7 @@
 #include "checkpoint/safetensors.h"
 #include "runtime/collective_status.h"
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 #include "runtime/log.h"
 
 namespace qshard {
@@ -333,7 +334,7 @@ CheckpointInfo read_checkpoint_metadata(const std::string& path) {
   fs::path dir(path);
   std::error_code ec;
   if (!fs::exists(dir, ec)) throw InputError("checkpoint " + path + ": no such file or folder");
-  if (!fs::is_directory(dir, ec)) throw InputError("checkpoint " + path + ": not a folder");
+  check_input_folder(path, "checkpoint");  // a regular file, FIFO or device: named
   if (!fs::exists(dir / kMetadataName)) {
     const auto found = list_checkpoints(path);
     if (!found.empty()) {
@@ -348,14 +349,7 @@ CheckpointInfo read_checkpoint_metadata(const std::string& path) {
     }
   }
   const std::string meta_path = (dir / kMetadataName).string();
-  std::string text;
-  {
-    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(meta_path.c_str(), "rb"), &std::fclose);
-    if (!f) throw InputError(meta_path + ": cannot open: " + std::strerror(errno));
-    char buf[65536];
-    size_t got;
-    while ((got = std::fread(buf, 1, sizeof buf, f.get())) > 0) text.append(buf, got);
-  }
+  const std::string text = read_input_file(meta_path, "checkpoint metadata");
   CheckpointInfo info;
   info.dir = dir.string();
   info.metadata = parse_json_strict(text, meta_path);
@@ -433,6 +427,7 @@ void load_sharded_checkpoint(Communicator& comm, const CheckpointInfo& info, con
     for (int f : need) {
       const auto& fe = files[static_cast<size_t>(f)];
       const std::string p = (fs::path(info.dir) / fe.at("name").get<std::string>()).string();
+      check_input_file(p, "checkpoint file");  // a FIFO would block the CRC's read for ever
       std::error_code ec;
       const auto size = fs::file_size(p, ec);
       if (ec) throw InputError("checkpoint file " + p + ": " + ec.message() + " (listed in " + meta_path + ")");

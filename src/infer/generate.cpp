@@ -237,7 +237,8 @@ GenerateResult generate_text(const GenerateOptions& o, const std::function<void(
   if (!o.ignore_eos) {
     const fs::path gen_cfg = fs::path(o.model_dir) / "generation_config.json";
     bool found = false;
-    if (fs::is_regular_file(gen_cfg))
+    std::error_code gen_ec;  // present of any file type: read (a FIFO or folder there is refused by name)
+    if (fs::exists(fs::symlink_status(gen_cfg, gen_ec)))
       found = read_eos(parse_json_input(read_input_file(gen_cfg.string(), "generation config", 1 << 20), gen_cfg.string()), eos);
     if (!found) read_eos(cfg.raw, eos);
     if (codec && codec->eos()) eos.insert(*codec->eos());

@@ -14,6 +14,7 @@ using json = nlohmann::json;
 
 namespace {
 const char* file_kind(mode_t m) {
+  if (S_ISREG(m)) return "a regular file";
   if (S_ISDIR(m)) return "a folder";
   if (S_ISFIFO(m)) return "a FIFO (named pipe)";
   if (S_ISCHR(m)) return "a character device";
@@ -30,6 +31,13 @@ uint64_t check_input_file(const std::string& path, const std::string& what) {
   if (!S_ISREG(st.st_mode))
     throw InputError(what + " " + path + " is " + file_kind(st.st_mode) + ", not a regular file");
   return static_cast<uint64_t>(st.st_size);
+}
+
+void check_input_folder(const std::string& path, const std::string& what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw InputError("cannot open " + what + " " + path + ": " + std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) throw InputError(what + " " + path + " is " + file_kind(st.st_mode) + ", not a folder");
 }
 
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes) {

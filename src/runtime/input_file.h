@@ -4,7 +4,12 @@
 //
 // check_input_file: `path` must name a regular file (symbolic links followed): a folder, a FIFO, a
 //   socket or a device (/dev/zero) is an InputError naming `what` and the path, raised before the
-//   file is opened (opening a FIFO would block for ever). Returns its size in bytes.
+//   file is opened (opening a FIFO would block for ever). Returns its size in bytes. Every file a
+//   qshard command reads goes through it (or read_input_file); a reader that opens the file itself
+//   afterwards opens with O_NONBLOCK and checks fstat too, so a FIFO swapped in between never blocks.
+// check_input_folder: `path` must name a folder (symbolic links followed): a missing path, a
+//   regular file, a FIFO, a socket or a device is an InputError naming `what`, the path and what
+//   it is instead (a model, adapter or checkpoint folder given as a file).
 // read_input_file: check_input_file, then the whole file, refused when larger than max_bytes.
 // parse_json_input: JSON text -> json with the nesting bounded by kMaxJsonDepth (checked while
 //   parsing, before a deep document is built: deeper input is an InputError naming `label`, not a
@@ -26,6 +31,7 @@ inline constexpr int kMaxJsonDepth = 256;
 inline constexpr uint64_t kMaxConfigBytes = uint64_t{64} << 20;  // YAML jobs, config.json, JSON side files
 
 uint64_t check_input_file(const std::string& path, const std::string& what);
+void check_input_folder(const std::string& path, const std::string& what);
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes = kMaxConfigBytes);
 nlohmann::json parse_json_input(std::string_view text, const std::string& label);
 std::string json_string(const nlohmann::json& obj, const std::string& key, const std::string& label,

@@ -8,14 +8,15 @@
 #include "runtime/input_file.h"
 
 #include <filesystem>
-#include <fstream>
+#include <cstdint>
 #include <functional>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+#include "runtime/numbers.h"
+#include "text/record_reader.h"
 #include "text/token_file.h"
 
 namespace qshard {
@@ -27,15 +28,29 @@ bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string read_whole_file(const std::string& path) {
-  check_input_file(path, "input file");  // a folder, FIFO or device is refused before it is opened
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(fmt::format("{}: cannot open input file", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw InputError(fmt::format("{}: read error", path));
-  return ss.str();
-}
+// The limit's name in messages: the tokenize command's flag (TokenizeOptions::max_record_bytes).
+constexpr const char* kRecordLimitName = "--max-record-bytes";
+
+// The lines of an input held in memory, with RecordReader's next_line / line_no (split_documents).
+class MemoryLines {
+ public:
+  explicit MemoryLines(std::string_view contents) : contents_(contents) {}
+  bool next_line(std::string& line) {
+    if (pos_ >= contents_.size()) return false;
+    size_t end = contents_.find('\n', pos_);
+    if (end == std::string_view::npos) end = contents_.size();
+    line.assign(contents_.substr(pos_, end - pos_));
+    pos_ = end + 1;
+    ++line_no_;
+    return true;
+  }
+  int64_t line_no() const { return line_no_; }
+
+ private:
+  std::string_view contents_;
+  size_t pos_ = 0;
+  int64_t line_no_ = 0;
+};
 
 }  // namespace
 
@@ -65,28 +80,24 @@ struct Instruction {
   std::string prompt, response;
 };
 
-// Calls fn(record, "file:line") for each JSON object of a JSONL text (blank lines skipped).
-template <class Fn>
-void for_each_record(std::string_view contents, const std::string& label, Fn&& fn) {
-  size_t pos = 0;
-  int64_t line_no = 0;
-  while (pos < contents.size()) {
-    size_t end = contents.find('\n', pos);
-    if (end == std::string_view::npos) end = contents.size();
-    const std::string_view line = contents.substr(pos, end - pos);
-    pos = end + 1;
-    ++line_no;
+// Calls fn(record, "file:line") for each JSON object of a JSONL input (blank lines skipped), one
+// line in memory at a time (`lines`: a RecordReader or MemoryLines).
+template <class Lines, class Fn>
+void for_each_record(Lines& lines, const std::string& label, Fn&& fn) {
+  std::string line;
+  while (lines.next_line(line)) {
     if (is_blank(line)) continue;
-    const std::string where = fmt::format("{}:{}", label, line_no);
+    const std::string where = fmt::format("{}:{}", label, lines.line_no());
     nlohmann::ordered_json j = parse_json_input(line, where);
     if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object per line, got {}", where, j.type_name()));
     fn(j, where);
   }
 }
 
-std::vector<Instruction> read_alpaca(std::string_view contents, const std::string& label) {
-  std::vector<Instruction> out;
-  for_each_record(contents, label, [&](const nlohmann::ordered_json& j, const std::string& where) {
+// Calls fn(instruction) for each alpaca record of `lines`.
+template <class Lines, class Fn>
+void for_each_alpaca(Lines& lines, const std::string& label, Fn&& fn) {
+  for_each_record(lines, label, [&](const nlohmann::ordered_json& j, const std::string& where) {
     auto field = [&](const char* key, bool required) -> std::string {
       const auto it = j.find(key);
       if (it == j.end()) {
@@ -100,9 +111,8 @@ std::vector<Instruction> read_alpaca(std::string_view contents, const std::strin
     r.prompt = alpaca_prompt(field("instruction", true), field("input", false));
     r.response = field("output", true);
     if (r.response.empty()) throw InputError(fmt::format("{}: field \"output\" is empty: nothing to train on", where));
-    out.push_back(std::move(r));
+    fn(r);
   });
-  return out;
 }
 
 // A chat record: {"messages": [{"role": "...", "content": "..."}, ...]} with at least one
@@ -112,9 +122,10 @@ struct ChatRecord {
   std::string where;
 };
 
-std::vector<ChatRecord> read_chat(std::string_view contents, const std::string& label) {
-  std::vector<ChatRecord> out;
-  for_each_record(contents, label, [&](nlohmann::ordered_json& j, const std::string& where) {
+// Calls fn(record) for each chat record of `lines`.
+template <class Lines, class Fn>
+void for_each_chat(Lines& lines, const std::string& label, Fn&& fn) {
+  for_each_record(lines, label, [&](nlohmann::ordered_json& j, const std::string& where) {
     const auto it = j.find("messages");
     if (it == j.end() || !it->is_array() || it->empty())
       throw InputError(fmt::format("{}: expected a field \"messages\" holding a non-empty list of messages", where));
@@ -128,9 +139,55 @@ std::vector<ChatRecord> read_chat(std::string_view contents, const std::string& 
       assistant = assistant || m["role"] == "assistant";
     }
     if (!assistant) throw InputError(fmt::format("{}: no assistant message: nothing to train on", where));
-    out.push_back({std::move(*it), where});
+    fn(ChatRecord{std::move(*it), where});
   });
-  return out;
+}
+
+InputFormat resolve_format(InputFormat format, const std::string& label) {
+  if (format != InputFormat::kAuto) return format;
+  return ends_with(label, ".jsonl") || ends_with(label, ".json") ? InputFormat::kJsonl : InputFormat::kText;
+}
+
+// Calls emit(document) for each document of a text input split on blank lines, or of a jsonl
+// input, read from `lines` one line at a time. A paragraph longer than max_bytes is refused
+// naming its first line (a line longer than that, by a RecordReader, already while it is read).
+template <class Lines, class Emit>
+void split_lines(Lines& lines, InputFormat format, const TokenizeOptions& options, const std::string& label,
+                 int64_t max_bytes, Emit&& emit) {
+  std::string line, paragraph;
+  bool in_paragraph = false;
+  int64_t first_line = 0;
+  while (lines.next_line(line)) {
+    const int64_t line_no = lines.line_no();
+    if (format == InputFormat::kText) {  // blank-line paragraphs
+      if (is_blank(line)) {
+        if (in_paragraph) emit(std::move(paragraph));
+        paragraph.clear();
+        in_paragraph = false;
+      } else {
+        if (!in_paragraph) first_line = line_no;
+        if (static_cast<int64_t>(paragraph.size() + in_paragraph + line.size()) > max_bytes)
+          throw InputError(record_limit_error(fmt::format("{}:{}", label, first_line), max_bytes, kRecordLimitName));
+        if (in_paragraph) paragraph.push_back('\n');
+        paragraph.append(line);
+        in_paragraph = true;
+      }
+      continue;
+    }
+    if (is_blank(line)) continue;  // jsonl: blank lines are allowed
+    const nlohmann::json j = parse_json_input(line, fmt::format("{}:{}", label, line_no));
+    if (!j.is_object()) throw InputError(fmt::format("{}:{}: expected a JSON object per line, got {}", label, line_no, j.type_name()));
+    const auto it = j.find(options.jsonl_field);
+    if (it == j.end())
+      throw InputError(fmt::format("{}:{}: no field \"{}\" (set the field name with the jsonl field option)", label,
+                                   line_no, options.jsonl_field));
+    if (!it->is_string())
+      throw InputError(fmt::format("{}:{}: field \"{}\" is {}, expected a string", label, line_no, options.jsonl_field,
+                                   it->type_name()));
+    auto doc = it->get<std::string>();
+    if (!doc.empty()) emit(std::move(doc));
+  }
+  if (in_paragraph) emit(std::move(paragraph));
 }
 
 }  // namespace
@@ -158,54 +215,21 @@ std::string byte_detokenize(std::span<const uint32_t> tokens) {
 std::vector<std::string> split_documents(std::string_view contents, InputFormat format, const TokenizeOptions& options,
                                          const std::string& label) {
   std::vector<std::string> docs;
-  if (format == InputFormat::kAuto)
-    format = ends_with(label, ".jsonl") || ends_with(label, ".json") ? InputFormat::kJsonl : InputFormat::kText;
+  format = resolve_format(format, label);
   if (format == InputFormat::kText && options.text_split == TextSplit::kFile) {
     if (!contents.empty()) docs.emplace_back(contents);
     return docs;
   }
-  size_t pos = 0;
-  int64_t line_no = 0;
-  std::string paragraph;
-  bool in_paragraph = false;
-  while (pos < contents.size()) {
-    size_t end = contents.find('\n', pos);
-    if (end == std::string_view::npos) end = contents.size();
-    const std::string_view line = contents.substr(pos, end - pos);
-    pos = end + 1;
-    ++line_no;
-    if (format == InputFormat::kText) {  // blank-line paragraphs
-      if (is_blank(line)) {
-        if (in_paragraph) docs.push_back(std::move(paragraph));
-        paragraph.clear();
-        in_paragraph = false;
-      } else {
-        if (in_paragraph) paragraph.push_back('\n');
-        paragraph.append(line);
-        in_paragraph = true;
-      }
-      continue;
-    }
-    if (is_blank(line)) continue;  // jsonl: blank lines are allowed
-    const nlohmann::json j = parse_json_input(line, fmt::format("{}:{}", label, line_no));
-    if (!j.is_object()) throw InputError(fmt::format("{}:{}: expected a JSON object per line, got {}", label, line_no, j.type_name()));
-    const auto it = j.find(options.jsonl_field);
-    if (it == j.end())
-      throw InputError(fmt::format("{}:{}: no field \"{}\" (set the field name with the jsonl field option)", label,
-                                   line_no, options.jsonl_field));
-    if (!it->is_string())
-      throw InputError(fmt::format("{}:{}: field \"{}\" is {}, expected a string", label, line_no, options.jsonl_field,
-                                   it->type_name()));
-    auto doc = it->get<std::string>();
-    if (!doc.empty()) docs.push_back(std::move(doc));
-  }
-  if (in_paragraph) docs.push_back(std::move(paragraph));
+  MemoryLines lines(contents);
+  split_lines(lines, format, options, label, INT64_MAX, [&](std::string doc) { docs.push_back(std::move(doc)); });
   return docs;
 }
 
 TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const TokenizeOptions& options,
                              const std::string& out_path) {
   if (inputs.empty()) throw InputError(fmt::format("{}: no input files to tokenize", out_path));
+  const int64_t max_bytes = options.max_record_bytes;
+  check_int(kRecordLimitName, max_bytes, 1, kMaxRecordBytesCeiling);
   // Every input is checked before the output is created; the output must not be one of them.
   for (const auto& path : inputs) {
     check_input_file(path, "input file");
@@ -243,13 +267,61 @@ TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const Token
   TokenFileWriter writer(out_path, vocab, /*loss_mask=*/true, /*doc_starts=*/true);
   std::optional<ChatTemplate> chat_template;
   if (chat) chat_template = ChatTemplate::from_model_dir(options.tokenizer);
+  // One document: BOS, its ids, EOS, the first token flagged.
+  auto write_document = [&](std::string_view doc) {
+    std::vector<uint32_t> tokens;
+    if (bos) tokens.push_back(*bos);
+    const std::vector<uint32_t> ids = encode(doc);
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
+    if (eos) tokens.push_back(*eos);
+    if (!tokens.empty()) tokens[0] |= kTokenDocStart;
+    stats.targets += static_cast<int64_t>(tokens.size());
+    writer.append(tokens);
+    ++stats.documents;
+    stats.bytes += static_cast<int64_t>(doc.size());
+  };
   for (const auto& path : inputs) {
-    const std::string contents = read_whole_file(path);
+    const InputFormat format = resolve_format(options.format, path);
+    if (format == InputFormat::kText && options.text_split == TextSplit::kFile) {
+      if (options.tokenizer.empty()) {
+        // The byte tokenizer needs no context: the file streams through in pieces, whatever its size.
+        RecordReader reader(path, "input file", max_bytes, kRecordLimitName);
+        std::string_view piece;
+        std::vector<uint32_t> tokens;
+        int64_t bytes = 0;
+        while (reader.next_chunk(piece)) {
+          tokens.clear();
+          if (bytes == 0) tokens.push_back(kByteBos | kTokenDocStart);
+          tokens.insert(tokens.end(), reinterpret_cast<const uint8_t*>(piece.data()),
+                        reinterpret_cast<const uint8_t*>(piece.data()) + piece.size());
+          writer.append(tokens);
+          bytes += static_cast<int64_t>(piece.size());
+        }
+        if (bytes > 0) {
+          writer.append(std::vector<uint32_t>{kByteEos});
+          stats.targets += bytes + 2;
+          ++stats.documents;
+          stats.bytes += bytes;
+        }
+      } else {
+        // A model's tokenizer encodes the document whole: the file is one record.
+        const uint64_t size = check_input_file(path, "input file");
+        if (size > static_cast<uint64_t>(max_bytes))
+          throw InputError(record_limit_error(path + ":1", max_bytes, kRecordLimitName) +
+                           fmt::format(" (--split file: the whole file, {} bytes, is one document; --split "
+                                       "blank-lines makes each paragraph one)", size));
+        const std::string contents = read_input_file(path, "input file", static_cast<uint64_t>(max_bytes));
+        if (!contents.empty()) write_document(contents);
+      }
+      ++stats.files;
+      continue;
+    }
+    RecordReader reader(path, "input file", max_bytes, kRecordLimitName);
     if (chat) {
       // The conversation as the template renders it; the assistant messages' spans are the
       // targets, the rest context. Each piece is encoded on its own (no special tokens added: the
       // template writes them), as generation sees it: the prompt encoded, the reply generated.
-      for (const ChatRecord& r : read_chat(contents, path)) {
+      for_each_chat(reader, path, [&](const ChatRecord& r) {
         ChatRender cr;
         try {
           cr = render_with_spans(*chat_template, r.messages);
@@ -278,12 +350,12 @@ TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const Token
         writer.append(tokens);
         ++stats.documents;
         stats.bytes += static_cast<int64_t>(cr.text.size());
-      }
+      });
       ++stats.files;
       continue;
     }
     if (alpaca) {
-      for (const Instruction& r : read_alpaca(contents, path)) {
+      for_each_alpaca(reader, path, [&](const Instruction& r) {
         std::vector<uint32_t> tokens;
         if (bos) tokens.push_back(*bos | kTokenNoLoss);
         for (uint32_t id : encode(r.prompt)) tokens.push_back(id | kTokenNoLoss);
@@ -295,22 +367,11 @@ TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const Token
         writer.append(tokens);
         ++stats.documents;
         stats.bytes += static_cast<int64_t>(r.prompt.size() + r.response.size());
-      }
+      });
       ++stats.files;
       continue;
     }
-    for (const auto& doc : split_documents(contents, options.format, options, path)) {
-      std::vector<uint32_t> tokens;
-      if (bos) tokens.push_back(*bos);
-      const std::vector<uint32_t> ids = encode(doc);
-      tokens.insert(tokens.end(), ids.begin(), ids.end());
-      if (eos) tokens.push_back(*eos);
-      if (!tokens.empty()) tokens[0] |= kTokenDocStart;
-      stats.targets += static_cast<int64_t>(tokens.size());
-      writer.append(tokens);
-      ++stats.documents;
-      stats.bytes += static_cast<int64_t>(doc.size());
-    }
+    split_lines(reader, format, options, path, max_bytes, [&](const std::string& doc) { write_document(doc); });
     ++stats.files;
   }
   writer.finish();

@@ -32,6 +32,13 @@
 //          reply's tokens are the ones generation produces after its prompt. A template that does
 //          not render the conversation prefix-consistently is an InputError naming file:line.
 // Every format writes version 3 (token_file.h): each document's first token flagged.
+// Records and memory: inputs are read in pieces (text/record_reader.h), one record at a time, never
+// a whole file. A record is a line of jsonl / alpaca / chat, a paragraph of text with
+// TextSplit::kBlankLines, and a whole text file with TextSplit::kFile. A record longer than
+// max_record_bytes is an InputError naming file:line (the record's first line) and the limit,
+// raised once that many bytes are read (so a 2 GB line never fills memory). The one exception: a
+// whole text file (TextSplit::kFile) with the byte tokenizer is streamed in pieces, whatever its
+// size (the byte tokenizer needs no context); with a model's tokenizer it is one record.
 // Errors (unreadable input, bad JSONL, output I/O) are InputError naming the file.
 // The output is written with TokenFileWriter (token_file.h): complete or absent, never partial.
 #pragma once
@@ -48,6 +55,11 @@ constexpr uint32_t kByteBos = 256;
 constexpr uint32_t kByteEos = 257;
 constexpr uint32_t kByteVocabSize = 258;
 
+// max_record_bytes: the default (64 MiB: far above any real document or JSONL record) and the
+// range `qshard tokenize --max-record-bytes` takes (runtime/numbers.h).
+constexpr int64_t kDefaultMaxRecordBytes = int64_t{64} << 20;
+constexpr int64_t kMaxRecordBytesCeiling = int64_t{1} << 40;
+
 enum class InputFormat : uint8_t { kAuto, kText, kJsonl, kAlpaca, kChat };
 enum class TextSplit : uint8_t { kFile, kBlankLines };
 
@@ -63,6 +75,8 @@ struct TokenizeOptions {
   // tokenizer_config.json where it names them (as scripts/tools/tokenize_hf.py writes it); the token
   // file's vocab_size is the tokenizer's (vocabulary and added tokens).
   std::string tokenizer;
+  // The longest record held in memory (see "Records and memory" above); in [1, kMaxRecordBytesCeiling].
+  int64_t max_record_bytes = kDefaultMaxRecordBytes;
 };
 
 struct TokenizeStats {
@@ -82,12 +96,14 @@ std::vector<uint32_t> byte_tokenize(std::string_view doc);
 // Ids >= 258 are written as U+FFFD (the 3 UTF-8 bytes).
 std::string byte_detokenize(std::span<const uint32_t> tokens);
 
-// Splits one input's contents into documents (the rules above). `label` names it in errors.
+// Splits one input's contents, held in memory, into documents (the rules above; no record limit).
+// `label` names it in errors.
 std::vector<std::string> split_documents(std::string_view contents, InputFormat format, const TokenizeOptions& options,
                                          const std::string& label);
 
-// Tokenizes `inputs` in order into one token file at `out_path` (vocab 258).
-// REQUIRES: inputs non-empty. Throws InputError.
+// Tokenizes `inputs` in order into one token file at `out_path` (vocab 258, or the tokenizer's),
+// one record in memory at a time. Throws InputError (no inputs, a bad input or record, a
+// max_record_bytes outside its range).
 TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const TokenizeOptions& options,
                              const std::string& out_path);
 

@@ -12,23 +12,22 @@
 #include <optional>
 #include <sstream>
 
+#include "runtime/input_file.h"
 #include "text/chat_template_ast.h"
 
 namespace qshard {
 namespace jinja {
 namespace {
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw InputError(path.string() + ": cannot open");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+// A folder's side file (`what`: its role in messages): a regular file of at most kMaxConfigBytes
+// (a FIFO, folder or device is refused by name before it is opened: runtime/input_file.h).
+std::string read_file(const std::filesystem::path& path, const std::string& what) {
+  return read_input_file(path.string(), what);
 }
 
-nlohmann::ordered_json read_json(const std::filesystem::path& path) {
+nlohmann::ordered_json read_json(const std::filesystem::path& path, const std::string& what) {
   try {
-    return nlohmann::ordered_json::parse(read_file(path));
+    return nlohmann::ordered_json::parse(read_file(path, what));
   } catch (const nlohmann::json::exception& e) {
     throw InputError(path.string() + ": not valid JSON: " + e.what());
   }
@@ -136,13 +135,13 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
   const fs::path jinja_file = root / "chat_template.jinja";
   const fs::path config_file = root / "tokenizer_config.json";
   nlohmann::ordered_json config = nlohmann::ordered_json::object();
-  if (fs::exists(config_file)) config = jinja::read_json(config_file);
+  if (fs::exists(config_file)) config = jinja::read_json(config_file, "tokenizer config");
   if (!config.is_object()) throw InputError(config_file.string() + ": expected a JSON object");
 
   std::string source;
   std::string label;
   if (fs::exists(jinja_file)) {
-    source = jinja::read_file(jinja_file);
+    source = jinja::read_file(jinja_file, "chat template");
     label = jinja_file.string();
   } else if (config.contains("chat_template") && !config["chat_template"].is_null()) {
     const auto& ct = config["chat_template"];
@@ -178,7 +177,7 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
   nlohmann::ordered_json legacy = nlohmann::ordered_json::object();
   const fs::path map_file = root / "special_tokens_map.json";
   if (fs::exists(map_file)) {
-    legacy = jinja::read_json(map_file);
+    legacy = jinja::read_json(map_file, "special tokens map");
     if (!legacy.is_object()) legacy = nlohmann::ordered_json::object();
   }
   for (const char* key : kSpecial) {

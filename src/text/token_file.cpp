@@ -41,9 +41,10 @@ T read_le(const uint8_t* p) {
 TokenFile TokenFile::open(const std::string& path) {
   TokenFile t;
   t.path_ = path;
-  // Not opened when it is a FIFO or a device (open would block, or read for ever).
-  if (struct stat pre {}; ::stat(path.c_str(), &pre) == 0 && !S_ISREG(pre.st_mode)) check_input_file(path, "token file");
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Not opened when it is a FIFO or a device (open would block, or read for ever); O_NONBLOCK and
+  // the fstat below catch one swapped in after the check. A missing file: open's message below.
+  if (struct stat pre {}; ::stat(path.c_str(), &pre) == 0) check_input_file(path, "token file");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw InputError(fmt::format("{}: cannot open token file: {}", path, std::strerror(errno)));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {

@@ -13,6 +13,7 @@
 #include "checkpoint/export.h"
 #include "checkpoint/safetensors.h"
 #include "runtime/collective_status.h"
+#include "runtime/input_file.h"
 #include "runtime/log.h"
 #include "train/train_checkpoint.h"
 
@@ -86,6 +87,9 @@ std::optional<CheckpointInfo> agree_on_resume(const TrainConfig& config, Communi
 }
 
 void drop_metrics_after(const std::string& path, int64_t step) {
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return;
+  check_input_file(path, "metrics log (logging.metrics_jsonl)");  // a FIFO would block the read for ever
   std::ifstream in(path);
   if (!in) return;
   std::string kept, line;

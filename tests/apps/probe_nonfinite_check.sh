@@ -13,21 +13,8 @@ rm -rf "$work" && mkdir -p "$work"
 hf=$src/tests/data/hf
 fails=0
 
-# probe NAME EXPECTED_EXIT PATTERN -- command...: runs the command under the limits.
-probe() {
-  local name=$1 want=$2 pattern=$3
-  shift 4
-  local out rc
-  out=$( (ulimit -v 4194304; timeout 60 "$@") 2>&1)
-  rc=$?
-  if [ "$rc" != "$want" ] || ! grep -Eq -e "$pattern" <<< "$out"; then
-    echo "FAIL $name: exit $rc (want $want), pattern '$pattern'"
-    echo "$out" | tail -5 | cut -c1-400
-    fails=$((fails + 1))
-  else
-    echo "ok   $name: exit $rc: $(grep -Eo -e "$pattern.{0,60}" <<< "$out" | head -1)"
-  fi
-}
+# probe NAME EXPECTED_EXIT PATTERN -- command...: runs the command under the limits (probe_lib.sh).
+source "$(dirname "$0")/probe_lib.sh"
 
 # poke FILE TENSOR BYTE_OFFSET PRINTF_BYTES: overwrite bytes inside one tensor's payload.
 poke() {
@@ -111,4 +98,4 @@ probe "eval, shape [2^40, 2^40]" 2 "$msg" -- "$qshard" eval --model "$work/shape
 probe "dequantize, shape [2^40, 2^40]" 2 "$msg" -- "$qshard" dequantize "$work/shape" "$work/shape_d"
 probe "inspect --check, shape [2^40, 2^40]" 3 "problem: .*$msg" -- "$qshard" inspect --check --quiet "$work/shape"
 
-[ "$fails" = 0 ] && echo "nonfinite probes ok" || { echo "$fails nonfinite probe(s) failed"; exit 1; }
+probe_summary "nonfinite probes ok"

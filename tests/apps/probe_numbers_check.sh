@@ -14,22 +14,10 @@ qshard=$1 src=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
 fails=0
 
-# probe NAME EXPECTED_EXIT PATTERN -- command...: runs the command under the limits.
-probe() {
-  local name=$1 want=$2 pattern=$3
-  shift 4
-  local out rc
-  out=$( (ulimit -v 4194304; timeout 60 "$@") 2>&1)
-  rc=$?
-  out=$(tr '\n' ' ' <<< "$out")  # one line: a pattern may span CLI11's message and its hint
-  if [ "$rc" != "$want" ] || ! grep -Eq -e "$pattern" <<< "$out"; then
-    echo "FAIL $name: exit $rc (want $want), pattern '$pattern'"
-    echo "$out" | tail -c 600
-    fails=$((fails + 1))
-  else
-    echo "ok   $name: exit $rc: $(grep -Eo -e "$pattern.{0,60}" <<< "$out" | head -1)"
-  fi
-}
+# probe NAME EXPECTED_EXIT PATTERN -- command...: runs the command under the limits (probe_lib.sh),
+# its output joined into one line: a pattern may span CLI11's message and its hint.
+PROBE_ONE_LINE=1
+source "$(dirname "$0")/probe_lib.sh"
 # absent PATH: the refused command left nothing there.
 absent() { [ ! -e "$1" ] || { echo "FAIL: $1 was written by a refused command"; fails=$((fails + 1)); }; }
 
@@ -126,8 +114,4 @@ probe "bad --device" 2 "--device.*Run with --help" -- "${gen[@]}" --device tpu
 probe "no subcommand" 2 "subcommand.*Run with --help|Run with --help" -- "$qshard"
 probe "--help" 0 "--max-new-tokens INT .*\[0, 1073741824\]" -- "$qshard" generate --help
 
-if [ "$fails" != 0 ]; then
-  echo "number probes: $fails failed"
-  exit 1
-fi
-echo "number probes ok"
+probe_summary "number probes ok"

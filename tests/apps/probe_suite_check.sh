@@ -24,21 +24,9 @@ st_file() {
     printf "${3:-}"; } > "$work/$1"
 }
 
-# probe NAME EXPECTED_EXIT PATTERN -- command...: runs the command under the limits.
-probe() {
-  local name=$1 want=$2 pattern=$3
-  shift 4
-  local out rc
-  out=$( (ulimit -v 4194304; timeout 120 "$@") 2>&1)
-  rc=$?
-  if [ "$rc" != "$want" ] || ! grep -Eq -e "$pattern" <<< "$out"; then
-    echo "FAIL $name: exit $rc (want $want), pattern '$pattern'"
-    echo "$out" | grep -v "^  " | tail -8
-    fails=$((fails + 1))
-  else
-    echo "ok   $name: exit $rc: $(grep -Eo -e "$pattern.{0,80}" <<< "$out" | head -1)"
-  fi
-}
+# probe NAME EXPECTED_EXIT PATTERN -- command...: runs the command under the limits (probe_lib.sh).
+PROBE_TIMEOUT=120
+source "$(dirname "$0")/probe_lib.sh"
 
 hf=$src/tests/data/hf
 echo '[[1, 5, 3, 7]]' > "$work/ids.json"
@@ -150,5 +138,4 @@ probe "train np2, CPU attention over 65536-token sequences" 2 \
 probe "train np2, model.path config 1e9 layers" 2 "bad input: .*$liar" -- \
   "$@" -np 2 "$qshard" "${job[@]}" --set model.path="$work/liar"
 
-[ "$fails" = 0 ] || { echo "$fails probe(s) failed"; exit 1; }
-echo "all probes refused cleanly"
+probe_summary "all probes refused cleanly"

@@ -14,22 +14,12 @@ qshard=$1 work=$2 src=${3:-}
 rm -rf "$work" && mkdir -p "$work"
 fails=0
 
-# probe NAME EXPECTED_EXIT PATTERN -- command...: runs the command under the limits.
-probe() {
-  local name=$1 want=$2 pattern=$3
-  shift 4
-  # run_tok NAME [INPUT]: qshard tokenize with the folder $work/NAME as the tokenizer.
-  [ "$1" = run_tok ] && set -- "$qshard" tokenize --tokenizer "$work/$2" "${3:-$work/in.txt}" --out "$work/$2.tok"
-  local out rc
-  out=$( (ulimit -v 4194304; timeout 60 "$@") 2>&1)
-  rc=$?
-  if [ "$rc" != "$want" ] || ! grep -Eq -e "$pattern" <<< "$out"; then
-    echo "FAIL $name: exit $rc (want $want), pattern '$pattern'"
-    echo "$out" | tail -5 | cut -c1-400
-    fails=$((fails + 1))
-  else
-    echo "ok   $name: exit $rc: $(grep -Eo -e "$pattern.{0,60}" <<< "$out" | head -1)"
-  fi
+source "$(dirname "$0")/probe_lib.sh"
+# tprobe NAME EXPECTED_EXIT PATTERN -- command...: probe (probe_lib.sh), where the command
+# `run_tok NAME [INPUT]` is qshard tokenize with the folder $work/NAME as the tokenizer.
+tprobe() {
+  [ "$5" = run_tok ] && set -- "$1" "$2" "$3" "$4" "$qshard" tokenize --tokenizer "$work/$6" "${7:-$work/in.txt}" --out "$work/$6.tok"
+  probe "$@"
 }
 
 echo "some text to tokenize" > "$work/in.txt"
@@ -51,33 +41,33 @@ for c in "normalizer normalizers {\"type\": \"Prepend\", \"prepend\": \"x\"}" \
          "post_processor processors {\"type\": \"ByteLevel\"}"; do
   read -r key list leaf <<< "$c"
   tok "deep_$key" "$(nest "$key" "$list" 100000 "$leaf")"
-  probe "$key Sequence 100k deep" 2 "deep_$key/tokenizer.json: JSON nested more than 256 levels" -- run_tok "deep_$key"
+  tprobe "$key Sequence 100k deep" 2 "deep_$key/tokenizer.json: JSON nested more than 256 levels" -- run_tok "deep_$key"
   tok "seq33_$key" "$(nest "$key" "$list" 33 "$leaf")"
-  probe "$key Sequence 33 deep" 2 "seq33_$key/tokenizer.json: $key Sequence nested more than 32 deep" -- run_tok "seq33_$key"
+  tprobe "$key Sequence 33 deep" 2 "seq33_$key/tokenizer.json: $key Sequence nested more than 32 deep" -- run_tok "seq33_$key"
 done
 
 # ---- ids ----
 for id in -1 4294967295 4194304 1.5; do
   tok "vocab_$id" "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": $id}, \"merges\": []}}"
-  probe "vocab id $id" 2 "vocab_$id/tokenizer.json: model.vocab\[\"b\"\] = $id: a token id must be an integer" -- run_tok "vocab_$id"
+  tprobe "vocab id $id" 2 "vocab_$id/tokenizer.json: model.vocab\[\"b\"\] = $id: a token id must be an integer" -- run_tok "vocab_$id"
   tok "added_$id" "{\"added_tokens\": [{\"content\": \"<x>\", \"id\": $id}], $model}"
-  probe "added token id $id" 2 "added_$id/tokenizer.json: added_tokens\[0\].id = $id" -- run_tok "added_$id"
+  tprobe "added token id $id" 2 "added_$id/tokenizer.json: added_tokens\[0\].id = $id" -- run_tok "added_$id"
 done
 tok vocab_dup '{"model": {"type": "BPE", "vocab": {"a": 0, "b": 0}, "merges": []}}'
-probe "vocab id given twice" 2 'vocab_dup/tokenizer.json: model.vocab gives id 0 to both "a" and "b"' -- run_tok vocab_dup
+tprobe "vocab id given twice" 2 'vocab_dup/tokenizer.json: model.vocab gives id 0 to both "a" and "b"' -- run_tok vocab_dup
 tok added_dup "{\"added_tokens\": [{\"content\": \"<x>\", \"id\": 9}, {\"content\": \"<y>\", \"id\": 9}], $model}"
-probe "added token id given twice" 2 'added_dup/tokenizer.json: added_tokens\[1\].id 9 is also the id of added token "<x>"' -- \
+tprobe "added token id given twice" 2 'added_dup/tokenizer.json: added_tokens\[1\].id 9 is also the id of added token "<x>"' -- \
   run_tok added_dup
 tok merge_unknown '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a zz"]}}'
-probe "merge naming an unknown token" 2 "merge_unknown/tokenizer.json: merges\[0\] \('a' 'zz'\) names a token missing" -- \
+tprobe "merge naming an unknown token" 2 "merge_unknown/tokenizer.json: merges\[0\] \('a' 'zz'\) names a token missing" -- \
   run_tok merge_unknown
 tok post_id "{\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\"}}, {\"Sequence\": {\"id\": \"A\"}}], \"special_tokens\": {\"<s>\": {\"ids\": [4294967295]}}}, $model}"
-probe "post-processor id 2^32-1" 2 'post_id/tokenizer.json: post_processor.special_tokens\["<s>"\].ids = 4294967295' -- run_tok post_id
+tprobe "post-processor id 2^32-1" 2 'post_id/tokenizer.json: post_processor.special_tokens\["<s>"\].ids = 4294967295' -- run_tok post_id
 
 # ---- a catastrophic Split pattern on 28 characters ----
 tok regex "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(a+)+\$\"}, \"behavior\": \"Isolated\"}, $model}"
 printf 'xy%s!' "$(head -c 28 /dev/zero | tr '\0' a)" > "$work/a28.txt"
-probe "catastrophic regex (a+)+\$" 2 "regex/tokenizer.json pre_tokenizer Split: regular expression '\(a\+\)\+\\$' gave up searching from byte 0 .*PCRE2 match limit" -- \
+tprobe "catastrophic regex (a+)+\$" 2 "regex/tokenizer.json pre_tokenizer Split: regular expression '\(a\+\)\+\\$' gave up searching from byte 0 .*PCRE2 match limit" -- \
   run_tok regex "$work/a28.txt"
 
 # ---- 100k added tokens sharing a first byte, on 1 MB of text: finishes (linear matching) ----
@@ -86,36 +76,36 @@ probe "catastrophic regex (a+)+\$" 2 "regex/tokenizer.json pre_tokenizer Split: 
   printf '{"content": "ab", "id": 100003}], %s}' "$model"; } > "$work/added.json"
 tok added100k "$(cat "$work/added.json")"
 head -c 1048576 /dev/zero | tr '\0' a > "$work/a1m.txt"
-probe "100k added tokens on 1 MB" 0 "tokenized 1 files, 1 documents, 1048576 bytes -> 1048576 tokens" -- \
+tprobe "100k added tokens on 1 MB" 0 "tokenized 1 files, 1 documents, 1048576 bytes -> 1048576 tokens" -- \
   run_tok added100k "$work/a1m.txt"
 
 # ---- special files, folders, missing paths ----
 mkdir -p "$work/fifo_json" && mkfifo "$work/fifo_json/tokenizer.json"
-probe "FIFO tokenizer.json" 2 "fifo_json/tokenizer.json is a FIFO \(named pipe\), not a regular file" -- run_tok fifo_json
+tprobe "FIFO tokenizer.json" 2 "fifo_json/tokenizer.json is a FIFO \(named pipe\), not a regular file" -- run_tok fifo_json
 tok fifo_cfg "{$model}" && mkfifo "$work/fifo_cfg/tokenizer_config.json"
-probe "FIFO tokenizer_config.json" 2 "fifo_cfg/tokenizer_config.json is a FIFO \(named pipe\), not a regular file" -- run_tok fifo_cfg
+tprobe "FIFO tokenizer_config.json" 2 "fifo_cfg/tokenizer_config.json is a FIFO \(named pipe\), not a regular file" -- run_tok fifo_cfg
 tok deep_cfg "{$model}"
 { head -c 100000 /dev/zero | tr '\0' '['; head -c 100000 /dev/zero | tr '\0' ']'; } > "$work/deep_cfg/tokenizer_config.json"
-probe "tokenizer_config.json nested 100k deep" 2 "deep_cfg/tokenizer_config.json: JSON nested more than 256 levels" -- run_tok deep_cfg
+tprobe "tokenizer_config.json nested 100k deep" 2 "deep_cfg/tokenizer_config.json: JSON nested more than 256 levels" -- run_tok deep_cfg
 mkdir -p "$work/dir_json/tokenizer.json"
-probe "folder as tokenizer.json" 2 "dir_json/tokenizer.json is a folder, not a regular file" -- run_tok dir_json
+tprobe "folder as tokenizer.json" 2 "dir_json/tokenizer.json is a folder, not a regular file" -- run_tok dir_json
 mkdir -p "$work/empty"
-probe "folder without tokenizer.json" 2 "empty: cannot read the tokenizer: the folder has no tokenizer.json" -- run_tok empty
-probe "missing folder" 2 "no_such_model: cannot read the tokenizer" -- run_tok no_such_model
-probe "/dev/zero as the tokenizer" 2 "/dev/zero is a character device, not a regular file" -- \
+tprobe "folder without tokenizer.json" 2 "empty: cannot read the tokenizer: the folder has no tokenizer.json" -- run_tok empty
+tprobe "missing folder" 2 "no_such_model: cannot read the tokenizer" -- run_tok no_such_model
+tprobe "/dev/zero as the tokenizer" 2 "/dev/zero is a character device, not a regular file" -- \
   "$qshard" tokenize --tokenizer /dev/zero "$work/in.txt" --out "$work/z.tok"
 
 # generate --tokenizer names its tokenizer: a missing one, a folder without tokenizer.json or a FIFO
 # is an error, not a quiet fall back to the byte tokenizer; a FIFO in the model folder likewise.
 if [ -n "$src" ]; then
   m=$src/tests/data/hf/tiny_llama_bf16
-  probe "generate --tokenizer missing" 2 "no_such_tok: cannot read the tokenizer" -- "$qshard" generate --model "$m" --prompt hi --tokenizer "$work/no_such_tok"
-  probe "generate --tokenizer without tokenizer.json" 2 "empty: cannot read the tokenizer: the folder has no tokenizer.json" \
+  tprobe "generate --tokenizer missing" 2 "no_such_tok: cannot read the tokenizer" -- "$qshard" generate --model "$m" --prompt hi --tokenizer "$work/no_such_tok"
+  tprobe "generate --tokenizer without tokenizer.json" 2 "empty: cannot read the tokenizer: the folder has no tokenizer.json" \
     -- "$qshard" generate --model "$m" --prompt hi --tokenizer "$work/empty"
-  probe "generate --tokenizer FIFO" 2 "fifo_json/tokenizer.json is a FIFO" -- "$qshard" generate --model "$m" --prompt hi --tokenizer "$work/fifo_json"
+  tprobe "generate --tokenizer FIFO" 2 "fifo_json/tokenizer.json is a FIFO" -- "$qshard" generate --model "$m" --prompt hi --tokenizer "$work/fifo_json"
   mkdir -p "$work/fifo_model" && cp "$m"/* "$work/fifo_model/" && mkfifo "$work/fifo_model/tokenizer.json"
-  probe "generate, a FIFO tokenizer.json in the model folder" 2 "fifo_model/tokenizer.json is a FIFO" -- \
+  tprobe "generate, a FIFO tokenizer.json in the model folder" 2 "fifo_model/tokenizer.json is a FIFO" -- \
     "$qshard" generate --model "$work/fifo_model" --prompt-ids 1,2
 fi
 
-[ "$fails" = 0 ] && echo "tokenizer probes ok" || { echo "$fails tokenizer probe(s) failed"; exit 1; }
+probe_summary "tokenizer probes ok"

@@ -46,6 +46,27 @@ TEST(InputFile, RefusesWhatIsNotARegularFile) {
             std::string::npos);
 }
 
+TEST(InputFile, FolderRolesRefuseFilesFifosAndDevices) {
+  Dir d;
+  EXPECT_NO_THROW(check_input_folder(d.p.string(), "model folder"));
+  const std::string f = d.file("config.json");
+  std::ofstream(f) << "{}";
+  EXPECT_NE(error_of([&] { check_input_folder(f, "model folder"); }).find("model folder " + f + " is a regular file, not a folder"),
+            std::string::npos);
+  const std::string fifo = d.file("pipe");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(error_of([&] { check_input_folder(fifo, "checkpoint"); }).find("checkpoint " + fifo + " is a FIFO (named pipe), not a folder"),
+            std::string::npos);
+  const std::string zero = d.file("zero");
+  ASSERT_EQ(::symlink("/dev/zero", zero.c_str()), 0);  // a link named like the folder, to a device
+  EXPECT_NE(error_of([&] { check_input_folder(zero, "adapter folder"); }).find(zero + " is a character device, not a folder"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { check_input_file(zero, "token file"); }).find(zero + " is a character device, not a regular file"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { check_input_folder(d.file("missing"), "model folder"); }).find("cannot open model folder"),
+            std::string::npos);
+}
+
 TEST(InputFile, SizeLimitAndOrdinaryRead) {
   Dir d;
   const std::string f = d.file("x.json");

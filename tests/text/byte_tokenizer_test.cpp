@@ -7,6 +7,7 @@
 #include "model/llama_ops.h"
 #include "text/byte_tokenizer.h"
 #include "text/data_loader.h"
+#include "text/record_reader.h"
 #include "text/token_file.h"
 
 namespace qshard {
@@ -80,6 +81,101 @@ TEST(ByteTokenizer, JsonlFieldAndErrors) {
   EXPECT_EQ(err("[1, 2]\n"), f + ":1: expected a JSON object per line, got array");
   EXPECT_EQ(err("{\"text\": \"a\"}\n{oops\n").rfind(f + ":2: not valid JSON", 0), 0u);
   EXPECT_FALSE(std::filesystem::exists(dir.file("bad.tok")));  // failed runs leave no output
+}
+
+// --max-record-bytes (TokenizeOptions::max_record_bytes): a record of exactly the limit loads, one
+// byte more is refused naming file:line (the record's first line) and the limit, for each format.
+std::string tokenize_error(const std::vector<std::string>& inputs, const TokenizeOptions& o, const std::string& out) {
+  try {
+    tokenize_files(inputs, o, out);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no InputError)";
+}
+
+TEST(ByteTokenizer, RecordLimitJsonlAndAlpaca) {
+  TempDir dir;
+  TokenizeOptions o;
+  o.max_record_bytes = 32;
+  const std::string line = "{\"text\": \"" + std::string(32 - 12, 'x') + "\"}";  // 32 bytes
+  ASSERT_EQ(line.size(), 32u);
+  const std::string f = dir.file("r.jsonl");
+  testing_util::write_bytes(f, "{\"text\": \"a\"}\n" + line + "\n");
+  EXPECT_EQ(tokenize_files({f}, o, dir.file("ok.tok")).documents, 2);
+  testing_util::write_bytes(f, "{\"text\": \"a\"}\n\n" + line + " \n");  // 33 bytes on line 3
+  EXPECT_EQ(tokenize_error({f}, o, dir.file("no.tok")),
+            f + ":3: a record longer than 32 bytes (--max-record-bytes): refused before it is read whole; split it or "
+                "raise --max-record-bytes");
+  EXPECT_FALSE(std::filesystem::exists(dir.file("no.tok")));
+
+  o.format = InputFormat::kAlpaca;
+  const std::string rec = "{\"instruction\": \"i\", \"output\": \"" + std::string(10, 'o') + "\"}";
+  o.max_record_bytes = static_cast<int64_t>(rec.size());
+  testing_util::write_bytes(f, rec + "\n" + rec);  // the last line without '\n'
+  EXPECT_EQ(tokenize_files({f}, o, dir.file("ok.tok")).documents, 2);
+  testing_util::write_bytes(f, rec + "\n" + rec + "x");
+  EXPECT_EQ(tokenize_error({f}, o, dir.file("no.tok")).rfind(f + ":2: a record longer than " + std::to_string(rec.size()) + " bytes", 0), 0u);
+}
+
+TEST(ByteTokenizer, RecordLimitParagraphsAndWholeFiles) {
+  TempDir dir;
+  TokenizeOptions o;
+  o.max_record_bytes = 9;
+  o.text_split = TextSplit::kBlankLines;
+  const std::string f = dir.file("p.txt");
+  testing_util::write_bytes(f, "abcd\nefgh\n\nxy\n");  // a paragraph of 9 bytes ("abcd\nefgh"), then one of 2
+  EXPECT_EQ(tokenize_files({f}, o, dir.file("ok.tok")).documents, 2);
+  testing_util::write_bytes(f, "xy\n\nabcd\nefghi\n");  // 10 bytes from line 3
+  EXPECT_EQ(tokenize_error({f}, o, dir.file("no.tok")).rfind(f + ":3: a record longer than 9 bytes (--max-record-bytes)", 0), 0u);
+
+  // --split file with the byte tokenizer streams the file: no limit applies, the same tokens.
+  o.text_split = TextSplit::kFile;
+  const std::string big(3 * RecordReader::kChunkBytes + 17, 'q');  // several pieces
+  testing_util::write_bytes(f, big);
+  const TokenizeStats st = tokenize_files({f}, o, dir.file("big.tok"));
+  EXPECT_EQ(st.documents, 1);
+  EXPECT_EQ(st.bytes, static_cast<int64_t>(big.size()));
+  const std::vector<uint32_t> t = read_all(dir.file("big.tok"));
+  ASSERT_EQ(t.size(), big.size() + 2);
+  EXPECT_EQ(t.front(), 256 | kTokenDocStart);
+  EXPECT_EQ(t[1 + RecordReader::kChunkBytes], uint32_t{'q'});
+  EXPECT_EQ(t.back(), 257u);
+
+  o.max_record_bytes = 0;
+  EXPECT_NE(tokenize_error({f}, o, dir.file("no.tok")).find("--max-record-bytes '0': expected an integer in [1, "),
+            std::string::npos);
+}
+
+// RecordReader: lines across its pieces, a last line without '\n', CR kept, line numbers.
+TEST(RecordReader, LinesAcrossPieces) {
+  TempDir dir;
+  const std::string f = dir.file("l.txt");
+  const std::string long_line(RecordReader::kChunkBytes + 5, 'z');
+  testing_util::write_bytes(f, "a\r\n\n" + long_line + "\nend");
+  RecordReader r(f, "input file", static_cast<int64_t>(long_line.size()), "--max-record-bytes");
+  std::string line;
+  ASSERT_TRUE(r.next_line(line));
+  EXPECT_EQ(line, "a\r");
+  ASSERT_TRUE(r.next_line(line));
+  EXPECT_EQ(line, "");
+  ASSERT_TRUE(r.next_line(line));
+  EXPECT_EQ(line, long_line);
+  ASSERT_TRUE(r.next_line(line));
+  EXPECT_EQ(line, "end");
+  EXPECT_EQ(r.line_no(), 4);
+  EXPECT_FALSE(r.next_line(line));
+
+  RecordReader tight(f, "input file", static_cast<int64_t>(long_line.size()) - 1, "--max-record-bytes");
+  ASSERT_TRUE(tight.next_line(line));
+  ASSERT_TRUE(tight.next_line(line));
+  try {
+    tight.next_line(line);
+    ADD_FAILURE() << "a line over the limit was read";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(f + ":3: a record longer than", 0), 0u) << e.what();
+  }
+  EXPECT_THROW(RecordReader("/dev/zero", "input file", 10, "--max-record-bytes"), InputError);
 }
 
 TEST(ByteTokenizer, InputErrors) {
