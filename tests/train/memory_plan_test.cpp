@@ -56,8 +56,10 @@ TEST(MemoryPlan, BudgetBecomesKeptLayers) {
   mo.max_batch = 4;
   mo.max_seq = 2048;
   const double per = llama_kept_layer_bytes(llama(c), mo, Backend::kCuda, DType::kBF16, 16);
-  EXPECT_GT(per, 0.8e9);  // ~1 GB per kept layer at 4 x 2048 (h1, q, k, v, a, x2, h2, gate, up)
-  EXPECT_LT(per, 1.2e9);
+  // 8192 rows x (q 4096 + k 1024 + v 1024 + a 4096 + x2 4096 + gate 14336 + up 14336) bf16 = 704.6 MB,
+  // plus the attention statistics and the RMSNorm scales; no h1 / h2 (recomputed in the backward).
+  EXPECT_GT(per, 0.70e9);
+  EXPECT_LT(per, 0.71e9);
   c.memory.gpu_budget_gb = 30;  // (the plan may offload the base to keep more layers: either way)
   MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
   const double in_use = 8e9;
