@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+#include "train/tensorboard_writer.h"
 
 namespace qshard {
 namespace {
@@ -37,6 +38,17 @@ std::string metrics_json_line(const StepMetrics& m) {
   if (m.mfu) j["mfu"] = *m.mfu;
   j["elapsed_s"] = m.elapsed_s;
   return j.dump();  // a NaN loss is written as null
+}
+
+std::vector<TfScalar> tensorboard_scalars(const std::string& json_line) {
+  const auto j = nlohmann::ordered_json::parse(json_line);
+  std::vector<TfScalar> out;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "step") continue;
+    if (value.is_number()) out.push_back({key, value.get<float>()});
+    else if (value.is_null()) out.push_back({key, std::nanf("")});
+  }
+  return out;
 }
 
 std::string format_duration(double s) {
@@ -89,15 +101,22 @@ MetricsLogger::~MetricsLogger() {
   if (file_ != nullptr) std::fclose(file_);
 }
 
+std::string MetricsLogger::open_tensorboard(const std::string& dir, int64_t first_step) {
+  tensorboard_ = std::make_unique<TensorBoardWriter>(dir, first_step);
+  return tensorboard_->path();
+}
+
 double MetricsLogger::elapsed_s() const { return now_s() - start_; }
 
 void MetricsLogger::log(StepMetrics m) {
   if (m.elapsed_s == 0.0) m.elapsed_s = elapsed_s();
+  const std::string json = metrics_json_line(m);
   if (file_ != nullptr) {
-    const std::string line = metrics_json_line(m) + "\n";
+    const std::string line = json + "\n";
     if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
       throw InputError(fmt::format("{}: writing metrics failed: {}", path_, std::strerror(errno)));
   }
+  if (tensorboard_) tensorboard_->write_scalars(m.step, unix_time_s(), tensorboard_scalars(json));
   if (out_ != nullptr) {
     const std::string line = (tty_ ? progress_bar(m.step, total_steps_) : std::string()) + progress_line(m, total_steps_);
     std::fprintf(out_, "%s\n", line.c_str());

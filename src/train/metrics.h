@@ -15,6 +15,9 @@
 // Each line is flushed as it is written, so a killed run keeps every finished line; with
 // append = true (resume) the file is opened for appending instead of being truncated.
 // scripts/tools/plot_metrics.py plots loss, eval_loss and lr against step from this file.
+// TensorBoard (open_tensorboard, logging.tensorboard_dir): each line's numbers, every key but
+// "step" (tensorboard_scalars), go to an event file as scalars tagged with the JSON key, at the
+// line's step, flushed with the line (train/tensorboard_writer.h); a null (NaN) value as NaN.
 //
 // Progress line (to `out`, stdout by default):
 //   "step 12/200 | loss 3.1234 | lr 3.0e-04 | grad 1.23 | 1234 tok/s | 0.52 s/step | mem 12.3 MB | eta 1m23s"
@@ -26,8 +29,12 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "train/tf_event.h"
 
 namespace qshard {
 
@@ -47,6 +54,9 @@ struct StepMetrics {
 
 // The JSONL line (without the newline).
 std::string metrics_json_line(const StepMetrics& m);
+// The TensorBoard scalars of a JSONL line: each number (or null, as NaN) but "step", in line order,
+// tagged with its key. REQUIRES: a line metrics_json_line wrote.
+std::vector<TfScalar> tensorboard_scalars(const std::string& json_line);
 // The progress line for `total_steps` (without bar or newline).
 std::string progress_line(const StepMetrics& m, int64_t total_steps);
 // "45s", "1m23s", "2h05m"; "?" for a negative or non-finite value.
@@ -55,6 +65,8 @@ std::string format_duration(double seconds);
 std::string format_bytes(int64_t bytes);
 // "[#####...............] " for step/total, width cells.
 std::string progress_bar(int64_t step, int64_t total, int width = 20);
+
+class TensorBoardWriter;
 
 class MetricsLogger {
  public:
@@ -65,7 +77,12 @@ class MetricsLogger {
   MetricsLogger(const MetricsLogger&) = delete;
   MetricsLogger& operator=(const MetricsLogger&) = delete;
 
-  // Writes the JSONL line and prints the progress line. elapsed_s is filled in when 0.
+  // From now on every logged line's scalars also go to a new TensorBoard event file in `dir`;
+  // `first_step` is the first step this job logs (train/tensorboard_writer.h). Returns its path.
+  // Throws InputError naming the folder or file.
+  std::string open_tensorboard(const std::string& dir, int64_t first_step);
+  // Writes the JSONL line (and the TensorBoard event) and prints the progress line. elapsed_s is
+  // filled in when 0.
   void log(StepMetrics m);
   // Seconds since construction.
   double elapsed_s() const;
@@ -73,6 +90,7 @@ class MetricsLogger {
  private:
   std::string path_;
   std::FILE* file_ = nullptr;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::FILE* out_;
   bool tty_;
   int64_t total_steps_;

@@ -183,6 +183,7 @@ const std::vector<Field>& fields() {
       QS_FIELD("checkpoint.stop_after_steps", checkpoint.stop_after_steps),
       QS_FIELD("logging.every_steps", logging.every_steps),
       QS_FIELD("logging.metrics_jsonl", logging.metrics_jsonl),
+      QS_FIELD("logging.tensorboard_dir", logging.tensorboard_dir),
       QS_FIELD("logging.eval_every_steps", logging.eval_every_steps),
       QS_FIELD("logging.profile", logging.profile),
       QS_FIELD("logging.gemm_tflops", logging.gemm_tflops),

@@ -164,6 +164,8 @@ struct CheckpointConfig {
 struct LoggingConfig {
   int64_t every_steps = 10;
   std::string metrics_jsonl;     // empty: no metrics file
+  std::string tensorboard_dir;   // the JSONL's numbers also as TensorBoard scalars, a new event file in
+                                 // this folder per job (train/tensorboard_writer.h); empty: none
   int64_t eval_every_steps = 0;  // 0: eval only at the end (when there is eval data)
   bool profile = false;          // time the compute stream's parts (CUDA events) and print the split
                                  // at the end (nothing is timed on the CPU)

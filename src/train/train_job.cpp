@@ -200,6 +200,10 @@ void TrainJob::open_logger() {
   if (rank_ == 0 && resume_ && !config_.logging.metrics_jsonl.empty())
     drop_metrics_after(config_.logging.metrics_jsonl, start_step_);
   if (rank_ == 0) logger_ = std::make_unique<MetricsLogger>(config_.logging.metrics_jsonl, max_steps_, resume_.has_value());
+  if (rank_ == 0 && !config_.logging.tensorboard_dir.empty())
+    QS_LOG_INFO("TensorBoard events: {} (tensorboard --logdir {})",
+                logger_->open_tensorboard(config_.logging.tensorboard_dir, start_step_ + 1),
+                config_.logging.tensorboard_dir);
   if (rank_ == 0)
     QS_LOG_INFO("model: {} layers, hidden {}, vocab {}; {} trainable LoRA parameters; {} units over {} ranks; {} steps "
                 "on {}",

@@ -12,7 +12,8 @@
 //            over all non-ignored target tokens of all ranks; global gradient-norm clipping
 //            across ranks; AdamW on this rank's f32 master shards; LR schedule;
 //   eval     mean loss over the eval split (every logging.eval_every_steps and at the end);
-//   metrics  rank 0: a progress line per logging step and JSONL (metrics.h);
+//   metrics  rank 0: a progress line per logging step, JSONL (metrics.h) and, with
+//            logging.tensorboard_dir, TensorBoard scalars (tensorboard_writer.h);
 //   resume   with checkpoint.dir set: a sharded checkpoint CKPT/step-N every checkpoint.every_steps,
 //            at checkpoint.stop_after_steps and at the end (checkpoint/sharded_checkpoint.h,
 //            train/train_checkpoint.h), the newest checkpoint.keep_last kept; checkpoint.resume

@@ -247,6 +247,21 @@ TEST(TrainConfig, ToYamlRoundTrips) {
   }
 }
 
+// logging.tensorboard_dir: off by default; a path in the file or an override; a near miss is
+// suggested.
+TEST(TrainConfig, TensorBoardDir) {
+  EXPECT_EQ(parse_train_config(kMinimal, "x.yaml").logging.tensorboard_dir, "");
+  const TrainConfig f =
+      parse_train_config("data:\n  train: x.tok\nlogging:\n  tensorboard_dir: runs/tb\n", "f.yaml");
+  EXPECT_EQ(f.logging.tensorboard_dir, "runs/tb");
+  EXPECT_NE(f.to_yaml().find("tensorboard_dir: runs/tb"), std::string::npos);
+  EXPECT_EQ(parse_train_config(kMinimal, "x.yaml", {"logging.tensorboard_dir=/tmp/tb"}).logging.tensorboard_dir,
+            "/tmp/tb");
+  EXPECT_NE(error_of([] { parse_train_config(kMinimal, "x.yaml", {"logging.tensorboard=/tmp/tb"}); })
+                .find("did you mean 'logging.tensorboard_dir'?"),
+            std::string::npos);
+}
+
 TEST(TrainConfig, ShippedTinyConfigLoadsAndValidates) {
   const TrainConfig c = load_train_config(std::string(QSHARD_SOURCE_DIR) + "/configs/tiny.yaml");
   for (int world : {1, 2, 4}) EXPECT_NO_THROW(c.validate(world)) << world;
