@@ -40,15 +40,15 @@ out=$(timeout 120 "${mpi[@]}" -np 2 "$qshard" "${args[@]}" --set steps=2 2>&1) |
 kill -9 "$long"
 wait "$long" 2>/dev/null || true
 [ "$rc" = 2 ] || { echo "$out" | tail; fail "the second job: exit $rc, expected 2"; }
-echo "$out" | grep -q "is in use by another job: pid $long on host $(hostname)" ||
-  { echo "$out" | tail; fail "the refusal does not name pid $long on host $(hostname)"; }
+echo "$out" | grep -q "is in use by another job: pid $long on host $(uname -n)" ||
+  { echo "$out" | tail; fail "the refusal does not name pid $long on host $(uname -n)"; }
 echo "second job refused (exit 2): $(echo "$out" | grep -o 'is in use by another job: [^(]*' | head -1)"
 
 # 3. the killed job's lock is taken over; the end names the exports and how to load them.
 [ -s "$lock" ] || fail "the killed job's lock file is gone (expected it left behind)"
 out=$("$qshard" "${args[@]}" --set steps=2 --set logging.metrics_jsonl=m.jsonl 2>&1) ||
   { echo "$out" | tail; fail "the job after the kill failed"; }
-echo "$out" | grep -q "took over the lock left by pid $long on host $(hostname)" || { echo "$out" | tail; fail "no take-over line"; }
+echo "$out" | grep -q "took over the lock left by pid $long on host $(uname -n)" || { echo "$out" | tail; fail "no take-over line"; }
 [ ! -e "$lock" ] || fail "the lock file is left after a job that ended"
 echo "$out" | grep -q "^run folder: $work/runs/myjob$" || { echo "$out" | tail; fail "the end does not name the run folder"; }
 echo "$out" | grep -q "exported LoRA adapter (PEFT): *$work/runs/myjob/final/adapter$" || fail "no adapter path at the end"
