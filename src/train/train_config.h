@@ -155,7 +155,8 @@ struct CheckpointConfig {
   // The run folder: checkpoints CKPT/step-N, the final exports CKPT/final. In a job file (and
   // --set) the value `none` saves nothing; unset or empty, load_train_config makes it the default
   // run folder (default_run_dir: runs/<the job file's stem>). In the struct "" means nothing is
-  // saved (`none`). One job at a time holds the folder (train/run_lock.h).
+  // saved (`none`; a folder named none is ./none). One job at a time holds the folder
+  // (train/run_lock.h).
   std::string dir;
   int64_t every_steps = 0;  // 0: only at the end (and at stop_after_steps)
   int64_t keep_last = 2;    // complete checkpoints kept; 0: keep all
