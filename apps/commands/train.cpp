@@ -14,6 +14,7 @@
 #include "runtime/runtime.h"
 #include "runtime/world.h"
 #include "train/bench.h"
+#include "train/run_protocol.h"
 #include "train/train_checkpoint.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -28,6 +29,7 @@ struct TrainArgs {
   std::vector<std::string> set;
   bool print_config = false;
   bool allow_nonfinite = false;
+  bool allow_schedule_change = false;
 };
 
 void add_train(CLI::App& sub, TrainArgs& a) {
@@ -40,10 +42,14 @@ void add_train(CLI::App& sub, TrainArgs& a) {
   sub.add_flag("--allow-nonfinite", a.allow_nonfinite,
                "load model.path, lora.init_adapter and the --resume checkpoint even when they hold NaN/Inf (refused by "
                "default); same as --set model.allow_nonfinite=true");
+  sub.add_flag("--allow-schedule-change", a.allow_schedule_change,
+               "resume under another LR schedule than the checkpoint's (steps, optimizer.lr, schedule.*; e.g. to extend "
+               "a run; refused by default); same as --set checkpoint.allow_schedule_change=true");
 }
 
 int run_train(TrainArgs& a, int argc, char** argv) {
   if (a.allow_nonfinite) a.set.push_back("model.allow_nonfinite=true");
+  if (a.allow_schedule_change) a.set.push_back("checkpoint.allow_schedule_change=true");
   if (a.print_config) {
     std::printf("%s", load_train_config(a.config, a.set).to_yaml().c_str());
     return 0;
@@ -59,6 +65,7 @@ int run_train(TrainArgs& a, int argc, char** argv) {
     if (world.rank() == 0 && !s.losses.empty())
       std::printf("trained %lld steps: loss %.4f -> %.4f%s\n", (long long)s.steps, s.losses.front(), s.losses.back(),
                   s.eval_losses.empty() ? "" : (", eval loss " + std::to_string(s.eval_losses.back().second)).c_str());
+    if (world.rank() == 0) std::printf("%s", end_of_job_report(cfg, s).c_str());  // where the work is, how to load it
     std::fflush(stdout);  // MPI_Finalize may end the process before stdio's buffers are flushed
     return 0;
   });

@@ -250,7 +250,7 @@ for stage in "${stages[@]}"; do
       : > "$OUT/sanitize.log"
       mkdir -p $W && [ -f $W/tiny.tok ] || $Q tokenize data/*.txt --out $W/tiny.tok > /dev/null
       step_args=(train --config configs/tiny.yaml --set data.train=$W/tiny.tok --set steps=${SAN_STEPS:-3} --set device=cuda
-                 --set checkpoint.dir="" --set logging.metrics_jsonl="" --set data.eval_fraction=0 --set schedule.warmup_steps=1
+                 --set checkpoint.dir=none --set logging.metrics_jsonl="" --set data.eval_fraction=0 --set schedule.warmup_steps=1
                  --set logging.gemm_tflops=0)
       for tool in memcheck racecheck synccheck; do
         for excl in "" "--kernel-name-exclude kns=cudnn_generated"; do

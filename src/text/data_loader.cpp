@@ -1,5 +1,7 @@
 #include "text/data_loader.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include <tuple>
@@ -78,7 +80,7 @@ PackedDataset PackedDataset::range(int64_t first, int64_t count) const {
   return d;
 }
 
-void PackedDataset::get(int64_t i, int32_t* inputs, int32_t* targets) const {
+int PackedDataset::get(int64_t i, int32_t* inputs, int32_t* targets) const {
   QS_CHECK(i >= 0 && i < count_, "sequence index out of range");
   int64_t start = (first_ + i) * T_;
   int64_t n = static_cast<int64_t>(tokens_.size());
@@ -90,6 +92,7 @@ void PackedDataset::get(int64_t i, int32_t* inputs, int32_t* targets) const {
     targets[j] = b < n && !(loss_mask_ && (tokens_[b] & kTokenNoLoss)) ? static_cast<int32_t>(tokens_[b] & id_bits)
                                                                         : kIgnoreIndex;
   }
+  return static_cast<int>(std::clamp<int64_t>(n - start, 0, T_));
 }
 
 std::pair<PackedDataset, PackedDataset> split_eval(const PackedDataset& all, double eval_fraction) {
@@ -190,7 +193,8 @@ Batch make_batch(const PackedDataset& data, std::span<const int64_t> indices) {
   b.inputs.resize(static_cast<size_t>(b.B) * b.T);
   b.targets.resize(b.inputs.size());
   for (int i = 0; i < b.B; ++i)
-    data.get(indices[i], b.inputs.data() + static_cast<size_t>(i) * b.T, b.targets.data() + static_cast<size_t>(i) * b.T);
+    b.tokens += data.get(indices[i], b.inputs.data() + static_cast<size_t>(i) * b.T,
+                         b.targets.data() + static_cast<size_t>(i) * b.T);
   return b;
 }
 

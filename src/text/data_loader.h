@@ -68,8 +68,9 @@ class PackedDataset {
   // Sequences [first, first + count) of this dataset as a dataset. REQUIRES: in range.
   PackedDataset range(int64_t first, int64_t count) const;
   // Writes sequence i's inputs and targets (T each; a target past the stream, or a token the file
-  // marks kTokenNoLoss, is kIgnoreIndex). REQUIRES: 0 <= i < num_sequences().
-  void get(int64_t i, int32_t* inputs, int32_t* targets) const;
+  // marks kTokenNoLoss, is kIgnoreIndex). Returns the input positions that hold a token (T but for
+  // padding: a padded document's end, the padded tail). REQUIRES: 0 <= i < num_sequences().
+  int get(int64_t i, int32_t* inputs, int32_t* targets) const;
 
  private:
   PackedDataset() = default;
@@ -133,6 +134,7 @@ struct Batch {
   std::vector<int32_t> targets;  // [B, T]; kIgnoreIndex where padded
   int B = 0;
   int T = 0;
+  int64_t tokens = 0;            // input positions that hold a token (B x T less the padding)
 };
 
 // The sequences `indices` of `data` as one batch.

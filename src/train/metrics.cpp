@@ -32,6 +32,7 @@ std::string metrics_json_line(const StepMetrics& m) {
   j["lr"] = m.lr;
   j["grad_norm"] = m.grad_norm;
   j["tokens_per_s"] = m.tokens_per_s;
+  j["target_tokens_per_s"] = m.target_tokens_per_s;
   j["step_time_s"] = m.step_time_s;
   j["peak_mem_bytes"] = m.peak_mem_bytes;
   if (m.peak_gpu_mem_bytes) j["peak_gpu_mem_bytes"] = *m.peak_gpu_mem_bytes;
@@ -78,8 +79,8 @@ std::string progress_line(const StepMetrics& m, int64_t total) {
   std::string s = fmt::format("step {}/{} | loss {:.4f}", m.step, total, m.loss);
   if (m.eval_loss) s += fmt::format(" | eval {:.4f}", *m.eval_loss);
   const double eta = m.step > 0 ? m.elapsed_s / static_cast<double>(m.step) * static_cast<double>(total - m.step) : -1;
-  s += fmt::format(" | lr {:.1e} | grad {:.2f} | {:.0f} tok/s | {:.2f} s/step | mem {}", m.lr, m.grad_norm,
-                   m.tokens_per_s, m.step_time_s, format_bytes(m.peak_mem_bytes));
+  s += fmt::format(" | lr {:.1e} | grad {:.2f} | {:.0f} tok/s ({:.0f} target) | {:.2f} s/step | mem {}", m.lr,
+                   m.grad_norm, m.tokens_per_s, m.target_tokens_per_s, m.step_time_s, format_bytes(m.peak_mem_bytes));
   if (m.peak_gpu_mem_bytes) s += fmt::format(" | gpu {}", format_bytes(*m.peak_gpu_mem_bytes));
   if (m.mfu) s += fmt::format(" | mfu {:.1f}%", *m.mfu * 100.0);
   s += fmt::format(" | eta {}", format_duration(eta));

@@ -2,11 +2,14 @@
 //
 // JSONL: one JSON object per logged step, keys in this order:
 //   {"step": 12, "loss": 3.1234, "eval_loss": 3.2 (only when evaluated at this step), "lr": 0.0003,
-//    "grad_norm": 1.23, "tokens_per_s": 1234.5, "step_time_s": 0.52, "peak_mem_bytes": 12345678,
+//    "grad_norm": 1.23, "tokens_per_s": 1234.5, "target_tokens_per_s": 1100.2, "step_time_s": 0.52,
+//    "peak_mem_bytes": 12345678,
 //    "peak_gpu_mem_bytes": 2123456789 (GPU runs), "mfu": 0.41 (GPU runs), "elapsed_s": 83.2}
 // `step` counts completed optimizer steps (1-based); `loss` is the mean training loss of that step;
-// `grad_norm` the global norm before clipping; `tokens_per_s` counts training tokens (all ranks)
-// since the previous logged line; `peak_mem_bytes` the peak of the allocator that matters (device
+// `grad_norm` the global norm before clipping; `tokens_per_s` counts every token the step processed
+// (all ranks, padding excluded: what other trainers report), `target_tokens_per_s` the loss targets
+// among them (fewer with prompt masking, data.packing padded or at document ends), both over the
+// logged step's wall time, its eval included; `peak_mem_bytes` the peak of the allocator that matters (device
 // pool on GPU, host on CPU); `step_time_s` the wall time of the logged step (its optimizer step,
 // without eval or checkpoint); `peak_gpu_mem_bytes` the GPU memory in use at the step's end
 // (cudaMemGetInfo: the whole device, every process on it; the step allocates nothing, so this is
@@ -20,7 +23,8 @@
 // line's step, flushed with the line (train/tensorboard_writer.h); a null (NaN) value as NaN.
 //
 // Progress line (to `out`, stdout by default):
-//   "step 12/200 | loss 3.1234 | lr 3.0e-04 | grad 1.23 | 1234 tok/s | 0.52 s/step | mem 12.3 MB | eta 1m23s"
+//   "step 12/200 | loss 3.1234 | lr 3.0e-04 | grad 1.23 | 1234 tok/s (1100 target) | 0.52 s/step | mem 12.3 MB |
+//    eta 1m23s"
 // with " | eval 3.2100" after the loss when eval_loss is present, and " | gpu 20.1 GB | mfu 41.0%"
 // after mem on GPU runs; when `out` is a terminal
 // (isatty) the line starts with a 20-cell bar "[#####...............] ".
@@ -44,7 +48,8 @@ struct StepMetrics {
   std::optional<double> eval_loss;
   double lr = 0.0;
   double grad_norm = 0.0;
-  double tokens_per_s = 0.0;
+  double tokens_per_s = 0.0;         // every token processed (padding excluded)
+  double target_tokens_per_s = 0.0;  // the loss targets among them
   double step_time_s = 0.0;
   int64_t peak_mem_bytes = 0;
   std::optional<int64_t> peak_gpu_mem_bytes;

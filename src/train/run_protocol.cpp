@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/export.h"
@@ -27,6 +28,36 @@ bool non_empty_dir(const std::string& path) {
 }
 
 }  // namespace
+
+std::string absolute_dir(const std::string& dir) {
+  if (dir.empty()) return dir;
+  std::error_code ec;
+  const std::filesystem::path a = std::filesystem::absolute(dir, ec);
+  return ec ? dir : a.lexically_normal().string();
+}
+
+// ---- the run folder -------------------------------------------------------------------------
+
+std::unique_ptr<RunLock> agree_on_run_lock(const TrainConfig& config, Communicator& comm) {
+  const std::string& dir = config.checkpoint.dir;
+  if (dir.empty()) {
+    if (comm.rank() == 0)
+      QS_LOG_WARN("checkpoint.dir: none: this job saves nothing (no checkpoint, no exported adapter)");
+    return nullptr;
+  }
+  std::unique_ptr<RunLock> lock;
+  std::string err;
+  if (comm.rank() == 0) {
+    try {
+      lock = std::make_unique<RunLock>(dir);
+      QS_LOG_INFO("run folder {} (checkpoint.dir): checkpoints and the final exports go there", absolute_dir(dir));
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  throw_if_any_failed(comm, err);
+  return lock;
+}
 
 // ---- resume ---------------------------------------------------------------------------------
 
@@ -135,7 +166,9 @@ bool every_export_complete(const std::string& dir) {
 
 }  // namespace
 
-std::string final_export_dir(const std::string& checkpoint_dir, int64_t start_step, int64_t max_steps) {
+std::string final_export_dir(const std::string& checkpoint_dir, int64_t start_step, int64_t max_steps,
+                             std::string* complete) {
+  if (complete) complete->clear();
   if (checkpoint_dir.empty()) return "";
   const std::string fin = checkpoint_dir + "/final";
   std::string dir = fin;
@@ -147,6 +180,7 @@ std::string final_export_dir(const std::string& checkpoint_dir, int64_t start_st
   }
   if (non_empty_dir(dir) && every_export_complete(dir)) {
     QS_LOG_INFO("the run is complete (step {}) and its exports under {} are complete; nothing to do", max_steps, dir);
+    if (complete) *complete = dir;
     return "";
   }
   if (dir != fin) QS_LOG_WARN("{} holds the exports of an earlier part of this run; exporting to {}", fin, dir);
@@ -171,7 +205,7 @@ FinalExportPlan agree_on_final_export(Communicator& comm, const std::string& che
   std::string err, pending;
   if (comm.rank() == 0) {
     try {
-      plan.dir = final_export_dir(checkpoint_dir, start_step, max_steps);
+      plan.dir = final_export_dir(checkpoint_dir, start_step, max_steps, &plan.done);
       if (!plan.dir.empty()) plan.pending = pending_exports(plan.dir);
       if (plan.pending.empty()) plan.dir.clear();
       if (!plan.dir.empty()) {
@@ -191,6 +225,7 @@ FinalExportPlan agree_on_final_export(Communicator& comm, const std::string& che
   }
   throw_if_any_failed(comm, err);
   plan.dir = broadcast_string(comm, plan.dir, 0);
+  plan.done = broadcast_string(comm, plan.done, 0);
   pending = broadcast_string(comm, pending, 0);
   plan.pending.clear();
   for (size_t at = 0; !pending.empty() && at <= pending.size();) {
@@ -199,6 +234,51 @@ FinalExportPlan agree_on_final_export(Communicator& comm, const std::string& che
     at = nl + 1;
   }
   return plan;
+}
+
+// ---- the end of a job ----
+
+namespace {
+
+// `s` as one shell word: bare when it is made of safe characters, else in single quotes.
+std::string shell_word(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-./=:,+@%") ==
+                        std::string::npos)
+    return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// The running qshard binary, so that the printed command runs as printed; "qshard" when unknown.
+std::string this_binary() {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return !ec && exe.filename() == "qshard" ? exe.string() : "qshard";
+}
+
+}  // namespace
+
+std::string end_of_job_report(const TrainConfig& config, const TrainSummary& s) {
+  if (config.checkpoint.dir.empty())
+    return "nothing was saved (checkpoint.dir: none): no checkpoint, no adapter\n";
+  std::string r = "run folder: " + absolute_dir(config.checkpoint.dir) + "\n";
+  if (!s.last_checkpoint.empty()) r += "  last checkpoint: " + absolute_dir(s.last_checkpoint) + "\n";
+  if (s.steps < s.max_steps)
+    r += fmt::format("  stopped after step {} of {}: continue with the same command and --resume auto\n", s.steps,
+                     s.max_steps);
+  if (s.exported_adapter.empty()) return r;
+  const std::string base = absolute_dir(s.exported_base), adapter = absolute_dir(s.exported_adapter);
+  r += "  exported base model (bitsandbytes 4-bit): " + base + "\n";
+  r += "  exported LoRA adapter (PEFT):             " + adapter + "\n";
+  r += "load them:\n";
+  r += "  " + shell_word(this_binary()) + " generate --model " + shell_word(base) + " --adapter " + shell_word(adapter) +
+       " --prompt 'Hello'\n";
+  const std::string py = "from transformers import AutoModelForCausalLM; from peft import PeftModel; "
+                         "model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(" +
+                         nlohmann::json(base).dump() + "), " + nlohmann::json(adapter).dump() + ")";
+  r += "  python3 -c " + shell_word(py) + "\n";
+  return r;
 }
 
 }  // namespace qshard

@@ -2,6 +2,11 @@
 // the end: which checkpoint it resumes from, whether the folder is usable, where the final export
 // goes. Kept apart from the job (train/train_job.h) so that they are tested on folders alone.
 //
+// The run folder (at open, before anything else touches it):
+//   agree_on_run_lock   collective: with checkpoint.dir set, rank 0 takes its lock (train/run_lock.h)
+//                       and logs where the run folder is; an error (the folder is another job's,
+//                       or cannot be made) ends every rank alike. With checkpoint.dir none: a
+//                       warning that the job saves nothing, no lock.
 // Resume (at open):
 //   resume_decision     rank 0: the checkpoint folder the job continues from, "" for a fresh start.
 //                       checkpoint.resume "" = fresh; "auto" = the newest complete step-N under
@@ -37,21 +42,30 @@
 //                       every <dir>/<export>.partial-<pid> whose process no longer runs on this host
 //                       (a job killed during the export; a live process's is never touched).
 //   agree_on_final_export  collective: rank 0 decides the folder and what is pending, writes the
-//                       marker, every rank gets the answer (an error on rank 0 ends every rank).
+//                       marker, every rank gets the answer (an error on rank 0 ends every rank);
+//                       with nothing to write, the folder of the complete exports (`done`).
 //                       A complete export is never removed or rewritten.
 // Thread safety: plain functions; the collective ones follow communicator.h's rules.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "checkpoint/sharded_checkpoint.h"
 #include "runtime/communicator.h"
+#include "train/run_lock.h"
 #include "train/train_config.h"
+#include "train/trainer.h"
 
 namespace qshard {
+
+// ---- the run folder ----
+// `dir` made absolute (lexically normal); "" stays "".
+std::string absolute_dir(const std::string& dir);
+std::unique_ptr<RunLock> agree_on_run_lock(const TrainConfig& config, Communicator& comm);
 
 // ---- resume ----
 std::string resume_decision(const TrainConfig& config);
@@ -68,11 +82,21 @@ inline constexpr const char* kFinalExportMarker = "final_export.json";
 struct FinalExportPlan {
   std::string dir;                  // "" = nothing to write
   std::vector<std::string> pending; // names from kFinalExports still to write, in order
+  std::string done;                 // with dir "": the folder holding this step's complete exports, if any
 };
 
-std::string final_export_dir(const std::string& checkpoint_dir, int64_t start_step, int64_t max_steps);
+// `complete`, when given, receives the folder whose exports are all complete when that is why the
+// answer is "" (else it is cleared).
+std::string final_export_dir(const std::string& checkpoint_dir, int64_t start_step, int64_t max_steps,
+                             std::string* complete = nullptr);
 std::vector<std::string> pending_exports(const std::string& dir);
 FinalExportPlan agree_on_final_export(Communicator& comm, const std::string& checkpoint_dir, int64_t start_step,
                                       int64_t max_steps);
+
+// ---- the end of a job ----
+// What rank 0 prints when train() returns: the run folder, the newest checkpoint, the exports and
+// the commands that load them (`qshard generate`, and transformers + PEFT in Python); a run
+// stopped early says how to continue it; checkpoint.dir none says nothing was saved. Paths absolute.
+std::string end_of_job_report(const TrainConfig& config, const TrainSummary& summary);
 
 }  // namespace qshard

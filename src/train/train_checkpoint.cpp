@@ -3,6 +3,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include <fmt/format.h>
+
 #include "runtime/log.h"
 #include "train/qlora_model.h"
 
@@ -62,6 +64,7 @@ std::string checkpoint_config_yaml(const TrainConfig& config) {
   c.data.train = absolute_path(c.data.train);
   c.data.eval = absolute_path(c.data.eval);
   c.checkpoint.resume.clear();
+  c.checkpoint.allow_schedule_change = false;  // asked for by each resume, never inherited
   return c.to_yaml();
 }
 
@@ -147,6 +150,35 @@ void check_resume_config(const TrainConfig& job, const TrainConfig& saved, const
                        " in the checkpoint but " + (b.empty() ? "''" : b) + " in this job (" + job.source +
                        "); it fixes the model, adapter or data order, so it must not change on resume");
   }
+}
+
+std::string check_resume_schedule(const CheckpointInfo& info, const LrSchedule& job, bool allow_change) {
+  const nlohmann::json& t = info.metadata.at("trainer");
+  if (!t.contains("scheduler")) return "";
+  const std::string label = (fs::path(info.dir) / "metadata.json").string();
+  std::string diff;
+  try {
+    const nlohmann::json& s = t.at("scheduler");
+    auto differs = [&](const char* key, const std::string& saved, const std::string& now) {
+      if (saved != now) diff += fmt::format("{}{} {} -> {}", diff.empty() ? "" : ", ", key, saved, now);
+    };
+    differs("schedule.type", s.at("type").get<std::string>(), schedule_type_name(job.type));
+    differs("optimizer.lr", fmt::format("{}", s.at("lr").get<double>()), fmt::format("{}", job.lr));
+    differs("schedule.warmup_steps", std::to_string(s.at("warmup_steps").get<int64_t>()),
+            std::to_string(job.warmup_steps));
+    differs("steps", std::to_string(s.at("max_steps").get<int64_t>()), std::to_string(job.max_steps));
+    differs("schedule.min_lr_ratio", fmt::format("{}", s.at("min_lr_ratio").get<double>()),
+            fmt::format("{}", job.min_lr_ratio));
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(label + ": trainer.scheduler is malformed: " + e.what());
+  }
+  if (diff.empty()) return diff;
+  if (!allow_change)
+    throw InputError("resume from " + info.dir + ": the LR schedule differs from the checkpoint's (checkpoint -> " +
+                     "this job): " + diff + "; every later step's learning rate would change. Resume with the " +
+                     "checkpoint's values, or pass --allow-schedule-change (checkpoint.allow_schedule_change: true) " +
+                     "to continue under the new schedule, e.g. to extend the run by more steps");
+  return diff;
 }
 
 ExportReport export_checkpoint(const std::string& checkpoint, ExportOptions options, Runtime& rt) {

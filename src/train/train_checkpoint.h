@@ -22,8 +22,14 @@
 // check_resume_config: the keys that define the model, the adapter and the data order must equal
 // the checkpoint's (model.*, lora.* but lora.fold, seed, data.max_seq_len, data.seed, data.eval_fraction,
 // batch.global_batch_size; model.path compared as canonical paths); any other key may change
-// (steps, lr, logging, world size, offload, micro batch). A difference is an InputError naming the
-// key, the checkpoint's value and this job's value.
+// (logging, world size, offload, micro batch). A difference is an InputError naming the key, the
+// checkpoint's value and this job's value.
+// check_resume_schedule: the LR schedule (trainer.scheduler: schedule.type, optimizer.lr,
+// schedule.warmup_steps, the run's steps, schedule.min_lr_ratio) must equal the checkpoint's, or
+// every later step's learning rate silently changes. A difference is an InputError listing each
+// value as "checkpoint -> this job", unless checkpoint.allow_schedule_change (`qshard train
+// --allow-schedule-change`) asks for it, e.g. to extend a run by more steps: then a warning lists
+// them. A checkpoint without trainer.scheduler (written before it existed) is not checked.
 //
 // Export (export_checkpoint, collective): rebuilds the job's model from the checkpoint's config at
 // this world size, loads the fp32 LoRA weights ("master" slices, resharded) and runs export_model
@@ -64,6 +70,8 @@ TrainHistory checkpoint_history(const CheckpointInfo& info);
 
 std::optional<CheckpointInfo> resolve_resume(const TrainConfig& config);
 void check_resume_config(const TrainConfig& job, const TrainConfig& saved, const std::string& checkpoint_dir);
+// Returns the differences ("steps 30 -> 40, ..."; "" when none).
+std::string check_resume_schedule(const CheckpointInfo& info, const LrSchedule& job, bool allow_change);
 
 // Collective. `options.out_dir`, `format`, `max_shard_bytes` and (optionally)
 // `base_model_name_or_path` are taken from `options`; the LoRA fields from the checkpoint.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -128,6 +129,16 @@ Field make_field(std::string key, Access access) {
 
 #define QS_FIELD(key, member) make_field(key, [](TrainConfig& c) -> auto& { return c.member; })
 
+// checkpoint.dir: "" in the struct is written as `none` (nothing saved), so that the YAML reads
+// back to the same config through load_train_config too (where unset means the default folder).
+Field checkpoint_dir_field() {
+  Field f = QS_FIELD("checkpoint.dir", checkpoint.dir);
+  f.get = [](const TrainConfig& c) {
+    return write_value(c.checkpoint.dir.empty() ? std::string(kNoCheckpointDir) : c.checkpoint.dir);
+  };
+  return f;
+}
+
 const std::vector<Field>& fields() {
   static const std::vector<Field> kFields = {
       QS_FIELD("model.path", model.path),
@@ -176,11 +187,12 @@ const std::vector<Field>& fields() {
       QS_FIELD("memory.gpu_budget_gb", memory.gpu_budget_gb),
       QS_FIELD("memory.keep_layers", memory.keep_layers),
       QS_FIELD("memory.mlp_chunk_tokens", memory.mlp_chunk_tokens),
-      QS_FIELD("checkpoint.dir", checkpoint.dir),
+      checkpoint_dir_field(),
       QS_FIELD("checkpoint.every_steps", checkpoint.every_steps),
       QS_FIELD("checkpoint.keep_last", checkpoint.keep_last),
       QS_FIELD("checkpoint.resume", checkpoint.resume),
       QS_FIELD("checkpoint.stop_after_steps", checkpoint.stop_after_steps),
+      QS_FIELD("checkpoint.allow_schedule_change", checkpoint.allow_schedule_change),
       QS_FIELD("logging.every_steps", logging.every_steps),
       QS_FIELD("logging.metrics_jsonl", logging.metrics_jsonl),
       QS_FIELD("logging.tensorboard_dir", logging.tensorboard_dir),
@@ -337,8 +349,11 @@ static int yaml_documents(const std::string& text) {
   return docs;
 }
 
-TrainConfig parse_train_config(const std::string& yaml_text, const std::string& label,
-                               const std::vector<std::string>& overrides) {
+namespace {
+
+// The file's keys and overrides over the defaults; checkpoint.dir as written (`none` kept).
+TrainConfig parse_as_written(const std::string& yaml_text, const std::string& label,
+                             const std::vector<std::string>& overrides) {
   TrainConfig c;
   c.source = label;
   // One document: a second one (after a `---` line) would otherwise be dropped without a word.
@@ -361,9 +376,27 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
   return c;
 }
 
+}  // namespace
+
+TrainConfig parse_train_config(const std::string& yaml_text, const std::string& label,
+                               const std::vector<std::string>& overrides) {
+  TrainConfig c = parse_as_written(yaml_text, label, overrides);
+  if (c.checkpoint.dir == kNoCheckpointDir) c.checkpoint.dir.clear();
+  return c;
+}
+
+std::string default_run_dir(const std::string& config_path) {
+  std::string stem = std::filesystem::path(config_path).stem().string();
+  if (stem.empty() || stem == "." || stem == "..") stem = "job";
+  return (std::filesystem::path(kRunsRoot) / stem).string();
+}
+
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
   // A regular file of at most 64 MiB: a folder, a FIFO or /dev/zero is refused by name.
-  return parse_train_config(read_input_file(path, "config file"), path, overrides);
+  TrainConfig c = parse_as_written(read_input_file(path, "config file"), path, overrides);
+  if (c.checkpoint.dir == kNoCheckpointDir) c.checkpoint.dir.clear();   // saving nothing, asked for
+  else if (c.checkpoint.dir.empty()) c.checkpoint.dir = default_run_dir(path);  // never lose the work
+  return c;
 }
 
 void TrainConfig::validate(int world_size) const {
@@ -468,9 +501,9 @@ void TrainConfig::validate(int world_size) const {
   ck.require(checkpoint.stop_after_steps >= 0, "checkpoint.stop_after_steps", checkpoint.stop_after_steps,
              ">= 0 (0 = run to the end)");
   ck.require(checkpoint.stop_after_steps == 0 || !checkpoint.dir.empty(), "checkpoint.stop_after_steps",
-             checkpoint.stop_after_steps, "0 when checkpoint.dir is empty (stopping early needs a checkpoint to resume)");
+             checkpoint.stop_after_steps, "0 when checkpoint.dir is none (stopping early needs a checkpoint to resume)");
   ck.require(checkpoint.resume != "auto" || !checkpoint.dir.empty(), "checkpoint.resume", checkpoint.resume,
-             "a checkpoint path when checkpoint.dir is empty ('auto' looks in checkpoint.dir)");
+             "a checkpoint path when checkpoint.dir is none ('auto' looks in checkpoint.dir)");
   ck.require(logging.every_steps > 0, "logging.every_steps", logging.every_steps, "> 0");
   ck.require(logging.eval_every_steps >= 0, "logging.eval_every_steps", logging.eval_every_steps, ">= 0");
   ck.require(logging.gemm_tflops == -1 || logging.gemm_tflops >= 0, "logging.gemm_tflops", logging.gemm_tflops,

@@ -139,7 +139,7 @@ struct OffloadConfig {
 };
 
 // Resumable checkpoints (checkpoint/sharded_checkpoint.h) go to dir/step-N, the end-of-job
-// exports to dir/final. `qshard train --resume X` sets `resume`.
+// exports to dir/final (CheckpointConfig below). `qshard train --resume X` sets `resume`.
 // The training step's GPU memory plan (train/memory_plan.h). None of it changes the arithmetic:
 // a resumed run may change these.
 struct MemoryConfig {
@@ -152,13 +152,23 @@ struct MemoryConfig {
 };
 
 struct CheckpointConfig {
-  std::string dir;          // empty: no checkpoints
+  // The run folder: checkpoints CKPT/step-N, the final exports CKPT/final. In a job file (and
+  // --set) the value `none` saves nothing; unset or empty, load_train_config makes it the default
+  // run folder (default_run_dir: runs/<the job file's stem>). In the struct "" means nothing is
+  // saved (`none`; a folder named none is ./none). One job at a time holds the folder
+  // (train/run_lock.h).
+  std::string dir;
   int64_t every_steps = 0;  // 0: only at the end (and at stop_after_steps)
   int64_t keep_last = 2;    // complete checkpoints kept; 0: keep all
   std::string resume;       // "": start fresh; "auto": the newest complete checkpoint in dir, if
                             // any; else a checkpoint folder (or a dir holding step-N folders)
   int64_t stop_after_steps = 0;  // > 0: save and stop once this many steps are done (the schedule
                                  // still spans the whole run; resume later); 0: run to the end
+  // A resume may change the LR schedule (steps / epochs, optimizer.lr, schedule.*) from the
+  // checkpoint's, e.g. to extend a run by more steps; false: such a resume is refused, naming the
+  // old and new values (train_checkpoint.h). `qshard train --allow-schedule-change` sets it.
+  // Not stored in checkpoints: each resume asks again.
+  bool allow_schedule_change = false;
 };
 
 struct LoggingConfig {
@@ -187,9 +197,10 @@ struct TrainConfig {
   CheckpointConfig checkpoint;
   LoggingConfig logging;
   uint64_t seed = 0;  // LoRA init, dropout
-  // auto: the GPU World gave this rank, else the CPU; cuda without a GPU is an error
-  // (runtime/device_context.h). The default stays cpu until the CUDA training step exists.
-  DeviceChoice device = DeviceChoice::kCpu;
+  // auto (default): the GPU World gave this rank when this build has the CUDA backend and the
+  // machine a usable GPU, else the CPU; cpu: always the CPU; cuda without a GPU is an error
+  // (runtime/device_context.h, make_device_context).
+  DeviceChoice device = DeviceChoice::kAuto;
 
   // Where the values came from, for error messages: "configs/tiny.yaml", "<defaults>", "<string>".
   std::string source = "<defaults>";
@@ -206,9 +217,18 @@ struct TrainConfig {
   std::string describe() const;
 };
 
-// Reads `path` (YAML) over the defaults, then applies each "key=value" override.
+// The run folder of a job file that leaves checkpoint.dir unset: kRunsRoot/<the file's stem>,
+// relative to the working directory ("configs/tiny.yaml" -> "runs/tiny").
+inline constexpr const char* kRunsRoot = "runs";
+std::string default_run_dir(const std::string& config_path);
+// The checkpoint.dir value that saves nothing.
+inline constexpr const char* kNoCheckpointDir = "none";
+
+// Reads `path` (YAML) over the defaults, then applies each "key=value" override; a checkpoint.dir
+// left unset or empty becomes default_run_dir(path), `none` becomes "" (nothing saved).
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
-// Same from YAML text; `label` names the source in errors.
+// Same from YAML text; `label` names the source in errors. checkpoint.dir `none` and unset are
+// both "" here (no default run folder: the text is not a job file).
 TrainConfig parse_train_config(const std::string& yaml_text, const std::string& label,
                                const std::vector<std::string>& overrides = {});
 // Applies one "a.b=value" override to `config`. Throws InputError naming "--set a.b=value".

@@ -41,6 +41,7 @@ void TrainJob::open() {
                           config_.source + ": " +
                               (config_.model.path.empty() ? std::string("model.init")
                                                           : "model.path " + config_.model.path + "/config.json"));
+  lock_ = agree_on_run_lock(config_, comm_);  // rank 0 holds checkpoint.dir; a second job there refuses
   resume_ = agree_on_resume(config_, comm_);  // rank 0 picks the checkpoint, every rank reads its metadata
   build_model();
   open_data();
@@ -162,6 +163,7 @@ void TrainJob::open_data() {
                      std::to_string(G) + ")");
   loader_.emplace(*train_data_, G, config_.data.seed, rank_, world_);
   max_steps_ = config_.max_steps(train_data_->num_sequences());
+  summary_.max_steps = max_steps_;
   sched_ = LrSchedule{config_.schedule.type, config_.optimizer.lr, config_.schedule.warmup_steps, max_steps_,
                       config_.schedule.min_lr_ratio};
   micro_steps_ = G / (micro * world_);
@@ -171,8 +173,19 @@ void TrainJob::open_data() {
 void TrainJob::restore_resumed() {
   TrainHistory history;
   if (resume_) {
+    // The LR schedule continues unchanged unless the job asks (checkpoint.allow_schedule_change).
+    std::string err, changed;
+    try {
+      changed = check_resume_schedule(*resume_, sched_, config_.checkpoint.allow_schedule_change);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    throw_if_any_failed(comm_, err);
+    if (!changed.empty() && rank_ == 0)
+      QS_LOG_WARN("resume from {}: the LR schedule changes (checkpoint.allow_schedule_change): {}", resume_->dir,
+                  changed);
     load_sharded_checkpoint(comm_, *resume_, state_, config_.model.allow_nonfinite);
-    std::string err;
+    err.clear();
     try {
       history = checkpoint_history(*resume_);
       loader_->restore(resume_->metadata.at("trainer").at("data"));
@@ -254,6 +267,7 @@ StepRecord TrainJob::run_step(int64_t step) {
   r.grad_norm = st.grad_norm;
   r.lr = so.adamw.lr;
   r.tokens = st.tokens;
+  r.input_tokens = st.input_tokens;
   summary_.perf.step_seconds.push_back(r.step_s);
   if (summary_.perf.step_seconds.size() == 1) {
     summary_.perf.first_step_done_s = seconds_since_launch();
@@ -304,7 +318,9 @@ void TrainJob::log(const StepRecord& r) {
                    r.step == 1 || r.eval_loss;
   if (rank_ != 0 || !due) return;
   const double dt = seconds_since(r.start);  // the step and its eval
-  const double global_tokens = static_cast<double>(r.tokens);
+  // Throughput as other trainers report it: every token processed (padding excluded), and beside
+  // it the loss targets (fewer with prompt masking or padding).
+  const double global_tokens = static_cast<double>(r.input_tokens), target_tokens = static_cast<double>(r.tokens);
   StepMetrics m;
   m.step = r.step;
   m.loss = r.loss;
@@ -312,10 +328,11 @@ void TrainJob::log(const StepRecord& r) {
   m.lr = r.lr;
   m.grad_norm = r.grad_norm;
   m.tokens_per_s = dt > 0 ? global_tokens / dt : 0.0;
+  m.target_tokens_per_s = dt > 0 ? target_tokens / dt : 0.0;
   m.step_time_s = r.step_s;
   m.peak_mem_bytes = peak_rss_bytes();
   m.peak_gpu_mem_bytes = rt_.ctx.memory_in_use();
-  // Every rank's tokens over the step time, over every rank's GPU rate (0 without one: no MFU).
+  // Every token processed (all ranks) over the step time, over every rank's GPU rate (0 without one: no MFU).
   if (gemm_flops_ > 0 && r.step_s > 0) m.mfu = flops_per_token_ * global_tokens / r.step_s / (gemm_flops_ * world_);
   logger_->log(m);
 }
@@ -372,7 +389,13 @@ void TrainJob::print_profile() const {
 // (run_protocol.h).
 void TrainJob::export_final() {
   const FinalExportPlan plan = agree_on_final_export(comm_, config_.checkpoint.dir, start_step_, max_steps_);
-  if (plan.dir.empty()) return;
+  if (plan.dir.empty()) {
+    if (!plan.done.empty()) {  // written by an earlier invocation: the end-of-job report names them
+      summary_.exported_base = plan.done + "/" + kFinalExports[0];
+      summary_.exported_adapter = plan.done + "/" + kFinalExports[1];
+    }
+    return;
+  }
   const std::string base = plan.dir + "/" + kFinalExports[0], adapter = plan.dir + "/" + kFinalExports[1];
   auto pending = [&plan](const char* name) {
     return std::find(plan.pending.begin(), plan.pending.end(), name) != plan.pending.end();
@@ -386,7 +409,11 @@ void TrainJob::export_final() {
   if (pending(kFinalExports[1])) {
     eo.format = ExportFormat::kPeft;
     eo.out_dir = adapter;
-    eo.base_model_name_or_path = config_.model.path.empty() ? base : config_.model.path;
+    // The base as the user gave it, usable from any working directory (PEFT resolves a relative
+    // path against the caller's): model.path made absolute, or the exported base for a model made
+    // from scratch. Not config.json's _name_or_path: a folder's config may name another model (the
+    // one it was fine-tuned from); `qshard export --base-model NAME` writes a hub name.
+    eo.base_model_name_or_path = absolute_dir(config_.model.path.empty() ? base : config_.model.path);
     eo.r = config_.lora.r;
     eo.lora_alpha = config_.lora.alpha;
     eo.use_rslora = config_.lora.rslora;

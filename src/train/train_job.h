@@ -2,7 +2,9 @@
 // them in order, and trainer.h states what the job does as a whole.
 //
 // Phases, every rank alike (each is collective unless it says rank 0):
-//   open()        the start: config validated; the resume decision (train/run_protocol.h: rank 0
+//   open()        the start: config validated; rank 0 takes checkpoint.dir's lock (train/run_lock.h:
+//                 a folder another job uses is refused on every rank) and says where the run
+//                 folder is, or that nothing is saved; the resume decision (train/run_protocol.h: rank 0
 //                 picks, every rank reads the checkpoint's metadata); build_model(): the memory
 //                 plan, the sharded QLoRA model, its optimizer state, the kept layers, the
 //                 LlamaModel and its FSDP driver; the data (token files, eval split, loader, LR
@@ -20,6 +22,7 @@
 //   finish()      rank 0 prints the compute stream's split (logging.profile, on CUDA, without
 //                 callbacks); a run stopped by checkpoint.stop_after_steps ends there; a complete
 //                 run exports CKPT/final (or final-step-N, run_protocol.h). Returns the summary.
+// The lock is released when the job is destroyed (also when an error unwinds it).
 // Steps run from start_step() (the resumed step, else 0) to stop_step() (max steps, or
 // checkpoint.stop_after_steps).
 // Ownership: the job borrows `config`, `rt` and `callbacks` (all outlive it) and owns the model,
@@ -43,6 +46,7 @@
 #include "train/memory_plan.h"
 #include "train/metrics.h"
 #include "train/qlora_model.h"
+#include "train/run_lock.h"
 #include "train/train_config.h"
 #include "train/train_step.h"
 #include "train/trainer.h"
@@ -54,6 +58,7 @@ struct StepRecord {
   int64_t step = 0;  // steps done (1-based)
   double loss = 0, grad_norm = 0, lr = 0;
   int64_t tokens = 0;     // non-ignored targets over all ranks
+  int64_t input_tokens = 0;  // every token processed (padding excluded) over all ranks
   double step_s = 0;      // the optimizer step's wall time
   std::chrono::steady_clock::time_point start;  // the step's start (throughput counts eval too)
   std::optional<double> eval_loss;
@@ -94,6 +99,7 @@ class TrainJob {
   const TrainCallbacks* callbacks_;
   const int rank_, world_;
 
+  std::unique_ptr<RunLock> lock_;  // rank 0, with checkpoint.dir; declared first: released last
   std::optional<CheckpointInfo> resume_;
   // build_model()
   MemoryPlan plan_;

@@ -54,10 +54,13 @@ StepStats train_step(Runtime& rt, QloraModel& qm, LlamaModel& model, FsdpDriver&
   const int world = rt.size();
   StepStats st;
   // The loss normalizer: non-ignored targets over every rank (i64 on the host communicator).
-  int64_t local_tokens = 0;
-  for (const Batch& b : micro_batches)
+  int64_t local_tokens = 0, local_inputs = 0;
+  for (const Batch& b : micro_batches) {
     for (auto t : b.targets) local_tokens += t != kIgnoreIndex;
+    local_inputs += b.tokens;
+  }
   st.tokens = sum_over_ranks(rt.host, local_tokens);
+  st.input_tokens = sum_over_ranks(rt.host, local_inputs);  // throughput only
   // The reduce-scatter averages over ranks: normalizing each rank's loss sum by
   // (global tokens / world) makes the averaged gradient that of the global mean loss.
   const double normalizer = std::max<double>(static_cast<double>(st.tokens), 1.0) / world;

@@ -70,6 +70,7 @@ struct StepStats {
   double grad_norm = 0;      // global, before clipping
   double grad_scale = 1;     // the clip coefficient applied
   int64_t tokens = 0;        // non-ignored targets over all ranks
+  int64_t input_tokens = 0;  // input positions holding a token (padding excluded) over all ranks
   SyncAllocCounts inside;    // host syncs / device allocations between the first gather and AdamW
 };
 

@@ -14,16 +14,20 @@
 //   eval     mean loss over the eval split (every logging.eval_every_steps and at the end);
 //   metrics  rank 0: a progress line per logging step, JSONL (metrics.h) and, with
 //            logging.tensorboard_dir, TensorBoard scalars (tensorboard_writer.h);
+//   folder   checkpoint.dir, the run folder (`qshard train` makes it runs/<job> when the job file
+//            leaves it unset; none: nothing saved), locked for the job's life (train/run_lock.h);
 //   resume   with checkpoint.dir set: a sharded checkpoint CKPT/step-N every checkpoint.every_steps,
 //            at checkpoint.stop_after_steps and at the end (checkpoint/sharded_checkpoint.h,
 //            train/train_checkpoint.h), the newest checkpoint.keep_last kept; checkpoint.resume
 //            ("auto" or a path) continues from one, at any world size (resharded): the loss
 //            curve and the LoRA weights are those of an uninterrupted run (bitwise at the same
 //            world size); TrainSummary then holds the whole run's history. A fresh start into a
-//            checkpoint.dir that holds an earlier run's checkpoints or exports is refused.
+//            checkpoint.dir that holds an earlier run's checkpoints or exports is refused, and so
+//            is a resume under another LR schedule unless checkpoint.allow_schedule_change.
 //   export   with checkpoint.dir set, at the end: CKPT/final/base_bnb4 (the bitsandbytes 4-bit
-//            folder transformers loads) and CKPT/final/adapter (PEFT), streamed one unit at a
-//            time (checkpoint/export.h); CKPT/final-step-N when final/ holds the exports of an
+//            folder transformers loads) and CKPT/final/adapter (PEFT, its base_model_name_or_path
+//            the absolute path of model.path, or of base_bnb4 for a model made from scratch),
+//            streamed one unit at a time (checkpoint/export.h); CKPT/final-step-N when final/ holds the exports of an
 //            earlier part of the run. A run killed during the export is finished by --resume auto,
 //            which writes only the exports not complete (run_protocol.h). A run stopped by
 //            stop_after_steps does not export.
@@ -86,8 +90,11 @@ struct TrainSummary {
   std::vector<double> losses;                              // per optimizer step, global mean
   std::vector<std::pair<int64_t, double>> eval_losses;     // (step, mean eval loss)
   int64_t steps = 0;
+  int64_t max_steps = 0;        // the run's steps (steps, or epochs in steps); steps < max_steps: stopped early
   uint64_t trainable_parameters = 0;
-  std::string exported_base, exported_adapter;  // set when checkpoint.dir is (CKPT/final/...)
+  // Set when checkpoint.dir is and the run is complete (CKPT/final/...; also when an earlier
+  // invocation wrote them all and there was nothing left to do).
+  std::string exported_base, exported_adapter;
   std::string resumed_from;     // the checkpoint folder this run resumed from, if any
   std::string last_checkpoint;  // the newest checkpoint this run saved, if any
   TrainPerf perf;

@@ -12,7 +12,7 @@ rm -rf "$work" && mkdir -p "$work"
 "$qshard" tokenize "$src"/data/*.txt --out "$work/t.tok" > /dev/null
 cd "$src"
 scripts/launch/single_node.sh 2 train --config configs/tiny.yaml --set device=cpu --set data.train="$work/t.tok" \
-  --set checkpoint.dir= --set logging.metrics_jsonl= --set logging.every_steps=1 > "$work/log" 2>&1 &
+  --set checkpoint.dir=none --set logging.metrics_jsonl= --set logging.every_steps=1 > "$work/log" 2>&1 &
 pid=$!
 for _ in $(seq 120); do grep -q "trainable LoRA parameters" "$work/log" && break; sleep 0.5; done
 sleep 2  # into the training loop

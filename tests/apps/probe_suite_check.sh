@@ -127,7 +127,7 @@ probe "init-model --config, draw_4bit" 2 "init-model --config .*draw_4bit.yaml: 
 
 # train on 2 ranks: a Llama-70B-shaped model.init, and model.path pointing at the lying folder.
 "$qshard" tokenize "$src"/data/*.txt --out "$work/tiny.tok" > /dev/null
-job=(train --config "$src/configs/tiny.yaml" --set device=cpu --set data.train="$work/tiny.tok" --set checkpoint.dir="")
+job=(train --config "$src/configs/tiny.yaml" --set device=cpu --set data.train="$work/tiny.tok" --set checkpoint.dir=none)
 probe "train np2, 70B model.init" 2 "bad input: the job's model \(model.init\) needs at least .* of host memory" -- \
   "$@" -np 2 "$qshard" "${job[@]}" --set model.init.num_hidden_layers=80 --set model.init.hidden_size=8192 \
   --set model.init.intermediate_size=28672 --set model.init.num_attention_heads=64 --set model.init.num_key_value_heads=8

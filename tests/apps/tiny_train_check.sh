@@ -35,7 +35,7 @@ fi
 # A bad value in the job ends every rank with exit code 2 and a message naming the key.
 set +e
 bad=$("$@" -np 2 "$qshard" train --config "$src/configs/tiny.yaml" --set device=cpu --set data.train="$work/tiny.tok" \
-  --set steps=3 --set schedule.warmup_steps=10 --set checkpoint.dir="" 2>&1)
+  --set steps=3 --set schedule.warmup_steps=10 --set checkpoint.dir=none 2>&1)
 rc=$?
 set -e
 echo "$bad" | grep -q "fatal: bad input: .*schedule.warmup_steps = 10" || { echo "$bad"; echo "no 'bad input' naming the key"; exit 1; }

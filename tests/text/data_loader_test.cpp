@@ -74,10 +74,11 @@ TEST(PackedDataset, PaddedKeepsDocumentsApart) {
   ASSERT_EQ(d.num_sequences(), 4);
   std::vector<int32_t> in(4), tg(4);
   const int32_t X = static_cast<int32_t>(kIgnoreIndex);
-  d.get(0, in.data(), tg.data());
+  // The return value counts the input positions holding a token (throughput: padding excluded).
+  EXPECT_EQ(d.get(0, in.data(), tg.data()), 3);
   EXPECT_EQ(in, (std::vector<int32_t>{10, 11, 12, 0}));
   EXPECT_EQ(tg, (std::vector<int32_t>{11, 12, X, X}));
-  d.get(1, in.data(), tg.data());
+  EXPECT_EQ(d.get(1, in.data(), tg.data()), 4);
   EXPECT_EQ(in, (std::vector<int32_t>{30, 31, 32, 33}));
   EXPECT_EQ(tg, (std::vector<int32_t>{X, 32, 33, 34}));  // 31 is context only
   d.get(3, in.data(), tg.data());
@@ -85,8 +86,15 @@ TEST(PackedDataset, PaddedKeepsDocumentsApart) {
   EXPECT_EQ(tg, (std::vector<int32_t>{39, 40, 41, X}));
   // The same file packed: A's last target is B's token (documents share sequences).
   const PackedDataset p(f, 4);
-  p.get(0, in.data(), tg.data());
+  EXPECT_EQ(p.get(0, in.data(), tg.data()), 4);
   EXPECT_EQ(tg, (std::vector<int32_t>{11, 12, 20, X}));
+  // A batch counts its tokens: sequences 0 (3 tokens and a pad) and 1 (4 tokens) of the padded set.
+  const std::vector<int64_t> idx = {0, 1};
+  const Batch b = make_batch(d, idx);
+  EXPECT_EQ(b.tokens, 7);
+  int64_t targets = 0;
+  for (int32_t v : b.targets) targets += v != X;
+  EXPECT_EQ(targets, 5);  // fewer loss targets than tokens: masked context and the document's end
   // Ranges and the eval split work on padded sequences too.
   const auto [train, eval] = split_eval(d, 0.25);
   EXPECT_EQ(train.num_sequences(), 3);

@@ -19,18 +19,19 @@ TEST(Metrics, JsonLineFormat) {
   m.lr = 3e-4;
   m.grad_norm = 1.5;
   m.tokens_per_s = 1234.5;
+  m.target_tokens_per_s = 617.25;  // prompt tokens masked: half the tokens are loss targets
   m.step_time_s = 0.5;
   m.peak_mem_bytes = 12345678;
   m.elapsed_s = 83.25;
   EXPECT_EQ(metrics_json_line(m),
-            R"({"step":12,"loss":3.25,"lr":0.0003,"grad_norm":1.5,"tokens_per_s":1234.5,"step_time_s":0.5,)"
-            R"("peak_mem_bytes":12345678,"elapsed_s":83.25})");
+            R"({"step":12,"loss":3.25,"lr":0.0003,"grad_norm":1.5,"tokens_per_s":1234.5,"target_tokens_per_s":617.25,)"
+            R"("step_time_s":0.5,"peak_mem_bytes":12345678,"elapsed_s":83.25})");
   m.eval_loss = 3.5;
   m.peak_gpu_mem_bytes = 2000000000;
   m.mfu = 0.25;
   EXPECT_EQ(metrics_json_line(m),
             R"({"step":12,"loss":3.25,"eval_loss":3.5,"lr":0.0003,"grad_norm":1.5,"tokens_per_s":1234.5,)"
-            R"("step_time_s":0.5,"peak_mem_bytes":12345678,"peak_gpu_mem_bytes":2000000000,"mfu":0.25,)"
+            R"("target_tokens_per_s":617.25,"step_time_s":0.5,"peak_mem_bytes":12345678,"peak_gpu_mem_bytes":2000000000,"mfu":0.25,)"
             R"("elapsed_s":83.25})");
 }
 
@@ -41,11 +42,13 @@ TEST(Metrics, ProgressLine) {
   m.lr = 3e-4;
   m.grad_norm = 1.234;
   m.tokens_per_s = 1234.4;
+  m.target_tokens_per_s = 1.4;  // chat data: few loss targets among the tokens processed
   m.peak_mem_bytes = static_cast<int64_t>(12.3 * 1024 * 1024);
   m.step_time_s = 0.4441;
   m.elapsed_s = 12 * 0.4441;  // eta = 188 * 0.4441 s = 83.5 s
   EXPECT_EQ(progress_line(m, 200),
-            "step 12/200 | loss 3.1234 | lr 3.0e-04 | grad 1.23 | 1234 tok/s | 0.44 s/step | mem 12.3 MB | eta 1m23s");
+            "step 12/200 | loss 3.1234 | lr 3.0e-04 | grad 1.23 | 1234 tok/s (1 target) | 0.44 s/step | mem 12.3 MB | "
+            "eta 1m23s");
   m.eval_loss = 3.21;
   EXPECT_NE(progress_line(m, 200).find("loss 3.1234 | eval 3.2100 | lr"), std::string::npos);
   m.peak_gpu_mem_bytes = int64_t{20} << 30;

@@ -5,8 +5,13 @@
 //  - the metrics file of a resumed run: lines after the checkpoint's step dropped, others kept;
 //  - the final export: final/, final-step-N, or nothing; after a kill during it, the exports not
 //    complete (partial folders of dead processes removed, a live one's kept);
-//  - resume config checks: lora.fold may change on resume, lora.r may not.
+//  - resume config checks: lora.fold may change on resume, lora.r may not; the LR schedule only
+//    when asked (checkpoint.allow_schedule_change);
+//  - the run folder's lock (train/run_lock.h): a second holder refused naming host and pid, a
+//    lock left by a dead process taken over, one naming another host refused;
+//  - the end-of-job report: absolute paths of the run folder and exports, the loading commands.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -15,6 +20,7 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "common/test_util.h"
 #include "runtime/error.h"
+#include "train/run_lock.h"
 #include "train/run_protocol.h"
 #include "train/train_checkpoint.h"
 #include "train/train_config.h"
@@ -170,6 +176,9 @@ TEST(RunProtocol, FinalExportDir) {
   EXPECT_EQ(final_export_dir(root, 40, 40), root + "/final-step-40");  // resumed after a kill before any export
   complete_exports(root + "/final-step-40", 40);
   EXPECT_EQ(final_export_dir(root, 30, 40), "");
+  std::string done;  // where the complete exports are, for the end-of-job report
+  EXPECT_EQ(final_export_dir(root, 30, 40, &done), "");
+  EXPECT_EQ(done, root + "/final-step-40");
   EXPECT_EQ(final_export_dir(root, 40, 40), "");
   EXPECT_EQ(final_export_dir(root, 30, 50), root + "/final-step-50");
   // The exports of step 30 complete, resumed at step 40 after a kill between the last save and
@@ -226,6 +235,107 @@ TEST(RunProtocol, ResumeConfigMayChangeTheFoldNotTheAdapter) {
   now.lora.r = 16;
   EXPECT_NE(error_of([&] { check_resume_config(now, saved, "ckpt/step-00000010"); }).find("key 'lora.r' is 8"),
             std::string::npos);
+}
+
+TEST(RunProtocol, ResumeKeepsTheScheduleUnlessAsked) {
+  CheckpointInfo info;
+  info.dir = "ckpt/step-00000010";
+  info.step = 10;
+  info.metadata = nlohmann::json::parse(R"({"trainer": {"scheduler": {"type": "warmup_cosine", "lr": 0.002,
+      "warmup_steps": 3, "max_steps": 30, "min_lr_ratio": 0.1, "next_step": 10}}})");
+  const LrSchedule same{ScheduleType::kWarmupCosine, 0.002, 3, 30, 0.1};
+  EXPECT_EQ(check_resume_schedule(info, same, false), "");
+  // A resume without the original --set steps=30 (the file says 40): refused, old and new named.
+  LrSchedule longer = same;
+  longer.max_steps = 40;
+  longer.lr = 0.001;
+  const std::string msg = error_of([&] { check_resume_schedule(info, longer, false); });
+  EXPECT_NE(msg.find("resume from ckpt/step-00000010: the LR schedule differs"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("optimizer.lr 0.002 -> 0.001, steps 30 -> 40"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--allow-schedule-change"), std::string::npos) << msg;
+  // Asked for (extending the run): the differences come back for the log.
+  EXPECT_EQ(check_resume_schedule(info, longer, true), "optimizer.lr 0.002 -> 0.001, steps 30 -> 40");
+  LrSchedule other = same;
+  other.type = ScheduleType::kLinear;
+  other.warmup_steps = 0;
+  other.min_lr_ratio = 0;
+  EXPECT_NE(error_of([&] { check_resume_schedule(info, other, false); })
+                .find("schedule.type warmup_cosine -> linear, schedule.warmup_steps 3 -> 0, schedule.min_lr_ratio 0.1 -> 0"),
+            std::string::npos);
+  info.metadata["trainer"]["scheduler"]["lr"] = "fast";
+  EXPECT_NE(error_of([&] { check_resume_schedule(info, same, true); }).find("trainer.scheduler is malformed"),
+            std::string::npos);
+}
+
+// A pid that ran on this host and no longer does: a child that exited and was reaped.
+long dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  return static_cast<long>(child);
+}
+
+TEST(RunLock, SecondHolderRefusedStaleTakenOver) {
+  TempDir tmp;
+  const std::string dir = tmp.file("ck"), file = dir + "/" + kRunLockFile;
+  const std::string me = "pid " + std::to_string(::getpid()) + " on host " + this_host_name();
+  {
+    const RunLock held(dir);  // creates the folder
+    EXPECT_NE(read_bytes(file).find("\"pid\":" + std::to_string(::getpid())), std::string::npos) << read_bytes(file);
+    // Another job (another open file: the flock refuses it even in this process).
+    const std::string msg = error_of([&] { RunLock second(dir); });
+    EXPECT_NE(msg.find("checkpoint.dir " + dir + " is in use by another job: " + me + " (lock file " + file + ")"),
+              std::string::npos)
+        << msg;
+  }
+  EXPECT_FALSE(fs::exists(file)) << "released: the lock file is removed";
+  // A lock file left by a process that died (kill -9: the kernel dropped its flock): taken over.
+  const long dead = dead_pid();
+  write_bytes(file, "{\"host\": \"" + this_host_name() + "\", \"pid\": " + std::to_string(dead) + "}\n");
+  {
+    const RunLock taken(dir);
+    EXPECT_EQ(read_bytes(file).find(std::to_string(dead)), std::string::npos) << "the file names the new holder";
+  }
+  // One naming another host: that job may run there (flock need not reach across hosts): refused.
+  write_bytes(file, "{\"host\": \"elsewhere-node-7\", \"pid\": 4242}\n");
+  const std::string msg = error_of([&] { RunLock r(dir); });
+  EXPECT_NE(msg.find("in use by another job: pid 4242 on host elsewhere-node-7"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("if it does not, delete the lock file"), std::string::npos) << msg;
+  // A folder that cannot be made is named.
+  write_bytes(tmp.file("a_file"), "x");
+  EXPECT_NE(error_of([&] { RunLock r(tmp.file("a_file") + "/ck"); }).find("cannot create it"), std::string::npos);
+}
+
+TEST(RunProtocol, EndOfJobReport) {
+  TrainConfig c;
+  TrainSummary s;
+  s.steps = s.max_steps = 30;
+  EXPECT_EQ(end_of_job_report(c, s), "nothing was saved (checkpoint.dir: none): no checkpoint, no adapter\n");
+  c.checkpoint.dir = "runs/my job";
+  s.last_checkpoint = "runs/my job/step-00000030";
+  s.exported_base = "runs/my job/final/base_bnb4";
+  s.exported_adapter = "runs/my job/final/adapter";
+  const std::string cwd = fs::current_path().string();
+  const std::string r = end_of_job_report(c, s);
+  EXPECT_NE(r.find("run folder: " + cwd + "/runs/my job\n"), std::string::npos) << r;
+  EXPECT_NE(r.find("last checkpoint: " + cwd + "/runs/my job/step-00000030"), std::string::npos) << r;
+  EXPECT_NE(r.find(" generate --model '" + cwd + "/runs/my job/final/base_bnb4' --adapter '" + cwd +
+                   "/runs/my job/final/adapter' --prompt"),
+            std::string::npos)
+      << r;
+  EXPECT_NE(r.find("PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(\"" + cwd +
+                   "/runs/my job/final/base_bnb4\"), \"" + cwd + "/runs/my job/final/adapter\")"),
+            std::string::npos)
+      << r;
+  // Stopped early: no exports, how to continue.
+  s.steps = 15;
+  s.exported_base.clear();
+  s.exported_adapter.clear();
+  const std::string stopped = end_of_job_report(c, s);
+  EXPECT_NE(stopped.find("stopped after step 15 of 30: continue with the same command and --resume auto"),
+            std::string::npos)
+      << stopped;
+  EXPECT_EQ(stopped.find("generate"), std::string::npos);
 }
 
 }  // namespace

@@ -144,6 +144,40 @@ TEST(TrainConfig, ValidateRejectsBadValues) {
   EXPECT_EQ(bad({"optimizer.lr=-1"}).rfind("x.yaml + --set optimizer.lr: ", 0), 0u);
 }
 
+// Defaults that cannot lose work or speed (issue 26): device auto; a job file without
+// checkpoint.dir saves into runs/<its stem>; saving nothing is `none`, written back as `none`.
+TEST(TrainConfig, DefaultsThatKeepTheWork) {
+  EXPECT_EQ(TrainConfig().device, DeviceChoice::kAuto);
+  EXPECT_EQ(parse_train_config(kMinimal, "x.yaml").device, DeviceChoice::kAuto);
+  EXPECT_EQ(default_run_dir("configs/tiny.yaml"), "runs/tiny");
+  EXPECT_EQ(default_run_dir("/abs/my.job.yaml"), "runs/my.job");
+  TempDir dir;
+  const std::string job = dir.file("chat_sft.yaml");
+  testing_util::write_bytes(job, kMinimal);
+  EXPECT_EQ(load_train_config(job).checkpoint.dir, "runs/chat_sft");                           // unset
+  EXPECT_EQ(load_train_config(job, {"checkpoint.dir="}).checkpoint.dir, "runs/chat_sft");      // empty
+  EXPECT_EQ(load_train_config(job, {"checkpoint.dir=out/ck"}).checkpoint.dir, "out/ck");       // given
+  const TrainConfig none = load_train_config(job, {"checkpoint.dir=none"});
+  EXPECT_EQ(none.checkpoint.dir, "");  // nothing saved, asked for
+  testing_util::write_bytes(job, std::string(kMinimal) + "checkpoint:\n  dir: none\n");
+  EXPECT_EQ(load_train_config(job).checkpoint.dir, "");
+  // Written as `none`, so the resolved config reads back to the same job, file or text.
+  const std::string y = none.to_yaml();
+  EXPECT_NE(y.find("dir: none"), std::string::npos) << y;
+  testing_util::write_bytes(job, y);
+  EXPECT_EQ(load_train_config(job).checkpoint.dir, "");
+  EXPECT_EQ(parse_train_config(y, "round-trip").to_yaml(), y);
+  // Text that is not a job file has no run folder: unset and none are both "".
+  EXPECT_EQ(parse_train_config(kMinimal, "x.yaml").checkpoint.dir, "");
+  // Stopping early needs a folder: the message says how to save nothing.
+  EXPECT_NE(error_of([&] { load_train_config(job, {"checkpoint.stop_after_steps=3"}).validate(1); })
+                .find("0 when checkpoint.dir is none"),
+            std::string::npos);
+  // A resume may change the LR schedule only when asked (--allow-schedule-change).
+  EXPECT_FALSE(none.checkpoint.allow_schedule_change);
+  EXPECT_TRUE(load_train_config(job, {"checkpoint.allow_schedule_change=true"}).checkpoint.allow_schedule_change);
+}
+
 // The measurement knobs (once environment variables): logging.profile, lora.fold, logging.gemm_tflops.
 TEST(TrainConfig, MeasurementKnobs) {
   const TrainConfig d = parse_train_config(kMinimal, "x.yaml");
