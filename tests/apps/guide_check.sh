@@ -15,7 +15,13 @@ for f in build/guide/run/final/adapter/adapter_model.safetensors build/guide/run
   [ -f "$f" ] || { echo "guide check: $f was not written"; exit 1; }
 done
 grep -q "resumed from build/guide/run/step-0*8 " "$log" || { echo "guide check: the run did not resume from step 8"; exit 1; }
-grep -Eq "^eval: .* loss [0-9.]+" "$log" || { echo "guide check: no eval line"; exit 1; }
+# The guide's two evals: base + adapter, then the base alone; the adapter must lower the loss.
+losses=$(grep -E "^eval: .* loss [0-9.]+" "$log" | sed -E 's/.* loss ([0-9.]+).*/\1/' | tr '\n' ' ')
+read -r with_adapter base_only <<< "$losses"
+[ -n "${base_only:-}" ] || { echo "guide check: expected two eval lines, got '$losses'"; exit 1; }
+awk -v a="$with_adapter" -v b="$base_only" 'BEGIN { exit !(a < b) }' ||
+  { echo "guide check: eval with the adapter $with_adapter is not below the base's $base_only"; exit 1; }
+echo "eval: base + adapter $with_adapter < base $base_only: ok"
 # The guide's token file (made by its chat tokenizer) for a model without tokenizer.json (so the
 # byte tokenizer) of the same vocab size: train and eval refuse it, naming both tokenizers.
 build/qshard init-model --out build/byte_model --vocab-size 259 --layers 1 --hidden-size 64 --intermediate-size 128 \
