@@ -4,7 +4,8 @@
 //   dequantize IN_DIR OUT_DIR       bitsandbytes 4-bit folder -> float folder (each weight in the
 //                                   dtype it was quantized from, or --dtype)
 //   init-model --out DIR [sizes]    a random tiny Llama as a Hugging Face folder
-//   inspect PATH [--check]          keys, dtypes, shapes, bytes and the node each key resolves to
+//   inspect PATH [--check]          keys, dtypes, shapes, bytes and the node each key resolves to;
+//                                   a token file: its counts and the tokenizer that made it
 //   tokenize IN... --out FILE       text / jsonl -> token file with the byte-level tokenizer
 //   train --config FILE [--set k=v] [--resume auto|PATH]
 //                                   the QLoRA training job (run under mpirun for several ranks)

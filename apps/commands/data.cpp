@@ -9,6 +9,7 @@
 #include "number_options.h"
 #include "runtime/error.h"
 #include "text/byte_tokenizer.h"
+#include "text/tokenizer_fingerprint.h"
 
 namespace qshard::cli {
 namespace {
@@ -44,9 +45,9 @@ int run_tokenize(TokenizeArgs& a, int, char**) {
   else if (a.split == "blank-lines") to.text_split = TextSplit::kBlankLines;
   else throw InputError("--split '" + a.split + "' is not 'file' or 'blank-lines'");
   const TokenizeStats st = tokenize_files(a.inputs, to, a.out);
-  std::printf("tokenized %lld files, %lld documents, %lld bytes -> %lld tokens (%lld targets) in %s\n",
+  std::printf("tokenized %lld files, %lld documents, %lld bytes -> %lld tokens (%lld targets) in %s (tokenizer %s)\n",
               (long long)st.files, (long long)st.documents, (long long)st.bytes, (long long)st.tokens,
-              (long long)st.targets, a.out.c_str());
+              (long long)st.targets, a.out.c_str(), fingerprint_name(st.tokenizer_fingerprint).c_str());
   return 0;
 }
 

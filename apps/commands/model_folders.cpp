@@ -2,6 +2,8 @@
 // folder on the host, no ranks (see commands.h).
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -13,6 +15,8 @@
 #include "runtime/dtype.h"
 #include "runtime/error.h"
 #include "runtime/tensor.h"
+#include "text/token_file.h"
+#include "text/tokenizer_fingerprint.h"
 #include "train/train_config.h"
 
 namespace qshard::cli {
@@ -167,12 +171,49 @@ struct InspectArgs {
 };
 
 void add_inspect(CLI::App& sub, InspectArgs& a) {
-  sub.add_option("PATH", a.path, "a .safetensors file, a Hugging Face folder or a folder of safetensors")->required();
+  sub.add_option("PATH", a.path, "a .safetensors file, a Hugging Face folder, a folder of safetensors or a token file (.tok)")->required();
   sub.add_flag("--check", a.check, "exit non-zero if any key does not resolve or any tensor fails validation");
   sub.add_flag("--quiet", a.quiet, "print only the summary and problems");
 }
 
+// A token file (magic "QSTOKENS", or a name ending .tok): its header, its documents and loss
+// targets (one scan of the tokens, each id checked against the vocabulary) and the tokenizer that
+// made it. A malformed one is an InputError naming the file and what is wrong (exit 2).
+bool is_token_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  if (std::filesystem::path(path).extension() == ".tok") return true;
+  char magic[sizeof(kTokenFileMagic)] = {};
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  const bool match = std::fread(magic, 1, sizeof(magic), f) == sizeof(magic) &&
+                     std::memcmp(magic, kTokenFileMagic, sizeof(magic)) == 0;
+  std::fclose(f);
+  return match;
+}
+
+int inspect_token_file(const std::string& path) {
+  const TokenFile f = TokenFile::open(path);
+  f.validate(f.vocab_size());
+  int64_t documents = 0, targets = 0;
+  for (const uint32_t t : f.tokens()) {
+    documents += f.doc_starts() && (t & kTokenDocStart) != 0;
+    targets += !f.loss_mask() || (t & kTokenNoLoss) == 0;
+  }
+  std::printf("%s: token file, version %u\n", path.c_str(), f.version());
+  std::printf("  tokens      %lld (uint32)\n", (long long)f.size());
+  std::printf("  vocab_size  %u\n", f.vocab_size());
+  if (f.doc_starts()) std::printf("  documents   %lld\n", (long long)documents);
+  else std::printf("  documents   not recorded (version %u)\n", f.version());
+  std::printf("  targets     %lld (tokens the loss is taken on)\n", (long long)targets);
+  std::printf("  tokenizer   %s\n", f.tokenizer_fingerprint() == kNoTokenizerFingerprint
+                                     ? "not recorded (written before version 4)"
+                                     : fingerprint_name(f.tokenizer_fingerprint()).c_str());
+  return 0;
+}
+
 int run_inspect(InspectArgs& a, int, char**) {
+  if (is_token_file(a.path)) return inspect_token_file(a.path);
   const InspectReport r = inspect_path(a.path);
   std::printf("%s: %s\n", r.path.c_str(), r.kind.empty() ? "unreadable" : r.kind.c_str());
   uint64_t total = 0;

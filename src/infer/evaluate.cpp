@@ -14,6 +14,8 @@
 #include "model/llama_model.h"
 #include "text/data_loader.h"
 #include "text/token_file.h"
+#include "text/tokenizer_fingerprint.h"
+#include "runtime/log.h"
 
 namespace qshard {
 namespace {
@@ -105,6 +107,9 @@ EvalResult evaluate_model(const EvalOptions& o) {
     }
   } else {
     const TokenFile f = TokenFile::open(o.data);
+    // Ids made by another tokenizer than the model folder's are refused, naming both.
+    if (const std::string w = check_token_file_tokenizer(f, model_tokenizer(o.model_dir)); !w.empty())
+      QS_LOG_WARN("{}", w);
     f.validate(static_cast<uint32_t>(cfg.vocab_size));
     const int64_t T = o.seq_len > 0 ? o.seq_len : std::min<int64_t>(512, cfg.max_position_embeddings);
     const PackedDataset d(f, static_cast<int>(T));

@@ -1,4 +1,5 @@
 #include "text/byte_tokenizer.h"
+#include "text/tokenizer_fingerprint.h"
 #include "text/chat_template.h"
 
 #include <optional>
@@ -263,8 +264,12 @@ TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const Token
     throw InputError("--tokenizer " + options.tokenizer + ": this build has no native tokenizer (PCRE2 was not found; "
                      "run scripts/setup.sh and rebuild)");
 #endif
-  // Version 3: each document's first token flagged (data.packing: padded keeps documents apart).
-  TokenFileWriter writer(out_path, vocab, /*loss_mask=*/true, /*doc_starts=*/true);
+  // Version 4: each document's first token flagged (data.packing: padded keeps documents apart) and
+  // the tokenizer's fingerprint (train refuses the file for a model with another tokenizer).
+  const uint64_t fingerprint =
+      options.tokenizer.empty() ? kByteTokenizerFingerprint : tokenizer_fingerprint_of(options.tokenizer);
+  TokenFileWriter writer(out_path, vocab, /*loss_mask=*/true, /*doc_starts=*/true, fingerprint);
+  stats.tokenizer_fingerprint = fingerprint;
   std::optional<ChatTemplate> chat_template;
   if (chat) chat_template = ChatTemplate::from_model_dir(options.tokenizer);
   // One document: BOS, its ids, EOS, the first token flagged.

@@ -31,7 +31,8 @@
 //          without special tokens added (the template writes BOS and the turn markers), so a
 //          reply's tokens are the ones generation produces after its prompt. A template that does
 //          not render the conversation prefix-consistently is an InputError naming file:line.
-// Every format writes version 3 (token_file.h): each document's first token flagged.
+// Every format writes version 4 (token_file.h): each document's first token flagged, and the
+// tokenizer's fingerprint (text/tokenizer_fingerprint.h) in the header.
 // Records and memory: inputs are read in pieces (text/record_reader.h), one record at a time, never
 // a whole file. A record is a line of jsonl / alpaca / chat, a paragraph of text with
 // TextSplit::kBlankLines, and a whole text file with TextSplit::kFile. A record longer than
@@ -85,6 +86,7 @@ struct TokenizeStats {
   int64_t bytes = 0;      // content bytes
   int64_t tokens = 0;
   int64_t targets = 0;    // tokens the loss is taken on (all of them but for alpaca)
+  uint64_t tokenizer_fingerprint = 0;  // recorded in the file (text/tokenizer_fingerprint.h)
 };
 
 // Stanford Alpaca's prompt for an instruction and an optional input (the text before the response).

@@ -73,11 +73,24 @@ TokenFile TokenFile::open(const std::string& path) {
   if (std::memcmp(h, kTokenFileMagic, 8) != 0)
     throw InputError(fmt::format("{}: bad magic: not a token file (expected the bytes \"QSTOKENS\" at offset 0)", path));
   const auto version = read_le<uint32_t>(h + 8);
-  if (version != kTokenFileVersion && version != kTokenFileVersionMasked && version != kTokenFileVersionDocs)
-    throw InputError(fmt::format("{}: unsupported token file version {} (expected {}, {} or {})", path, version,
-                                 kTokenFileVersion, kTokenFileVersionMasked, kTokenFileVersionDocs));
+  if (version < kTokenFileVersion || version > kTokenFileVersionTokenizer)
+    throw InputError(fmt::format("{}: unsupported token file version {} (expected {} to {})", path, version,
+                                 kTokenFileVersion, kTokenFileVersionTokenizer));
+  t.version_ = version;
   t.loss_mask_ = version >= kTokenFileVersionMasked;
-  t.doc_starts_ = version == kTokenFileVersionDocs;
+  t.doc_starts_ = version >= kTokenFileVersionDocs;
+  const size_t header_bytes = version >= kTokenFileVersionTokenizer ? kTokenFileHeaderBytesV4 : kTokenFileHeaderBytes;
+  if (size < header_bytes)
+    throw InputError(fmt::format("{}: truncated: {} bytes, shorter than the {}-byte header of a version {} token file",
+                                 path, size, header_bytes, version));
+  if (version >= kTokenFileVersionTokenizer) {
+    t.tokenizer_fingerprint_ = read_le<uint64_t>(h + 32);
+    if (t.tokenizer_fingerprint_ == kNoTokenizerFingerprint)
+      throw InputError(fmt::format("{}: tokenizer fingerprint is 0 in a version 4 header (expected the tokenizer's)", path));
+    for (size_t i = 40; i < kTokenFileHeaderBytesV4; ++i)
+      if (h[i] != 0)
+        throw InputError(fmt::format("{}: reserved header byte {} is {} (expected 0)", path, i, static_cast<int>(h[i])));
+  }
   t.vocab_size_ = read_le<uint32_t>(h + 12);
   const auto n = read_le<uint64_t>(h + 16);
   const auto dtype = read_le<uint32_t>(h + 24);
@@ -86,14 +99,14 @@ TokenFile TokenFile::open(const std::string& path) {
   if (dtype != kTokenDtypeU32)
     throw InputError(fmt::format("{}: unsupported token dtype code {} (expected {} = uint32)", path, dtype, kTokenDtypeU32));
   if (reserved != 0) throw InputError(fmt::format("{}: reserved header field is {} (expected 0)", path, reserved));
-  const uint64_t data = size - kTokenFileHeaderBytes;
+  const uint64_t data = size - header_bytes;
   if (n > data / 4)
     throw InputError(fmt::format("{}: truncated: header says {} tokens ({} bytes) but the file has {} data bytes", path,
                                  n, n * 4, data));
   if (data != n * 4)
     throw InputError(fmt::format("{}: {} trailing bytes after the {} tokens the header declares", path, data - n * 4, n));
   t.num_tokens_ = static_cast<size_t>(n);
-  t.tokens_ = reinterpret_cast<const uint32_t*>(t.map_ + kTokenFileHeaderBytes);  // page + 32: aligned
+  t.tokens_ = reinterpret_cast<const uint32_t*>(t.map_ + header_bytes);  // page + 32 or 64: aligned
   return t;
 }
 
@@ -104,6 +117,8 @@ TokenFile::TokenFile(TokenFile&& o) noexcept
       tokens_(std::exchange(o.tokens_, nullptr)),
       num_tokens_(std::exchange(o.num_tokens_, 0)),
       vocab_size_(o.vocab_size_),
+      version_(o.version_),
+      tokenizer_fingerprint_(o.tokenizer_fingerprint_),
       loss_mask_(o.loss_mask_),
       doc_starts_(o.doc_starts_) {}
 
@@ -116,6 +131,8 @@ TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
     tokens_ = std::exchange(o.tokens_, nullptr);
     num_tokens_ = std::exchange(o.num_tokens_, 0);
     vocab_size_ = o.vocab_size_;
+    version_ = o.version_;
+    tokenizer_fingerprint_ = o.tokenizer_fingerprint_;
     loss_mask_ = o.loss_mask_;
     doc_starts_ = o.doc_starts_;
   }
@@ -144,9 +161,13 @@ void TokenFile::validate(uint32_t max_vocab) const {
 
 // ---- writer ---------------------------------------------------------------------------------
 
-TokenFileWriter::TokenFileWriter(std::string path, uint32_t vocab_size, bool loss_mask, bool doc_starts)
+TokenFileWriter::TokenFileWriter(std::string path, uint32_t vocab_size, bool loss_mask, bool doc_starts,
+                                 uint64_t tokenizer_fingerprint)
     : path_(std::move(path)), temp_path_(path_ + ".tmp." + std::to_string(static_cast<long>(::getpid()))),
-      vocab_size_(vocab_size), loss_mask_(loss_mask || doc_starts), doc_starts_(doc_starts) {
+      vocab_size_(vocab_size), loss_mask_(loss_mask || doc_starts), doc_starts_(doc_starts),
+      tokenizer_fingerprint_(tokenizer_fingerprint) {
+  QS_CHECK(tokenizer_fingerprint_ == kNoTokenizerFingerprint || doc_starts_,
+           "TokenFileWriter: a tokenizer fingerprint (version 4) needs doc_starts");
   if (loss_mask_ && vocab_size_ > kTokenNoLoss)
     throw InputError(fmt::format("{}: vocab_size {} does not leave bit 31 for the loss mask", path_, vocab_size_));
   if (doc_starts_ && vocab_size_ > kTokenDocStart)
@@ -154,12 +175,18 @@ TokenFileWriter::TokenFileWriter(std::string path, uint32_t vocab_size, bool los
   if (vocab_size_ == 0) throw InputError(fmt::format("{}: vocab_size must be > 0", path_));
   f_ = std::fopen(temp_path_.c_str(), "wb");
   if (f_ == nullptr) io_error(path_, fmt::format("creating \"{}\"", temp_path_), errno);
-  uint8_t header[kTokenFileHeaderBytes] = {};  // count written by finish()
+  const bool v4 = tokenizer_fingerprint_ != kNoTokenizerFingerprint;
+  uint8_t header[kTokenFileHeaderBytesV4] = {};  // count written by finish()
   std::memcpy(header, kTokenFileMagic, 8);
-  std::memcpy(header + 8, doc_starts_ ? &kTokenFileVersionDocs : loss_mask_ ? &kTokenFileVersionMasked : &kTokenFileVersion, 4);
+  std::memcpy(header + 8,
+              v4 ? &kTokenFileVersionTokenizer
+                 : doc_starts_ ? &kTokenFileVersionDocs : loss_mask_ ? &kTokenFileVersionMasked : &kTokenFileVersion,
+              4);
   std::memcpy(header + 12, &vocab_size_, 4);
   std::memcpy(header + 24, &kTokenDtypeU32, 4);
-  if (std::fwrite(header, 1, sizeof(header), f_) != sizeof(header)) io_error(path_, "writing the header", errno);
+  if (v4) std::memcpy(header + 32, &tokenizer_fingerprint_, 8);
+  const size_t header_bytes = v4 ? kTokenFileHeaderBytesV4 : kTokenFileHeaderBytes;
+  if (std::fwrite(header, 1, header_bytes, f_) != header_bytes) io_error(path_, "writing the header", errno);
 }
 
 TokenFileWriter::~TokenFileWriter() {

@@ -9,13 +9,20 @@
 //   [28, 32)  u32 reserved = 0
 //   [32, 32 + 4N)  the tokens, u32 each, one stream: documents back to back, each normally
 //                  BOS + content + EOS (the tokenizer's choice; the format does not care)
-// The file is exactly 32 + 4N bytes. scripts/tools/tokenize_hf.py writes the same format.
+// The file is exactly 32 + 4N bytes (version 4: 64 + 4N, below). scripts/tools/tokenize_hf.py writes the same format.
 // Version 2 (a loss mask; `qshard tokenize --format alpaca` writes it): the same layout, and bit 31
 // of a token (kTokenNoLoss) marks it as context only: it is read as an input but is never a
 // target (no loss on predicting it: BOS and the prompt of instruction data). Ids stay < 2^31.
 // Version 3 (`qshard tokenize` writes it): version 2's mask, and bit 30 of a token (kTokenDocStart)
 // marks the first token of a document, so a reader can keep documents apart (data.packing:
 // padded). Ids stay < 2^30.
+// Version 4 (`qshard tokenize` writes it): version 3's tokens after a 64-byte header whose first 32
+// bytes are as above, then
+//   [32, 40)  u64 tokenizer fingerprint: which tokenizer made the ids (text/tokenizer_fingerprint.h:
+//             FNV-1a 64 of the canonical tokenizer.json, or the byte tokenizer's constant); never 0
+//   [40, 64)  reserved = 0
+//   [64, 64 + 4N)  the tokens
+// so the file is exactly 64 + 4N bytes. Versions 1-3 record no tokenizer (fingerprint 0).
 // Version 1 files read as before: every token a target.
 //
 // Reader (TokenFile): open() maps the file read-only and checks the header and the size; every
@@ -44,6 +51,7 @@ constexpr char kTokenFileMagic[8] = {'Q', 'S', 'T', 'O', 'K', 'E', 'N', 'S'};
 constexpr uint32_t kTokenFileVersion = 1;
 constexpr uint32_t kTokenFileVersionMasked = 2;
 constexpr uint32_t kTokenFileVersionDocs = 3;
+constexpr uint32_t kTokenFileVersionTokenizer = 4;
 constexpr uint32_t kTokenNoLoss = 0x80000000u;  // version 2: this token is never a target
 constexpr uint32_t kTokenDocStart = 0x40000000u;  // version 3: this token begins a document
 // The bits of a token that are its id, given which flag bits the file's version carries.
@@ -52,6 +60,8 @@ constexpr uint32_t token_id_bits(bool loss_mask, bool doc_starts) {
 }
 constexpr uint32_t kTokenDtypeU32 = 4;
 constexpr size_t kTokenFileHeaderBytes = 32;
+constexpr size_t kTokenFileHeaderBytesV4 = 64;
+constexpr uint64_t kNoTokenizerFingerprint = 0;  // versions 1-3: which tokenizer made the ids is not recorded
 
 class TokenFile {
  public:
@@ -73,6 +83,9 @@ class TokenFile {
   bool loss_mask() const { return loss_mask_; }
   // Version 3: tokens carry the kTokenDocStart bit.
   bool doc_starts() const { return doc_starts_; }
+  uint32_t version() const { return version_; }
+  // Version 4: the fingerprint of the tokenizer that made the ids; kNoTokenizerFingerprint before.
+  uint64_t tokenizer_fingerprint() const { return tokenizer_fingerprint_; }
   // The bits of a token that are its id.
   uint32_t id_bits() const { return token_id_bits(loss_mask_, doc_starts_); }
 
@@ -90,6 +103,8 @@ class TokenFile {
   const uint32_t* tokens_ = nullptr;
   size_t num_tokens_ = 0;
   uint32_t vocab_size_ = 0;
+  uint32_t version_ = 0;
+  uint64_t tokenizer_fingerprint_ = kNoTokenizerFingerprint;
   bool loss_mask_ = false;
   bool doc_starts_ = false;
 };
@@ -99,7 +114,9 @@ class TokenFileWriter {
   // Creates "<path>.tmp.<pid>" (the parent directory must exist). REQUIRES: vocab_size > 0.
   // loss_mask: a version 2 file; append() then takes ids with the kTokenNoLoss bit.
   // doc_starts: a version 3 file; append() takes ids with the kTokenNoLoss and kTokenDocStart bits.
-  TokenFileWriter(std::string path, uint32_t vocab_size, bool loss_mask = false, bool doc_starts = false);
+  // tokenizer_fingerprint != kNoTokenizerFingerprint: a version 4 file recording it (REQUIRES doc_starts).
+  TokenFileWriter(std::string path, uint32_t vocab_size, bool loss_mask = false, bool doc_starts = false,
+                  uint64_t tokenizer_fingerprint = kNoTokenizerFingerprint);
   ~TokenFileWriter();
   TokenFileWriter(const TokenFileWriter&) = delete;
   TokenFileWriter& operator=(const TokenFileWriter&) = delete;
@@ -114,6 +131,7 @@ class TokenFileWriter {
   uint32_t vocab_size_;
   bool loss_mask_ = false;
   bool doc_starts_ = false;
+  uint64_t tokenizer_fingerprint_ = kNoTokenizerFingerprint;
   std::FILE* f_ = nullptr;
   uint64_t count_ = 0;
 };

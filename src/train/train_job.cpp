@@ -9,6 +9,7 @@
 #include "runtime/collective_status.h"
 #include "runtime/log.h"
 #include "runtime/machine.h"
+#include "text/tokenizer_fingerprint.h"
 #include "train/flops.h"
 #include "train/run_protocol.h"
 #include "train/train_checkpoint.h"
@@ -143,12 +144,18 @@ void TrainJob::open_data() {
   const LlamaConfig& mc = qm_->config;
   if (config_.data.train.empty()) throw InputError(config_.source + ": data.train (a token file) is required");
   train_file_.emplace(TokenFile::open(config_.data.train));
+  // Ids made by another tokenizer than the model's are refused, naming both (in-range ids would train).
+  const ModelTokenizer tokenizer = model_tokenizer(config_.model.path);
+  const std::string train_warning = check_token_file_tokenizer(*train_file_, tokenizer);
+  if (rank_ == 0 && !train_warning.empty()) QS_LOG_WARN("{}", train_warning);
   train_file_->validate(static_cast<uint32_t>(mc.vocab_size));
   const Packing packing = parse_packing(config_.data.packing);
   const PackedDataset all(*train_file_, T_, /*pad_last=*/false, packing);
   train_data_.emplace(all);
   if (!config_.data.eval.empty()) {
     eval_file_.emplace(TokenFile::open(config_.data.eval));
+    const std::string eval_warning = check_token_file_tokenizer(*eval_file_, tokenizer);
+    if (rank_ == 0 && !eval_warning.empty()) QS_LOG_WARN("{}", eval_warning);
     eval_file_->validate(static_cast<uint32_t>(mc.vocab_size));
     eval_data_.emplace(*eval_file_, T_, /*pad_last=*/false, packing);
   } else if (config_.data.eval_fraction > 0) {

@@ -88,7 +88,7 @@ TEST(TokenFile, EveryBadInputNamesTheFile) {
   EXPECT_EQ(open_err("QSTOKENS"), p + ": truncated: 8 bytes, shorter than the 32-byte token file header");
   EXPECT_EQ(open_err(header("QSTOKENZ", 1, 258, 0, 4, 0)),
             p + ": bad magic: not a token file (expected the bytes \"QSTOKENS\" at offset 0)");
-  EXPECT_EQ(open_err(header("QSTOKENS", 4, 258, 0, 4, 0)), p + ": unsupported token file version 4 (expected 1, 2 or 3)");
+  EXPECT_EQ(open_err(header("QSTOKENS", 5, 258, 0, 4, 0)), p + ": unsupported token file version 5 (expected 1 to 4)");
   EXPECT_EQ(open_err(header("QSTOKENS", 1, 0, 0, 4, 0)), p + ": vocab_size is 0 in the header (expected > 0)");
   EXPECT_EQ(open_err(header("QSTOKENS", 1, 258, 0, 2, 0)), p + ": unsupported token dtype code 2 (expected 4 = uint32)");
   EXPECT_EQ(open_err(header("QSTOKENS", 1, 258, 0, 4, 9)), p + ": reserved header field is 9 (expected 0)");
