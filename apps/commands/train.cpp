@@ -11,9 +11,11 @@
 #include "runtime/device_context.h"
 #include "runtime/error.h"
 #include "runtime/failure.h"
+#include "runtime/job_settings.h"
 #include "runtime/runtime.h"
 #include "runtime/world.h"
 #include "train/bench.h"
+#include "train/config_reference.h"
 #include "train/train_checkpoint.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -27,33 +29,55 @@ struct TrainArgs {
   std::string config, resume;
   std::vector<std::string> set;
   bool print_config = false;
+  bool describe_config = false;
   bool allow_nonfinite = false;
 };
 
 void add_train(CLI::App& sub, TrainArgs& a) {
-  sub.add_option("--config", a.config, "YAML job file")->required();
-  sub.add_option("--set", a.set, "override a key: --set optimizer.lr=1e-4 (repeatable)");
-  sub.add_flag("--print-config", a.print_config, "print the resolved config and exit");
+  sub.add_option("--config", a.config, "YAML job file (every key: docs/CONFIG.md); required")->type_name("FILE");
+  sub.add_option("--set", a.set, "override a key: --set optimizer.lr=1e-4 (repeatable)")->type_name("KEY=VALUE");
+  sub.add_flag("--print-config", a.print_config,
+               "print the resolved config (file + --set + defaults) and exit; a job with a checkpoint.dir also "
+               "writes it to <checkpoint.dir>/config.resolved.yaml");
+  sub.add_flag("--describe-config", a.describe_config,
+               "print every config key with its type, default, allowed values and meaning (docs/CONFIG.md) and exit");
   sub.add_option("--resume", a.resume,
                  "auto (the newest complete checkpoint in checkpoint.dir, if any) or a checkpoint folder; "
-                 "same as --set checkpoint.resume=...");
+                 "same as --set checkpoint.resume=...")
+      ->type_name("auto|DIR");
   sub.add_flag("--allow-nonfinite", a.allow_nonfinite,
                "load model.path, lora.init_adapter and the --resume checkpoint even when they hold NaN/Inf (refused by "
                "default); same as --set model.allow_nonfinite=true");
+  sub.footer(
+      "Example:\n"
+      "  qshard tokenize data/*.txt --out /tmp/tiny.tok\n"
+      "  qshard train --config configs/tiny.yaml --set data.train=/tmp/tiny.tok --set checkpoint.dir=/tmp/run\n"
+      "  scripts/launch/single_node.sh 2 train --config configs/tiny.yaml ...   (2 ranks)");
 }
 
 int run_train(TrainArgs& a, int argc, char** argv) {
+  if (a.describe_config) {
+    std::printf("%s", config_reference_markdown().c_str());
+    return 0;
+  }
+  if (a.config.empty()) throw InputError("train: --config is required (a YAML job file; e.g. configs/tiny.yaml)");
   if (a.allow_nonfinite) a.set.push_back("model.allow_nonfinite=true");
+  if (!a.resume.empty()) a.set.push_back("checkpoint.resume=" + a.resume);
   if (a.print_config) {
     std::printf("%s", load_train_config(a.config, a.set).to_yaml().c_str());
     return 0;
   }
-  // Every rank loads and validates the config (a bad value is reported by every rank and ends
-  // the job through run_job's abort path, never a hang).
-  if (!a.resume.empty()) a.set.push_back("checkpoint.resume=" + a.resume);
   return run_job(argc, argv, [&](World& world) {
-    const TrainConfig cfg = load_train_config(a.config, a.set);
-    if (world.rank() == 0) std::printf("%s", cfg.describe().c_str());
+    // Every rank loads the job, checks its values and its input files, and the ranks agree: a bad
+    // input ends the job with one line from rank 0 and exit code 2 on every rank, before
+    // anything loads (failure.h: agree_on_input).
+    TrainConfig cfg;
+    agree_on_input(world, [&] {
+      cfg = load_train_config(a.config, a.set);
+      cfg.validate(world.size());
+      cfg.check_inputs();
+    });
+    set_job_settings({cfg.runtime.collective_timeout_s, cfg.runtime.host_memory_bytes, cfg.runtime.nccl_blocking});
     JobRuntime job(world, cfg.device, cfg.source + ": device");
     const TrainSummary s = train(cfg, job.get());
     if (world.rank() == 0 && !s.losses.empty())

@@ -2,8 +2,10 @@
 // them in order, and trainer.h states what the job does as a whole.
 //
 // Phases, every rank alike (each is collective unless it says rank 0):
-//   open()        the start: config validated; the resume decision (train/run_protocol.h: rank 0
-//                 picks, every rank reads the checkpoint's metadata); build_model(): the memory
+//   open()        the start: config validated and its input files checked (TrainConfig::
+//                 check_inputs); the resume decision (train/run_protocol.h: rank 0 picks, every
+//                 rank reads the checkpoint's metadata); rank 0 writes the resolved config to
+//                 checkpoint.dir/config.resolved.yaml (when there is a dir); build_model(): the memory
 //                 plan, the sharded QLoRA model, its optimizer state, the kept layers, the
 //                 LlamaModel and its FSDP driver; the data (token files, eval split, loader, LR
 //                 schedule); the resumed state (sharded tensors resharded to this world size, the
@@ -81,6 +83,7 @@ class TrainJob {
  private:
   // The memory plan and the model as built (one method: the memory model is reworked in it).
   void build_model();
+  void write_resolved_config() const;
   void open_data();
   void restore_resumed();
   void account_memory(std::optional<int64_t> runtime_bytes);
