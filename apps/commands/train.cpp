@@ -102,6 +102,8 @@ void add_export(CLI::App& sub, ExportArgs& a) {
   add_double_option(sub, "--max-shard-size-gb,--max-shard-size", a.shard_gb, kMinShardGb, kMaxShardGb,
                     "GB per safetensors file before splitting (bnb4, merged; a larger tensor: a file of its own)");
   sub.add_option("--base-model", a.base_model, "peft: base_model_name_or_path (default: the config's model.path)");
+  sub.footer("Example:\n  qshard export build/runs/tiny/ckpt --format peft --out /tmp/adapter   (the newest checkpoint)\n"
+             "  qshard export build/runs/tiny/ckpt/step-00000100 --format merged --out /tmp/merged");
 }
 
 int run_export(ExportArgs& a, int argc, char** argv) {
@@ -135,16 +137,19 @@ struct BenchArgs {
 void add_bench(CLI::App& sub, BenchArgs& a) {
   BenchOptions& bo = a.bo;
   sub.add_option("--preset", bo.preset, "tiny | 1b | 8b | 70b (Llama-3.2-1B / 3.1-8B / 3.1-70B shapes)");
-  add_int_option(sub, "--vocab", bo.vocab, 0, kMaxBenchSize, "vocab_size (default: the preset's)");
-  add_int_option(sub, "--hidden", bo.hidden, 0, kMaxBenchSize, "hidden_size (0: the preset's)");
-  add_int_option(sub, "--intermediate", bo.intermediate, 0, kMaxBenchSize, "intermediate_size (0: the preset's)");
+  // The sizes are named as init-model names them; the older short names stay as aliases that
+  // --help does not list (help_format.h).
+  add_int_option(sub, "--vocab-size,--vocab", bo.vocab, 0, kMaxBenchSize, "vocab_size (0: the preset's)");
+  add_int_option(sub, "--hidden-size,--hidden", bo.hidden, 0, kMaxBenchSize, "hidden_size (0: the preset's)");
+  add_int_option(sub, "--intermediate-size,--intermediate", bo.intermediate, 0, kMaxBenchSize,
+                 "intermediate_size (0: the preset's)");
   add_int_option(sub, "--layers", bo.layers, 0, kMaxBenchSize, "num_hidden_layers (0: the preset's)");
   add_int_option(sub, "--heads", bo.heads, 0, kMaxBenchSize, "num_attention_heads (0: the preset's)");
   add_int_option(sub, "--kv-heads", bo.kv_heads, 0, kMaxBenchSize, "num_key_value_heads (0: the preset's)");
   add_int_option(sub, "--batch", bo.batch, 1, kMaxBenchCount, "sequences per rank per step");
   add_int_option(sub, "--micro-batch", bo.micro_batch, -1, kMaxBenchCount,
                  "sequences per micro-batch (batch.micro_batch_size): -1 = --batch, 0 = the memory plan's choice");
-  add_int_option(sub, "--seq", bo.seq, 1, kMaxBenchCount, "tokens per sequence");
+  add_int_option(sub, "--seq-len,--seq", bo.seq, 1, kMaxBenchCount, "tokens per sequence");  // eval's name
   add_int_option(sub, "--rank", bo.rank, 1, kMaxBenchCount, "LoRA rank (all seven projections)");
   add_int_option(sub, "--steps", bo.steps, 1, kMaxBenchCount, "timed steps");
   add_int_option(sub, "--warmup", bo.warmup, 0, kMaxBenchCount, "untimed steps first");
@@ -156,7 +161,10 @@ void add_bench(CLI::App& sub, BenchArgs& a) {
   add_int_option(sub, "--mlp-chunk-tokens", bo.mlp_chunk_tokens, -1, kMaxBenchCount, "memory.mlp_chunk_tokens (-1: auto, 0: never)");
   sub.add_option("--set", bo.set, "any other config key: --set lora.dropout=0.1 (repeatable)");
   sub.add_option("--json", bo.json, "write the result as JSON here");
-  sub.add_option("--device", a.device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  sub.add_option("--device", a.device, "auto (the GPU when there is one) | cpu | cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  sub.footer("Example:\n  qshard bench --preset tiny --device cpu --steps 3\n"
+             "  qshard bench --preset 8b --batch 4 --seq-len 2048 --gpu-budget-gb 70 --json /tmp/bench.json");
 }
 
 int run_bench_command(BenchArgs& a, int argc, char** argv) {

@@ -670,10 +670,10 @@ void TrainConfig::check_inputs() const {
     if (lora.init_adapter.empty()) return;
     check_input_folder(lora.init_adapter, "adapter folder");
     check_input_file(lora.init_adapter + "/adapter_config.json", "adapter config");
-    check_input_file(lora.init_adapter + "/adapter_model.safetensors", "adapter weights");
+    check_input_file(lora.init_adapter + "/adapter_model.safetensors", "safetensors file");
   });
   named("checkpoint.resume", [&] {
-    if (!checkpoint.resume.empty() && checkpoint.resume != "auto") check_input_folder(checkpoint.resume, "checkpoint folder");
+    if (!checkpoint.resume.empty() && checkpoint.resume != "auto") check_input_folder(checkpoint.resume, "checkpoint");
   });
 }
 

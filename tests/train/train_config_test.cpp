@@ -358,7 +358,7 @@ TEST(TrainConfig, CheckInputsNamesKeyAndPath) {
             std::string::npos);
   EXPECT_NE(check({"lora.init_adapter=" + adapter}).find("lora.init_adapter: cannot open adapter config"),
             std::string::npos);
-  EXPECT_NE(check({"checkpoint.resume=" + dir.file("step-9")}).find("checkpoint.resume: cannot open checkpoint folder"),
+  EXPECT_NE(check({"checkpoint.resume=" + dir.file("step-9")}).find("checkpoint.resume: cannot open checkpoint " + dir.file("step-9")),
             std::string::npos);
   EXPECT_NO_THROW(
       parse_train_config("", "x.yaml", {"data.train=" + tok, "checkpoint.resume=auto", "checkpoint.dir=" + model})
