@@ -178,13 +178,15 @@ int run_job(int argc, char** argv, const std::function<int(World&)>& body) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::thread(signal_loop).detach();
   int rc = 0;
-  std::string agreed_error;  // a JobInputError: every rank ends cleanly with exit code 2
+  bool agreed = false;  // a JobInputError: every rank ends cleanly with exit code 2
   bool reporter = false;
+  std::string agreed_error;
   try {
     World& world = World::init(&argc, &argv);
     collective_timeout_s();  // a bad QSHARD_COLLECTIVE_TIMEOUT_S is refused (exit 2) before any work, at any size
     rc = body(world);
   } catch (const JobInputError& e) {
+    agreed = true;
     agreed_error = e.what();
     reporter = e.reporter();
     g_ending_cleanly.store(true);
@@ -205,7 +207,7 @@ int run_job(int argc, char** argv, const std::function<int(World&)>& body) {
   } catch (const std::exception& e) {
     abort_job(1, std::string("MPI finalize failed: ") + e.what());
   }
-  if (!agreed_error.empty()) {
+  if (agreed) {
     // After MPI_Finalize: every rank's earlier output is out, so the one line comes last (but for
     // mpirun's own note on the exit code, which `mpirun -q` leaves out).
     if (reporter) {
