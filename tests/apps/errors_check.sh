@@ -6,6 +6,7 @@
 # without config.json and an adapter path that is a file are refused before anything loads (no
 # "model build" line before the error). A run with a checkpoint.dir writes the resolved config to
 # <checkpoint.dir>/config.resolved.yaml (which reads back) and never prints it; --print-config does.
+# runtime.host_memory_bytes (a former environment variable) takes effect; the variable wins.
 # Usage: errors_check.sh QSHARD SOURCE_DIR WORK_DIR MPIEXEC [mpiexec flags...]
 set -uo pipefail
 qshard=$1 src=$2 work=$3
@@ -59,4 +60,12 @@ out=$("$qshard" "${job[@]}" --set checkpoint.dir="$work/run" 2>&1) || { echo "$o
 back=$("$qshard" train --config "$work/run/config.resolved.yaml" --print-config) || fail "config.resolved.yaml does not read back"
 grep -q "^  max_seq_len: 32$" <<< "$back" || { echo "$back"; fail "config.resolved.yaml lost data.max_seq_len = 32"; }
 echo "resolved config in the run folder, read back: ok"
+
+# 4. An environment knob as a key: runtime.host_memory_bytes caps the memory the job counts on
+# (named in the refusal); QSHARD_HOST_MEMORY_BYTES, when set, wins over it.
+out=$("$qshard" "${job[@]}" --set runtime.host_memory_bytes=1000 2>&1); rc=$?
+[ "$rc" = 2 ] && grep -q "runtime.host_memory_bytes leaves" <<< "$out" || { echo "$out"; fail "runtime.host_memory_bytes not applied"; }
+out=$(QSHARD_HOST_MEMORY_BYTES=1e12 "$qshard" "${job[@]}" --set runtime.host_memory_bytes=1000 2>&1) ||
+  { echo "$out"; fail "QSHARD_HOST_MEMORY_BYTES did not win over runtime.host_memory_bytes"; }
+echo "runtime.host_memory_bytes, overridden by its variable: ok"
 echo "errors check ok"
