@@ -191,7 +191,13 @@ int run_job(int argc, char** argv, const std::function<int(World&)>& body) {
     reporter = e.reporter();
     g_ending_cleanly.store(true);
   } catch (const InputError& e) {
-    abort_job(2, std::string("bad input: ") + e.what());  // a config, checkpoint or data file: exit 2
+    // A job of one rank has no peer to end: its bad input is agreed by definition.
+    if (!World::initialized() || World::get().size() != 1)
+      abort_job(2, std::string("bad input: ") + e.what());  // a config, checkpoint or data file: exit 2
+    agreed = true;
+    agreed_error = e.what();
+    reporter = true;
+    g_ending_cleanly.store(true);
   } catch (const std::exception& e) {
     abort_job(1, std::string("uncaught exception: ") + e.what());
   } catch (...) {

@@ -8,7 +8,8 @@
 //       A JobInputError (every rank refused the same input at one agreed point) ends the job
 //       cleanly instead: every rank finalizes MPI and returns 2, and the reporting rank then
 //       prints "qshard: error: <message>" - one line, once, after everything else the job printed
-//       (no MPI_Abort banner; mpirun adds a note on the exit code unless run with -q).
+//       (no MPI_Abort banner; mpirun adds a note on the exit code unless run with -q). Any
+//       InputError of a job of one rank takes this path too (no peer can be waiting).
 //   agree_on_input(world, check)  runs check() on every rank (each rank the same checks: the
 //       job's config, its input files), then agrees over MPI_COMM_WORLD (one MPI_Allreduce):
 //       when any rank's check threw InputError, every rank throws JobInputError, the lowest
