@@ -14,11 +14,13 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "commands/commands.h"
+#include "commands/help_format.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
 
@@ -27,8 +29,14 @@ namespace {
 int run(int argc, char** argv) {
   CLI::App app{"qshard: distributed QLoRA training runtime (4-bit NF4, FSDP-style sharding)"};
   app.require_subcommand(1);
+  // Defaults shown, an example each (commands/help_format.h); the subcommands inherit both.
+  app.formatter(std::make_shared<qshard::cli::HelpFormatter>());
+  app.option_defaults()->always_capture_default();
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
+  app.footer("Example:\n  qshard tokenize data/*.txt --out /tmp/tiny.tok\n"
+             "  qshard train --config configs/tiny.yaml --set data.train=/tmp/tiny.tok\n"
+             "Run `qshard <command> --help` for a command's options, defaults and an example.");
 
   // Each run step owns the options its subcommand parses into: they live here until it has run.
   std::vector<std::pair<CLI::App*, qshard::cli::CommandMain>> commands;

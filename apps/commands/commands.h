@@ -1,17 +1,19 @@
 // commands.h: the table of qshard's subcommands. Subcommands (in the order `qshard --help` lists them):
 //   version                         build and backend information
-//   quantize IN_DIR OUT_DIR         HF Llama folder -> bitsandbytes 4-bit folder
+//   quantize IN_DIR OUT_DIR [--device auto|cpu|cuda]
+//                                   HF Llama folder -> bitsandbytes 4-bit folder
 //   dequantize IN_DIR OUT_DIR       bitsandbytes 4-bit folder -> float folder (each weight in the
 //                                   dtype it was quantized from, or --dtype)
 //   init-model --out DIR [sizes]    a random tiny Llama as a Hugging Face folder
 //   inspect PATH [--check]          keys, dtypes, shapes, bytes and the node each key resolves to;
 //                                   a token file: its counts and the tokenizer that made it
 //   tokenize IN... --out FILE       text / jsonl -> token file with the byte-level tokenizer
-//   train --config FILE [--set k=v] [--resume auto|PATH]
+//   train --config FILE [--set k=v] [--resume auto|PATH] [--print-config]
 //                                   the QLoRA training job (run under mpirun for several ranks)
+//   train --describe-config         every config key as markdown (docs/CONFIG.md)
 //   export CKPT --format bnb4|peft|merged --out DIR
 //                                   a training checkpoint as a Hugging Face / PEFT folder
-//   bench [--preset 8b] [--batch B --seq T --rank R] [--offload] [--gpu-budget-gb G] [--json F]
+//   bench [--preset 8b] [--batch B --seq-len T --rank R] [--offload] [--gpu-budget-gb G] [--json F]
 //                                   training speed and memory on a random Llama-shaped model
 //   eval --model DIR [--adapter DIR] --data FILE [--dump-logits FILE]   loss and perplexity
 //   generate --model DIR [--adapter DIR] --prompt TEXT [--chat] [--max-new-tokens N]
@@ -35,6 +37,11 @@
 // qshard::InputError for bad input and any other exception for other errors; main() turns them
 // into 2 and 1. train / export / bench run their work under run_job (runtime/failure.h), whose
 // abort path ends the whole job with the same codes on every rank instead of a hang.
+// Help: every command's --help shows each option's default and ends with an "Example:" footer
+// (help_format.h; tests/apps/help_check.sh). One thing has one flag name in every command
+// (--device, --seq-len, --vocab-size / --hidden-size / --intermediate-size, --out,
+// --max-shard-size-gb); an older name stays as a hidden alias (bench --seq / --vocab / --hidden /
+// --intermediate, quantize --cpu, export --max-shard-size) so scripts keep working.
 // Ownership: the run step returned by attach() owns the options struct CLI11 writes into; keep it
 // alive until the parse is done and the step has run.
 // Thread safety: none; the main thread parses and runs.

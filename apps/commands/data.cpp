@@ -33,6 +33,8 @@ void add_tokenize(CLI::App& sub, TokenizeArgs& a) {
                  "the longest record read into memory: a jsonl / alpaca / chat line, a paragraph (--split "
                  "blank-lines), a whole file (--split file with --tokenizer); a longer one is refused naming "
                  "file:line (default 64 MiB)");
+  sub.footer("Example:\n  qshard tokenize data/*.txt --out /tmp/tiny.tok   (the byte tokenizer)\n"
+             "  qshard tokenize chats.jsonl --format chat --tokenizer models/Llama-3.2-1B-Instruct --out chats.tok");
 }
 
 int run_tokenize(TokenizeArgs& a, int, char**) {

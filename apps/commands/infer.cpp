@@ -34,8 +34,10 @@ void add_eval(CLI::App& sub, EvalArgs& a) {
   add_int_option(sub, "--seq-len", eo.seq_len, 1, int64_t{1} << 30,
                  "sequence length for token files (default min(512, max positions))");
   sub.add_flag("--allow-nonfinite", eo.allow_nonfinite, "load weights holding NaN/Inf (refused by default)");
-  sub.add_option("--device", a.device, "auto (the GPU when there is one), cpu or cuda")
+  sub.add_option("--device", a.device, "auto (the GPU when there is one) | cpu | cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  sub.footer("Example:\n  qshard eval --model build/runs/tiny/ckpt/final/base_bnb4 --adapter build/runs/tiny/ckpt/final/adapter "
+             "--data /tmp/tiny.tok --seq-len 128");
 }
 
 int run_eval(EvalArgs& a, int, char**) {
@@ -76,8 +78,10 @@ void add_generate(CLI::App& sub, GenerateArgs& a) {
   sub.add_option("--dump-logits", go.dump_logits, "write the first step's float32 logits [1, vocab] (key 'logits')");
   sub.add_option("--json", a.json, "write prompt ids, new ids, text and timings as JSON here");
   sub.add_flag("--allow-nonfinite", go.allow_nonfinite, "load weights holding NaN/Inf (refused by default)");
-  sub.add_option("--device", a.device, "auto (the GPU when there is one), cpu or cuda")
+  sub.add_option("--device", a.device, "auto (the GPU when there is one) | cpu | cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  sub.footer("Example:\n  qshard generate --model models/Llama-3.2-1B-Instruct --adapter /tmp/adapter --chat "
+             "--prompt \"Hello\" --max-new-tokens 64");
 }
 
 int run_generate(GenerateArgs& a, int, char**) {

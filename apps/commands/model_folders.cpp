@@ -32,7 +32,7 @@ void print_report(const char* verb, const FolderReport& r, const std::string& ou
 // --- quantize ------------------------------------------------------------------------------------
 
 struct QuantizeArgs {
-  std::string in, out, type = "nf4", compute = "float32";
+  std::string in, out, type = "nf4", compute = "float32", device = "auto";
   int64_t blocksize = 64;
   bool no_double_quant = false, cpu = false, allow_nonfinite = false;
   double shard_gb = 5.0;
@@ -46,14 +46,18 @@ void add_quantize(CLI::App& sub, QuantizeArgs& a) {
   add_int_option(sub, "--blocksize", a.blocksize, 32, 4096, "elements per absmax block (a power of two)");
   sub.add_flag("--no-double-quant", a.no_double_quant, "keep absmax in float32 (no double quantization)");
   sub.add_option("--compute-dtype", a.compute,
-                 "quantization_config.bnb_4bit_compute_dtype: float32 (transformers' default) | bfloat16 | float16");
-  sub.add_flag("--cpu", a.cpu, "quantize on the CPU even when a GPU is present");
+                 "quantization_config.bnb_4bit_compute_dtype: float32 (transformers' own default) | bfloat16 | float16 "
+                 "(default: float32)");
+  sub.add_option("--device", a.device, "auto (the GPU when there is one) | cpu | cuda; the output is the same")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  sub.add_flag("--cpu", a.cpu, "same as --device cpu")->group("");  // the older name, kept working
   sub.add_flag("--allow-nonfinite", a.allow_nonfinite, "quantize weights holding NaN/Inf (refused by default)");
   add_double_option(sub, "--max-shard-size-gb", a.shard_gb, kMinShardGb, kMaxShardGb,
                     "split the output into files of at most this size (a larger tensor: a file of its own)");
   add_int_option(sub, "--threads", a.threads, 1, 256,
                  "host threads quantizing tensors at once on the CPU (default: the host's, at most 16, as "
                  "memory allows); the output is the same for any count");
+  sub.footer("Example:\n  qshard quantize models/Llama-3.2-1B models/Llama-3.2-1B-bnb4 --quant-type nf4");
 }
 
 int run_quantize(QuantizeArgs& a, int, char**) {
@@ -61,7 +65,10 @@ int run_quantize(QuantizeArgs& a, int, char**) {
   o.quant.quant_type = parse_quant_type(a.type);
   o.quant.blocksize = a.blocksize;
   o.quant.compress_statistics = !a.no_double_quant;
-  o.use_cuda = !a.cpu;
+  if (a.cpu) a.device = "cpu";
+  o.use_cuda = a.device != "cpu";
+  if (a.device == "cuda" && !cuda_available())
+    throw InputError("--device cuda: no GPU is visible to this process (use --device auto or cpu)");
   o.allow_nonfinite = a.allow_nonfinite;
   o.threads = a.threads;
   const auto compute = parse_dtype(a.compute);
@@ -95,6 +102,7 @@ void add_dequantize(CLI::App& sub, DequantizeArgs& a) {
   sub.add_flag("--allow-nonfinite", a.allow_nonfinite, "dequantize statistics that decode to NaN/Inf (refused by default)");
   add_double_option(sub, "--max-shard-size-gb", a.shard_gb, kMinShardGb, kMaxShardGb,
                     "split the output into files of at most this size (a larger tensor: a file of its own)");
+  sub.footer("Example:\n  qshard dequantize models/Llama-3.2-1B-bnb4 models/Llama-3.2-1B-bf16 --dtype bfloat16");
 }
 
 int run_dequantize(DequantizeArgs& a, int, char**) {
@@ -135,6 +143,8 @@ void add_init_model(CLI::App& sub, InitModelArgs& a) {
   sub.add_flag("--tie-embeddings", a.ro.tie_word_embeddings);
   a.dtype_option = sub.add_option("--dtype", a.dtype, "bfloat16 | float16 | float32");
   a.seed_option = add_int_option(sub, "--seed", a.ro.seed, 0, INT64_MAX);
+  sub.footer("Example:\n  qshard init-model --out /tmp/tiny_llama --config configs/tiny.yaml   (the model tiny.yaml trains)\n"
+             "  qshard init-model --out /tmp/small --layers 2 --hidden-size 64 --heads 4 --kv-heads 2");
 }
 
 int run_init_model(InitModelArgs& a, int, char**) {
@@ -174,6 +184,7 @@ void add_inspect(CLI::App& sub, InspectArgs& a) {
   sub.add_option("PATH", a.path, "a .safetensors file, a Hugging Face folder, a folder of safetensors or a token file (.tok)")->required();
   sub.add_flag("--check", a.check, "exit non-zero if any key does not resolve or any tensor fails validation");
   sub.add_flag("--quiet", a.quiet, "print only the summary and problems");
+  sub.footer("Example:\n  qshard inspect --check --quiet models/Llama-3.2-1B-bnb4");
 }
 
 // A token file (magic "QSTOKENS", or a name ending .tok): its header, its documents and loss

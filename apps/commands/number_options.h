@@ -5,7 +5,8 @@
 // and stores it in `var`. A bad value throws InputError naming the flag, the value and the range
 // while the command line is parsed, before any command runs (so nothing is written): main() turns
 // it into exit code 2. The range is appended to the help text. `var` keeps its default when the
-// flag is absent; Option::count() tells whether it was given. `flag` may list aliases
+// flag is absent (and shown as the default in --help: help_format.h); Option::count() tells
+// whether it was given. `flag` may list aliases
 // ("--a,--b"); messages name the first.
 // Ownership: `var` must outlive the parse (it lives in the command's options struct).
 #pragma once
@@ -13,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <limits>
+#include <sstream>
 #include <string>
 
 #include "runtime/error.h"
@@ -33,7 +35,8 @@ CLI::Option* add_int_option(CLI::App& sub, const std::string& flag, Int& var, in
             var = static_cast<Int>(parse_int(name, text, min, max));
           },
           (help.empty() ? "" : help + " ") + int_range_text(min, max))
-      ->type_name("INT");
+      ->type_name("INT")
+      ->default_str(std::to_string(var));
 }
 
 inline CLI::Option* add_double_option(CLI::App& sub, const std::string& flag, double& var, double min, double max,
@@ -45,7 +48,8 @@ inline CLI::Option* add_double_option(CLI::App& sub, const std::string& flag, do
             var = parse_double(name, text, min, max, lower);
           },
           (help.empty() ? "" : help + " ") + double_range_text(min, max, lower))
-      ->type_name("NUMBER");
+      ->type_name("NUMBER")
+      ->default_str((std::ostringstream() << var).str());
 }
 
 // --max-shard-size-gb and the like: GB (1e9 bytes) per safetensors file. At least 1e-6 GB (1 kB):

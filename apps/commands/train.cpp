@@ -11,9 +11,11 @@
 #include "runtime/device_context.h"
 #include "runtime/error.h"
 #include "runtime/failure.h"
+#include "runtime/job_settings.h"
 #include "runtime/runtime.h"
 #include "runtime/world.h"
 #include "train/bench.h"
+#include "train/config_reference.h"
 #include "train/run_protocol.h"
 #include "train/train_checkpoint.h"
 #include "train/train_config.h"
@@ -28,38 +30,60 @@ struct TrainArgs {
   std::string config, resume;
   std::vector<std::string> set;
   bool print_config = false;
+  bool describe_config = false;
   bool allow_nonfinite = false;
   bool allow_schedule_change = false;
 };
 
 void add_train(CLI::App& sub, TrainArgs& a) {
-  sub.add_option("--config", a.config, "YAML job file")->required();
-  sub.add_option("--set", a.set, "override a key: --set optimizer.lr=1e-4 (repeatable)");
-  sub.add_flag("--print-config", a.print_config, "print the resolved config and exit");
+  sub.add_option("--config", a.config, "YAML job file (every key: docs/CONFIG.md); required")->type_name("FILE");
+  sub.add_option("--set", a.set, "override a key: --set optimizer.lr=1e-4 (repeatable)")->type_name("KEY=VALUE");
+  sub.add_flag("--print-config", a.print_config,
+               "print the resolved config (file + --set + defaults) and exit; a job with a checkpoint.dir also "
+               "writes it to <checkpoint.dir>/config.resolved.yaml");
+  sub.add_flag("--describe-config", a.describe_config,
+               "print every config key with its type, default, allowed values and meaning (docs/CONFIG.md) and exit");
   sub.add_option("--resume", a.resume,
                  "auto (the newest complete checkpoint in checkpoint.dir, if any) or a checkpoint folder; "
-                 "same as --set checkpoint.resume=...");
+                 "same as --set checkpoint.resume=...")
+      ->type_name("auto|DIR");
   sub.add_flag("--allow-nonfinite", a.allow_nonfinite,
                "load model.path, lora.init_adapter and the --resume checkpoint even when they hold NaN/Inf (refused by "
                "default); same as --set model.allow_nonfinite=true");
   sub.add_flag("--allow-schedule-change", a.allow_schedule_change,
                "resume under another LR schedule than the checkpoint's (steps, optimizer.lr, schedule.*; e.g. to extend "
                "a run; refused by default); same as --set checkpoint.allow_schedule_change=true");
+  sub.footer(
+      "Example:\n"
+      "  qshard tokenize data/*.txt --out /tmp/tiny.tok\n"
+      "  qshard train --config configs/tiny.yaml --set data.train=/tmp/tiny.tok --set checkpoint.dir=/tmp/run\n"
+      "  scripts/launch/single_node.sh 2 train --config configs/tiny.yaml ...   (2 ranks)");
 }
 
 int run_train(TrainArgs& a, int argc, char** argv) {
+  if (a.describe_config) {
+    std::printf("%s", config_reference_markdown().c_str());
+    return 0;
+  }
+  if (a.config.empty()) throw InputError("train: --config is required (a YAML job file; e.g. configs/tiny.yaml)");
   if (a.allow_nonfinite) a.set.push_back("model.allow_nonfinite=true");
   if (a.allow_schedule_change) a.set.push_back("checkpoint.allow_schedule_change=true");
+  if (!a.resume.empty()) a.set.push_back("checkpoint.resume=" + a.resume);
   if (a.print_config) {
     std::printf("%s", load_train_config(a.config, a.set).to_yaml().c_str());
     return 0;
   }
-  // Every rank loads and validates the config (a bad value is reported by every rank and ends
-  // the job through run_job's abort path, never a hang).
-  if (!a.resume.empty()) a.set.push_back("checkpoint.resume=" + a.resume);
   return run_job(argc, argv, [&](World& world) {
-    const TrainConfig cfg = load_train_config(a.config, a.set);
-    if (world.rank() == 0) std::printf("%s", cfg.describe().c_str());
+    // Every rank loads the job, checks its values and its input files, and the ranks agree: a bad
+    // input ends the job with one line from rank 0 and exit code 2 on every rank, before
+    // anything loads (failure.h: agree_on_input).
+    TrainConfig cfg;
+    agree_on_input(world, [&] {
+      cfg = load_train_config(a.config, a.set);
+      cfg.validate(world.size());
+      cfg.check_inputs();
+    });
+    set_job_settings({cfg.runtime.collective_timeout_s, cfg.runtime.host_memory_bytes, cfg.runtime.nccl_blocking});
     JobRuntime job(world, cfg.device, cfg.source + ": device");
     const TrainSummary s = train(cfg, job.get());
     if (world.rank() == 0 && !s.losses.empty())
@@ -85,6 +109,8 @@ void add_export(CLI::App& sub, ExportArgs& a) {
   add_double_option(sub, "--max-shard-size-gb,--max-shard-size", a.shard_gb, kMinShardGb, kMaxShardGb,
                     "GB per safetensors file before splitting (bnb4, merged; a larger tensor: a file of its own)");
   sub.add_option("--base-model", a.base_model, "peft: base_model_name_or_path (default: the config's model.path)");
+  sub.footer("Example:\n  qshard export build/runs/tiny/ckpt --format peft --out /tmp/adapter   (the newest checkpoint)\n"
+             "  qshard export build/runs/tiny/ckpt/step-00000100 --format merged --out /tmp/merged");
 }
 
 int run_export(ExportArgs& a, int argc, char** argv) {
@@ -118,16 +144,19 @@ struct BenchArgs {
 void add_bench(CLI::App& sub, BenchArgs& a) {
   BenchOptions& bo = a.bo;
   sub.add_option("--preset", bo.preset, "tiny | 1b | 8b | 70b (Llama-3.2-1B / 3.1-8B / 3.1-70B shapes)");
-  add_int_option(sub, "--vocab", bo.vocab, 0, kMaxBenchSize, "vocab_size (default: the preset's)");
-  add_int_option(sub, "--hidden", bo.hidden, 0, kMaxBenchSize, "hidden_size (0: the preset's)");
-  add_int_option(sub, "--intermediate", bo.intermediate, 0, kMaxBenchSize, "intermediate_size (0: the preset's)");
+  // The sizes are named as init-model names them; the older short names stay as aliases that
+  // --help does not list (help_format.h).
+  add_int_option(sub, "--vocab-size,--vocab", bo.vocab, 0, kMaxBenchSize, "vocab_size (0: the preset's)");
+  add_int_option(sub, "--hidden-size,--hidden", bo.hidden, 0, kMaxBenchSize, "hidden_size (0: the preset's)");
+  add_int_option(sub, "--intermediate-size,--intermediate", bo.intermediate, 0, kMaxBenchSize,
+                 "intermediate_size (0: the preset's)");
   add_int_option(sub, "--layers", bo.layers, 0, kMaxBenchSize, "num_hidden_layers (0: the preset's)");
   add_int_option(sub, "--heads", bo.heads, 0, kMaxBenchSize, "num_attention_heads (0: the preset's)");
   add_int_option(sub, "--kv-heads", bo.kv_heads, 0, kMaxBenchSize, "num_key_value_heads (0: the preset's)");
   add_int_option(sub, "--batch", bo.batch, 1, kMaxBenchCount, "sequences per rank per step");
   add_int_option(sub, "--micro-batch", bo.micro_batch, -1, kMaxBenchCount,
                  "sequences per micro-batch (batch.micro_batch_size): -1 = --batch, 0 = the memory plan's choice");
-  add_int_option(sub, "--seq", bo.seq, 1, kMaxBenchCount, "tokens per sequence");
+  add_int_option(sub, "--seq-len,--seq", bo.seq, 1, kMaxBenchCount, "tokens per sequence");  // eval's name
   add_int_option(sub, "--rank", bo.rank, 1, kMaxBenchCount, "LoRA rank (all seven projections)");
   add_int_option(sub, "--steps", bo.steps, 1, kMaxBenchCount, "timed steps");
   add_int_option(sub, "--warmup", bo.warmup, 0, kMaxBenchCount, "untimed steps first");
@@ -139,7 +168,10 @@ void add_bench(CLI::App& sub, BenchArgs& a) {
   add_int_option(sub, "--mlp-chunk-tokens", bo.mlp_chunk_tokens, -1, kMaxBenchCount, "memory.mlp_chunk_tokens (-1: auto, 0: never)");
   sub.add_option("--set", bo.set, "any other config key: --set lora.dropout=0.1 (repeatable)");
   sub.add_option("--json", bo.json, "write the result as JSON here");
-  sub.add_option("--device", a.device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  sub.add_option("--device", a.device, "auto (the GPU when there is one) | cpu | cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  sub.footer("Example:\n  qshard bench --preset tiny --device cpu --steps 3\n"
+             "  qshard bench --preset 8b --batch 4 --seq-len 2048 --gpu-budget-gb 70 --json /tmp/bench.json");
 }
 
 int run_bench_command(BenchArgs& a, int argc, char** argv) {

@@ -14,7 +14,7 @@ namespace {
 
 struct VersionArgs {};
 
-void add_version(CLI::App&, VersionArgs&) {}
+void add_version(CLI::App& sub, VersionArgs&) { sub.footer("Example:\n  qshard version"); }
 
 int run_version(VersionArgs&, int, char**) {
   std::printf("qshard %s\n", QSHARD_VERSION);

@@ -10,7 +10,10 @@ hostfile=${1:?hostfile}
 np=${2:?number of ranks}
 shift 2
 [ $# -gt 0 ] || set -- version
-flags=(--hostfile "$hostfile" --map-by ppr:"${RANKS_PER_NODE:-8}":node --bind-to none)
+# mpirun -q (below) would hide its own "cannot execute" report: say it here.
+[ -x build/qshard ] || { echo "$0: build/qshard not found or not executable (build it first: scripts/build.sh)" >&2; exit 2; }
+flags=(--hostfile "$hostfile" --map-by ppr:"${RANKS_PER_NODE:-8}":node --bind-to none -q)
+# -q: a bad input's one "qshard: error:" line stays the last line printed (see single_node.sh).
 [ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 for v in NCCL_NVLS_ENABLE NCCL_DEBUG NCCL_SOCKET_IFNAME NCCL_IB_HCA QSHARD_COLLECTIVE_TIMEOUT_S \

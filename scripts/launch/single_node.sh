@@ -8,7 +8,11 @@ cd "$(dirname "$0")/../.."
 np=${1:-4}
 shift || true
 [ $# -gt 0 ] || set -- version
-flags=(--bind-to none)
+# mpirun -q (below) would hide its own "cannot execute" report: say it here.
+[ -x build/qshard ] || { echo "$0: build/qshard not found or not executable (build it first: scripts/build.sh)" >&2; exit 2; }
+flags=(--bind-to none -q)
+# -q: without Open MPI's note on a non-zero exit, a bad input's one "qshard: error:" line (rank 0's)
+# is the last line printed; a crashing rank's own report and the exit code are unchanged.
 # Open MPI refuses root without this (containers, CI) and more ranks than cores without
 # --oversubscribe (fine for the CPU backend and tests; on GPUs use one rank per GPU).
 [ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "runtime/error.h"
+#include "runtime/failure.h"
 
 namespace qshard {
 
@@ -22,8 +23,9 @@ void throw_if_any_failed(Communicator& comm, const std::string& error, void* str
   if (worst == 0) return;
   const int failed = world - static_cast<int>(worst);
   const std::string msg = broadcast_string(comm, error, failed, stream);
-  if (!error.empty()) throw InputError(error);
-  throw InputError("rank " + std::to_string(failed) + ": " + msg);
+  // Every rank throws here, together: run_job ends the job cleanly, the failing rank reporting.
+  if (!error.empty()) throw JobInputError(error, comm.rank() == failed);
+  throw JobInputError("rank " + std::to_string(failed) + ": " + msg, false);
 }
 
 double sum_over_ranks(Communicator& comm, double value) {

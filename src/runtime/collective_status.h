@@ -3,8 +3,10 @@
 //
 // broadcast_string: `root`'s string to every rank (two broadcasts: length, then bytes).
 // throw_if_any_failed: every rank passes its own error ("" = fine). If any rank failed, every
-//   rank throws InputError: a failing rank its own message, the others the message of the lowest
-//   failing rank, prefixed "rank k: ". Costs one all_reduce when nobody failed.
+//   rank throws JobInputError (failure.h: run_job then ends the job cleanly with exit code 2, the
+//   lowest failing rank printing its message once): a failing rank its own message, the others
+//   the message of the lowest failing rank, prefixed "rank k: ". Costs one all_reduce when
+//   nobody failed.
 // Host-side values only (MPI communicator or a world of one); `stream` as in communicator.h.
 // REQUIRES: every rank of `comm` makes the same calls in the same order.
 #pragma once

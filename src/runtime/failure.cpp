@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -17,7 +18,9 @@
 
 #include "runtime/communicator.h"
 #include "runtime/error.h"
+#include "runtime/job_settings.h"
 #include "runtime/log.h"
+#include "runtime/mpi_check.h"
 #include "runtime/numbers.h"
 #include "runtime/world.h"
 
@@ -36,6 +39,10 @@ Registry& registry() {
 }
 
 std::atomic<bool> g_aborting{false};
+// Set once every rank has agreed on an input error and ends cleanly: a SIGTERM then is mpirun
+// ending the job because a peer already exited with 2, and this rank is exiting with 2 as well
+// (an abort now would print a banner after the one error line, or kill the line's rank first).
+std::atomic<bool> g_ending_cleanly{false};
 
 bool mpi_usable() {
   int init = 0, fin = 0;
@@ -62,10 +69,13 @@ Watchdog& watchdog() {
   return *w;
 }
 
-void watchdog_loop(double timeout_s) {
-  auto period = std::chrono::duration<double>(std::min(1.0, timeout_s / 4));
+void watchdog_loop() {
   for (;;) {
-    std::this_thread::sleep_for(period);
+    // The limit is read every round: a job's runtime.collective_timeout_s may set it after the
+    // watchdog started (0 = off: nothing is late).
+    const double timeout_s = collective_timeout_s();
+    std::this_thread::sleep_for(std::chrono::duration<double>(timeout_s > 0 ? std::min(1.0, timeout_s / 4) : 1.0));
+    if (timeout_s <= 0) continue;
     std::string late;
     {
       std::lock_guard<std::mutex> lock(watchdog().mu);
@@ -74,8 +84,9 @@ void watchdog_loop(double timeout_s) {
         double s = std::chrono::duration<double>(now - p.start).count();
         if (s > timeout_s) {
           late = std::string(p.call) + " on communicator '" + p.comm + "' has not returned after " +
-                 std::to_string(static_cast<int>(s)) + " s (QSHARD_COLLECTIVE_TIMEOUT_S=" +
-                 std::to_string(timeout_s) + "): a peer rank died, hangs or issued different collectives";
+                 std::to_string(static_cast<int>(s)) + " s (the limit: " +
+                 std::to_string(timeout_s) + " s, runtime.collective_timeout_s or QSHARD_COLLECTIVE_TIMEOUT_S): a peer "
+                 "rank died, hangs or issued different collectives";
           break;
         }
       }
@@ -99,6 +110,7 @@ void signal_loop() {
   for (;;) {
     int sig = 0;
     if (sigwait(&set, &sig) != 0) continue;
+    if (g_ending_cleanly.load()) continue;
     abort_job(128 + sig, std::string("received ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
                              " (from the user, the scheduler, or the launcher ending the job after a failure)");
   }
@@ -142,6 +154,23 @@ void abort_job(int code, const std::string& reason) noexcept {
   std::_Exit(code);
 }
 
+JobInputError::JobInputError(const std::string& what, bool reporter) : InputError(what), reporter_(reporter) {}
+
+void agree_on_input(World& world, const std::function<void()>& check) {
+  std::string error;
+  try {
+    check();
+  } catch (const InputError& e) {
+    error = e.what();
+  }
+  // The lowest failing rank, or size() when none failed.
+  int mine = error.empty() ? world.size() : world.rank(), first = world.size();
+  QS_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, world.comm()));
+  if (first == world.size()) return;
+  if (!error.empty()) throw JobInputError(error, world.rank() == first);
+  throw JobInputError("rank " + std::to_string(first) + " refused the job's input", false);
+}
+
 int run_job(int argc, char** argv, const std::function<int(World&)>& body) {
   // Block the signals in this thread before MPI (or anyone) starts threads, so every thread
   // inherits the mask and only the signal thread receives them.
@@ -149,12 +178,26 @@ int run_job(int argc, char** argv, const std::function<int(World&)>& body) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::thread(signal_loop).detach();
   int rc = 0;
+  bool agreed = false;  // a JobInputError: every rank ends cleanly with exit code 2
+  bool reporter = false;
+  std::string agreed_error;
   try {
     World& world = World::init(&argc, &argv);
     collective_timeout_s();  // a bad QSHARD_COLLECTIVE_TIMEOUT_S is refused (exit 2) before any work, at any size
     rc = body(world);
+  } catch (const JobInputError& e) {
+    agreed = true;
+    agreed_error = e.what();
+    reporter = e.reporter();
+    g_ending_cleanly.store(true);
   } catch (const InputError& e) {
-    abort_job(2, std::string("bad input: ") + e.what());  // a config, checkpoint or data file: exit 2
+    // A job of one rank has no peer to end: its bad input is agreed by definition.
+    if (!World::initialized() || World::get().size() != 1)
+      abort_job(2, std::string("bad input: ") + e.what());  // a config, checkpoint or data file: exit 2
+    agreed = true;
+    agreed_error = e.what();
+    reporter = true;
+    g_ending_cleanly.store(true);
   } catch (const std::exception& e) {
     abort_job(1, std::string("uncaught exception: ") + e.what());
   } catch (...) {
@@ -169,6 +212,17 @@ int run_job(int argc, char** argv, const std::function<int(World&)>& body) {
     World::finalize();
   } catch (const std::exception& e) {
     abort_job(1, std::string("MPI finalize failed: ") + e.what());
+  }
+  if (agreed) {
+    // After MPI_Finalize: every rank's earlier output is out, so the one line comes last (but for
+    // mpirun's own note on the exit code, which `mpirun -q` leaves out).
+    if (reporter) {
+      logger().flush();
+      std::fflush(stdout);
+      std::fprintf(stderr, "qshard: error: %s\n", agreed_error.c_str());
+      std::fflush(stderr);
+    }
+    return 2;
   }
   return 0;
 }
@@ -188,8 +242,13 @@ double parse_collective_timeout_s(const char* text) {
 }
 
 double collective_timeout_s() {
-  static const double t = parse_collective_timeout_s(std::getenv("QSHARD_COLLECTIVE_TIMEOUT_S"));
-  return t;
+  // The variable, when set, wins over the job's runtime.collective_timeout_s (job_settings.h).
+  static const char* const env = std::getenv("QSHARD_COLLECTIVE_TIMEOUT_S");
+  if (env != nullptr && *env != '\0') {
+    static const double t = parse_collective_timeout_s(env);
+    return t;
+  }
+  return job_settings().collective_timeout_s;
 }
 
 CollectiveScope::CollectiveScope(const char* call, const char* comm_name) {
@@ -198,7 +257,7 @@ CollectiveScope::CollectiveScope(const char* call, const char* comm_name) {
   Watchdog& w = watchdog();
   std::lock_guard<std::mutex> lock(w.mu);
   if (!w.started) {
-    std::thread(watchdog_loop, timeout).detach();
+    std::thread(watchdog_loop).detach();
     w.started = true;
   }
   id_ = w.next_id++;

@@ -5,6 +5,16 @@
 //       Blocks SIGINT/SIGTERM (before MPI starts its threads) and hands them to a signal thread,
 //       starts the World, runs body(world). An exception escaping body, a non-zero return from
 //       body, or a signal calls abort_job(). A zero return finalizes MPI and returns 0.
+//       A JobInputError (every rank refused the same input at one agreed point) ends the job
+//       cleanly instead: every rank finalizes MPI and returns 2, and the reporting rank then
+//       prints "qshard: error: <message>" - one line, once, after everything else the job printed
+//       (no MPI_Abort banner; mpirun adds a note on the exit code unless run with -q). Any
+//       InputError of a job of one rank takes this path too (no peer can be waiting).
+//   agree_on_input(world, check)  runs check() on every rank (each rank the same checks: the
+//       job's config, its input files), then agrees over MPI_COMM_WORLD (one MPI_Allreduce):
+//       when any rank's check threw InputError, every rank throws JobInputError, the lowest
+//       failing rank reporting its own message. Collective; other exceptions pass through
+//       (and abort the job as above).
 //   abort_job(code, reason)  logs "[rank R] ... fatal: reason" (QS_LOG_ERROR), aborts every
 //       registered communicator that can be aborted on its own (NCCL: ncclCommAbort), then
 //       MPI_Abort(MPI_COMM_WORLD, code): mpirun / srun then end every rank with a non-zero status.
@@ -13,8 +23,9 @@
 //       Communicator registers itself in its constructor and leaves in its destructor.
 //   CollectiveScope  marks one collective call for the watchdog: a watchdog thread calls
 //       abort_job() for any collective that has not returned after QSHARD_COLLECTIVE_TIMEOUT_S
-//       seconds (default kDefaultCollectiveTimeoutS = 1800; 0 turns the watchdog off): a peer that
-//       died, stopped (SIGSTOP) or diverged ends the job instead of hanging it for ever.
+//       seconds, else the job's runtime.collective_timeout_s (job_settings.h), else
+//       kDefaultCollectiveTimeoutS = 1800; 0 turns the watchdog off: a peer that died, stopped
+//       (SIGSTOP) or diverged ends the job instead of hanging it for ever.
 // Exit codes: 1 for an exception, body's code for a non-zero return, 128 + signal for a signal,
 // kTimeoutExitCode for the watchdog.
 // Thread safety: all functions are thread safe. abort_job() may be called from any thread (the
@@ -27,6 +38,8 @@
 
 #include <functional>
 #include <string>
+
+#include "runtime/error.h"
 
 namespace qshard {
 
@@ -53,11 +66,25 @@ void unregister_communicator(Communicator* comm);
 // Logs `reason` with this rank, aborts communicators, ends the job with `code`. Never returns.
 [[noreturn]] void abort_job(int code, const std::string& reason) noexcept;
 
-// Runs `body` as described above and returns its 0; on failure the process does not return.
+// An InputError that every rank of the job raised together at one agreed point (agree_on_input,
+// collective_status.h's throw_if_any_failed); reporter(): this rank prints it.
+class JobInputError : public InputError {
+ public:
+  JobInputError(const std::string& what, bool reporter);
+  bool reporter() const { return reporter_; }
+
+ private:
+  bool reporter_;
+};
+
+void agree_on_input(World& world, const std::function<void()>& check);
+
+// Runs `body` as described above and returns its 0 (2 after a JobInputError); on any other
+// failure the process does not return.
 int run_job(int argc, char** argv, const std::function<int(World&)>& body);
 
 // Seconds after which a collective aborts the job (QSHARD_COLLECTIVE_TIMEOUT_S, read once;
-// unset = kDefaultCollectiveTimeoutS, 0 = off, else in [kMinCollectiveTimeoutS,
+// unset = the job's setting (job_settings.h; kDefaultCollectiveTimeoutS unless set), 0 = off, else in [kMinCollectiveTimeoutS,
 // kMaxCollectiveTimeoutS]). Throws qshard::InputError naming the variable, its value and the range
 // for anything else (runtime/numbers.h: the whole text, a finite number).
 double collective_timeout_s();

@@ -1,4 +1,5 @@
 #include "runtime/machine.h"
+#include "runtime/job_settings.h"
 
 #include <chrono>
 
@@ -91,9 +92,12 @@ HostMemory host_memory_available() {
       }
     }
   }
+  // The variable, when set, wins over the job's runtime.host_memory_bytes (job_settings.h).
   if (const char* env = std::getenv("QSHARD_HOST_MEMORY_BYTES"); env && *env) {
     take_min(m, parse_double("environment variable QSHARD_HOST_MEMORY_BYTES", env, 0, 1e18),
              "QSHARD_HOST_MEMORY_BYTES");
+  } else if (const double cap = job_settings().host_memory_bytes; cap > 0) {
+    take_min(m, cap, "runtime.host_memory_bytes");
   }
   if (m.limited_by.empty()) m.bytes = UINT64_MAX, m.limited_by = "no known limit";
   return m;

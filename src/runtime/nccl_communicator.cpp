@@ -9,6 +9,7 @@
 #include "runtime/cuda_check.h"
 #include "runtime/error.h"
 #include "runtime/failure.h"
+#include "runtime/job_settings.h"
 #include "runtime/numbers.h"
 #include "runtime/log.h"
 #include "runtime/mpi_check.h"
@@ -58,11 +59,12 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm) {
   QS_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   // Non-blocking by default (failures surface through ncclCommGetAsyncError instead of hanging);
-  // QSHARD_NCCL_BLOCKING=1 selects NCCL's blocking mode.
+  // QSHARD_NCCL_BLOCKING=1 (or the job's runtime.nccl_blocking; the variable wins) selects NCCL's
+  // blocking mode.
   const char* blocking_env = std::getenv("QSHARD_NCCL_BLOCKING");
   config.blocking = blocking_env && *blocking_env
                         ? static_cast<int>(parse_int("environment variable QSHARD_NCCL_BLOCKING", blocking_env, 0, 1))
-                        : 0;
+                        : (job_settings().nccl_blocking ? 1 : 0);
   QS_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
   double t = collective_timeout_s();
   settle("ncclCommInitRankConfig", t > 0 ? t : kDefaultInitTimeoutS);

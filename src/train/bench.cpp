@@ -11,6 +11,7 @@
 
 #include "runtime/allocator.h"
 #include "runtime/error.h"
+#include "runtime/job_settings.h"
 #include "runtime/log.h"
 #include "runtime/machine.h"
 #include "runtime/numbers.h"
@@ -122,6 +123,8 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
     }
   } remove{path};
   const TrainConfig cfg = bench_config(o, path, size);
+  // --set runtime.* (the former environment knobs; a variable that is set still wins).
+  set_job_settings({cfg.runtime.collective_timeout_s, cfg.runtime.host_memory_bytes, cfg.runtime.nccl_blocking});
 
   JobRuntime job(world, cfg.device, "bench --device");
   Runtime& rt = job.get();

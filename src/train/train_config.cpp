@@ -27,6 +27,9 @@ struct Field {
   std::string key;
   std::function<void(TrainConfig&, const YAML::Node&, const std::string& where)> set;
   std::function<YAML::Node(const TrainConfig&)> get;
+  std::string type;     // "integer", "number", "true | false", ... (from the member's C++ type)
+  std::string allowed;  // the values validate() accepts, in words (an enum's names when empty)
+  std::string doc;      // one line of meaning (docs/CONFIG.md; a key without one fails a test)
 };
 
 [[noreturn]] void type_error(const std::string& where, const std::string& expected, const YAML::Node& node) {
@@ -118,21 +121,49 @@ YAML::Node write_value(DType v) {
 }
 YAML::Node write_value(DeviceChoice v) { return YAML::Node(device_choice_name(v)); }
 
+// The YAML type of a member, in words (docs/CONFIG.md's type column), and an enum's names.
+std::string type_text(const int64_t&) { return "integer"; }
+std::string type_text(const uint64_t&) { return "integer >= 0"; }
+std::string type_text(const double&) { return "number"; }
+std::string type_text(const bool&) { return "bool"; }
+std::string type_text(const std::string&) { return "string"; }
+std::string type_text(const std::vector<std::string>&) { return "list of strings"; }
+template <class E>
+std::string type_text(const E&) { return "enum"; }
+std::string enum_names(const int64_t&) { return ""; }
+std::string enum_names(const uint64_t&) { return ""; }
+std::string enum_names(const double&) { return ""; }
+std::string enum_names(const bool&) { return ""; }
+std::string enum_names(const std::string&) { return ""; }
+std::string enum_names(const std::vector<std::string>&) { return ""; }
+std::string enum_names(const QuantType&) { return "nf4, fp4"; }
+std::string enum_names(const ScheduleType&) { return "warmup_cosine, linear, constant"; }
+std::string enum_names(const DType&) { return "float32, bfloat16, float16"; }
+std::string enum_names(const DeviceChoice&) { return "auto, cpu, cuda"; }
+
+// `allowed` and `doc` may be left out (a key added without them): CONFIG.md's test then fails.
 template <class Access>
-Field make_field(std::string key, Access access) {
+Field make_field(std::string key, Access access, std::string allowed = "", std::string doc = "") {
   Field f;
   f.key = std::move(key);
+  TrainConfig probe;
+  f.type = type_text(access(probe));
+  f.allowed = allowed.empty() ? enum_names(access(probe)) : std::move(allowed);
+  f.doc = std::move(doc);
   f.set = [access](TrainConfig& c, const YAML::Node& n, const std::string& where) { read_value(access(c), n, where); };
   f.get = [access](const TrainConfig& c) { return write_value(access(const_cast<TrainConfig&>(c))); };
   return f;
 }
 
-#define QS_FIELD(key, member) make_field(key, [](TrainConfig& c) -> auto& { return c.member; })
+// QS_FIELD(key, member, allowed, doc): one leaf key, the member it reads into, the values it
+// accepts in words ("" for an enum: its names) and one line of meaning.
+#define QS_FIELD(key, member, ...) make_field(key, [](TrainConfig& c) -> auto& { return c.member; }, ##__VA_ARGS__)
 
 // checkpoint.dir: "" in the struct is written as `none` (nothing saved), so that the YAML reads
 // back to the same config through load_train_config too (where unset means the default folder).
 Field checkpoint_dir_field() {
-  Field f = QS_FIELD("checkpoint.dir", checkpoint.dir);
+  Field f = QS_FIELD("checkpoint.dir", checkpoint.dir, "a folder, or none (unset in a job file: runs/<its stem>)",
+                     "the run folder: checkpoints (step-N), the final exports, config.resolved.yaml; none saves nothing");
   f.get = [](const TrainConfig& c) {
     return write_value(c.checkpoint.dir.empty() ? std::string(kNoCheckpointDir) : c.checkpoint.dir);
   };
@@ -141,66 +172,117 @@ Field checkpoint_dir_field() {
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> kFields = {
-      QS_FIELD("model.path", model.path),
-      QS_FIELD("model.init.vocab_size", model.init.vocab_size),
-      QS_FIELD("model.init.hidden_size", model.init.hidden_size),
-      QS_FIELD("model.init.intermediate_size", model.init.intermediate_size),
-      QS_FIELD("model.init.num_hidden_layers", model.init.num_hidden_layers),
-      QS_FIELD("model.init.num_attention_heads", model.init.num_attention_heads),
-      QS_FIELD("model.init.num_key_value_heads", model.init.num_key_value_heads),
-      QS_FIELD("model.init.max_position_embeddings", model.init.max_position_embeddings),
-      QS_FIELD("model.init.seed", model.init.seed),
-      QS_FIELD("model.init.dtype", model.init.dtype),
-      QS_FIELD("model.init.draw_4bit", model.init.draw_4bit),
-      QS_FIELD("model.quant_type", model.quant_type),
-      QS_FIELD("model.blocksize", model.blocksize),
-      QS_FIELD("model.double_quant", model.double_quant),
-      QS_FIELD("model.allow_nonfinite", model.allow_nonfinite),
-      QS_FIELD("lora.r", lora.r),
-      QS_FIELD("lora.alpha", lora.alpha),
-      QS_FIELD("lora.dropout", lora.dropout),
-      QS_FIELD("lora.rslora", lora.rslora),
-      QS_FIELD("lora.target_modules", lora.target_modules),
-      QS_FIELD("lora.init_adapter", lora.init_adapter),
-      QS_FIELD("lora.fold", lora.fold),
-      QS_FIELD("optimizer.lr", optimizer.lr),
-      QS_FIELD("optimizer.beta1", optimizer.beta1),
-      QS_FIELD("optimizer.beta2", optimizer.beta2),
-      QS_FIELD("optimizer.eps", optimizer.eps),
-      QS_FIELD("optimizer.weight_decay", optimizer.weight_decay),
-      QS_FIELD("optimizer.grad_clip", optimizer.grad_clip),
-      QS_FIELD("schedule.type", schedule.type),
-      QS_FIELD("schedule.warmup_steps", schedule.warmup_steps),
-      QS_FIELD("schedule.min_lr_ratio", schedule.min_lr_ratio),
-      QS_FIELD("data.train", data.train),
-      QS_FIELD("data.eval", data.eval),
-      QS_FIELD("data.eval_fraction", data.eval_fraction),
-      QS_FIELD("data.max_seq_len", data.max_seq_len),
-      QS_FIELD("data.packing", data.packing),
-      QS_FIELD("data.seed", data.seed),
-      QS_FIELD("batch.global_batch_size", batch.global_batch_size),
-      QS_FIELD("batch.micro_batch_size", batch.micro_batch_size),
-      QS_FIELD("steps", steps),
-      QS_FIELD("epochs", epochs),
-      QS_FIELD("offload.params", offload.params),
-      QS_FIELD("offload.optimizer", offload.optimizer),
-      QS_FIELD("memory.gpu_budget_gb", memory.gpu_budget_gb),
-      QS_FIELD("memory.keep_layers", memory.keep_layers),
-      QS_FIELD("memory.mlp_chunk_tokens", memory.mlp_chunk_tokens),
+      QS_FIELD("model.path", model.path, "a Hugging Face Llama folder (float or bitsandbytes 4-bit), or empty",
+               "the base model; empty: a random Llama made from model.init"),
+      QS_FIELD("model.init.vocab_size", model.init.vocab_size, "1 to 2^24",
+               "vocab_size of the random Llama (model.path empty; 258 = the byte tokenizer)"),
+      QS_FIELD("model.init.hidden_size", model.init.hidden_size,
+               "1 to 2^20, a multiple of num_attention_heads giving an even head dimension",
+               "hidden_size of the random Llama"),
+      QS_FIELD("model.init.intermediate_size", model.init.intermediate_size, "1 to 2^22",
+               "intermediate_size (MLP width) of the random Llama"),
+      QS_FIELD("model.init.num_hidden_layers", model.init.num_hidden_layers, "1 to 4096",
+               "decoder layers of the random Llama"),
+      QS_FIELD("model.init.num_attention_heads", model.init.num_attention_heads, "1 to 2^14",
+               "attention heads of the random Llama"),
+      QS_FIELD("model.init.num_key_value_heads", model.init.num_key_value_heads, "> 0, a divisor of num_attention_heads",
+               "key/value heads of the random Llama (grouped-query attention)"),
+      QS_FIELD("model.init.max_position_embeddings", model.init.max_position_embeddings,
+               "1 to 2^24, >= data.max_seq_len", "positions of the random Llama"),
+      QS_FIELD("model.init.seed", model.init.seed, "any",
+               "the random weights' seed (qshard init-model --seed writes the same weights)"),
+      QS_FIELD("model.init.dtype", model.init.dtype, "",
+               "dtype of the random base's float tensors and of its 4-bit weights' quant state"),
+      QS_FIELD("model.init.draw_4bit", model.init.draw_4bit, "true, false",
+               "draw the 4-bit projections directly in 4-bit (faster, another base; a resume must keep it)"),
+      QS_FIELD("model.quant_type", model.quant_type, "", "the 4-bit code of the frozen base (bitsandbytes)"),
+      QS_FIELD("model.blocksize", model.blocksize, "a power of two in [32, 4096]",
+               "elements per 4-bit absmax block"),
+      QS_FIELD("model.double_quant", model.double_quant, "true, false",
+               "quantize the absmax statistics too (bitsandbytes double quantization)"),
+      QS_FIELD("model.allow_nonfinite", model.allow_nonfinite, "true, false",
+               "load weights, adapters and checkpoints holding NaN/Inf (refused by default; --allow-nonfinite)"),
+      QS_FIELD("lora.r", lora.r, "> 0", "LoRA rank"),
+      QS_FIELD("lora.alpha", lora.alpha, "> 0", "LoRA alpha: the update is scaled by alpha / r"),
+      QS_FIELD("lora.dropout", lora.dropout, "in [0, 1)", "dropout on the LoRA input"),
+      QS_FIELD("lora.rslora", lora.rslora, "true, false", "scale by alpha / sqrt(r) instead of alpha / r"),
+      QS_FIELD("lora.target_modules", lora.target_modules,
+               "a non-empty list of distinct q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
+               "the projections that get a LoRA adapter"),
+      QS_FIELD("lora.init_adapter", lora.init_adapter, "a PEFT adapter folder with the same r, alpha, rslora, modules, or empty",
+               "start from this adapter's LoRA weights instead of PEFT's init"),
+      QS_FIELD("lora.fold", lora.fold, "true, false",
+               "fold LoRA into the fused q|k|v and gate|up GEMMs (how it computes, not what; a resume may change it)"),
+      QS_FIELD("optimizer.lr", optimizer.lr, "> 0", "AdamW's peak learning rate (the schedule scales it)"),
+      QS_FIELD("optimizer.beta1", optimizer.beta1, "in [0, 1)", "AdamW's first-moment decay"),
+      QS_FIELD("optimizer.beta2", optimizer.beta2, "in [0, 1)", "AdamW's second-moment decay"),
+      QS_FIELD("optimizer.eps", optimizer.eps, "> 0", "AdamW's epsilon"),
+      QS_FIELD("optimizer.weight_decay", optimizer.weight_decay, ">= 0", "AdamW's decoupled weight decay"),
+      QS_FIELD("optimizer.grad_clip", optimizer.grad_clip, ">= 0 (0 = no clipping)",
+               "the largest global L2 norm of the gradients"),
+      QS_FIELD("schedule.type", schedule.type, "", "the learning-rate schedule"),
+      QS_FIELD("schedule.warmup_steps", schedule.warmup_steps, "0 to the run's steps",
+               "steps of linear warmup from 0 to optimizer.lr"),
+      QS_FIELD("schedule.min_lr_ratio", schedule.min_lr_ratio, "in [0, 1]",
+               "the final learning rate as a fraction of optimizer.lr (warmup_cosine, linear)"),
+      QS_FIELD("data.train", data.train, "a token file (qshard tokenize)", "the training data (required)"),
+      QS_FIELD("data.eval", data.eval, "a token file, or empty", "separate evaluation data"),
+      QS_FIELD("data.eval_fraction", data.eval_fraction, "in [0, 1); 0 when data.eval is set",
+               "hold out this fraction of the packed training sequences for evaluation"),
+      QS_FIELD("data.max_seq_len", data.max_seq_len, "1 to 2^24, within the model's positions",
+               "tokens per training sequence"),
+      QS_FIELD("data.packing", data.packing, "packed, padded",
+               "packed: documents back to back across sequences; padded: one document per sequence"),
+      QS_FIELD("data.seed", data.seed, "any", "the data sampler's shuffle seed"),
+      QS_FIELD("batch.global_batch_size", batch.global_batch_size,
+               "1 to 2^30, a multiple of micro_batch_size x ranks", "sequences per optimizer step over all ranks"),
+      QS_FIELD("batch.micro_batch_size", batch.micro_batch_size, "0 to global_batch_size",
+               "sequences per forward/backward on one rank; 0: the memory plan chooses"),
+      QS_FIELD("steps", steps, "0 to 2^40; exactly one of steps and epochs > 0", "optimizer steps of the run"),
+      QS_FIELD("epochs", epochs, "0 to 2^20; exactly one of steps and epochs > 0",
+               "passes over the training data (instead of steps)"),
+      QS_FIELD("offload.params", offload.params, "true, false",
+               "keep the frozen base's shards in pinned host memory"),
+      QS_FIELD("offload.optimizer", offload.optimizer, "true, false",
+               "keep LoRA masters and AdamW state in host memory and run AdamW on the host"),
+      QS_FIELD("memory.gpu_budget_gb", memory.gpu_budget_gb, "in [0, 1e6] (0 = no plan)",
+               "plan the step to fit this many GB (1e9 bytes) of GPU memory"),
+      QS_FIELD("memory.keep_layers", memory.keep_layers, ">= -1 (-1 = the plan's choice)",
+               "decoder layers whose activations are kept instead of recomputed"),
+      QS_FIELD("memory.mlp_chunk_tokens", memory.mlp_chunk_tokens, "-1 (auto), 0 (never) or up to 2^28",
+               "rows per MLP chunk"),
       checkpoint_dir_field(),
-      QS_FIELD("checkpoint.every_steps", checkpoint.every_steps),
-      QS_FIELD("checkpoint.keep_last", checkpoint.keep_last),
-      QS_FIELD("checkpoint.resume", checkpoint.resume),
-      QS_FIELD("checkpoint.stop_after_steps", checkpoint.stop_after_steps),
-      QS_FIELD("checkpoint.allow_schedule_change", checkpoint.allow_schedule_change),
-      QS_FIELD("logging.every_steps", logging.every_steps),
-      QS_FIELD("logging.metrics_jsonl", logging.metrics_jsonl),
-      QS_FIELD("logging.tensorboard_dir", logging.tensorboard_dir),
-      QS_FIELD("logging.eval_every_steps", logging.eval_every_steps),
-      QS_FIELD("logging.profile", logging.profile),
-      QS_FIELD("logging.gemm_tflops", logging.gemm_tflops),
-      QS_FIELD("seed", seed),
-      QS_FIELD("device", device),
+      QS_FIELD("checkpoint.every_steps", checkpoint.every_steps, ">= 0 (0 = only at the end)",
+               "save a checkpoint every this many steps"),
+      QS_FIELD("checkpoint.keep_last", checkpoint.keep_last, ">= 0 (0 = keep all)", "complete checkpoints kept"),
+      QS_FIELD("checkpoint.resume", checkpoint.resume, "empty, auto or a checkpoint folder",
+               "resume from a checkpoint (auto: the newest in checkpoint.dir, if any; --resume)"),
+      QS_FIELD("checkpoint.stop_after_steps", checkpoint.stop_after_steps, ">= 0 (0 = run to the end)",
+               "save and stop after this many steps (the schedule still spans the run; resume later)"),
+      QS_FIELD("checkpoint.allow_schedule_change", checkpoint.allow_schedule_change, "true, false",
+               "resume under another LR schedule than the checkpoint's (e.g. more steps; refused by default; "
+               "--allow-schedule-change); never saved"),
+      QS_FIELD("logging.every_steps", logging.every_steps, "> 0", "print a progress line every this many steps"),
+      QS_FIELD("logging.metrics_jsonl", logging.metrics_jsonl, "a file path, or empty",
+               "write one JSON line of metrics per logged step here"),
+      QS_FIELD("logging.tensorboard_dir", logging.tensorboard_dir, "a folder, or empty",
+               "also write the metrics as TensorBoard scalars: a new event file in this folder per job"),
+      QS_FIELD("logging.eval_every_steps", logging.eval_every_steps, ">= 0 (0 = at the end)",
+               "evaluate every this many steps (when there is eval data)"),
+      QS_FIELD("logging.profile", logging.profile, "true, false",
+               "time the compute stream's parts and print the split at the end (GPU only)"),
+      QS_FIELD("logging.gemm_tflops", logging.gemm_tflops, "-1 (measure), 0 (no MFU) or > 0",
+               "the GPU's bf16 GEMM rate in TFLOP/s, MFU's denominator"),
+      QS_FIELD("runtime.collective_timeout_s", runtime.collective_timeout_s, "0 (off) or in [1, 86400]",
+               "end the job when a collective has not returned after this many seconds (env QSHARD_COLLECTIVE_TIMEOUT_S wins)"),
+      QS_FIELD("runtime.host_memory_bytes", runtime.host_memory_bytes, "in [0, 1e18] (0 = what the machine reports)",
+               "cap the host memory the checks and plans count on (env QSHARD_HOST_MEMORY_BYTES wins)"),
+      QS_FIELD("runtime.nccl_blocking", runtime.nccl_blocking, "true, false",
+               "NCCL communicators in blocking mode (env QSHARD_NCCL_BLOCKING=0|1 wins)"),
+      QS_FIELD("seed", seed, "any", "the LoRA init and dropout seed"),
+      QS_FIELD("device", device, "",
+               "auto (default): the rank's GPU when the build has the CUDA backend and one is usable, else the CPU; "
+               "cuda without a GPU is an error"),
   };
   return kFields;
 }
@@ -224,13 +306,69 @@ std::string last_component(const std::string& key) {
   return dot == std::string::npos ? key : key.substr(dot + 1);
 }
 
+std::string section_of(const std::string& key) {
+  const auto dot = key.rfind('.');
+  return dot == std::string::npos ? std::string() : key.substr(0, dot);
+}
+
+// The words of a leaf ("max_seq_len" -> max, seq, len), a plural's trailing 's' dropped.
+std::vector<std::string> leaf_words(const std::string& leaf) {
+  std::vector<std::string> words;
+  std::stringstream ss(leaf);
+  for (std::string w; std::getline(ss, w, '_');) {
+    if (w.size() > 3 && w.back() == 's') w.pop_back();
+    if (!w.empty()) words.push_back(w);
+  }
+  return words;
+}
+
+std::string initials(const std::vector<std::string>& words) {
+  std::string s;
+  for (const auto& w : words) s += w[0];
+  return s;
+}
+
+// How far leaf `a` (the user's) is from leaf `b` (a real key's): the edit distance, or less when
+// one is the other's initials (learning_rate ~ lr: 1) or the words of one are all among the
+// other's (targets ~ target_modules, seq_len ~ max_seq_len: the words left over).
+size_t leaf_distance(const std::string& a, const std::string& b) {
+  size_t d = edit_distance(a, b);
+  const auto wa = leaf_words(a), wb = leaf_words(b);
+  if (wa.size() > 1 && initials(wa) == b) d = std::min<size_t>(d, 1);
+  if (wb.size() > 1 && initials(wb) == a) d = std::min<size_t>(d, 1);
+  auto all_in = [](const std::vector<std::string>& x, const std::vector<std::string>& y) {
+    for (const auto& w : x)
+      if (std::find(y.begin(), y.end(), w) == y.end()) return false;
+    return true;
+  };
+  if (!wa.empty() && !wb.empty() && (all_in(wa, wb) || all_in(wb, wa)))
+    d = std::min<size_t>(d, std::max(wa.size(), wb.size()) - std::min(wa.size(), wb.size()));
+  return d;
+}
+
+// The nearest full dotted key (or section) to an unknown `key`, compared part by part: the leaf
+// against each key's leaf (leaf_distance), plus 0 for a key in the same section, 1 when `key` is
+// top-level or its section does not exist (a misspelt or invented section: the leaf decides) and
+// 2 when it names another real section (a key of the section the user chose is preferred); ties
+// go to the nearer section, then the nearer full key.
 std::string nearest_key(const std::string& key) {
-  std::string best;
-  size_t best_d = SIZE_MAX;
-  const std::string leaf = last_component(key);
+  std::vector<std::string> candidates;
+  std::set<std::string> sections;
   for (const auto& f : fields()) {
-    const size_t d = std::min(edit_distance(key, f.key), edit_distance(leaf, last_component(f.key)) + 1);
-    if (d < best_d) best_d = d, best = f.key;
+    candidates.push_back(f.key);
+    for (std::string s = section_of(f.key); !s.empty(); s = section_of(s)) sections.insert(s);
+  }
+  candidates.insert(candidates.end(), sections.begin(), sections.end());
+  const std::string section = section_of(key), leaf = last_component(key);
+  const bool real_section = sections.count(section) > 0;
+  std::string best;
+  std::tuple<size_t, size_t, size_t> best_score{SIZE_MAX, SIZE_MAX, SIZE_MAX};
+  for (const auto& c : candidates) {
+    const std::string cs = section_of(c);
+    const size_t section_cost = cs == section ? 0 : real_section ? 2 : 1;
+    const std::tuple<size_t, size_t, size_t> score{leaf_distance(leaf, last_component(c)) + section_cost,
+                                                   edit_distance(section, cs), edit_distance(key, c)};
+    if (score < best_score) best_score = score, best = c;
   }
   return best;
 }
@@ -286,6 +424,19 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   }
   return prev[b.size()];
 }
+
+std::vector<ConfigKeyInfo> config_key_infos() {
+  const TrainConfig defaults;
+  std::vector<ConfigKeyInfo> out;
+  for (const auto& f : fields()) {
+    YAML::Emitter e;
+    e << f.get(defaults);
+    out.push_back({f.key, f.type, e.c_str(), f.allowed, f.doc});
+  }
+  return out;
+}
+
+std::string nearest_config_key(const std::string& key) { return nearest_key(key); }
 
 std::vector<std::string> config_keys() {
   std::vector<std::string> keys;
@@ -508,6 +659,12 @@ void TrainConfig::validate(int world_size) const {
   ck.require(logging.eval_every_steps >= 0, "logging.eval_every_steps", logging.eval_every_steps, ">= 0");
   ck.require(logging.gemm_tflops == -1 || logging.gemm_tflops >= 0, "logging.gemm_tflops", logging.gemm_tflops,
              "-1 (measure at start), 0 (no MFU) or a bf16 GEMM rate in TFLOP/s (> 0)");
+  // runtime (the same ranges as the environment variables: runtime/failure.h, runtime/machine.h)
+  ck.require(runtime.collective_timeout_s == 0 ||
+                 (runtime.collective_timeout_s >= 1 && runtime.collective_timeout_s <= 86400),
+             "runtime.collective_timeout_s", runtime.collective_timeout_s, "0 (off) or a number of seconds in [1, 86400]");
+  ck.require(runtime.host_memory_bytes >= 0 && runtime.host_memory_bytes <= 1e18, "runtime.host_memory_bytes",
+             runtime.host_memory_bytes, "in [0, 1e18] (0 = what the machine reports)");
 }
 
 int64_t TrainConfig::max_steps(int64_t num_train_sequences) const {
@@ -526,6 +683,37 @@ int64_t TrainConfig::max_steps(int64_t num_train_sequences) const {
     throw InputError(fmt::format("{}: schedule.warmup_steps = {}: expected <= the run's {} steps", source,
                                  schedule.warmup_steps, s));
   return s;
+}
+
+void TrainConfig::check_inputs() const {
+  // Each check names the source and the key; check_input_* add the path and what it is instead.
+  auto named = [this](const char* key, const std::function<void()>& check) {
+    try {
+      check();
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("{}: {}: {}", source, key, e.what()));
+    }
+  };
+  named("data.train", [&] {
+    if (!data.train.empty()) check_input_file(data.train, "token file");
+  });
+  named("data.eval", [&] {
+    if (!data.eval.empty()) check_input_file(data.eval, "token file");
+  });
+  named("model.path", [&] {
+    if (model.path.empty()) return;
+    check_input_folder(model.path, "model folder");
+    check_input_file(model.path + "/config.json", "model config");
+  });
+  named("lora.init_adapter", [&] {
+    if (lora.init_adapter.empty()) return;
+    check_input_folder(lora.init_adapter, "adapter folder");
+    check_input_file(lora.init_adapter + "/adapter_config.json", "adapter config");
+    check_input_file(lora.init_adapter + "/adapter_model.safetensors", "safetensors file");
+  });
+  named("checkpoint.resume", [&] {
+    if (!checkpoint.resume.empty() && checkpoint.resume != "auto") check_input_folder(checkpoint.resume, "checkpoint");
+  });
 }
 
 std::string TrainConfig::to_yaml() const {

@@ -9,8 +9,9 @@
 // list: `--set lora.target_modules=[q_proj,v_proj]`), so it gets the same typing as in the file.
 // Errors are InputError naming the source (the file, or "--set key=value") and the key path:
 //   unknown key      "configs/x.yaml: unknown key 'optimizer.lrr' (did you mean 'optimizer.lr'?)"
-//                    (nearest valid key by Levenshtein distance over the dotted path, or over
-//                    the last component when that is closer: 'lr' suggests 'optimizer.lr')
+//                    (nearest_config_key: the nearest full dotted key, leaf against leaf, the
+//                    user's section preferred: 'lr' and 'optimizer.learning_rate' suggest
+//                    'optimizer.lr', 'lora.targets' suggests 'lora.target_modules')
 //   wrong type       "configs/x.yaml: key 'optimizer.lr': expected a number, got 'fast'"
 //   bad enum value   "configs/x.yaml: key 'schedule.type': expected one of warmup_cosine, linear,
 //                    constant, got 'cosine'"
@@ -183,6 +184,14 @@ struct LoggingConfig {
                                  // start; 0 = no MFU (e.g. under a sanitizer); > 0 = this many TFLOP/s
 };
 
+// Process-wide knobs that were environment variables (runtime/job_settings.h); each variable,
+// when set, still wins over its key (an operator's override without editing the job).
+struct RuntimeConfig {
+  double collective_timeout_s = 1800;  // QSHARD_COLLECTIVE_TIMEOUT_S; 0 = no watchdog
+  double host_memory_bytes = 0;        // QSHARD_HOST_MEMORY_BYTES; 0 = what the machine reports
+  bool nccl_blocking = false;          // QSHARD_NCCL_BLOCKING
+};
+
 struct TrainConfig {
   ModelConfig model;
   LoraConfig lora;
@@ -196,6 +205,7 @@ struct TrainConfig {
   MemoryConfig memory;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
+  RuntimeConfig runtime;
   uint64_t seed = 0;  // LoRA init, dropout
   // auto (default): the GPU World gave this rank when this build has the CUDA backend and the
   // machine a usable GPU, else the CPU; cpu: always the CPU; cuda without a GPU is an error
@@ -211,6 +221,11 @@ struct TrainConfig {
   // Optimizer steps of the run: `steps`, or epochs x (num_train_sequences / global_batch_size).
   // Throws InputError when that is 0 or below schedule.warmup_steps.
   int64_t max_steps(int64_t num_train_sequences) const;
+  // Every input the job reads is there and of the right kind, before anything loads: data.train
+  // and data.eval (regular files), model.path (a folder with config.json), lora.init_adapter (a
+  // folder with adapter_config.json and adapter_model.safetensors), checkpoint.resume when it
+  // names a folder. Throws InputError naming the source, the key and the path.
+  void check_inputs() const;
   // Every key, in to_yaml order, as a YAML document that load_train_config reads back.
   std::string to_yaml() const;
   // "resolved config (from configs/tiny.yaml):\n" + to_yaml(), for rank 0's log.
@@ -238,6 +253,16 @@ void apply_override(TrainConfig& config, const std::string& assignment);
 std::vector<std::string> config_keys();
 // The value of one leaf key as YAML text (as to_yaml writes it). REQUIRES: a key of config_keys().
 std::string config_value(const TrainConfig& config, const std::string& key);
+// One leaf key as docs/CONFIG.md lists it (train/config_reference.h renders them): the table the
+// parser reads, so the two cannot drift.
+struct ConfigKeyInfo {
+  std::string key, type, default_value, allowed, doc;
+};
+std::vector<ConfigKeyInfo> config_key_infos();
+// The nearest valid key (or section) to an unknown dotted key: the suggestion of "unknown key"
+// errors. Compares leaf with leaf (edit distance; initials: learning_rate ~ lr; words:
+// targets ~ target_modules) and prefers the section the user wrote.
+std::string nearest_config_key(const std::string& key);
 // Levenshtein edit distance (insert, delete, substitute; each costs 1).
 size_t edit_distance(const std::string& a, const std::string& b);
 

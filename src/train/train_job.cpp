@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "checkpoint/export.h"
+#include "checkpoint/safetensors.h"
 #include "model/eval_loss.h"
 #include "model/llama_ops.h"
 #include "runtime/collective_status.h"
@@ -32,6 +34,7 @@ TrainJob::~TrainJob() = default;
 
 void TrainJob::open() {
   config_.validate(world_);
+  config_.check_inputs();  // every file the job reads is there, before anything loads
   // Which backend computes is decided; this build may lack what the CUDA one needs.
   if (rt_.ctx.is_cuda() && !ops::has_backend(Backend::kCuda, "attention_fwd"))
     throw InputError(config_.source + ": device '" + device_choice_name(config_.device) + "' chose the GPU (" +
@@ -44,10 +47,24 @@ void TrainJob::open() {
                                                           : "model.path " + config_.model.path + "/config.json"));
   lock_ = agree_on_run_lock(config_, comm_);  // rank 0 holds checkpoint.dir; a second job there refuses
   resume_ = agree_on_resume(config_, comm_);  // rank 0 picks the checkpoint, every rank reads its metadata
+  if (rank_ == 0) write_resolved_config();
   build_model();
   open_data();
   restore_resumed();
   open_logger();
+}
+
+// The job as resolved (the file, the --set overrides, the defaults) beside its checkpoints, where a
+// later look (or `--config <dir>/config.resolved.yaml`) finds it; the screen shows it only with
+// `qshard train --print-config`.
+void TrainJob::write_resolved_config() const {
+  if (config_.checkpoint.dir.empty()) return;
+  const std::string path = config_.checkpoint.dir + "/config.resolved.yaml";
+  std::error_code ec;
+  std::filesystem::create_directories(config_.checkpoint.dir, ec);
+  if (ec) throw InputError("checkpoint.dir " + config_.checkpoint.dir + ": cannot create the folder: " + ec.message());
+  write_file_atomic(path, "# resolved from " + config_.source + "\n" + config_.to_yaml());
+  QS_LOG_INFO("resolved config written to {}", path);
 }
 
 void TrainJob::build_model() {

@@ -2,10 +2,12 @@
 // them in order, and trainer.h states what the job does as a whole.
 //
 // Phases, every rank alike (each is collective unless it says rank 0):
-//   open()        the start: config validated; rank 0 takes checkpoint.dir's lock (train/run_lock.h:
-//                 a folder another job uses is refused on every rank) and says where the run
-//                 folder is, or that nothing is saved; the resume decision (train/run_protocol.h: rank 0
-//                 picks, every rank reads the checkpoint's metadata); build_model(): the memory
+//   open()        the start: config validated and its input files checked (TrainConfig::
+//                 check_inputs); rank 0 takes checkpoint.dir's lock (train/run_lock.h: a folder
+//                 another job uses is refused on every rank) and says where the run folder is, or
+//                 that nothing is saved; the resume decision (train/run_protocol.h: rank 0 picks,
+//                 every rank reads the checkpoint's metadata); rank 0 writes the resolved config to
+//                 checkpoint.dir/config.resolved.yaml (when there is a dir); build_model(): the memory
 //                 plan, the sharded QLoRA model, its optimizer state, the kept layers, the
 //                 LlamaModel and its FSDP driver; the data (token files, eval split, loader, LR
 //                 schedule); the resumed state (sharded tensors resharded to this world size, the
@@ -86,6 +88,7 @@ class TrainJob {
  private:
   // The memory plan and the model as built (one method: the memory model is reworked in it).
   void build_model();
+  void write_resolved_config() const;
   void open_data();
   void restore_resumed();
   void account_memory(std::optional<int64_t> runtime_bytes);

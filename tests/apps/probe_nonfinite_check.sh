@@ -43,12 +43,16 @@ probe "generate, a NaN weight" 2 "$msg" -- "$qshard" generate --model "$work/nan
 probe "inspect --check, a NaN weight" 3 "problem: .*$msg" -- "$qshard" inspect --check --quiet "$work/nan"
 probe "quantize, a NaN weight" 2 "tensor '$W' holds 1 NaN/Inf values \(the first at flat index 3\)" -- \
   "$qshard" quantize --cpu "$work/nan" "$work/nan_q"
+# The inputs are checked before the model loads, so the jobs get a token file that is there but is
+# not one (1 byte): the job stops at it after the model build (issue 26).
+printf x > "$work/bad.tok"
 probe "train model.path, a NaN weight" 2 "$msg" -- "$qshard" train --config "$src/configs/tiny.yaml" \
-  --set device=cpu --set model.path="$work/nan" --set steps=10 --set checkpoint.dir="$work/nan_ckpt"
-# With the flag the model builds (the line after the load) and the job stops at the missing token file.
+  --set device=cpu --set model.path="$work/nan" --set steps=10 --set checkpoint.dir="$work/nan_ckpt" \
+  --set data.train="$work/bad.tok"
+# With the flag the model builds (the line after the load) and the job stops at the bad token file.
 probe "train --allow-nonfinite" 2 "model build: load" -- "$qshard" train --config "$src/configs/tiny.yaml" \
   --allow-nonfinite --set device=cpu --set model.path="$work/nan" --set steps=10 --set checkpoint.dir="$work/nan_ckpt" \
-  --set data.train="$work/no_such.tok"
+  --set data.train="$work/bad.tok"
 probe "eval --allow-nonfinite" 0 "eval: 1 sequences" -- \
   "$qshard" eval --model "$work/nan" --data "$work/ids.json" --device cpu --allow-nonfinite
 probe "generate --allow-nonfinite" 0 "." -- \
@@ -64,7 +68,7 @@ A=model.layers.0.self_attn.q_proj.lora_A.weight
 poke "$work/nan_adapter/adapter_model.safetensors" "base_model.model.$A" 8 '\x00\x00\xc0\x7f'
 adapter_job=(train --config "$src/configs/tiny.yaml" --set device=cpu --set model.path="$hf/tiny_llama_bnb4_nf4_dq"
              --set lora.r=4 --set lora.alpha=8 --set lora.init_adapter="$work/nan_adapter"
-             --set checkpoint.dir="$work/adapter_ckpt" --set data.train="$work/no_such.tok")
+             --set checkpoint.dir="$work/adapter_ckpt" --set data.train="$work/bad.tok")
 probe "train lora.init_adapter, a NaN" 2 \
   "nan_adapter/adapter_model.safetensors: tensor '$A' holds 1 NaN/Inf values \(the first at flat index 2\)" -- \
   "$qshard" "${adapter_job[@]}"

@@ -90,7 +90,7 @@ probe "init-model --vocab-size 1e3" 2 "--vocab-size '1e3': not an integer" -- "$
 absent "$work/im"
 probe "eval --seq-len 0x10" 2 "--seq-len '0x10': not an integer" -- \
   "$qshard" eval --model "$hf/tiny_llama_bf16" --data "$work/ids.json" --seq-len 0x10
-for o in "--vocab -5" "--hidden -1" "--batch 0" "--seq 1.5" "--steps nan" "--warmup -1" "--micro-batch -2" \
+for o in "--vocab-size -5" "--hidden-size -1" "--batch 0" "--seq-len 1.5" "--steps nan" "--warmup -1" "--micro-batch -2" \
          "--keep-layers -2" "--mlp-chunk-tokens -3" "--gpu-budget-gb inf" "--rank 0"; do
   set -- $o
   probe "bench $o" 2 "$1 '$2': .*expected (an integer|a number) in" -- "$qshard" bench --preset tiny --device cpu "$1" "$2"

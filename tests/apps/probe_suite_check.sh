@@ -33,7 +33,7 @@ echo '[[1, 5, 3, 7]]' > "$work/ids.json"
 
 # ---- special files, deep JSON, YAML documents, options ----
 mkfifo "$work/fifo"
-probe "train --config FIFO" 2 "bad input: config file .*fifo is a FIFO" -- "$qshard" train --config "$work/fifo"
+probe "train --config FIFO" 2 "qshard: error: config file .*fifo is a FIFO" -- "$qshard" train --config "$work/fifo"
 probe "tokenize /dev/zero" 2 "/dev/zero is a character device, not a regular file" -- \
   "$qshard" tokenize /dev/zero --out "$work/z.tok"
 probe "tokenize a folder" 2 "is a folder, not a regular file" -- "$qshard" tokenize "$work" --out "$work/z.tok"
@@ -93,10 +93,10 @@ st_file shape.safetensors '{"w":{"dtype":"F32","shape":[4000000000,4000000000],"
 probe "safetensors shape overflowing int64" 3 "element count of shape \[4000000000, 4000000000\] overflows" -- \
   "$qshard" inspect --check "$work/shape.safetensors"
 
-probe "train np2, micro_batch_size 2^62" 2 "bad input: .*batch.(micro|global)_batch_size = 4611686018427387904" -- \
+probe "train np2, micro_batch_size 2^62" 2 "qshard: error: .*batch.(micro|global)_batch_size = 4611686018427387904" -- \
   "$@" -np 2 "$qshard" train --config "$src/configs/tiny.yaml" --set device=cpu \
   --set batch.micro_batch_size=4611686018427387904 --set batch.global_batch_size=4611686018427387904
-probe "train np2, epochs 1e12" 2 "bad input: .*epochs = 1000000000000" -- \
+probe "train np2, epochs 1e12" 2 "qshard: error: .*epochs = 1000000000000" -- \
   "$@" -np 2 "$qshard" train --config "$src/configs/tiny.yaml" --set device=cpu --set steps=0 --set epochs=1000000000000
 
 # ---- resources: a folder whose config.json says 10^9 layers over the 2-layer test model's weights ----

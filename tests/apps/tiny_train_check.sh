@@ -38,6 +38,6 @@ bad=$("$@" -np 2 "$qshard" train --config "$src/configs/tiny.yaml" --set device=
   --set steps=3 --set schedule.warmup_steps=10 --set checkpoint.dir=none 2>&1)
 rc=$?
 set -e
-echo "$bad" | grep -q "fatal: bad input: .*schedule.warmup_steps = 10" || { echo "$bad"; echo "no 'bad input' naming the key"; exit 1; }
+echo "$bad" | grep -q "qshard: error: .*schedule.warmup_steps = 10" || { echo "$bad"; echo "no 'qshard: error:' naming the key"; exit 1; }
 [ "$rc" = 2 ] || { echo "$bad" | tail -5; echo "bad config: exit $rc, expected 2"; exit 1; }
 echo "bad config: exit 2, key named: ok"

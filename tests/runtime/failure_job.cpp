@@ -6,6 +6,9 @@
 //   signal  rank 0 sends itself SIGTERM at iteration 20.
 //   hang    rank 1 sleeps instead of calling all_reduce at iteration 5 (a peer that hangs): the
 //           watchdog (QSHARD_COLLECTIVE_TIMEOUT_S set by the test) must end the job.
+//   agreed  ranks 1 and up refuse their input in agree_on_input: every rank must end cleanly with
+//           exit code 2 and only rank 1 (the lowest failing rank) print its one error line.
+//   status  the same through throw_if_any_failed after some all_reduce calls (rank 2 fails).
 #include <signal.h>
 #include <unistd.h>
 
@@ -14,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/collective_status.h"
 #include "runtime/error.h"
 #include "runtime/failure.h"
 #include "runtime/log.h"
@@ -23,6 +27,10 @@
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "ok";
   return qshard::run_job(argc, argv, [&](qshard::World& world) {
+    if (mode == "agreed")
+      qshard::agree_on_input(world, [&] {
+        if (world.rank() >= 1) throw qshard::InputError("input of rank " + std::to_string(world.rank()) + " refused");
+      });
     qshard::MpiCommunicator comm(world.comm());
     std::vector<float> buf(1024, 1.0f);
     for (int i = 0; i < 200; ++i) {
@@ -31,6 +39,8 @@ int main(int argc, char** argv) {
       if (mode == "signal" && world.rank() == 0 && i == 20) kill(getpid(), SIGTERM);
       if (mode == "hang" && world.rank() == 1 && i == 5) std::this_thread::sleep_for(std::chrono::seconds(120));
       comm.all_reduce(buf.data(), buf.data(), buf.size(), qshard::DType::kF32, qshard::ReduceOp::kAvg, nullptr);
+      if (mode == "status" && i == 10)
+        qshard::throw_if_any_failed(comm, world.rank() == 2 ? "rank 2's file is bad" : "");
     }
     if (world.is_root()) QS_LOG_INFO("failure_job {}: done, value {}", mode, buf[0]);
     return 0;

@@ -3,6 +3,7 @@
 #include "runtime/error.h"
 #include "common/test_util.h"
 #include "train/bench.h"
+#include "train/config_reference.h"
 #include "train/train_config.h"
 
 namespace qshard {
@@ -317,6 +318,100 @@ TEST(TrainConfig, EditDistance) {
   EXPECT_EQ(edit_distance("", "abc"), 3u);
   EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
   EXPECT_EQ(edit_distance("lr", "lr"), 0u);
+}
+
+// Suggestions come from the nearest full dotted key, leaf against leaf, the user's section
+// preferred (issue 26: learning_rate suggested model.quant_type, targets offload.params).
+TEST(TrainConfig, SuggestionComparesFullDottedKeys) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"optimizer.learning_rate", "optimizer.lr"},    // initials of the words
+      {"lora.targets", "lora.target_modules"},        // the words of one among the other's
+      {"optimizer.lrr", "optimizer.lr"},              // a typo in the leaf
+      {"lr", "optimizer.lr"},                         // a leaf without its section
+      {"chekpoint.dir", "checkpoint.dir"},            // a typo in the section
+      {"optimiser", "optimizer"},                     // a section
+      {"data.seq_len", "data.max_seq_len"},
+      {"train.steps", "steps"},                       // an invented section: the leaf decides
+      {"checkpoint.every", "checkpoint.every_steps"}, // not logging.every_steps: the same section first
+      {"logging.every_step", "logging.every_steps"},
+      {"model.init.hiden_size", "model.init.hidden_size"},
+      {"lora.folded", "lora.fold"},
+  };
+  for (const auto& [typed, expected] : cases) {
+    std::printf("%-26s -> %s\n", typed, nearest_config_key(typed).c_str());
+    EXPECT_EQ(nearest_config_key(typed), expected) << typed;
+  }
+  EXPECT_EQ(error_of([] { parse_train_config("optimizer:\n  learning_rate: 0.1\n", "x.yaml"); }),
+            "x.yaml: unknown key 'optimizer.learning_rate' (did you mean 'optimizer.lr'?)");
+  EXPECT_EQ(error_of([] { parse_train_config(kMinimal, "x.yaml", {"lora.targets=[q_proj]"}); }),
+            "--set lora.targets=[q_proj]: unknown key 'lora.targets' (did you mean 'lora.target_modules'?)");
+}
+
+// docs/CONFIG.md's source: every key has a type, allowed values and a meaning, and the page lists
+// every key (tests/apps diffs the page against the file).
+TEST(TrainConfig, EveryKeyIsDocumented) {
+  const std::string md = config_reference_markdown();
+  const auto infos = config_key_infos();
+  ASSERT_EQ(infos.size(), config_keys().size());
+  for (const ConfigKeyInfo& k : infos) {
+    EXPECT_FALSE(k.type.empty()) << k.key;
+    EXPECT_FALSE(k.allowed.empty()) << k.key << ": no allowed values (QS_FIELD's third argument)";
+    EXPECT_FALSE(k.doc.empty()) << k.key << ": no meaning (QS_FIELD's fourth argument)";
+    EXPECT_NE(md.find("| `" + k.key + "` | " + k.type + " | "), std::string::npos) << k.key;
+  }
+  EXPECT_NE(md.find("| `optimizer.lr` | number | `0.0002` | > 0 |"), std::string::npos);
+  EXPECT_NE(md.find("| `schedule.type` | enum | `warmup_cosine` | warmup_cosine, linear, constant |"),
+            std::string::npos);
+  for (const char* env : {"QSHARD_COLLECTIVE_TIMEOUT_S", "QSHARD_HOST_MEMORY_BYTES", "QSHARD_NCCL_BLOCKING",
+                          "QSHARD_TEMPLATE_LIMITS"})
+    EXPECT_NE(md.find(env), std::string::npos) << env;
+}
+
+// The environment knobs as keys, checked like the variables.
+TEST(TrainConfig, RuntimeKeys) {
+  const TrainConfig c = parse_train_config(kMinimal, "x.yaml",
+                                           {"runtime.collective_timeout_s=60", "runtime.host_memory_bytes=4e9",
+                                            "runtime.nccl_blocking=true"});
+  EXPECT_DOUBLE_EQ(c.runtime.collective_timeout_s, 60);
+  EXPECT_DOUBLE_EQ(c.runtime.host_memory_bytes, 4e9);
+  EXPECT_TRUE(c.runtime.nccl_blocking);
+  EXPECT_NO_THROW(c.validate(1));
+  EXPECT_NO_THROW(parse_train_config(kMinimal, "x.yaml", {"runtime.collective_timeout_s=0"}).validate(1));
+  EXPECT_NE(error_of([] { parse_train_config(kMinimal, "x.yaml", {"runtime.collective_timeout_s=0.5"}).validate(1); })
+                .find("runtime.collective_timeout_s = 0.5: expected 0 (off) or a number of seconds in [1, 86400]"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_train_config(kMinimal, "x.yaml", {"runtime.host_memory_bytes=-1"}).validate(1); })
+                .find("runtime.host_memory_bytes = -1"),
+            std::string::npos);
+}
+
+// Every input is checked (there, and of the right kind) by check_inputs, naming the key and path.
+TEST(TrainConfig, CheckInputsNamesKeyAndPath) {
+  TempDir dir;
+  const std::string tok = dir.file("t.tok"), model = dir.file("model"), adapter = dir.file("adapter");
+  testing_util::write_bytes(tok, "x");
+  std::filesystem::create_directories(model);
+  std::filesystem::create_directories(adapter);
+  auto check = [&](std::vector<std::string> sets) {
+    sets.insert(sets.begin(), "data.train=" + tok);
+    return error_of([&] { parse_train_config("", "x.yaml", sets).check_inputs(); });
+  };
+  EXPECT_NO_THROW(parse_train_config("", "x.yaml", {"data.train=" + tok}).check_inputs());
+  EXPECT_NE(check({"data.train=" + dir.file("none.tok")}).find("data.train: cannot open token file " + dir.file("none.tok")),
+            std::string::npos);
+  EXPECT_NE(check({"data.eval=" + model}).find("data.eval: token file " + model + " is a folder, not a regular file"),
+            std::string::npos);
+  EXPECT_NE(check({"model.path=" + model}).find("model.path: cannot open model config " + model + "/config.json"),
+            std::string::npos);
+  EXPECT_NE(check({"model.path=" + tok}).find("model.path: model folder " + tok + " is a regular file"),
+            std::string::npos);
+  EXPECT_NE(check({"lora.init_adapter=" + adapter}).find("lora.init_adapter: cannot open adapter config"),
+            std::string::npos);
+  EXPECT_NE(check({"checkpoint.resume=" + dir.file("step-9")}).find("checkpoint.resume: cannot open checkpoint " + dir.file("step-9")),
+            std::string::npos);
+  EXPECT_NO_THROW(
+      parse_train_config("", "x.yaml", {"data.train=" + tok, "checkpoint.resume=auto", "checkpoint.dir=" + model})
+          .check_inputs());
 }
 
 }  // namespace
