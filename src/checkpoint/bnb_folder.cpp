@@ -16,6 +16,7 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_index.h"
 #include "quant/blockwise.h"
+#include "runtime/input_file.h"
 #include "runtime/log.h"
 #include "runtime/machine.h"
 #include "runtime/parallel.h"
@@ -271,7 +272,11 @@ std::vector<std::string> model_side_files(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (!e.is_regular_file()) continue;
+    std::error_code kind_ec;
+    if (e.is_directory(kind_ec)) continue;  // subfolders (a cache, a repo's .git) are not the model's files
+    // Anything else that is not a regular file (a FIFO, a socket, a link to /dev/zero) is refused by
+    // name rather than copied (which would block or never end) or left out in silence.
+    if (!e.is_regular_file(kind_ec)) check_input_file(e.path().string(), "model folder side file");
     const std::string name = e.path().filename().string();
     if (name == "config.json" || name == kSafetensorsIndexName || e.path().extension() == ".safetensors") continue;
     out.push_back(name);

@@ -56,9 +56,13 @@ std::string read_input_file(const std::string& path, const std::string& what, ui
   return text;
 }
 
-nlohmann::json parse_json_input(std::string_view text, const std::string& label) {
+namespace {
+
+// The depth-bounded parse of parse_json_input, for json and ordered_json alike.
+template <class Json>
+Json parse_bounded(std::string_view text, const std::string& label) {
   bool too_deep = false;
-  const json::parser_callback_t bound = [&too_deep](int depth, json::parse_event_t event, json&) {
+  const typename Json::parser_callback_t bound = [&too_deep](int depth, json::parse_event_t event, Json&) {
     if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
         depth >= kMaxJsonDepth) {
       too_deep = true;
@@ -67,7 +71,7 @@ nlohmann::json parse_json_input(std::string_view text, const std::string& label)
     return true;
   };
   try {
-    return json::parse(text.begin(), text.end(), bound);
+    return Json::parse(text.begin(), text.end(), bound);
   } catch (const InputError&) {
     if (too_deep)
       throw InputError(label + ": JSON nested more than " + std::to_string(kMaxJsonDepth) +
@@ -76,6 +80,16 @@ nlohmann::json parse_json_input(std::string_view text, const std::string& label)
   } catch (const json::exception& e) {
     throw InputError(label + ": not valid JSON (" + e.what() + ")");
   }
+}
+
+}  // namespace
+
+nlohmann::json parse_json_input(std::string_view text, const std::string& label) {
+  return parse_bounded<nlohmann::json>(text, label);
+}
+
+nlohmann::ordered_json parse_ordered_json_input(std::string_view text, const std::string& label) {
+  return parse_bounded<nlohmann::ordered_json>(text, label);
 }
 
 namespace {

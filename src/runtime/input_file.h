@@ -14,6 +14,7 @@
 // parse_json_input: JSON text -> json with the nesting bounded by kMaxJsonDepth (checked while
 //   parsing, before a deep document is built: deeper input is an InputError naming `label`, not a
 //   stack overflow in a later recursive copy); syntax errors are InputErrors naming `label`.
+//   parse_ordered_json_input: the same, keeping the objects' key order (chat-template side files).
 // json_string / json_bool / json_number: `obj[key]` with its type checked; absent or null gives
 //   `def`; any other type is an InputError `label: key "key" must be ..., got <value>` (never a
 //   nlohmann type_error escaping from a config file a user wrote). `obj` must be an object.
@@ -34,6 +35,7 @@ uint64_t check_input_file(const std::string& path, const std::string& what);
 void check_input_folder(const std::string& path, const std::string& what);
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes = kMaxConfigBytes);
 nlohmann::json parse_json_input(std::string_view text, const std::string& label);
+nlohmann::ordered_json parse_ordered_json_input(std::string_view text, const std::string& label);  // key order kept
 std::string json_string(const nlohmann::json& obj, const std::string& key, const std::string& label,
                         const std::string& def);
 bool json_bool(const nlohmann::json& obj, const std::string& key, const std::string& label, bool def);

@@ -25,12 +25,10 @@ std::string read_file(const std::filesystem::path& path, const std::string& what
   return read_input_file(path.string(), what);
 }
 
+// Its JSON, nesting bounded (runtime/input_file.h): a syntax error or a document deeper than
+// kMaxJsonDepth is an InputError naming the file.
 nlohmann::ordered_json read_json(const std::filesystem::path& path, const std::string& what) {
-  try {
-    return nlohmann::ordered_json::parse(read_file(path, what));
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(path.string() + ": not valid JSON: " + e.what());
-  }
+  return parse_ordered_json_input(read_file(path, what), what + " " + path.string());
 }
 
 // A special token as transformers reads it: a string, or an AddedToken object's "content".

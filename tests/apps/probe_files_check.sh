@@ -165,6 +165,17 @@ role "checkpoint file" "$ck" rank-00000-of-00001.safetensors -- "$qshard" export
 role "model folder" "$m" . -- "$qshard" quantize --cpu @@ "$work/never"
 role "model config" "$m" config.json -- "$qshard" quantize --cpu @@ "$work/never"
 role "safetensors file" "$m" model.safetensors -- "$qshard" quantize --cpu @@ "$work/never"
+# A side file quantize copies (tokenizer.json): a FIFO or a link to /dev/zero is named (it was left
+# out in silence); a subfolder is not a side file.
+for kind in fifo zero; do
+  n=$((n + 1))
+  d=$work/c$n/$(basename "$m")
+  mkdir -p "$work/c$n" && cp -r "$m" "$d"
+  make_bad "$kind" "$d/tokenizer.json"
+  probe "quantize [model folder side file tokenizer.json: $kind]" 2 \
+    "model folder side file $(ere "$d/tokenizer.json") $(what_is "$kind" "regular file")" -- "$qshard" quantize --cpu "$d" "$work/never"
+  rm -rf "$work/c$n"
+done
 role "model folder" "$q" . -- "$qshard" dequantize @@ "$work/never"
 role "model config" "$q" config.json -- "$qshard" dequantize @@ "$work/never"
 role "safetensors file" "$q" model.safetensors -- "$qshard" dequantize @@ "$work/never"

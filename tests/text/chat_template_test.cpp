@@ -193,6 +193,27 @@ const ojson* find_render(const std::string& tmpl_name, const std::string& conv, 
   return nullptr;
 }
 
+// The folder's JSON side files are parsed with the nesting bounded (runtime/input_file.h): a
+// tokenizer_config.json or special_tokens_map.json nested 100k deep is an InputError naming the
+// file, not a stack overflow.
+TEST(ChatTemplateModelDir, DeepSideFilesAreRefusedByName) {
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
+    testing_util::TempDir dir;
+    const fs::path root = fs::path(dir.file("model"));
+    fs::create_directories(root);
+    testing_util::write_bytes((root / "chat_template.jinja").string(), "{{ messages[0]['content'] }}");
+    testing_util::write_bytes((root / name).string(), std::string(100000, '[') + std::string(100000, ']'));
+    try {
+      ChatTemplate::from_model_dir(root.string());
+      ADD_FAILURE() << name << ": expected InputError";
+    } catch (const InputError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(name), std::string::npos) << m;
+      EXPECT_NE(m.find("nested more than"), std::string::npos) << m;
+    }
+  }
+}
+
 TEST(ChatTemplateModelDir, ReadsTokenizerConfigAndJinjaFile) {
   testing_util::TempDir dir;
   const fs::path root = fs::path(dir.file("model"));
