@@ -54,15 +54,19 @@ std::string MemoryPlan::describe() const {
 
 namespace {
 
-// The cost model's constants, measured on one H200 (docs/PERFORMANCE.md, session 11, Llama-3.1-8B
-// and 70B shapes): MFU of a large micro-batch with full recompute; the share of that time the
-// recompute takes (every layer kept runs at 1 / (1 - share) the speed); the per-micro-batch fixed
-// cost (dequantizing the base, the head, launch latency) in tokens' worth of compute; the host
-// AdamW's bytes per second (masters, moments, gradients: 32 bytes a parameter). Defaults for the
-// rates when none were measured (tests, estimates before a GPU is seen).
-constexpr double kMfuRecompute = 0.53;
+// The cost model's constants, measured on one H200 (docs/PERFORMANCE.md, sessions 11 and 12,
+// Llama-3.1-8B and 70B shapes): MFU of a large micro-batch with full recompute; the share of that
+// time the recompute takes (every layer kept runs at 1 / (1 - share) the speed); the per-micro-batch
+// fixed cost (dequantizing the base, the head, launch latency) in tokens' worth of compute; what an
+// offloaded base costs beyond its exposed copies, as a share of its copy time (the copies share
+// the device's memory with the kernels behind them: 2 x 2048 with every layer kept ran 4.5% slower
+// offloaded, with no wait exposed); the host AdamW's bytes per second (masters, moments,
+// gradients: 32 bytes a parameter). Defaults for the rates when none were measured (tests,
+// estimates before a GPU is seen).
+constexpr double kMfuRecompute = 0.54;
 constexpr double kRecomputeShare = 0.2;
 constexpr double kFixedTokens = 384;
+constexpr double kOffloadContention = 0.06;
 constexpr double kHostAdamBytesPerSecond = 10e9;
 constexpr double kDefaultGemmFlops = 790e12;
 constexpr double kDefaultH2dBytesPerSecond = 55e9;
@@ -118,7 +122,7 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
     // behind that layer's compute: exposed where the copy is longer (the forward at small N).
     const double copy = in.layer_bytes / in.world / h2d;
     const double fwd = N * a * (1 - kRecomputeShare) / (3 * in.L);
-    micro += in.L * (std::max(0.0, copy - fwd) + std::max(0.0, copy - 3 * fwd));
+    micro += in.L * (std::max(0.0, copy - fwd) + std::max(0.0, copy - 3 * fwd) + kOffloadContention * 2 * copy);
   }
   double step = micro * (in.batch / static_cast<double>(p.micro_batch));
   if (p.offload_optimizer) step += in.lora_params / in.world * 32 / kHostAdamBytesPerSecond;

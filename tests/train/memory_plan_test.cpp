@@ -169,6 +169,27 @@ TEST(MemoryPlan, CostModelFollowsTheMeasuredRows) {
   EXPECT_NEAR(tokens_per_s(all, k), 15516, 15516 * 0.08);
 }
 
+// Session 12's H200 rows (f236903, 795 TFLOP/s, 55.3 GB/s): every layer kept at 1 and 2 x 2048, the
+// base on the GPU; and at 8 sequences a step within 15 GB, the plan measured fastest: micro-batch 1
+// with every layer kept and the base on the GPU (1.217 s a step) over micro-batch 2, base offloaded,
+// 23 layers kept (1.254 s, the choice before the offload's contention was counted).
+TEST(MemoryPlan, CostModelFollowsSessionTwelve) {
+  const PlanRates h200{795e12, 55.3e9};
+  for (const auto& [micro, want] : {std::pair<int64_t, double>{1, 13466}, {2, 14757}}) {
+    TrainConfig c = job_8b(micro, 2048);
+    c.memory.keep_layers = 32;
+    const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+    EXPECT_NEAR(tokens_per_s(c, p), want, want * 0.08) << micro;
+  }
+  TrainConfig c = job_8b(8, 2048);
+  c.batch.micro_batch_size = 0;
+  c.memory.gpu_budget_gb = 15;
+  const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+  EXPECT_EQ(p.micro_batch, 1) << p.describe();
+  EXPECT_FALSE(p.offload_params) << p.describe();
+  EXPECT_NEAR(p.est_step_s, 1.217, 1.217 * 0.08) << p.describe();  // the kept layers: plan_kept_layers, at start
+}
+
 // Within a budget the plan is the fastest candidate that fits; the base goes to pinned memory when
 // the room it frees for kept layers pays more than its copies cost (8B at 4 x 2048, 20 GB).
 TEST(MemoryPlan, TheFastestCandidateWithinTheBudget) {
