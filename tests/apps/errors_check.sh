@@ -17,7 +17,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 "$qshard" tokenize "$src"/data/*.txt --out "$work/tiny.tok" > /dev/null || fail "tokenize"
 job=(train --config "$src/configs/tiny.yaml" --set device=cpu --set data.train="$work/tiny.tok" --set steps=2
      --set schedule.warmup_steps=0 --set data.max_seq_len=32 --set batch.global_batch_size=4
-     --set data.eval_fraction=0 --set logging.metrics_jsonl= --set checkpoint.dir=)
+     --set data.eval_fraction=0 --set logging.metrics_jsonl= --set checkpoint.dir=none)
 
 # expect_one_error NAME PATTERN OUTPUT RC: exit 2, exactly one error line matching PATTERN, no dump.
 expect_one_error() {
