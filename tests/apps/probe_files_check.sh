@@ -191,8 +191,12 @@ role "safetensors index" "$hf/tiny_llama_bf16_sharded" model.safetensors.index.j
 
 # ---- records over --max-record-bytes, in bounded memory ----
 # A 300 MB file of one line: refused by file:line after reading 16 MiB of it, under 512 MiB of
-# address space (reading it whole, as a string and its copies, needs several times that).
-PROBE_VMEM_KB=524288
+# address space beyond what the binary and its shared libraries map (a CUDA build maps cuBLASLt,
+# cuDNN and NCCL, hundreds of MB, before main) (reading the line whole, as a string and its
+# copies, needs several times that).
+libs_kb=$(ldd "$qshard" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | xargs -r stat -L -c %s |
+          awk '{s += $1} END {print int(s / 1024)}')
+PROBE_VMEM_KB=$(( ${libs_kb:-0} + $(stat -L -c %s "$qshard") / 1024 + 524288 ))
 big=$work/big.jsonl
 { printf '{"text": "'; head -c 314572800 /dev/zero | tr '\0' a; } > "$big"
 lim=(--max-record-bytes 16777216 --out "$work/big.tok")
@@ -209,7 +213,7 @@ probe "tokenize --max-record-bytes 0" 2 "--max-record-bytes '0': expected an int
   "$qshard" tokenize "$work/data/in.txt" --max-record-bytes 0 --out "$work/never.tok"
 rm -f "$big"
 # The byte tokenizer streams a whole-file document (--split file) in pieces: 64 MB of one line
-# tokenizes in the same 512 MiB (its 256 MB of tokens are never held).
+# tokenizes in the same limit (its 256 MB of tokens are never held).
 head -c 67108864 /dev/zero | tr '\0' a > "$work/big.txt"
 probe "tokenize text --split file, a 64 MB line (streamed)" 0 "tokenized 1 files, 1 documents, 67108864 bytes -> 67108866 tokens" -- \
   "$qshard" tokenize "$work/big.txt" "${lim[@]}"
