@@ -38,7 +38,7 @@ seconds=${QSHARD_FUZZ_SECONDS:-60}
 # fuzz TARGET SEEDS_DIR MAX_LEN: runs one target for $seconds from the given seeds; a crash fails CI.
 fuzz() {
   local target=$1 seeds=$2 max_len=$3 log=build/fuzz/$1.log
-  if ! build/fuzz/tests/fuzz/"$target" -max_total_time="$seconds" -max_len="$max_len" -print_final_stats=1 \
+  if ! build/fuzz/tests/fuzz/"$target" -max_total_time="$seconds" -max_len="$max_len" -timeout=30 -print_final_stats=1 \
       "$seeds" > "$log" 2>&1; then
     tail -60 "$log"
     echo "fuzz: $target crashed (crash input saved in the working directory)" >&2

@@ -121,7 +121,7 @@ Decoder parse_decoder(const json& j, const std::string& where, int depth) {
     d.kind = Decoder::kByteLevel;
   } else if (type == "Metaspace") {
     d.kind = Decoder::kMetaspace;
-    d.replacement = j.value("replacement", std::string("\xE2\x96\x81"));
+    d.replacement = metaspace_replacement(j, w);
     if (j.contains("prepend_scheme") && j["prepend_scheme"].is_string()) d.prepend_scheme = j["prepend_scheme"];
     else if (j.contains("add_prefix_space")) d.prepend_scheme = j.value("add_prefix_space", true) ? "always" : "never";
   } else if (type == "Replace") {

@@ -122,6 +122,10 @@ std::string regex_replace(const std::string& s, const Regex& re, const std::stri
 std::string regex_escape(std::string_view s);
 // A tokenizer.json pattern: {"Regex": "..."} or {"String": "..."} (a literal).
 std::string pattern_of(const json& p, const std::string& where);
+// Metaspace's "replacement" (default U+2581): one character, as the tokenizers library requires (it
+// is a char there). An empty string (which would never advance a decode loop), several characters
+// or invalid UTF-8 is an InputError naming `where` and the value.
+std::string metaspace_replacement(const json& j, const std::string& where);
 
 // ---- normalizers and pre-tokenizers (hf_tokenizer_pretokenize.cpp) --------------------------------
 

@@ -221,7 +221,7 @@ PreTokenizer parse_pre_tokenizer(const json& j, const std::string& where, int de
     p.behavior = Behavior::kRemoved;
   } else if (type == "Metaspace") {
     p.kind = PreTokenizer::kMetaspace;
-    p.replacement = j.value("replacement", std::string("\xE2\x96\x81"));
+    p.replacement = metaspace_replacement(j, w);
     if (j.contains("prepend_scheme") && j["prepend_scheme"].is_string()) p.prepend_scheme = j["prepend_scheme"];
     else if (j.contains("add_prefix_space")) p.prepend_scheme = j.value("add_prefix_space", true) ? "always" : "never";
     p.split = j.value("split", true);

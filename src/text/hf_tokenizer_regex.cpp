@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "runtime/error.h"
+#include "text/hf_tokenizer.h"
 #include "text/hf_tokenizer_pipeline.h"
 
 namespace qshard::hf_tok {
@@ -191,6 +192,16 @@ const json& array_at(const json& j, const char* key, const std::string& where) {
 const json& component(const json& j, const std::string& where) {
   if (!j.is_object()) throw InputError(where + " must be an object with a \"type\", got " + shorten(j.dump(), 60));
   return j;
+}
+
+std::string metaspace_replacement(const json& j, const std::string& where) {
+  auto it = j.find("replacement");
+  if (it == j.end()) return "\xE2\x96\x81";
+  if (!it->is_string()) throw InputError(where + ": \"replacement\" must be a string, got " + shorten(it->dump(), 60));
+  const std::string r = it->get<std::string>();
+  if (r.empty() || utf8_replace_invalid(r) != r || utf8_len(static_cast<unsigned char>(r[0])) != r.size())
+    throw InputError(where + ": \"replacement\" must be exactly one character, got " + shorten(it->dump(), 60));
+  return r;
 }
 
 // A tokenizer.json pattern: {"Regex": "..."} or {"String": "..."} (a literal).

@@ -112,6 +112,32 @@ TEST(HfTokenizerLimits, OddComponentsAreInputErrors) {
   }
 }
 
+// Metaspace's replacement is one character (a char in the tokenizers library). An empty one made the
+// Metaspace decoder loop forever on the first token (found by tokenizer_fuzz in CI); it and the other
+// odd values are refused at load, in the decoder and in the pre-tokenizer.
+TEST(HfTokenizerLimits, MetaspaceReplacementIsOneCharacter) {
+  for (const char* key : {"decoder", "pre_tokenizer"}) {
+    auto with = [&](const std::string& r) {
+      return std::string("{\"") + key + R"(": {"type": "Metaspace", "replacement": )" + r + "}, " + kModel + "}";
+    };
+    EXPECT_HAS(load_error(with(R"("")")), R"("replacement" must be exactly one character, got "")");
+    EXPECT_HAS(load_error(with(R"("")")), std::string(key) + " Metaspace");
+    EXPECT_HAS(load_error(with(R"("ab")")), R"(must be exactly one character, got "ab")");
+    EXPECT_HAS(load_error(with(R"("e\u0301")")), "must be exactly one character");  // two code points
+    EXPECT_HAS(load_error(with("\"\xE2\x96\"")), "not valid JSON");  // a cut U+2581: the JSON parse refuses it
+    EXPECT_HAS(load_error(with("7")), R"("replacement" must be a string, got 7)");
+    EXPECT_EQ(load_error(with("\"\xE2\x96\x81\"")), "") << key;
+    EXPECT_EQ(load_error(with(R"("_")")), "") << key;
+  }
+  // The decoder with a one-character replacement decodes (and ends).
+  TempDir d;
+  write(d.path() / "tokenizer.json",
+        R"({"decoder": {"type": "Metaspace", "replacement": "a", "prepend_scheme": "always"}, )" + kModel + "}");
+  const HfTokenizer t = HfTokenizer::load(d.path().string());
+  const std::vector<uint32_t> ids = {0, 1, 2};
+  EXPECT_EQ(t.decode(ids, false), "b b");
+}
+
 TEST(HfTokenizerLimits, BadIdsAreRefusedNamingTheKeyAndValue) {
   auto vocab_with = [](const std::string& id) {
     return R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": )" + id + R"(}, "merges": []}})";
