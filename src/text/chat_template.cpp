@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
@@ -188,7 +189,8 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
 }
 
 std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                                 const nlohmann::ordered_json& extra, ChatTemplateUsage* usage) const {
+                                 const nlohmann::ordered_json& extra, ChatTemplateUsage* usage,
+                                 jinja::RenderTrace* trace) const {
   if (!program_) throw InputError("render: the chat template was not loaded");
   if (!extra.is_object()) throw InputError(label_ + ": the extra template variables must be a JSON object");
   std::vector<std::pair<std::string, jinja::Value>> vars;
@@ -207,78 +209,205 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool ad
       vars.emplace_back(it.key(), jinja::variable(label_, it.key(), it.value()));
     }
   }
-  vars.emplace_back("messages", jinja::prepare_messages(label_, messages));
+  jinja::Value list = jinja::prepare_messages(label_, messages);
+  if (trace != nullptr) {  // the message objects, by identity (slices and loop variables share them)
+    trace->messages.clear();
+    for (size_t i = 0; i < list.items().size(); ++i) trace->messages.emplace(list.items()[i].dict.get(), i);
+  }
+  vars.emplace_back("messages", std::move(list));
   vars.emplace_back("tools", std::move(tools));
   vars.emplace_back("documents", std::move(documents));
   vars.emplace_back("add_generation_prompt", jinja::Value::boolean(add_generation_prompt));
-  return jinja::run_program(*program_, std::move(vars), fixed_time_, limits_, usage);
+  return jinja::run_program(*program_, std::move(vars), fixed_time_, limits_, usage, trace);
+}
+
+namespace {
+
+bool is_assistant(const nlohmann::ordered_json& m) {
+  return m.is_object() && m.contains("role") && m["role"] == "assistant";
+}
+
+nlohmann::ordered_json head(const nlohmann::ordered_json& messages, size_t n) {
+  nlohmann::ordered_json part = nlohmann::ordered_json::array();
+  for (size_t k = 0; k < n; ++k) part.push_back(messages[k]);
+  return part;
+}
+
+size_t mismatch(std::string_view a, std::string_view b) {
+  size_t k = 0;
+  while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
+  return k;
+}
+
+// k moved back to the start of the UTF-8 character it is inside of.
+size_t char_start(std::string_view s, size_t k) {
+  while (k > 0 && k < s.size() && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) --k;
+  return k;
+}
+
+// Rule 2 for assistant message i of a conversation whose full render is `text`: its span, or the
+// reason the template is not prefix-consistent there (span empty). `spent` adds the bytes rendered.
+struct PrefixSpan {
+  std::optional<std::pair<size_t, size_t>> span;
+  std::string error;
+};
+PrefixSpan prefix_span(const ChatTemplate& t, const nlohmann::ordered_json& messages, size_t i,
+                       const nlohmann::ordered_json& extra, const std::string& text, uint64_t* spent) {
+  const std::string prompt = t.render(head(messages, i), true, extra);
+  const std::string upto = t.render(head(messages, i + 1), false, extra);
+  if (spent != nullptr) *spent += prompt.size() + upto.size();
+  size_t begin = prompt.size();
+  if (upto.compare(0, prompt.size(), prompt) != 0) {
+    // A generation prompt the finished turn does not repeat (DeepSeek-R1's "<think>\n"): the
+    // reply starts where the two part (at a character boundary), if that is inside the
+    // generation prompt, i.e. past the render of the conversation before it.
+    const std::string base = t.render(head(messages, i), false, extra);
+    const size_t k = char_start(upto, mismatch(prompt, upto));
+    if (prompt.compare(0, base.size(), base) == 0 && upto.compare(0, base.size(), base) == 0 && k >= base.size()) {
+      begin = k;
+    } else {
+      return {std::nullopt,
+              fmt::format("{}: message {}: the template is not prefix-consistent: render(messages[:{}], "
+                          "add_generation_prompt=true) is not a prefix of render(messages[:{}]) (they differ at byte {})",
+                          t.label(), i, i, i + 1, mismatch(prompt, upto))};
+    }
+  }
+  if (text.compare(0, upto.size(), upto) != 0) {
+    return {std::nullopt, fmt::format("{}: message {}: the template is not prefix-consistent: render(messages[:{}]) is "
+                                      "not a prefix of the whole conversation's render (they differ at byte {})",
+                                      t.label(), i, i + 1, mismatch(upto, text))};
+  }
+  return {std::pair{begin, upto.size()}, {}};
+}
+
+void check_assistant_not_first(const ChatTemplate& t, const nlohmann::ordered_json& messages) {
+  if (messages.is_array() && !messages.empty() && is_assistant(messages[0]))
+    throw InputError(t.label() + ": message 0 is an assistant message: there is no prompt before it to render");
+}
+
+// Rule 3: the spans from the traced full render, or nullopt when it does not apply.
+std::optional<std::vector<std::pair<size_t, size_t>>> spans_by_turns(const ChatTemplate& t,
+                                                                    const nlohmann::ordered_json& messages,
+                                                                    const nlohmann::ordered_json& extra,
+                                                                    const std::string& text,
+                                                                    const jinja::RenderTrace& trace) {
+  std::vector<std::optional<std::pair<size_t, size_t>>> turn(messages.size());
+  for (const auto& it : trace.iterations) {
+    if (it.message >= turn.size() || !is_assistant(messages[it.message])) continue;
+    if (turn[it.message]) return std::nullopt;  // two iterations wrote for this reply: whose is it?
+    turn[it.message] = std::pair{it.begin, it.end};
+  }
+  std::vector<size_t> replies;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (!is_assistant(messages[i])) continue;
+    if (!turn[i]) return std::nullopt;  // a reply no loop iteration wrote (or wrote nothing)
+    replies.push_back(i);
+  }
+  if (replies.empty()) return std::vector<std::pair<size_t, size_t>>{};
+  // G, the generation prompt, from the conversation before the first reply.
+  const size_t j = replies[0];
+  // G: what render(messages[:j], true) writes after its last message's loop iteration. (Not merely
+  // past render(messages[:j]): a template may end a finished conversation with text of its own
+  // where the generation prompt goes otherwise, Phi-3.5's eos_token.) Both renders must agree up to there.
+  jinja::RenderTrace prompt_trace;
+  const std::string prompt = t.render(head(messages, j), true, extra, nullptr, &prompt_trace);
+  const std::string base = t.render(head(messages, j), false, extra);
+  size_t loop_end = 0;
+  for (const auto& it : prompt_trace.iterations) loop_end = std::max(loop_end, it.end);
+  if (prompt_trace.iterations.empty() || base.compare(0, loop_end, prompt, 0, loop_end) != 0) return std::nullopt;
+  const std::string_view g = std::string_view(prompt).substr(loop_end);
+  std::vector<std::pair<size_t, size_t>> spans;
+  size_t last_end = 0;
+  for (size_t i : replies) {
+    const auto [b, e] = *turn[i];
+    if (b < last_end) return std::nullopt;  // nested or overlapping turns
+    const std::string_view out = std::string_view(text).substr(b, e - b);
+    spans.emplace_back(b + char_start(out, mismatch(out, g)), e);
+    last_end = e;
+  }
+  // Where the template is prefix-consistent at the first reply, rule 2 must agree there. At the last
+  // reply it must start where the turn's span starts; its end is taken, since it holds what the
+  // template writes after its loop for a finished conversation (Phi-3.5's final eos_token).
+  const PrefixSpan first = prefix_span(t, messages, replies[0], extra, text, nullptr);
+  if (replies.size() > 1 && first.span && *first.span != spans[0]) return std::nullopt;
+  const PrefixSpan last = replies.size() > 1 ? prefix_span(t, messages, replies.back(), extra, text, nullptr) : first;
+  if (last.span) {
+    if (last.span->first != spans.back().first || last.span->second < spans.back().second) return std::nullopt;
+    spans.back().second = last.span->second;
+  }
+  return spans;
+}
+
+}  // namespace
+
+ChatRender render_with_spans_by_prefixes(const ChatTemplate& t, const nlohmann::ordered_json& messages,
+                                         const nlohmann::ordered_json& extra) {
+  ChatRender r;
+  r.text = t.render(messages, false, extra);
+  check_assistant_not_first(t, messages);
+  uint64_t spent = 0;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (!is_assistant(messages[i])) continue;
+    const PrefixSpan p = prefix_span(t, messages, i, extra, r.text, &spent);
+    if (!p.span) throw InputError(p.error);
+    r.assistant_spans.push_back(*p.span);
+  }
+  if (!r.assistant_spans.empty()) r.rule = ChatRender::Rule::kPrefixes;
+  return r;
 }
 
 ChatRender render_with_spans(const ChatTemplate& t, const nlohmann::ordered_json& messages, const nlohmann::ordered_json& extra) {
   ChatRender r;
-  r.text = t.render(messages, false, extra);
-  // The prefix renders cost about 2 x (the share of the conversation up to each reply) x the whole
-  // text per assistant message: quadratic in the turns. Refused at once when that estimate is over
-  // the spans budget; what the renders really write is counted too.
+  jinja::RenderTrace trace;
+  r.text = t.render(messages, false, extra, nullptr, &trace);
+  if (!trace.generation.empty()) {  // rule 1
+    r.assistant_spans = std::move(trace.generation);
+    r.rule = ChatRender::Rule::kGeneration;
+    return r;
+  }
+  check_assistant_not_first(t, messages);
+  auto by_turns = [&]() -> bool {  // rule 3
+    auto spans = spans_by_turns(t, messages, extra, r.text, trace);
+    if (!spans) return false;
+    r.assistant_spans = std::move(*spans);
+    r.rule = r.assistant_spans.empty() ? ChatRender::Rule::kNone : ChatRender::Rule::kTurns;
+    return true;
+  };
+  // Rule 2's prefix renders cost about 2 x (the share of the conversation up to each reply) x the
+  // whole text per assistant message: quadratic in the turns. Past the spans budget (estimated
+  // before any of them runs, and counted as they run) the turns decide.
   const uint64_t budget = t.limits().max_spans_bytes;
   double estimate = 0;
   for (size_t i = 0; i < messages.size(); ++i) {
-    const auto& m = messages[i];
-    if (m.is_object() && m.contains("role") && m["role"] == "assistant") {
+    if (is_assistant(messages[i]))
       estimate += 2.0 * static_cast<double>(r.text.size()) * static_cast<double>(i + 1) / static_cast<double>(messages.size());
-    }
   }
   auto over = [&](double bytes, bool estimated) {
     return InputError(fmt::format(
         "{}: the per-reply spans of this conversation ({} messages, {} bytes rendered) {} {:.0f} bytes of prefix "
-        "renders, over the spans budget ({}; QSHARD_TEMPLATE_LIMITS=spans=N sets it): split the conversation",
+        "renders, over the spans budget ({}; QSHARD_TEMPLATE_LIMITS=spans=N sets it), and the template does not "
+        "render each reply in a loop iteration of its own that agrees with them: split the conversation",
         t.label(), messages.size(), r.text.size(), estimated ? "need about" : "wrote", bytes, budget));
   };
-  if (estimate > static_cast<double>(budget)) throw over(estimate, true);
-  uint64_t spent = 0;
-  auto head = [&](size_t n) {
-    nlohmann::ordered_json part = nlohmann::ordered_json::array();
-    for (size_t k = 0; k < n; ++k) part.push_back(messages[k]);
-    return part;
-  };
-  auto mismatch = [](const std::string& a, const std::string& b) {
-    size_t k = 0;
-    while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
-    return k;
-  };
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const auto& m = messages[i];
-    if (!m.is_object() || !m.contains("role") || m["role"] != "assistant") continue;
-    if (i == 0) throw InputError(t.label() + ": message 0 is an assistant message: there is no prompt before it to render");
-    const std::string prompt = t.render(head(i), true, extra);
-    const std::string upto = t.render(head(i + 1), false, extra);
-    spent += prompt.size() + upto.size();
-    if (spent > budget) throw over(static_cast<double>(spent), false);
-    size_t begin = prompt.size();
-    if (upto.compare(0, prompt.size(), prompt) != 0) {
-      // A generation prompt the finished turn does not repeat (DeepSeek-R1's "<think>\n"): the
-      // reply starts where the two part (at a character boundary), if that is inside the
-      // generation prompt, i.e. past the render of the conversation before it.
-      const std::string base = t.render(head(i), false, extra);
-      size_t k = mismatch(prompt, upto);
-      while (k > 0 && k < upto.size() && (static_cast<unsigned char>(upto[k]) & 0xC0) == 0x80) --k;
-      if (prompt.compare(0, base.size(), base) == 0 && upto.compare(0, base.size(), base) == 0 && k >= base.size())
-        begin = k;
-    }
-    if (begin == prompt.size() && upto.compare(0, prompt.size(), prompt) != 0) {
-      throw InputError(fmt::format(
-          "{}: message {}: the template is not prefix-consistent: render(messages[:{}], add_generation_prompt=true) is not a "
-          "prefix of render(messages[:{}]) (they differ at byte {})",
-          t.label(), i, i, i + 1, mismatch(prompt, upto)));
-    }
-    if (r.text.compare(0, upto.size(), upto) != 0) {
-      throw InputError(fmt::format(
-          "{}: message {}: the template is not prefix-consistent: render(messages[:{}]) is not a prefix of the whole "
-          "conversation's render (they differ at byte {})",
-          t.label(), i, i + 1, mismatch(upto, r.text)));
-    }
-    r.assistant_spans.emplace_back(begin, upto.size());
+  if (estimate > static_cast<double>(budget)) {
+    if (by_turns()) return r;
+    throw over(estimate, true);
   }
+  uint64_t spent = 0;
+  for (size_t i = 0; i < messages.size(); ++i) {  // rule 2
+    if (!is_assistant(messages[i])) continue;
+    const PrefixSpan p = prefix_span(t, messages, i, extra, r.text, &spent);
+    if (!p.span) {
+      if (by_turns()) return r;
+      throw InputError(p.error);
+    }
+    if (spent > budget) {
+      if (by_turns()) return r;
+      throw over(static_cast<double>(spent), false);
+    }
+    r.assistant_spans.push_back(*p.span);
+  }
+  if (!r.assistant_spans.empty()) r.rule = ChatRender::Rule::kPrefixes;
   return r;
 }
 

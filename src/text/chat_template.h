@@ -54,6 +54,7 @@ namespace qshard {
 
 namespace jinja {
 struct Program;
+struct RenderTrace;
 }
 
 // The budgets of one render. Measured over the 628 golden renders of tests/data/chat_template
@@ -68,10 +69,9 @@ struct ChatTemplateLimits {
   uint64_t max_iterations = 20'000'000;        // for-loop iterations + builtin element steps (filters, `in`, ...)
   uint64_t max_output_bytes = 256ull << 20;    // bytes written (the output, macro and block-set bodies)
   uint64_t max_bytes = 1ull << 30;             // bytes of strings, lists and dicts created (cumulative)
-  // render_with_spans: bytes of all the prefix renders together (quadratic in the turns: a
-  // conversation of thousands of turns is refused at once, from an estimate, instead of running
-  // for minutes).
-  uint64_t max_spans_bytes = 512ull << 20;
+  // render_with_spans: bytes of all the prefix renders of its rule 2 together (quadratic in the
+  // turns: past it, a conversation of thousands of turns goes to the linear rule 3 at once).
+  uint64_t max_spans_bytes = 64ull << 20;
 
   // The defaults with QSHARD_TEMPLATE_LIMITS applied; InputError naming the variable when malformed.
   static ChatTemplateLimits from_env();
@@ -116,9 +116,11 @@ class ChatTemplate {
   // (e.g. tools, date_string, enable_thinking). Throws InputError naming the template, line and
   // column on a runtime error, ChatTemplateRaise when the template raises.
   // usage: when not null, receives what the render used of its budgets (when it succeeds).
+  // trace: when not null, receives what the render wrote for each message and each {% generation %}
+  // block (chat_template_ast.h; render_with_spans uses it).
   std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                      const nlohmann::ordered_json& extra = nlohmann::ordered_json::object(),
-                     ChatTemplateUsage* usage = nullptr) const;
+                     ChatTemplateUsage* usage = nullptr, jinja::RenderTrace* trace = nullptr) const;
 
   // strftime_now() formats this time (seconds since the epoch, as UTC) instead of reading the local
   // clock: renders that do not change with the day (tests, reproducible data). nullopt: the clock.
@@ -141,20 +143,39 @@ class ChatTemplate {
   ChatTemplateLimits limits_;
 };
 
-// The text of render(messages, false) and the byte spans of the assistant messages in it.
+// The text of render(messages, false) and the byte spans that carry loss in it.
 struct ChatRender {
+  enum class Rule : uint8_t { kNone, kGeneration, kTurns, kPrefixes };
   std::string text;
-  std::vector<std::pair<size_t, size_t>> assistant_spans;  // [begin, end) per assistant message
+  std::vector<std::pair<size_t, size_t>> assistant_spans;  // [begin, end), in order, disjoint
+  Rule rule = Rule::kNone;  // how the spans were found (below); kNone: no assistant message
 };
 
-// For each assistant message i: render(messages[:i], add_generation_prompt=true) must be a prefix
-// of render(messages[:i+1], false), which must be a prefix of the full render; the span is
-// [len(prefix_i), len(render(messages[:i+1]))). A template whose finished turn does not repeat its
-// whole generation prompt (DeepSeek-R1's "<think>\n") is taken where the two part, when that is
-// past render(messages[:i], false): the reply's span then starts there. Throws InputError naming the message index when
-// the template does not render the conversation prefix-consistently (e.g. it drops earlier turns'
-// reasoning, or appends eos only at the very end), or when an assistant message comes first.
+// The spans, by the first rule that applies:
+// 1. kGeneration: the template has {% generation %} blocks (transformers'
+//    return_assistant_tokens_mask): each outermost block's output is a span.
+// 2. kPrefixes: for each assistant message i, render(messages[:i], add_generation_prompt=true) is
+//    a prefix of render(messages[:i+1]), itself a prefix of the full render; the span is
+//    [len(prefix_i), len(render(messages[:i+1]))), starting where the two part when the finished
+//    turn does not repeat the whole generation prompt (DeepSeek-R1's "<think>\n"), if that is past
+//    render(messages[:i]). Exact, and quadratic in the turns: tried while the prefix renders stay
+//    within ChatTemplateLimits::max_spans_bytes (estimated before any runs, counted as they run).
+// 3. kTurns, the template's own output per reply, from the one full render: each assistant
+//    message is written by exactly one loop iteration over it (the loop variable is that message
+//    object); its span is that iteration's output less the generation prompt's text it starts with
+//    (G = render(messages[:j], true) past render(messages[:j]), j the first reply; where the turn
+//    repeats only part of G the span starts where the two part). Linear: a few more renders. It
+//    must agree with rule 2 at the first and the last reply wherever the template is
+//    prefix-consistent there. Used when rule 2 finds the template not prefix-consistent (Qwen3
+//    drops earlier turns' reasoning, gpt-oss their analysis channel: each reply is then trained as
+//    the template renders it in this conversation) or when rule 2 would pass the budget.
+// Throws InputError naming the template: an assistant message first (rules 2 and 3); not
+// prefix-consistent (rule 2's message, naming the message index) or over the spans budget, when
+// rule 3 does not apply either.
 ChatRender render_with_spans(const ChatTemplate& t, const nlohmann::ordered_json& messages,
                              const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
+// Rule 2 alone, without the budget (for tests that compare the rules).
+ChatRender render_with_spans_by_prefixes(const ChatTemplate& t, const nlohmann::ordered_json& messages,
+                                         const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
 
 }  // namespace qshard

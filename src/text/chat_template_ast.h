@@ -27,6 +27,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -205,12 +206,28 @@ std::string normalize_newlines(const std::string& src);  // \r\n and \r to \n; o
 // chat_template_parse.cpp
 std::unique_ptr<Program> parse_program(std::string source, std::string label);
 
+// What a traced render records about its own output (render_with_spans, chat_template.h). Only
+// writes to the render's output count (not a macro's or a block set's text), as byte offsets in it.
+struct RenderTrace {
+  // In: the message objects of `messages` (their Dicts, shared by slices and loop variables) -> index.
+  std::unordered_map<const Dict*, size_t> messages;
+  // Out: each for-loop iteration whose loop variable is a message object and that wrote output.
+  struct Iteration {
+    size_t message = 0;
+    size_t begin = 0, end = 0;
+  };
+  std::vector<Iteration> iterations;
+  // Out: the output of each outermost {% generation %} block that wrote any ([begin, end)).
+  std::vector<std::pair<size_t, size_t>> generation;
+};
+
 // chat_template_eval.cpp: runs `program` with `vars` over the globals; the output text.
 // fixed_time: what strftime_now() formats (as UTC) instead of the local clock.
 // limits: the budgets (chat_template.h); the run fails at the statement or expression that goes over one.
+// trace: when not null, receives RenderTrace's records.
 std::string run_program(const Program& program, std::vector<std::pair<std::string, Value>> vars,
                         std::optional<std::time_t> fixed_time = std::nullopt, const ChatTemplateLimits& limits = {},
-                        ChatTemplateUsage* usage = nullptr);
+                        ChatTemplateUsage* usage = nullptr, RenderTrace* trace = nullptr);
 
 // The accounting of the render running on this thread (Evaluator::run installs it; outside a render
 // these do nothing): value constructors charge the bytes they allocate, printers and builders check
@@ -233,8 +250,9 @@ class DepthGuard {
 
 class Evaluator {
  public:
-  Evaluator(const Program& program, std::optional<std::time_t> fixed_time, const ChatTemplateLimits& limits)
-      : program_(program), fixed_time_(fixed_time), limits_(limits) {}
+  Evaluator(const Program& program, std::optional<std::time_t> fixed_time, const ChatTemplateLimits& limits,
+            RenderTrace* trace = nullptr)
+      : program_(program), fixed_time_(fixed_time), limits_(limits), trace_(trace) {}
   ~Evaluator();  // empties the namespaces it made (a namespace may hold itself: a cycle)
   std::string run(std::vector<std::pair<std::string, Value>> vars);
   void own(const std::shared_ptr<Namespace>& ns) { namespaces_.push_back(ns); }
@@ -277,6 +295,9 @@ class Evaluator {
   uint64_t iterations_ = 0;    // loop iterations + builtin element steps
   uint64_t output_ = 0;        // bytes written to any output (the render's, macro and block-set bodies)
   uint64_t bytes_ = 0;         // bytes of strings, lists and dicts created (never given back: conservative)
+  RenderTrace* trace_ = nullptr;           // null: no tracing
+  const std::string* root_out_ = nullptr;  // the render's own output (what the trace records)
+  int generation_depth_ = 0;               // {% generation %} blocks open on the render's output
   std::shared_ptr<Scope> root_;  // the render's variables and top-level sets
   std::vector<std::shared_ptr<Namespace>> namespaces_;
 };

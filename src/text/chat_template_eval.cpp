@@ -200,8 +200,9 @@ Value make_loop(size_t idx, const ValueList& items) {
 }  // namespace
 
 std::string run_program(const Program& program, std::vector<std::pair<std::string, Value>> vars,
-                        std::optional<std::time_t> fixed_time, const ChatTemplateLimits& limits, ChatTemplateUsage* usage) {
-  Evaluator ev(program, fixed_time, limits);
+                        std::optional<std::time_t> fixed_time, const ChatTemplateLimits& limits, ChatTemplateUsage* usage,
+                        RenderTrace* trace) {
+  Evaluator ev(program, fixed_time, limits, trace);
   std::string out = ev.run(std::move(vars));
   if (usage != nullptr) *usage = ev.usage();
   return out;
@@ -271,6 +272,7 @@ std::string Evaluator::run(std::vector<std::pair<std::string, Value>> vars) {
   root_->parent = globals;
   for (auto& [k, v] : vars) root_->set(k, std::move(v));
   std::string out;
+  root_out_ = &out;
   exec(program_.body, root_, out);
   return out;
 }
@@ -350,10 +352,14 @@ Evaluator::Flow Evaluator::exec(const Body& body, const std::shared_ptr<Scope>& 
         if (f != Flow::kNormal) return f;
         break;
       }
-      case StmtOp::kScoped: {
+      case StmtOp::kScoped: {  // {% generation %}: traced when it writes to the render's output
         auto inner = std::make_shared<Scope>();
         inner->parent = scope;
+        const bool traced = trace_ != nullptr && &out == root_out_;
+        const size_t begin = out.size();
+        if (traced) ++generation_depth_;
         const Flow f = exec(s.bodies[0], inner, out);
+        if (traced && --generation_depth_ == 0 && out.size() > begin) trace_->generation.emplace_back(begin, out.size());
         if (f != Flow::kNormal) return f;
         break;
       }
@@ -392,9 +398,18 @@ Evaluator::Flow Evaluator::exec_for(const Stmt& s, const std::shared_ptr<Scope>&
     auto inner = std::make_shared<Scope>();
     inner->parent = scope;
     at_ = s.offset;
+    // Traced: an iteration over a message object that writes to the render's output.
+    size_t message = SIZE_MAX;
+    if (trace_ != nullptr && &out == root_out_ && items[idx].is(Kind::kDict)) {
+      auto it = trace_->messages.find(items[idx].dict.get());
+      if (it != trace_->messages.end()) message = it->second;
+    }
+    const size_t begin = out.size();
     assign(s.targets[0], items[idx], *inner);
     inner->set("loop", make_loop(idx, items));
-    if (exec(s.bodies[0], inner, out) == Flow::kBreak) break;
+    const Flow f = exec(s.bodies[0], inner, out);
+    if (message != SIZE_MAX && out.size() > begin) trace_->iterations.push_back({message, begin, out.size()});
+    if (f == Flow::kBreak) break;
   }
   return Flow::kNormal;
 }

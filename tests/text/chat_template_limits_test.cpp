@@ -300,20 +300,39 @@ TEST(ChatTemplateLimits, RenderingIsLinearInTheMessages) {
   EXPECT_GE(checked, 20);
 }
 
-// render_with_spans renders each reply's prefix (quadratic in the turns): a conversation whose
-// prefix renders would be over the spans budget is refused before any of them runs.
-TEST(ChatTemplateLimits, SpansOfHugeConversationsAreRefusedAtOnce) {
+// render_with_spans's rule 2 renders each reply's prefix (quadratic in the turns): a conversation
+// whose prefix renders would be over the spans budget goes to rule 3 (the template's own turns, one
+// render: linear) at once, or, for a template that does not write each reply in a loop iteration of
+// its own, is refused at once, before any prefix render runs.
+TEST(ChatTemplateLimits, SpansOfHugeConversationsAreLinearOrRefusedAtOnce) {
   const ChatTemplate t = ChatTemplate::parse(read_text(kDir / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"), "qwen.jinja");
+  const ChatRender big = render_with_spans(t, chat(100000));
+  EXPECT_EQ(big.rule, ChatRender::Rule::kTurns);
+  ASSERT_EQ(big.assistant_spans.size(), 50000u);
+  // The same spans as rule 2 where both run (200 messages).
+  const ChatRender small = render_with_spans(t, chat(200));
+  EXPECT_EQ(small.rule, ChatRender::Rule::kPrefixes);
+  ChatTemplate forced = t;
+  ChatTemplateLimits limits = t.limits();
+  limits.max_spans_bytes = 1;
+  forced.set_limits(limits);
+  const ChatRender turns = render_with_spans(forced, chat(200));
+  EXPECT_EQ(turns.rule, ChatRender::Rule::kTurns);
+  EXPECT_EQ(turns.assistant_spans, small.assistant_spans);
+  EXPECT_EQ(big.text.substr(big.assistant_spans.back().first), "message number 99999<|im_end|>\n");
+  // A template that indexes the messages instead of looping over them: no turns to trace.
+  const ChatTemplate indexed = ChatTemplate::parse(
+      "{% for i in range(messages | length) %}<{{ messages[i].role }}>{{ messages[i].content }}{% endfor %}", "indexed.jinja");
   try {
-    render_with_spans(t, chat(100000));
+    render_with_spans(indexed, chat(100000));
     ADD_FAILURE() << "100k messages: spans rendered";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("qwen.jinja: the per-reply spans of this conversation (100000 messages"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("indexed.jinja: the per-reply spans of this conversation (100000 messages"), std::string::npos)
         << e.what();
     EXPECT_NE(std::string(e.what()).find("need about"), std::string::npos) << e.what();  // the estimate, before any render
     EXPECT_NE(std::string(e.what()).find("over the spans budget"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(render_with_spans(t, chat(200)).assistant_spans.size(), 100u);
+  EXPECT_EQ(render_with_spans(indexed, chat(200)).assistant_spans.size(), 100u);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -136,8 +137,40 @@ TEST(ChatTemplateGolden, RendersMatchTransformers) {
   EXPECT_GT(texts, 550);
 }
 
+// Rule 3's spans (no golden to compare): in order and disjoint, one per assistant message, each
+// holding the reply's visible text (its content past any "</think>", trimmed) and no other
+// message's content.
+void check_turn_spans(const ojson& messages, const ChatRender& r, const std::string& what) {
+  std::vector<size_t> replies;
+  for (size_t i = 0; i < messages.size(); ++i)
+    if (messages[i]["role"] == "assistant") replies.push_back(i);
+  ASSERT_EQ(r.assistant_spans.size(), replies.size()) << what;
+  size_t last = 0;
+  for (size_t k = 0; k < replies.size(); ++k) {
+    const auto [b, e] = r.assistant_spans[k];
+    ASSERT_LE(last, b) << what;
+    ASSERT_LE(b, e) << what;
+    ASSERT_LE(e, r.text.size()) << what;
+    last = e;
+    const std::string span = r.text.substr(b, e - b);
+    const ojson& m = messages[replies[k]];
+    if (m.contains("content") && m["content"].is_string()) {
+      std::string visible = m["content"].get<std::string>();
+      if (const size_t p = visible.rfind("</think>"); p != std::string::npos) visible = visible.substr(p + 8);
+      while (!visible.empty() && std::isspace(static_cast<unsigned char>(visible.front()))) visible.erase(0, 1);
+      while (!visible.empty() && std::isspace(static_cast<unsigned char>(visible.back()))) visible.pop_back();
+      EXPECT_NE(span.find(visible), std::string::npos) << what << ": reply " << replies[k] << " not in its span '" << span << "'";
+    }
+    for (size_t i = 0; i < messages.size(); ++i) {
+      if (messages[i]["role"] == "assistant" || !messages[i].contains("content") || !messages[i]["content"].is_string()) continue;
+      const std::string other = messages[i]["content"].get<std::string>();
+      if (other.size() >= 8) EXPECT_EQ(span.find(other), std::string::npos) << what << ": message " << i << " in reply " << replies[k] << "'s span";
+    }
+  }
+}
+
 TEST(ChatTemplateGolden, SpansMatchTransformers) {
-  int sets = 0, errors = 0;
+  int sets = 0, turns = 0, errors = 0;
   for (const auto& tmpl : golden()["templates"]) {
     const std::string name = tmpl["name"].get<std::string>();
     const ChatTemplate t = load(tmpl);
@@ -160,6 +193,21 @@ TEST(ChatTemplateGolden, SpansMatchTransformers) {
           ASSERT_LE(e, r.text.size());
         }
         ++sets;
+        EXPECT_EQ(r.rule, want.empty() ? ChatRender::Rule::kNone : ChatRender::Rule::kPrefixes) << what;
+      } else if (s["error"].get<std::string>().find("is not a prefix of") != std::string::npos) {
+        // Not prefix-consistent (the golden's rule 2 raised): rule 3 gives the spans where each reply
+        // is one loop iteration of its own, else we raise too.
+        ChatRender r;
+        try {
+          r = render_with_spans(t, conv["messages"], variables(tmpl, conv));
+        } catch (const InputError& e) {
+          EXPECT_NE(std::string(e.what()).find("is not a prefix of"), std::string::npos) << what << ": " << e.what();
+          ++errors;
+          continue;
+        }
+        EXPECT_EQ(r.rule, ChatRender::Rule::kTurns) << what;
+        check_turn_spans(conv["messages"], r, what);
+        ++turns;
       } else {
         EXPECT_THROW(render_with_spans(t, conv["messages"], variables(tmpl, conv)), InputError)
             << what << " (python: " << s["error"] << ")";
@@ -167,8 +215,92 @@ TEST(ChatTemplateGolden, SpansMatchTransformers) {
       }
     }
   }
-  std::printf("golden spans: %d span sets equal, %d conversations not prefix-consistent (both raise)\n", sets, errors);
+  std::printf("golden spans: %d span sets equal, %d by turns where the template is not prefix-consistent, %d raise\n",
+              sets, turns, errors);
   EXPECT_GT(sets, 200);
+  EXPECT_GE(turns, 20);
+}
+
+// Rule 3 (the template's own turns) forced by a spans budget of 1 byte: on every golden conversation
+// where rule 2 gives spans, rule 3 gives the same ones, or refuses (over the budget) when a template
+// does not write each reply in a loop iteration of its own.
+TEST(ChatTemplateGolden, TurnSpansEqualPrefixSpans) {
+  int equal = 0, refused = 0;
+  for (const auto& tmpl : golden()["templates"]) {
+    ChatTemplate t = load(tmpl);
+    ChatTemplateLimits limits = t.limits();
+    limits.max_spans_bytes = 1;
+    t.set_limits(limits);
+    for (const auto& s : tmpl["spans"]) {
+      if (!s.contains("spans") || s["spans"].empty()) continue;
+      const ojson& conv = conversation(s["conversation"].get<std::string>());
+      const std::string what = tmpl["name"].get<std::string>() + " x " + s["conversation"].get<std::string>();
+      std::vector<std::pair<size_t, size_t>> want;
+      for (const auto& p : s["spans"]) want.emplace_back(p[0].get<size_t>(), p[1].get<size_t>());
+      try {
+        const ChatRender r = render_with_spans(t, conv["messages"], variables(tmpl, conv));
+        EXPECT_EQ(r.rule, ChatRender::Rule::kTurns) << what;
+        EXPECT_EQ(r.assistant_spans, want) << what;
+        ++equal;
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("over the spans budget"), std::string::npos) << what << ": " << e.what();
+        std::printf("REFUSED %s\n", what.c_str());
+        ++refused;
+      }
+    }
+  }
+  std::printf("rule 3 forced: %d span sets equal to rule 2's, %d refused\n", equal, refused);
+  EXPECT_GE(equal, 170);
+}
+
+// Templates that render earlier turns unlike the last: each reply's span is what the template wrote
+// for it (Qwen3: an empty think block on the last reply only; Phi-3.5: eos_token after the last).
+TEST(ChatTemplateGolden, TurnSpansOfTemplatesThatAreNotPrefixConsistent) {
+  struct Case {
+    const char* name;
+    std::vector<std::string> spans;
+  };
+  const Case cases[] = {
+      {"Qwen-Qwen3-0.6B", {"7 is a prime number.<|im_end|>\n", "<think>\n\n</think>\n\n2 is the only even prime.<|im_end|>\n"}},
+      {"microsoft-Phi-3.5-mini-instruct", {"7 is a prime number.<|end|>\n", "2 is the only even prime.<|end|>\n<|endoftext|>"}},
+      {"openai-gpt-oss-120b",
+       {"<|channel|>final<|message|>7 is a prime number.<|end|>", "<|channel|>final<|message|>2 is the only even prime.<|return|>"}}};
+  for (const Case& c : cases) {
+    const ojson* tmpl = nullptr;
+    for (const auto& x : golden()["templates"])
+      if (x["name"] == c.name) tmpl = &x;
+    ASSERT_NE(tmpl, nullptr) << c.name;
+    const ChatTemplate t = load(*tmpl);
+    const ojson& conv = conversation("multi_turn_end_assistant");
+    EXPECT_THROW(render_with_spans_by_prefixes(t, conv["messages"], variables(*tmpl, conv)), InputError) << c.name;
+    const ChatRender r = render_with_spans(t, conv["messages"], variables(*tmpl, conv));
+    EXPECT_EQ(r.rule, ChatRender::Rule::kTurns) << c.name;
+    std::vector<std::string> got;
+    for (auto [b, e] : r.assistant_spans) got.push_back(r.text.substr(b, e - b));
+    EXPECT_EQ(got, c.spans) << c.name;
+  }
+}
+
+// {% generation %} blocks decide the spans when a template has them, as transformers'
+// return_assistant_tokens_mask: their output, whatever the prefixes do.
+TEST(ChatTemplate, GenerationBlocksAreTheSpans) {
+  const ChatTemplate t = ChatTemplate::parse(
+      "{% for m in messages %}{% if m.role == 'assistant' %}<A>{% generation %}{{ m.content }}!{% endgeneration %}"
+      "{% else %}<U>{{ m.content }}{% endif %}{% endfor %}{% if add_generation_prompt %}<A>{% endif %}",
+      "gen.jinja");
+  const ojson conv = ojson::parse(R"([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
+                                      {"role": "user", "content": "x"}, {"role": "assistant", "content": "z"}])");
+  const ChatRender r = render_with_spans(t, conv);
+  EXPECT_EQ(r.text, "<U>hi<A>yo!<U>x<A>z!");
+  EXPECT_EQ(r.rule, ChatRender::Rule::kGeneration);
+  EXPECT_EQ(r.assistant_spans, (std::vector<std::pair<size_t, size_t>>{{8, 11}, {18, 20}}));
+  // A generation block inside a macro or a block set does not write the render's output: no span
+  // from it (rule 2 decides this prefix-consistent template).
+  const ChatTemplate m = ChatTemplate::parse(
+      "{% set x %}{% generation %}no{% endgeneration %}{% endset %}{% for m in messages %}{{ m.content }}{% endfor %}",
+      "set.jinja");
+  EXPECT_EQ(render_with_spans(m, ojson::parse(R"([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])")).rule,
+            ChatRender::Rule::kPrefixes);
 }
 
 // The assistant text itself lies inside its span (ChatML and Llama 3 layouts).
