@@ -180,7 +180,7 @@ class SampleEncoder {
   // targets, the rest context. Each piece is encoded on its own (no special tokens added: the
   // template writes them), as generation sees it: the prompt encoded, the reply generated.
   void chat(const Sample& s, const std::string& where, std::vector<uint32_t>& out, int64_t& bytes) {
-    const ChatTemplate& t = chat_template(where);
+    const ChatTemplate& t = chat_template(where + ": this record");
     ChatRender cr;
     try {
       cr = render_with_spans(t, s.messages);

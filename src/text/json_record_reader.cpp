@@ -140,6 +140,11 @@ bool JsonRecordReader::next(nlohmann::ordered_json& record, std::string& where) 
     return true;
   }
   if (layout_ == Layout::kUnknown) {
+    if (peek() == 0xEF) {  // a UTF-8 byte order mark (files saved by some Windows tools) is skipped
+      get();
+      if (get() != 0xBB || get() != 0xBF)
+        throw InputError(fmt::format("{}:1: expected a JSON array or object, found bytes that are not UTF-8 text", path_));
+    }
     skip_blank();
     const int c = peek();
     if (c < 0) {

@@ -5,7 +5,7 @@
 // its records, JSON objects with their keys in file order:
 //   JSON Lines (any name but *.json): one object per non-empty line (a line of only spaces, tabs and
 //     '\r' is skipped); where = "<path>:<line>".
-//   *.json: the first non-blank byte decides.
+//   *.json: the first non-blank byte decides (after a UTF-8 byte order mark, which is skipped).
 //     '['  one top-level array of records, read element by element: the bytes are scanned with the
 //          string / escape state and the bracket depth to cut each element, which alone is parsed.
 //          where = "<path>:<line> (element <i>)": the line the element starts on, i 0-based (as

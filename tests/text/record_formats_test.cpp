@@ -66,6 +66,8 @@ TEST(JsonArray, ElementsAreCutOutsideStrings) {
   const auto lines = records_of(f);
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[2].first, f + ":4");
+  write_bytes(f, "\xEF\xBB\xBF[{\"text\": \"bom\"}]");  // a byte order mark first
+  EXPECT_EQ(records_of(f).at(0).second["text"], "bom");
   write_bytes(f, " [ ] ");
   EXPECT_TRUE(records_of(f).empty());
   write_bytes(f, "");
@@ -233,7 +235,7 @@ TEST(RecordFormats, PromptCompletionErrorsNameTheField) {
   TempDir dir;
   write_bytes(dir.file("c.jsonl"), R"({"prompt": "p", "completion": "c"})" "\n" + conversational + "\n");
   EXPECT_EQ(error_of([&] { tokenize_files({dir.file("c.jsonl")}, {}, dir.file("c.tok")); }),
-            dir.file("c.jsonl") + ":2 is rendered by a chat template: give --tokenizer, a model folder with "
+            dir.file("c.jsonl") + ":2: this record is rendered by a chat template: give --tokenizer, a model folder with "
                                   "tokenizer.json and a chat template");
 }
 
