@@ -1,24 +1,23 @@
 #include "text/byte_tokenizer.h"
-#include "text/tokenizer_fingerprint.h"
-#include "text/chat_template.h"
 
-#include <optional>
-#if QSHARD_WITH_TOKENIZER
-#include "text/hf_tokenizer.h"
-#endif
-#include "runtime/input_file.h"
-
-#include <filesystem>
 #include <cstdint>
-#include <functional>
+#include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 #include "runtime/numbers.h"
+#include "text/chat_template.h"
+#include "text/json_record_reader.h"
 #include "text/record_reader.h"
 #include "text/token_file.h"
+#include "text/tokenizer_fingerprint.h"
+#if QSHARD_WITH_TOKENIZER
+#include "text/hf_tokenizer.h"
+#endif
 
 namespace qshard {
 namespace {
@@ -29,8 +28,13 @@ bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+bool is_json_name(const std::string& path) { return ends_with(path, ".jsonl") || ends_with(path, ".json"); }
+
 // The limit's name in messages: the tokenize command's flag (TokenizeOptions::max_record_bytes).
 constexpr const char* kRecordLimitName = "--max-record-bytes";
+
+// The id bits of a token as tokenize writes it (the loss and document-start flags cleared).
+constexpr uint32_t kIdBits = token_id_bits(/*loss_mask=*/true, /*doc_starts=*/true);
 
 // The lines of an input held in memory, with RecordReader's next_line / line_no (split_documents).
 class MemoryLines {
@@ -53,105 +57,9 @@ class MemoryLines {
   int64_t line_no_ = 0;
 };
 
-}  // namespace
-
-InputFormat parse_input_format(std::string_view name) {
-  if (name == "auto") return InputFormat::kAuto;
-  if (name == "text") return InputFormat::kText;
-  if (name == "jsonl") return InputFormat::kJsonl;
-  if (name == "alpaca") return InputFormat::kAlpaca;
-  if (name == "chat") return InputFormat::kChat;
-  throw InputError(fmt::format("unknown input format '{}' (expected auto, text, jsonl, alpaca or chat)", name));
-}
-
-std::string alpaca_prompt(std::string_view instruction, std::string_view input) {
-  if (input.empty())
-    return fmt::format("Below is an instruction that describes a task. Write a response that appropriately completes "
-                       "the request.\n\n### Instruction:\n{}\n\n### Response:\n",
-                       instruction);
-  return fmt::format("Below is an instruction that describes a task, paired with an input that provides further "
-                     "context. Write a response that appropriately completes the request.\n\n### Instruction:\n{}"
-                     "\n\n### Input:\n{}\n\n### Response:\n",
-                     instruction, input);
-}
-
-namespace {
-
-struct Instruction {
-  std::string prompt, response;
-};
-
-// Calls fn(record, "file:line") for each JSON object of a JSONL input (blank lines skipped), one
-// line in memory at a time (`lines`: a RecordReader or MemoryLines).
-template <class Lines, class Fn>
-void for_each_record(Lines& lines, const std::string& label, Fn&& fn) {
-  std::string line;
-  while (lines.next_line(line)) {
-    if (is_blank(line)) continue;
-    const std::string where = fmt::format("{}:{}", label, lines.line_no());
-    nlohmann::ordered_json j = parse_json_input(line, where);
-    if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object per line, got {}", where, j.type_name()));
-    fn(j, where);
-  }
-}
-
-// Calls fn(instruction) for each alpaca record of `lines`.
-template <class Lines, class Fn>
-void for_each_alpaca(Lines& lines, const std::string& label, Fn&& fn) {
-  for_each_record(lines, label, [&](const nlohmann::ordered_json& j, const std::string& where) {
-    auto field = [&](const char* key, bool required) -> std::string {
-      const auto it = j.find(key);
-      if (it == j.end()) {
-        if (required) throw InputError(fmt::format("{}: no field \"{}\" (alpaca records have instruction, input, output)", where, key));
-        return {};
-      }
-      if (!it->is_string()) throw InputError(fmt::format("{}: field \"{}\" is {}, expected a string", where, key, it->type_name()));
-      return it->get<std::string>();
-    };
-    Instruction r;
-    r.prompt = alpaca_prompt(field("instruction", true), field("input", false));
-    r.response = field("output", true);
-    if (r.response.empty()) throw InputError(fmt::format("{}: field \"output\" is empty: nothing to train on", where));
-    fn(r);
-  });
-}
-
-// A chat record: {"messages": [{"role": "...", "content": "..."}, ...]} with at least one
-// assistant message; each message an object with string role and content (other keys kept).
-struct ChatRecord {
-  nlohmann::ordered_json messages;
-  std::string where;
-};
-
-// Calls fn(record) for each chat record of `lines`.
-template <class Lines, class Fn>
-void for_each_chat(Lines& lines, const std::string& label, Fn&& fn) {
-  for_each_record(lines, label, [&](nlohmann::ordered_json& j, const std::string& where) {
-    const auto it = j.find("messages");
-    if (it == j.end() || !it->is_array() || it->empty())
-      throw InputError(fmt::format("{}: expected a field \"messages\" holding a non-empty list of messages", where));
-    bool assistant = false;
-    for (size_t i = 0; i < it->size(); ++i) {
-      const auto& m = (*it)[i];
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-        throw InputError(fmt::format("{}: message {} has no string \"role\"", where, i));
-      if (!m.contains("content") || !(m["content"].is_string() || m["content"].is_null()))
-        throw InputError(fmt::format("{}: message {} ({}) has no string \"content\"", where, i, m["role"].get<std::string>()));
-      assistant = assistant || m["role"] == "assistant";
-    }
-    if (!assistant) throw InputError(fmt::format("{}: no assistant message: nothing to train on", where));
-    fn(ChatRecord{std::move(*it), where});
-  });
-}
-
-InputFormat resolve_format(InputFormat format, const std::string& label) {
-  if (format != InputFormat::kAuto) return format;
-  return ends_with(label, ".jsonl") || ends_with(label, ".json") ? InputFormat::kJsonl : InputFormat::kText;
-}
-
-// Calls emit(document) for each document of a text input split on blank lines, or of a jsonl
-// input, read from `lines` one line at a time. A paragraph longer than max_bytes is refused
-// naming its first line (a line longer than that, by a RecordReader, already while it is read).
+// Calls emit(document, first line) for each document of a text input split on blank lines, or of a JSON Lines
+// input (format jsonl), read from `lines` one line at a time. A paragraph longer than max_bytes is
+// refused naming its first line (a line longer than that, by a RecordReader, already while it is read).
 template <class Lines, class Emit>
 void split_lines(Lines& lines, InputFormat format, const TokenizeOptions& options, const std::string& label,
                  int64_t max_bytes, Emit&& emit) {
@@ -162,7 +70,7 @@ void split_lines(Lines& lines, InputFormat format, const TokenizeOptions& option
     const int64_t line_no = lines.line_no();
     if (format == InputFormat::kText) {  // blank-line paragraphs
       if (is_blank(line)) {
-        if (in_paragraph) emit(std::move(paragraph));
+        if (in_paragraph) emit(std::move(paragraph), first_line);
         paragraph.clear();
         in_paragraph = false;
       } else {
@@ -176,19 +84,285 @@ void split_lines(Lines& lines, InputFormat format, const TokenizeOptions& option
       continue;
     }
     if (is_blank(line)) continue;  // jsonl: blank lines are allowed
-    const nlohmann::json j = parse_json_input(line, fmt::format("{}:{}", label, line_no));
-    if (!j.is_object()) throw InputError(fmt::format("{}:{}: expected a JSON object per line, got {}", label, line_no, j.type_name()));
-    const auto it = j.find(options.jsonl_field);
-    if (it == j.end())
-      throw InputError(fmt::format("{}:{}: no field \"{}\" (set the field name with the jsonl field option)", label,
-                                   line_no, options.jsonl_field));
-    if (!it->is_string())
-      throw InputError(fmt::format("{}:{}: field \"{}\" is {}, expected a string", label, line_no, options.jsonl_field,
-                                   it->type_name()));
-    auto doc = it->get<std::string>();
-    if (!doc.empty()) emit(std::move(doc));
+    const std::string where = fmt::format("{}:{}", label, line_no);
+    nlohmann::ordered_json j = parse_ordered_json_input(line, where);
+    if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object per line, got {}", where, j.type_name()));
+    Sample s = record_sample(InputFormat::kJsonl, j, options.jsonl_field, where);
+    if (!s.text.empty()) emit(std::move(s.text), line_no);
   }
-  if (in_paragraph) emit(std::move(paragraph));
+  if (in_paragraph) emit(std::move(paragraph), first_line);
+}
+
+// The tokenizer of a run (byte-level, or a model folder's with its chat template, loaded when a
+// record first needs it) and a Sample's tokens: kTokenNoLoss on the context, kTokenDocStart on the first.
+class SampleEncoder {
+ public:
+  explicit SampleEncoder(const TokenizeOptions& options) : options_(options) {
+#if QSHARD_WITH_TOKENIZER
+    if (!options.tokenizer.empty()) {
+      hf_ = HfTokenizer::load(options.tokenizer);
+      bos_ = hf_->bos_id();
+      eos_ = hf_->eos_id();
+      vocab_ = hf_->vocab_size();
+    }
+#else
+    if (!options.tokenizer.empty())
+      throw InputError("--tokenizer " + options.tokenizer + ": this build has no native tokenizer (PCRE2 was not "
+                       "found; run scripts/setup.sh and rebuild)");
+#endif
+    fingerprint_ = options.tokenizer.empty() ? kByteTokenizerFingerprint : tokenizer_fingerprint_of(options.tokenizer);
+  }
+
+  uint32_t vocab() const { return vocab_; }
+  uint64_t fingerprint() const { return fingerprint_; }
+
+  // The chat template, for `what` (a file and its format, or a record) that needs one.
+  const ChatTemplate& chat_template(const std::string& what) {
+    if (options_.tokenizer.empty())
+      throw InputError(fmt::format("{} is rendered by a chat template: give --tokenizer, a model folder with "
+                                   "tokenizer.json and a chat template",
+                                   what));
+    if (!template_) template_ = ChatTemplate::from_model_dir(options_.tokenizer);
+    return *template_;
+  }
+
+  // Ids of a text (no BOS / EOS, no special tokens added).
+  std::vector<uint32_t> encode(std::string_view text) const {
+#if QSHARD_WITH_TOKENIZER
+    if (hf_) return hf_->encode(text);
+#endif
+    return std::vector<uint32_t>(reinterpret_cast<const uint8_t*>(text.data()),
+                                 reinterpret_cast<const uint8_t*>(text.data()) + text.size());
+  }
+
+  // Text of ids (no flags): the tokenizer's decode, special tokens kept; the byte tokenizer writes
+  // BOS and EOS as "<bos>" and "<eos>".
+  std::string decode(std::span<const uint32_t> ids) const {
+#if QSHARD_WITH_TOKENIZER
+    if (hf_) return hf_->decode(ids);
+#endif
+    std::string s;
+    for (uint32_t id : ids) {
+      if (id < 256) s.push_back(static_cast<char>(id));
+      else if (id == kByteBos) s += "<bos>";
+      else if (id == kByteEos) s += "<eos>";
+      else s += "\xEF\xBF\xBD";
+    }
+    return s;
+  }
+
+  // The tokens of `s` (empty for an empty text document); `bytes` gets its content bytes.
+  std::vector<uint32_t> tokens(const Sample& s, const std::string& where, int64_t& bytes) {
+    std::vector<uint32_t> out;
+    switch (s.kind) {
+      case Sample::Kind::kText:
+        bytes = static_cast<int64_t>(s.text.size());
+        if (s.text.empty()) return out;
+        if (bos_) out.push_back(*bos_);
+        for (uint32_t id : encode(s.text)) out.push_back(id);
+        if (eos_) out.push_back(*eos_);
+        break;
+      case Sample::Kind::kPromptResponse:
+        bytes = static_cast<int64_t>(s.text.size() + s.response.size());
+        if (bos_) out.push_back(*bos_ | kTokenNoLoss);
+        for (uint32_t id : encode(s.text)) out.push_back(id | kTokenNoLoss);
+        for (uint32_t id : encode(s.response)) out.push_back(id);
+        if (eos_) out.push_back(*eos_);
+        break;
+      case Sample::Kind::kChat: chat(s, where, out, bytes); break;
+    }
+    if (!out.empty()) out[0] |= kTokenDocStart;
+    return out;
+  }
+
+ private:
+  // The conversation as the template renders it; the trained assistant messages' spans are the
+  // targets, the rest context. Each piece is encoded on its own (no special tokens added: the
+  // template writes them), as generation sees it: the prompt encoded, the reply generated.
+  void chat(const Sample& s, const std::string& where, std::vector<uint32_t>& out, int64_t& bytes) {
+    const ChatTemplate& t = chat_template(where + ": this record");
+    ChatRender cr;
+    try {
+      cr = render_with_spans(t, s.messages);
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("{}: {}", where, e.what()));
+    }
+    // render_with_spans gives one span per assistant message, in order: skip those before first_trained.
+    size_t skip = 0;
+    for (size_t i = 0; i < s.first_trained && i < s.messages.size(); ++i) skip += s.messages[i]["role"] == "assistant";
+    size_t at = 0;
+    int64_t targets = 0;
+    auto piece = [&](size_t end, bool target) {
+      if (end <= at) return;
+      for (uint32_t id : encode(std::string_view(cr.text).substr(at, end - at))) {
+        out.push_back(target ? id : id | kTokenNoLoss);
+        targets += target;
+      }
+      at = end;
+    };
+    for (size_t k = skip; k < cr.assistant_spans.size(); ++k) {
+      piece(cr.assistant_spans[k].first, false);
+      piece(cr.assistant_spans[k].second, true);
+    }
+    piece(cr.text.size(), false);
+    if (targets == 0) throw InputError(fmt::format("{}: the assistant messages render to no tokens", where));
+    bytes = static_cast<int64_t>(cr.text.size());
+  }
+
+  const TokenizeOptions& options_;
+  std::optional<uint32_t> bos_ = kByteBos, eos_ = kByteEos;
+  uint32_t vocab_ = kByteVocabSize;
+  uint64_t fingerprint_ = 0;
+#if QSHARD_WITH_TOKENIZER
+  std::optional<HfTokenizer> hf_;
+#endif
+  std::optional<ChatTemplate> template_;
+};
+
+// Walks the inputs in order and hands each sample's tokens to a sink.
+//   sink(tokens, bytes, where) -> bool: false stops the walk.
+// With `stream_to`, a whole text file under the byte tokenizer streams into that writer in pieces
+// (the byte tokenizer needs no context), counted in `stats`; without it (preview) it is one record
+// under the record limit, like any other.
+class SampleWalker {
+ public:
+  SampleWalker(const TokenizeOptions& options, SampleEncoder& encoder, TokenizeStats& stats, TokenFileWriter* stream_to)
+      : o_(options), enc_(encoder), stats_(stats), stream_to_(stream_to) {}
+
+  template <class Sink>
+  void run(const std::vector<std::string>& inputs, Sink&& sink) {
+    for (const auto& path : inputs) {
+      if (!file(path, sink)) return;
+      ++stats_.files;
+    }
+  }
+
+ private:
+  void announce(const std::string& path, InputFormat format, const std::string& how) {
+    if (o_.on_format) o_.on_format(path, format, how);
+    if (is_chat_format(format)) enc_.chat_template(fmt::format("{}: format {}", path, input_format_name(format)));
+  }
+
+  // One input; false when the sink stopped the walk.
+  template <class Sink>
+  bool file(const std::string& path, Sink& sink) {
+    const int64_t max_bytes = o_.max_record_bytes;
+    InputFormat format = o_.format;
+    if (format == InputFormat::kText || (format == InputFormat::kAuto && !is_json_name(path))) {
+      announce(path, InputFormat::kText, format == InputFormat::kAuto ? "not .jsonl / .json" : "--format");
+      return text_file(path, sink);
+    }
+    JsonRecordReader reader(path, max_bytes, kRecordLimitName);
+    nlohmann::ordered_json record;
+    std::string where;
+    bool have = false;
+    if (format == InputFormat::kAuto) {
+      have = reader.next(record, where);
+      format = have ? detect_format(record, o_.jsonl_field, where) : InputFormat::kJsonl;
+      announce(path, format, have ? "detected from the first record's keys" : "no records");
+    } else {
+      announce(path, format, "--format");
+    }
+    while (have || reader.next(record, where)) {
+      have = false;
+      const Sample s = record_sample(format, record, o_.jsonl_field, where);
+      int64_t bytes = 0;
+      const std::vector<uint32_t> tokens = enc_.tokens(s, where, bytes);
+      if (!tokens.empty() && !sink(tokens, bytes, where)) return false;
+    }
+    return true;
+  }
+
+  template <class Sink>
+  bool text_file(const std::string& path, Sink& sink) {
+    const int64_t max_bytes = o_.max_record_bytes;
+    auto document = [&](std::string doc, const std::string& where) {
+      Sample s;
+      s.text = std::move(doc);
+      int64_t bytes = 0;
+      const std::vector<uint32_t> tokens = enc_.tokens(s, where, bytes);
+      return tokens.empty() || sink(tokens, bytes, where);
+    };
+    if (o_.text_split == TextSplit::kBlankLines) {
+      RecordReader reader(path, "input file", max_bytes, kRecordLimitName);
+      struct Stop {};  // the sink has seen enough: the rest of the file is not read
+      try {
+        split_lines(reader, InputFormat::kText, o_, path, max_bytes, [&](std::string doc, int64_t line) {
+          if (!document(std::move(doc), fmt::format("{}:{}", path, line))) throw Stop{};
+        });
+      } catch (const Stop&) {
+        return false;
+      }
+      return true;
+    }
+    if (o_.tokenizer.empty() && stream_to_ != nullptr) {
+      // The byte tokenizer needs no context: the file streams through in pieces, whatever its size.
+      RecordReader reader(path, "input file", max_bytes, kRecordLimitName);
+      std::string_view piece;
+      std::vector<uint32_t> tokens;
+      int64_t bytes = 0;
+      while (reader.next_chunk(piece)) {
+        tokens.clear();
+        if (bytes == 0) tokens.push_back(kByteBos | kTokenDocStart);
+        tokens.insert(tokens.end(), reinterpret_cast<const uint8_t*>(piece.data()),
+                      reinterpret_cast<const uint8_t*>(piece.data()) + piece.size());
+        stream_to_->append(tokens);
+        bytes += static_cast<int64_t>(piece.size());
+      }
+      if (bytes > 0) {
+        stream_to_->append(std::vector<uint32_t>{kByteEos});
+        stats_.targets += bytes + 2;
+        ++stats_.documents;
+        stats_.bytes += bytes;
+      }
+      return true;
+    }
+    // A model's tokenizer encodes the document whole: the file is one record.
+    const uint64_t size = check_input_file(path, "input file");
+    if (size > static_cast<uint64_t>(max_bytes))
+      throw InputError(record_limit_error(path + ":1", max_bytes, kRecordLimitName) +
+                       fmt::format(" (--split file: the whole file, {} bytes, is one document; --split "
+                                   "blank-lines makes each paragraph one)", size));
+    return document(read_input_file(path, "input file", static_cast<uint64_t>(max_bytes)), path);
+  }
+
+  const TokenizeOptions& o_;
+  SampleEncoder& enc_;
+  TokenizeStats& stats_;
+  TokenFileWriter* stream_to_;
+};
+
+// The checks every run makes before reading: inputs given and readable, the record limit in range.
+void check_run(const std::vector<std::string>& inputs, const TokenizeOptions& options, const std::string& out_label) {
+  if (inputs.empty()) throw InputError(fmt::format("{}: no input files to tokenize", out_label));
+  check_int(kRecordLimitName, options.max_record_bytes, 1, kMaxRecordBytesCeiling);
+  for (const auto& path : inputs) check_input_file(path, "input file");
+}
+
+// One sample's preview (see preview_files): the runs of trained and of context tokens decoded, the
+// trained ones between the markers. Each run's text is the growth of the decoded prefix (so a
+// decoder that treats the first token specially, as Metaspace does, reads it in context), or the
+// run decoded alone where the prefix's text does not grow by appending.
+std::string preview_sample(const std::vector<uint32_t>& tokens, const SampleEncoder& enc, const PreviewMarkers& markers) {
+  std::vector<uint32_t> ids;
+  ids.reserve(tokens.size());
+  for (uint32_t t : tokens) ids.push_back(t & kIdBits);
+  std::string out, prefix;
+  size_t begin = 0;
+  while (begin < tokens.size()) {
+    const bool trained = !(tokens[begin] & kTokenNoLoss);
+    size_t end = begin;
+    while (end < tokens.size() && !(tokens[end] & kTokenNoLoss) == trained) ++end;
+    std::string grown = enc.decode(std::span<const uint32_t>(ids).first(end));
+    std::string run = grown.compare(0, prefix.size(), prefix) == 0
+                          ? grown.substr(prefix.size())
+                          : enc.decode(std::span<const uint32_t>(ids).subspan(begin, end - begin));
+    if (trained) out += markers.open + run + markers.close;
+    else out += run;
+    prefix = std::move(grown);
+    begin = end;
+  }
+  return out;
 }
 
 }  // namespace
@@ -216,172 +390,73 @@ std::string byte_detokenize(std::span<const uint32_t> tokens) {
 std::vector<std::string> split_documents(std::string_view contents, InputFormat format, const TokenizeOptions& options,
                                          const std::string& label) {
   std::vector<std::string> docs;
-  format = resolve_format(format, label);
+  if (format == InputFormat::kAuto) format = is_json_name(label) ? InputFormat::kJsonl : InputFormat::kText;
+  if (format != InputFormat::kText && format != InputFormat::kJsonl)
+    throw InputError(fmt::format("{}: split_documents reads text and jsonl, not {}", label, input_format_name(format)));
   if (format == InputFormat::kText && options.text_split == TextSplit::kFile) {
     if (!contents.empty()) docs.emplace_back(contents);
     return docs;
   }
   MemoryLines lines(contents);
-  split_lines(lines, format, options, label, INT64_MAX, [&](std::string doc) { docs.push_back(std::move(doc)); });
+  split_lines(lines, format, options, label, INT64_MAX, [&](std::string doc, int64_t) { docs.push_back(std::move(doc)); });
   return docs;
 }
 
 TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const TokenizeOptions& options,
                              const std::string& out_path) {
-  if (inputs.empty()) throw InputError(fmt::format("{}: no input files to tokenize", out_path));
-  const int64_t max_bytes = options.max_record_bytes;
-  check_int(kRecordLimitName, max_bytes, 1, kMaxRecordBytesCeiling);
-  // Every input is checked before the output is created; the output must not be one of them.
+  check_run(inputs, options, out_path);
+  // The output must not be one of the inputs (checked before it is created).
   for (const auto& path : inputs) {
-    check_input_file(path, "input file");
     std::error_code ec;
     if (std::filesystem::exists(out_path, ec) && std::filesystem::equivalent(path, out_path, ec))
       throw InputError(fmt::format("--out {} is also an input; tokenizing would overwrite it", out_path));
   }
+  if (is_chat_format(options.format) && options.tokenizer.empty())
+    throw InputError(fmt::format("--format {} needs --tokenizer: a model folder with tokenizer.json and a chat template",
+                                 input_format_name(options.format)));
+  SampleEncoder enc(options);
   TokenizeStats stats;
-  const bool alpaca = options.format == InputFormat::kAlpaca;
-  const bool chat = options.format == InputFormat::kChat;
-  if (chat && options.tokenizer.empty())
-    throw InputError("--format chat needs --tokenizer: a model folder with tokenizer.json and a chat template");
-  // The tokenizer: ids of a text (no BOS/EOS) and the BOS / EOS ids, byte-level or the model's.
-  std::function<std::vector<uint32_t>(std::string_view)> encode = [](std::string_view text) {
-    return std::vector<uint32_t>(reinterpret_cast<const uint8_t*>(text.data()),
-                                 reinterpret_cast<const uint8_t*>(text.data()) + text.size());
-  };
-  std::optional<uint32_t> bos = kByteBos, eos = kByteEos;
-  uint32_t vocab = kByteVocabSize;
-#if QSHARD_WITH_TOKENIZER
-  std::optional<HfTokenizer> hf;
-  if (!options.tokenizer.empty()) {
-    hf = HfTokenizer::load(options.tokenizer);
-    encode = [&hf](std::string_view text) { return hf->encode(text); };
-    bos = hf->bos_id();
-    eos = hf->eos_id();
-    vocab = hf->vocab_size();
-  }
-#else
-  if (!options.tokenizer.empty())
-    throw InputError("--tokenizer " + options.tokenizer + ": this build has no native tokenizer (PCRE2 was not found; "
-                     "run scripts/setup.sh and rebuild)");
-#endif
   // Version 4: each document's first token flagged (data.packing: padded keeps documents apart) and
   // the tokenizer's fingerprint (train refuses the file for a model with another tokenizer).
-  const uint64_t fingerprint =
-      options.tokenizer.empty() ? kByteTokenizerFingerprint : tokenizer_fingerprint_of(options.tokenizer);
-  TokenFileWriter writer(out_path, vocab, /*loss_mask=*/true, /*doc_starts=*/true, fingerprint);
-  stats.tokenizer_fingerprint = fingerprint;
-  std::optional<ChatTemplate> chat_template;
-  if (chat) chat_template = ChatTemplate::from_model_dir(options.tokenizer);
-  // One document: BOS, its ids, EOS, the first token flagged.
-  auto write_document = [&](std::string_view doc) {
-    std::vector<uint32_t> tokens;
-    if (bos) tokens.push_back(*bos);
-    const std::vector<uint32_t> ids = encode(doc);
-    tokens.insert(tokens.end(), ids.begin(), ids.end());
-    if (eos) tokens.push_back(*eos);
-    if (!tokens.empty()) tokens[0] |= kTokenDocStart;
-    stats.targets += static_cast<int64_t>(tokens.size());
+  TokenFileWriter writer(out_path, enc.vocab(), /*loss_mask=*/true, /*doc_starts=*/true, enc.fingerprint());
+  stats.tokenizer_fingerprint = enc.fingerprint();
+  SampleWalker walker(options, enc, stats, &writer);
+  walker.run(inputs, [&](const std::vector<uint32_t>& tokens, int64_t bytes, const std::string&) {
+    for (uint32_t t : tokens) stats.targets += !(t & kTokenNoLoss);
     writer.append(tokens);
     ++stats.documents;
-    stats.bytes += static_cast<int64_t>(doc.size());
-  };
-  for (const auto& path : inputs) {
-    const InputFormat format = resolve_format(options.format, path);
-    if (format == InputFormat::kText && options.text_split == TextSplit::kFile) {
-      if (options.tokenizer.empty()) {
-        // The byte tokenizer needs no context: the file streams through in pieces, whatever its size.
-        RecordReader reader(path, "input file", max_bytes, kRecordLimitName);
-        std::string_view piece;
-        std::vector<uint32_t> tokens;
-        int64_t bytes = 0;
-        while (reader.next_chunk(piece)) {
-          tokens.clear();
-          if (bytes == 0) tokens.push_back(kByteBos | kTokenDocStart);
-          tokens.insert(tokens.end(), reinterpret_cast<const uint8_t*>(piece.data()),
-                        reinterpret_cast<const uint8_t*>(piece.data()) + piece.size());
-          writer.append(tokens);
-          bytes += static_cast<int64_t>(piece.size());
-        }
-        if (bytes > 0) {
-          writer.append(std::vector<uint32_t>{kByteEos});
-          stats.targets += bytes + 2;
-          ++stats.documents;
-          stats.bytes += bytes;
-        }
-      } else {
-        // A model's tokenizer encodes the document whole: the file is one record.
-        const uint64_t size = check_input_file(path, "input file");
-        if (size > static_cast<uint64_t>(max_bytes))
-          throw InputError(record_limit_error(path + ":1", max_bytes, kRecordLimitName) +
-                           fmt::format(" (--split file: the whole file, {} bytes, is one document; --split "
-                                       "blank-lines makes each paragraph one)", size));
-        const std::string contents = read_input_file(path, "input file", static_cast<uint64_t>(max_bytes));
-        if (!contents.empty()) write_document(contents);
-      }
-      ++stats.files;
-      continue;
-    }
-    RecordReader reader(path, "input file", max_bytes, kRecordLimitName);
-    if (chat) {
-      // The conversation as the template renders it; the assistant messages' spans are the
-      // targets, the rest context. Each piece is encoded on its own (no special tokens added: the
-      // template writes them), as generation sees it: the prompt encoded, the reply generated.
-      for_each_chat(reader, path, [&](const ChatRecord& r) {
-        ChatRender cr;
-        try {
-          cr = render_with_spans(*chat_template, r.messages);
-        } catch (const InputError& e) {
-          throw InputError(fmt::format("{}: {}", r.where, e.what()));
-        }
-        std::vector<uint32_t> tokens;
-        size_t at = 0;
-        int64_t targets = 0;
-        auto piece = [&](size_t end, bool target) {
-          if (end <= at) return;
-          for (uint32_t id : encode(std::string_view(cr.text).substr(at, end - at))) {
-            tokens.push_back(target ? id : id | kTokenNoLoss);
-            targets += target;
-          }
-          at = end;
-        };
-        for (const auto& [b, e] : cr.assistant_spans) {
-          piece(b, false);
-          piece(e, true);
-        }
-        piece(cr.text.size(), false);
-        if (targets == 0) throw InputError(fmt::format("{}: the assistant messages render to no tokens", r.where));
-        tokens[0] |= kTokenDocStart;
-        stats.targets += targets;
-        writer.append(tokens);
-        ++stats.documents;
-        stats.bytes += static_cast<int64_t>(cr.text.size());
-      });
-      ++stats.files;
-      continue;
-    }
-    if (alpaca) {
-      for_each_alpaca(reader, path, [&](const Instruction& r) {
-        std::vector<uint32_t> tokens;
-        if (bos) tokens.push_back(*bos | kTokenNoLoss);
-        for (uint32_t id : encode(r.prompt)) tokens.push_back(id | kTokenNoLoss);
-        const size_t first_target = tokens.size();
-        for (uint32_t id : encode(r.response)) tokens.push_back(id);
-        if (eos) tokens.push_back(*eos);
-        if (!tokens.empty()) tokens[0] |= kTokenDocStart;
-        stats.targets += static_cast<int64_t>(tokens.size() - first_target);
-        writer.append(tokens);
-        ++stats.documents;
-        stats.bytes += static_cast<int64_t>(r.prompt.size() + r.response.size());
-      });
-      ++stats.files;
-      continue;
-    }
-    split_lines(reader, format, options, path, max_bytes, [&](const std::string& doc) { write_document(doc); });
-    ++stats.files;
-  }
+    stats.bytes += bytes;
+    return true;
+  });
   writer.finish();
   stats.tokens = writer.num_tokens();
   return stats;
+}
+
+std::string preview_files(const std::vector<std::string>& inputs, const TokenizeOptions& options, int64_t samples,
+                          const PreviewMarkers& markers) {
+  check_run(inputs, options, "--preview");
+  check_int("--preview", samples, 1, kMaxPreviewSamples);
+  if (is_chat_format(options.format) && options.tokenizer.empty())
+    throw InputError(fmt::format("--format {} needs --tokenizer: a model folder with tokenizer.json and a chat template",
+                                 input_format_name(options.format)));
+  SampleEncoder enc(options);
+  TokenizeStats stats;
+  SampleWalker walker(options, enc, stats, nullptr);
+  std::string out;
+  int64_t n = 0;
+  walker.run(inputs, [&](const std::vector<uint32_t>& tokens, int64_t, const std::string& where) {
+    int64_t trained = 0;
+    for (uint32_t t : tokens) trained += !(t & kTokenNoLoss);
+    ++n;
+    out += fmt::format("--- sample {} ({}): {} tokens, {} trained, {} masked\n", n, where, tokens.size(), trained,
+                       static_cast<int64_t>(tokens.size()) - trained);
+    out += preview_sample(tokens, enc, markers);
+    if (!out.empty() && out.back() != '\n') out.push_back('\n');
+    return n < samples;
+  });
+  if (n == 0) out += "(no samples: the inputs hold no records)\n";
+  return out;
 }
 
 }  // namespace qshard

@@ -12,29 +12,32 @@
 //          blank lines kept, so paragraph structure stays in the training text).
 //          With TextSplit::kBlankLines, a document is each run of non-blank lines (a line of only
 //          spaces, tabs or '\r' is blank), joined with "\n", without a final newline.
-//   jsonl  one JSON object per non-empty line; the document is the string field `jsonl_field`
-//          (default "text"), its UTF-8 bytes. A line that is not a JSON object, or lacks the
-//          field, or whose field is not a string, is an InputError naming file:line.
-//   auto   by extension: ".jsonl" / ".json" -> jsonl, anything else -> text.
-//   alpaca instruction data, one JSON object per non-empty line with string fields "instruction",
-//          "output" and optionally "input": the prompt is Stanford Alpaca's template (alpaca_prompt())
-//          and the response the output. A record becomes BOS + prompt + response + EOS, and only
-//          the response and EOS are targets: the token file is version 2 (token_file.h) with BOS and
-//          the prompt marked kTokenNoLoss. Prompt and response are tokenized separately. A bad
-//          record is an InputError naming file:line and the field.
-//   chat   conversations, one JSON object per non-empty line with "messages": a list of
-//          {"role", "content"} objects holding at least one assistant message. Needs --tokenizer (a
-//          model folder with a chat template: text/chat_template.h). A record is rendered by the
-//          template as transformers' apply_chat_template does (no generation prompt); the
+//   jsonl  JSON records; the document is the string field `jsonl_field` (default "text"), its
+//          UTF-8 bytes. A record that is not a JSON object, or lacks the field, or whose field is
+//          not a string, is an InputError naming file:line.
+//   alpaca, chat, sharegpt, prompt_completion: JSON records of instruction data and conversations
+//          (text/record_formats.h: their fields, checks and what is trained). alpaca and string
+//          prompt_completion records become BOS + prompt + response + EOS with only the response and
+//          EOS targets (BOS and the prompt kTokenNoLoss); prompt and response are tokenized
+//          separately. chat, sharegpt and conversational prompt_completion records need --tokenizer
+//          (a model folder with a chat template: text/chat_template.h): a record is rendered by the
+//          template as transformers' apply_chat_template does (no generation prompt); the trained
 //          assistant messages' text (render_with_spans: each reply through its end-of-turn tokens)
 //          are the targets, everything else kTokenNoLoss. The pieces are encoded one by one
 //          without special tokens added (the template writes BOS and the turn markers), so a
 //          reply's tokens are the ones generation produces after its prompt. A template that does
 //          not render the conversation prefix-consistently is an InputError naming file:line.
+//   auto   per file: a name not ending in .jsonl / .json is text; a JSON file's format is detected
+//          from its first record's keys (detect_format: messages -> chat, conversations -> sharegpt,
+//          instruction + output -> alpaca, prompt + completion -> prompt_completion, the jsonl field
+//          -> jsonl; anything else refused listing the keys). options.on_format hears the choice.
+// JSON records (every format but text) come from text/json_record_reader.h: JSON Lines, or a .json
+// file holding one top-level array of records (streamed element by element; errors name
+// "file:line (element i)") or top-level objects (one object: one record).
 // Every format writes version 4 (token_file.h): each document's first token flagged, and the
 // tokenizer's fingerprint (text/tokenizer_fingerprint.h) in the header.
 // Records and memory: inputs are read in pieces (text/record_reader.h), one record at a time, never
-// a whole file. A record is a line of jsonl / alpaca / chat, a paragraph of text with
+// a whole file. A record is a JSON record (a line, an array element, an object), a paragraph of text with
 // TextSplit::kBlankLines, and a whole text file with TextSplit::kFile. A record longer than
 // max_record_bytes is an InputError naming file:line (the record's first line) and the limit,
 // raised once that many bytes are read (so a 2 GB line never fills memory). The one exception: a
@@ -45,10 +48,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "text/record_formats.h"
 
 namespace qshard {
 
@@ -61,11 +67,7 @@ constexpr uint32_t kByteVocabSize = 258;
 constexpr int64_t kDefaultMaxRecordBytes = int64_t{64} << 20;
 constexpr int64_t kMaxRecordBytesCeiling = int64_t{1} << 40;
 
-enum class InputFormat : uint8_t { kAuto, kText, kJsonl, kAlpaca, kChat };
 enum class TextSplit : uint8_t { kFile, kBlankLines };
-
-// "auto" | "text" | "jsonl"; anything else throws InputError naming the value.
-InputFormat parse_input_format(std::string_view name);
 
 struct TokenizeOptions {
   InputFormat format = InputFormat::kAuto;
@@ -78,6 +80,9 @@ struct TokenizeOptions {
   std::string tokenizer;
   // The longest record held in memory (see "Records and memory" above); in [1, kMaxRecordBytesCeiling].
   int64_t max_record_bytes = kDefaultMaxRecordBytes;
+  // When set, called once per input before it is read with the format it is read as and how that
+  // was chosen ("--format", "detected from the first record's keys", ...): the CLI prints it.
+  std::function<void(const std::string& path, InputFormat format, const std::string& how)> on_format;
 };
 
 struct TokenizeStats {
@@ -85,12 +90,9 @@ struct TokenizeStats {
   int64_t documents = 0;  // non-empty documents (alpaca: records) written
   int64_t bytes = 0;      // content bytes
   int64_t tokens = 0;
-  int64_t targets = 0;    // tokens the loss is taken on (all of them but for alpaca)
+  int64_t targets = 0;    // tokens the loss is taken on (all of them for text and jsonl)
   uint64_t tokenizer_fingerprint = 0;  // recorded in the file (text/tokenizer_fingerprint.h)
 };
-
-// Stanford Alpaca's prompt for an instruction and an optional input (the text before the response).
-std::string alpaca_prompt(std::string_view instruction, std::string_view input);
 
 // BOS + the bytes of `doc` + EOS.
 std::vector<uint32_t> byte_tokenize(std::string_view doc);
@@ -108,5 +110,22 @@ std::vector<std::string> split_documents(std::string_view contents, InputFormat 
 // max_record_bytes outside its range).
 TokenizeStats tokenize_files(const std::vector<std::string>& inputs, const TokenizeOptions& options,
                              const std::string& out_path);
+
+// The markers preview_files wraps the trained tokens' text in.
+struct PreviewMarkers {
+  std::string open = "[[", close = "]]";
+};
+constexpr int64_t kMaxPreviewSamples = 1'000'000;
+
+// The first `samples` samples of `inputs` (in [1, kMaxPreviewSamples]) as they will be trained,
+// read exactly as tokenize_files reads them (the same records, tokens and masks) but written
+// nowhere; the walk stops after the last one shown. Per sample, a line
+//   "--- sample <k> (<file:line>): <n> tokens, <t> trained, <n - t> masked"
+// then the sample's token ids decoded (the tokenizer's decode with special tokens kept; the byte
+// tokenizer shows BOS and EOS as "<bos>" and "<eos>"), each run of trained tokens between
+// markers.open and markers.close, and a newline if the text does not end with one. A whole text
+// file (--split file) is one record under max_record_bytes here, also with the byte tokenizer.
+std::string preview_files(const std::vector<std::string>& inputs, const TokenizeOptions& options, int64_t samples,
+                          const PreviewMarkers& markers = {});
 
 }  // namespace qshard

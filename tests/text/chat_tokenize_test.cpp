@@ -3,7 +3,9 @@
 // (tests/data/chat_template): the token file's ids are the rendered conversation's, its targets
 // exactly the assistant replies through their end-of-turn token (counted and decoded), each
 // conversation one document (version 3 starts), a padded dataset keeps the two apart; bad records
-// are named by file:line.
+// are named by file:line. ShareGPT and conversational prompt_completion records (text/record_formats.h)
+// go through the same path: the same tokens as the chat record they map to, the completion's
+// replies the only targets; --preview's exact text on the guide's byte-per-token ChatML tokenizer.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -102,14 +104,129 @@ TEST(ChatTokenize, BadRecordsAreNamed) {
     return std::string("no error");
   };
   const std::string ok = R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})";
-  EXPECT_NE(err(ok + "\n" + R"({"messages": [{"role": "user", "content": "a"}]})").find(":2: no assistant"),
-            std::string::npos);
-  EXPECT_NE(err(ok + "\n\n" + R"({"messages": [{"role": "user"}]})").find(":3: message 0"), std::string::npos);
-  EXPECT_NE(err(R"({"text": "x"})").find(":1: expected a field \"messages\""), std::string::npos);
+  EXPECT_EQ(err(ok + "\n" + R"({"messages": [{"role": "user", "content": "a"}]})"),
+            in + ":2: \"messages\" holds no assistant message: nothing to train on");
+  EXPECT_EQ(err(ok + "\n\n" + R"({"messages": [{"role": "user"}]})"), in + ":3: \"messages\"[0] (user) has no string \"content\"");
+  EXPECT_EQ(err(R"({"messages": [{"content": "a"}]})"), in + ":1: \"messages\"[0] has no string \"role\"");
+  EXPECT_EQ(err(R"({"messages": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]})"),
+            in + ":1: \"messages\"[0] is an assistant message: a conversation opens with a system or user message (the "
+                 "prompt the reply answers)");
+  EXPECT_EQ(err(R"({"messages": []})"), in + ":1: field \"messages\" is an empty conversation: nothing to train on");
+  EXPECT_EQ(err(R"({"text": "x"})"), in + ":1: no field \"messages\" (messages {\"role\", \"content\"})");
   EXPECT_FALSE(fs::exists(out));  // nothing written on an error
   TokenizeOptions o;
   o.format = InputFormat::kChat;  // no tokenizer
   EXPECT_THROW(tokenize_files({in}, o, out), InputError);
+}
+
+// The targets of each document of a token file, decoded; and all its ids.
+struct Documents {
+  std::vector<std::vector<uint32_t>> all, targets;
+  explicit Documents(const std::string& path) {
+    const TokenFile tf = TokenFile::open(path);
+    for (int64_t i = 0; i < tf.size(); ++i) {
+      const uint32_t t = tf[i];
+      if (t & kTokenDocStart) all.emplace_back(), targets.emplace_back();
+      all.back().push_back(t & tf.id_bits());
+      if (!(t & kTokenNoLoss)) targets.back().push_back(t & tf.id_bits());
+    }
+  }
+};
+
+// A ShareGPT conversation (in a .json array, format detected) is the chat record it maps to, token
+// for token and mask for mask.
+TEST(ChatTokenize, ShareGptIsTheChatRecordItMapsTo) {
+  Folder f;
+  const std::string sg = f.file("sg.json"), chat = f.file("c.jsonl");
+  std::ofstream(sg) << R"([
+  {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "2+2?"},
+                     {"from": "gpt", "value": "4"}, {"from": "human", "value": "And 3+3? ü"}, {"from": "gpt", "value": "6 😀"}]},
+  {"system": "Answer in French.", "conversations": [{"from": "human", "value": "Hi"}, {"from": "model", "value": "Salut"}]}
+])";
+  std::ofstream(chat) << R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3? ü"}, {"role": "assistant", "content": "6 😀"}]})"
+                      << "\n"
+                      << R"({"messages": [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Salut"}]})"
+                      << "\n";
+  TokenizeOptions o;
+  o.tokenizer = f.dir.string();
+  std::vector<std::string> said;
+  o.on_format = [&](const std::string&, InputFormat format, const std::string&) { said.push_back(input_format_name(format)); };
+  const TokenizeStats a = tokenize_files({sg}, o, f.file("sg.tok"));
+  const TokenizeStats b = tokenize_files({chat}, o, f.file("c.tok"));
+  EXPECT_EQ(said, (std::vector<std::string>{"sharegpt", "chat"}));
+  EXPECT_EQ(a.documents, 2);
+  EXPECT_EQ(a.targets, b.targets);
+  const TokenFile ta = TokenFile::open(f.file("sg.tok")), tb = TokenFile::open(f.file("c.tok"));
+  ASSERT_EQ(ta.size(), tb.size());
+  for (int64_t i = 0; i < ta.size(); ++i) ASSERT_EQ(ta[i], tb[i]) << "token " << i;
+  const HfTokenizer tok = HfTokenizer::load(f.dir.string());
+  EXPECT_EQ(tok.decode(Documents(f.file("sg.tok")).targets[1]), "Salut<|eot_id|>");
+}
+
+// Conversational prompt/completion: the prompt's and the completion's messages rendered as one
+// conversation (the same ids as the chat record of all of them); only the completion's reply is a
+// target, not the assistant message inside the prompt.
+TEST(ChatTokenize, ConversationalPromptCompletionTrainsTheCompletionOnly) {
+  Folder f;
+  const std::string pc = f.file("pc.jsonl"), chat = f.file("c.jsonl");
+  const std::string prompt =
+      R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}, {"role": "user", "content": "3+3?"}])";
+  const std::string completion = R"([{"role": "assistant", "content": "6, I think"}])";
+  std::ofstream(pc) << R"({"prompt": )" << prompt << R"(, "completion": )" << completion << "}\n";
+  std::ofstream(chat) << R"({"messages": )" << prompt.substr(0, prompt.size() - 1) << ", " << completion.substr(1) << "}\n";
+  TokenizeOptions o;
+  o.tokenizer = f.dir.string();
+  const TokenizeStats a = tokenize_files({pc}, o, f.file("pc.tok"));
+  tokenize_files({chat}, o, f.file("c.tok"));
+  const Documents da(f.file("pc.tok")), db(f.file("c.tok"));
+  ASSERT_EQ(da.all.size(), 1u);
+  EXPECT_EQ(da.all, db.all);  // the same conversation
+  const HfTokenizer tok = HfTokenizer::load(f.dir.string());
+  EXPECT_EQ(tok.decode(da.targets[0]), "6, I think<|eot_id|>");
+  EXPECT_EQ(tok.decode(db.targets[0]), "4<|eot_id|>6, I think<|eot_id|>");
+  EXPECT_EQ(a.targets, static_cast<int64_t>(da.targets[0].size()));
+  // The string form on a model tokenizer: BOS + prompt (context) + completion + EOS (targets).
+  std::ofstream(pc) << R"({"prompt": "Q: 2+2?\nA:", "completion": " 4"})" << "\n";
+  tokenize_files({pc}, o, f.file("pc2.tok"));
+  const Documents ds(f.file("pc2.tok"));
+  EXPECT_EQ(tok.decode(ds.all[0]), "<|begin_of_text|>Q: 2+2?\nA: 4<|eot_id|>");
+  EXPECT_EQ(tok.decode(ds.targets[0]), " 4<|eot_id|>");
+}
+
+TEST(ChatTokenize, ShareGptErrorsNameFileLineAndElement) {
+  Folder f;
+  const std::string in = f.file("bad.json");
+  std::ofstream(in) << "[\n"
+                    << R"({"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]},)" << "\n"
+                    << R"({"conversations": [{"from": "human", "value": "a"}, {"from": "bing", "value": "b"}]}])";
+  TokenizeOptions o;
+  o.tokenizer = f.dir.string();
+  try {
+    tokenize_files({in}, o, f.file("bad.tok"));
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), in + ":3 (element 1): \"conversations\"[1]: \"from\" is \"bing\", not a ShareGPT role "
+                                          "(known: human, user, gpt, assistant, model, system, tool, function, observation)");
+  }
+  EXPECT_FALSE(fs::exists(f.file("bad.tok")));
+}
+
+// --preview on the guide's tokenizer (every byte one token, ChatML markers, SmolLM2's template, which
+// adds its default system prompt): the exact text, the reply through its end-of-turn marked, counts.
+TEST(ChatTokenize, PreviewMarksTheReplies) {
+  const std::string model = std::string(QSHARD_SOURCE_DIR) + "/data/guide";
+  Folder f;
+  const std::string in = f.file("p.jsonl");
+  std::ofstream(in) << R"({"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]})" << "\n"
+                    << R"({"conversations": [{"from": "human", "value": "never shown"}]})" << "\n";
+  TokenizeOptions o;
+  o.tokenizer = model;
+  const std::string system = "system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face";
+  const std::string context = "<|im_start|>" + system + "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+  const size_t masked = 5 + system.size() + 1 + std::string("user\nHi").size() + 1 + std::string("assistant\n").size();
+  EXPECT_EQ(preview_files({in}, o, 1),
+            "--- sample 1 (" + in + ":1): " + std::to_string(masked + 7) + " tokens, 7 trained, " + std::to_string(masked) +
+                " masked\n" + context + "[[Hello<|im_end|>\n]]\n");
 }
 
 }  // namespace
