@@ -187,9 +187,22 @@ class SampleEncoder {
     } catch (const InputError& e) {
       throw InputError(fmt::format("{}: {}", where, e.what()));
     }
-    // render_with_spans gives one span per assistant message, in order: skip those before first_trained.
+    // Skip the spans of the assistant messages before first_trained (the prompt's): by their count
+    // (rules 2 and 3 give one span per assistant message, in order), or, for {% generation %} blocks
+    // (spans by block), those inside the render of the prompt's messages alone.
     size_t skip = 0;
-    for (size_t i = 0; i < s.first_trained && i < s.messages.size(); ++i) skip += s.messages[i]["role"] == "assistant";
+    if (s.first_trained > 0 && cr.rule == ChatRender::Rule::kGeneration) {
+      nlohmann::ordered_json prompt_messages = nlohmann::ordered_json::array();
+      for (size_t i = 0; i < s.first_trained && i < s.messages.size(); ++i) prompt_messages.push_back(s.messages[i]);
+      const std::string prompt = t.render(prompt_messages, false);
+      if (cr.text.compare(0, prompt.size(), prompt) != 0)
+        throw InputError(fmt::format("{}: the template's render of the prompt messages alone is not a prefix of the whole "
+                                     "conversation's: its generation blocks cannot be told apart from the completion's",
+                                     where));
+      while (skip < cr.assistant_spans.size() && cr.assistant_spans[skip].second <= prompt.size()) ++skip;
+    } else {
+      for (size_t i = 0; i < s.first_trained && i < s.messages.size(); ++i) skip += s.messages[i]["role"] == "assistant";
+    }
     size_t at = 0;
     int64_t targets = 0;
     auto piece = [&](size_t end, bool target) {

@@ -25,8 +25,10 @@
 //          assistant messages' text (render_with_spans: each reply through its end-of-turn tokens)
 //          are the targets, everything else kTokenNoLoss. The pieces are encoded one by one
 //          without special tokens added (the template writes BOS and the turn markers), so a
-//          reply's tokens are the ones generation produces after its prompt. A template that does
-//          not render the conversation prefix-consistently is an InputError naming file:line.
+//          reply's tokens are the ones generation produces after its prompt. The spans follow
+//          render_with_spans's rules (text/chat_template.h): {% generation %} blocks where the
+//          template has them, else each reply through its end-of-turn text as the template renders
+//          it; a conversation it cannot mask is an InputError naming file:line.
 //   auto   per file: a name not ending in .jsonl / .json is text; a JSON file's format is detected
 //          from its first record's keys (detect_format: messages -> chat, conversations -> sharegpt,
 //          instruction + output -> alpaca, prompt + completion -> prompt_completion, the jsonl field

@@ -193,6 +193,31 @@ TEST(ChatTokenize, ConversationalPromptCompletionTrainsTheCompletionOnly) {
   EXPECT_EQ(tok.decode(ds.targets[0]), " 4<|eot_id|>");
 }
 
+// A template with {% generation %} blocks: the blocks are the targets (transformers'
+// return_assistant_tokens_mask), and a conversational prompt/completion trains only the completion's.
+TEST(ChatTokenize, GenerationBlocksAreTheTargets) {
+  Folder f;
+  std::ofstream(f.dir / "chat_template.jinja")
+      << "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+         "{% if m.role == 'assistant' %}{% generation %}{{ m.content }}<|eot_id|>{% endgeneration %}"
+         "{% else %}{{ m.content }}<|eot_id|>{% endif %}{% endfor %}"
+         "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
+  const std::string chat = f.file("c.jsonl"), pc = f.file("pc.jsonl");
+  std::ofstream(chat) << R"({"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}, )"
+                      << R"({"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "6"}]})" << "\n";
+  std::ofstream(pc) << R"({"prompt": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}, )"
+                    << R"({"role": "user", "content": "3+3?"}], "completion": [{"role": "assistant", "content": "6"}]})" << "\n";
+  TokenizeOptions o;
+  o.tokenizer = f.dir.string();
+  tokenize_files({chat}, o, f.file("c.tok"));
+  tokenize_files({pc}, o, f.file("pc.tok"));
+  const Documents dc(f.file("c.tok")), dp(f.file("pc.tok"));
+  EXPECT_EQ(dc.all, dp.all);
+  const HfTokenizer tok = HfTokenizer::load(f.dir.string());
+  EXPECT_EQ(tok.decode(dc.targets[0]), "4<|eot_id|>6<|eot_id|>");
+  EXPECT_EQ(tok.decode(dp.targets[0]), "6<|eot_id|>");
+}
+
 TEST(ChatTokenize, ShareGptErrorsNameFileLineAndElement) {
   Folder f;
   const std::string in = f.file("bad.json");
