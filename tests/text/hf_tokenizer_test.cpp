@@ -96,7 +96,7 @@ TEST(HfTokenizer, MatchesTheTokenizersLibraryOnRealFiles) {
                 static_cast<long long>(ids_total));
     ++checked;
   }
-  EXPECT_GE(checked, 5) << "golden folders under " << kDir;
+  EXPECT_GE(checked, 6) << "golden folders under " << kDir;
 }
 
 // Python's bytes.decode("utf-8", errors="replace") (values taken from CPython 3.11).
@@ -134,7 +134,7 @@ TEST(HfTokenizer, BadFilesAreNamed) {
   const std::string model = R"("model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]})";
   expect("{", "not valid JSON");
   expect(R"({"model": {"type": "Unigram", "vocab": []}})", "model type 'Unigram'");
-  expect(R"({"normalizer": {"type": "NFC"}, )" + model + "}", "normalizer type 'NFC'");
+  expect(R"({"normalizer": {"type": "BertNormalizer"}, )" + model + "}", "normalizer type 'BertNormalizer'");
   expect(R"({"pre_tokenizer": {"type": "BertPreTokenizer"}, )" + model + "}", "'BertPreTokenizer'");
   expect(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a c"]}})", "missing from the vocabulary");
   expect(R"({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(["}, "behavior": "Isolated"}, )" + model + "}",
