@@ -12,7 +12,10 @@
 #include <unistd.h>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/error.h"
+#include "text/chat_template.h"
 #include "text/hf_tokenizer.h"
 #include "text/hf_tokenizer_pipeline.h"
 
@@ -126,6 +129,29 @@ TEST(HfTokenizerNormalizers, AddedTokensAreMatchedInTheLibrarysOrder) {
   EXPECT_EQ(nfd.encode("e\u0301<r>\u00e9"), (std::vector<uint32_t>{2, 3, 10, 2, 3}));
   // Invalid UTF-8 is replaced first (U+FFFD is not in this vocabulary: dropped), then normalized.
   EXPECT_EQ(nfkc.encode("\xC3" "e\u0301"), (std::vector<uint32_t>{6}));
+}
+
+// The real Qwen folder (tests/data/tokenizer/qwen2.tar.xz: tokenizer.json and tokenizer_config.json
+// with its ChatML template): the chat renders and tokenizes as transformers 5.24.0 does it, values from
+//   tok = AutoTokenizer.from_pretrained(<the folder>)
+//   r = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+//   tok(r, add_special_tokens=False)["input_ids"]
+// The user turn holds a composed and a decomposed e-acute (NFC makes them one) and the fi ligature.
+TEST(HfTokenizerNormalizers, QwenChatRendersAndTokenizesAsTransformers) {
+  const std::string dir = std::string(QSHARD_TOKENIZER_DATA) + "/qwen2";
+  const HfTokenizer tok = HfTokenizer::load(dir);
+  const ChatTemplate tmpl = ChatTemplate::from_model_dir(dir);
+  const auto messages = nlohmann::ordered_json::parse(R"([{"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "Caf\u00e9 ou cafe\u0301 ? \ufb01n"}, {"role": "assistant", "content": "Oui."}])");
+  const std::string render = tmpl.render(messages, true);
+  EXPECT_EQ(render,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nCaf\u00e9 ou cafe\u0301 ? \ufb01n<|im_end|>\n"
+            "<|im_start|>assistant\nOui.<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(tok.encode(render),
+            (std::vector<uint32_t>{151644, 8948, 198, 3430, 9814, 13, 151645, 198, 151644, 872, 198, 34, 2577, 963, 5908,
+                                   51950, 937, 32495, 70731, 77, 151645, 198, 151644, 77091, 198, 46, 1963, 13, 151645, 198,
+                                   151644, 77091, 198}));
+  EXPECT_EQ(tok.eos_id(), std::optional<uint32_t>(151643));  // eos_token <|endoftext|>
 }
 
 #else
