@@ -68,6 +68,12 @@ TEST(HfTokenizer, MatchesTheTokenizersLibraryOnRealFiles) {
   for (const auto& entry : fs::directory_iterator(kDir)) {
     if (!entry.is_directory() || !fs::exists(entry.path() / "golden.bin")) continue;
     const std::string name = entry.path().filename().string();
+#ifndef QSHARD_WITH_UNICODE_NORMALIZERS
+    if (name == "qwen2") {  // an NFC normalizer: refused by a build without utf8proc
+      std::printf("%s: skipped (this build has no utf8proc)\n", name.c_str());
+      continue;
+    }
+#endif
     const HfTokenizer tok = HfTokenizer::load(entry.path().string());
     Reader g(entry.path() / "golden.bin");
     ASSERT_EQ(g.u32(), docs.size()) << name;
@@ -96,7 +102,11 @@ TEST(HfTokenizer, MatchesTheTokenizersLibraryOnRealFiles) {
                 static_cast<long long>(ids_total));
     ++checked;
   }
+#ifdef QSHARD_WITH_UNICODE_NORMALIZERS
   EXPECT_GE(checked, 6) << "golden folders under " << kDir;
+#else
+  EXPECT_GE(checked, 5) << "golden folders under " << kDir;
+#endif
 }
 
 // Python's bytes.decode("utf-8", errors="replace") (values taken from CPython 3.11).
