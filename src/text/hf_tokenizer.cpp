@@ -1,7 +1,9 @@
 // hf_tokenizer.cpp: the native tokenizer's public API (hf_tokenizer.h): load reads tokenizer.json
 // (the BPE model, added tokens, normalizer, pre-tokenizer, post-processor, decoder) and the
-// tokenizer_config.json beside it; encode matches the added tokens, then runs each section between
-// them through the pipeline and the BPE model; decode runs the decoders. The pipeline's stages:
+// tokenizer_config.json beside it; encode matches the added tokens in two passes as the tokenizers
+// library does (those with normalized false in the raw text; each section between them through the
+// normalizer; those with normalized true in the normalized section), then runs each section between
+// them through the pre-tokenizer and the BPE model; decode runs the decoders. The pipeline's stages:
 // hf_tokenizer_pipeline.h.
 #include "text/hf_tokenizer.h"
 
@@ -44,6 +46,7 @@ struct AddedToken {
   std::string content;
   uint32_t id = 0;
   bool special = false, lstrip = false, rstrip = false, single_word = false;
+  bool normalized = true;  // matched in the normalized text (its content normalized too), not the raw
 };
 
 bool is_word_char(char32_t c) { return c == '_' || (c < 128 && std::isalnum(static_cast<int>(c))) || c >= 128; }
@@ -145,6 +148,54 @@ class AddedMatcher {
   }
 };
 
+// The added tokens of one matching pass, longest first, and their matcher.
+struct AddedSet {
+  std::vector<AddedToken> tokens;
+  AddedMatcher matcher;
+
+  void build() {
+    std::stable_sort(tokens.begin(), tokens.end(),
+                     [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
+    matcher.build(tokens);
+  }
+
+  // Cuts text at the added tokens: leftmost match, longest at that position (the tokenizers
+  // library's aho-corasick LeftmostLongest); a single_word token not standing alone is dropped and
+  // the search resumes after it, as the library's find_matches does; lstrip / rstrip take the
+  // whitespace beside a match along. Calls on_text(begin, end) for each non-empty stretch between
+  // matches and on_token(id) for each match, in order. *steps grows by the matcher's steps.
+  template <class OnText, class OnToken>
+  void split(std::string_view text, uint64_t* steps, OnText on_text, OnToken on_token) const {
+    const auto hits = matcher.longest_starts(text, steps);
+    size_t at = 0, section = 0;
+    for (const auto& [pos, index] : hits) {
+      if (pos < at) continue;
+      const AddedToken* hit = &tokens[index];
+      if (hit->single_word) {
+        size_t k = pos;
+        while (k > 0 && (static_cast<unsigned char>(text[--k]) & 0xC0) == 0x80) {
+        }
+        const bool left_ok = pos == 0 || !is_word_char(utf8_decode_at(text, k));
+        const size_t e = pos + hit->content.size();
+        const bool right_ok = e >= text.size() || !is_word_char(utf8_decode_at(text, e));
+        if (!left_ok || !right_ok) {
+          at = e;
+          continue;
+        }
+      }
+      size_t b = pos, e = pos + hit->content.size();
+      if (hit->lstrip)
+        while (b > section && std::isspace(static_cast<unsigned char>(text[b - 1]))) --b;
+      if (hit->rstrip)
+        while (e < text.size() && std::isspace(static_cast<unsigned char>(text[e]))) ++e;
+      if (b > section) on_text(section, b);
+      on_token(hit->id);
+      section = at = e;
+    }
+    if (section < text.size()) on_text(section, text.size());
+  }
+};
+
 // v as a token id: an integer in [0, kMaxVocabSize); otherwise an InputError naming the file, the
 // key and the value.
 uint32_t token_id(const json& v, const std::string& path, const std::string& key) {
@@ -178,8 +229,9 @@ struct HfTokenizer::Impl {
   std::optional<Normalizer> normalizer;
   std::optional<PreTokenizer> pre_tokenizer;
   std::optional<Decoder> decoder;
-  std::vector<AddedToken> added;       // longest first
-  AddedMatcher added_matcher;          // over `added`
+  std::vector<AddedToken> added;       // all of them, as read (token_to_id, bos / eos)
+  AddedSet raw_added;                  // normalized false: matched in the raw text
+  AddedSet norm_added;                 // normalized true: contents normalized, matched in normalized text
   mutable std::atomic<uint64_t> added_steps{0};  // the matcher's steps, all encodes (a test hook)
   std::vector<bool> special;           // per id
   std::vector<uint32_t> prefix_ids, suffix_ids;  // the post-processor's template around the text
@@ -188,6 +240,8 @@ struct HfTokenizer::Impl {
   mutable std::unordered_map<std::string, std::vector<uint32_t>> cache;
 
   void bpe(const std::string& word, std::vector<uint32_t>& out) const;
+  // A stretch of the raw text between added tokens of raw_added: normalized, cut at those of
+  // norm_added, each stretch between them pre-tokenized and run through the BPE model.
   void encode_section(std::string text, bool at_origin, std::vector<uint32_t>& out) const;
 };
 
@@ -280,10 +334,18 @@ void HfTokenizer::Impl::bpe(const std::string& word, std::vector<uint32_t>& out)
 
 void HfTokenizer::Impl::encode_section(std::string text, bool at_origin, std::vector<uint32_t>& out) const {
   if (normalizer) normalizer->apply(text);
-  std::vector<Piece> pieces{{std::move(text), at_origin}};
-  if (pre_tokenizer) pre_tokenizer->apply(pieces);
-  for (const Piece& p : pieces)
-    if (!p.text.empty()) bpe(p.text, out);
+  uint64_t steps = 0;
+  norm_added.split(
+      text, &steps,
+      [&](size_t b, size_t e) {
+        // at_origin: the piece starts at offset 0 of the input (Metaspace's prepend_scheme "first").
+        std::vector<Piece> pieces{{text.substr(b, e - b), at_origin && b == 0}};
+        if (pre_tokenizer) pre_tokenizer->apply(pieces);
+        for (const Piece& p : pieces)
+          if (!p.text.empty()) bpe(p.text, out);
+      },
+      [&](uint32_t id) { out.push_back(id); });
+  added_steps.fetch_add(steps, std::memory_order_relaxed);
 }
 
 HfTokenizer::HfTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -395,6 +457,7 @@ HfTokenizer HfTokenizer::from_json(std::string_view text, const std::string& pat
         at.lstrip = a.value("lstrip", false);
         at.rstrip = a.value("rstrip", false);
         at.single_word = a.value("single_word", false);
+        at.normalized = a.value("normalized", !at.special);  // the library's AddedToken::from(content, special)
         if (auto [it, fresh] = added_ids.emplace(at.id, at.content); !fresh && it->second != at.content)
           throw InputError(path + ": " + key + ".id " + std::to_string(at.id) + " is also the id of added token " +
                            shown(it->second) + " (not " + shown(at.content) + ")");
@@ -407,12 +470,22 @@ HfTokenizer HfTokenizer::from_json(std::string_view text, const std::string& pat
         t.added.push_back(at);
       }
     }
-    std::stable_sort(t.added.begin(), t.added.end(),
-                     [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
-    t.added_matcher.build(t.added);
     t.special.assign(t.id_to_token.size(), false);
     for (const AddedToken& a : t.added) t.special[a.id] = a.special;
     if (j.contains("normalizer") && !j["normalizer"].is_null()) t.normalizer = parse_normalizer(j["normalizer"], path);
+    // The two matching passes; a normalized token is matched by its normalized content (the
+    // library's AddedVocabulary::refresh_added_tokens), and one that normalizes to nothing never.
+    for (const AddedToken& a : t.added) {
+      if (!a.normalized) {
+        t.raw_added.tokens.push_back(a);
+        continue;
+      }
+      AddedToken n = a;
+      if (t.normalizer) t.normalizer->apply(n.content);
+      if (!n.content.empty()) t.norm_added.tokens.push_back(std::move(n));
+    }
+    t.raw_added.build();
+    t.norm_added.build();
     if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null())
       t.pre_tokenizer = parse_pre_tokenizer(j["pre_tokenizer"], path);
     if (j.contains("decoder") && !j["decoder"].is_null()) t.decoder = parse_decoder(j["decoder"], path);
@@ -480,39 +553,13 @@ std::vector<uint32_t> HfTokenizer::encode(std::string_view raw, bool add_special
   const std::string text = utf8_replace_invalid(raw);
   std::vector<uint32_t> out;
   if (add_special_tokens) out.insert(out.end(), t.prefix_ids.begin(), t.prefix_ids.end());
-  // Added tokens first: leftmost match, longest at that position (the tokenizers library's
-  // aho-corasick LeftmostLongest); a single_word token not standing alone is dropped and the search
-  // resumes after it, as the library's find_matches does. The text between them goes through the
-  // normalizer, the pre-tokenizer and the model.
+  // Added tokens with normalized false first, in the raw text; each stretch between them goes
+  // through encode_section (the normalizer, the normalized added tokens, the pre-tokenizer, BPE).
   uint64_t steps = 0;
-  const auto hits = t.added_matcher.longest_starts(text, &steps);
+  t.raw_added.split(
+      text, &steps, [&](size_t b, size_t e) { t.encode_section(text.substr(b, e - b), b == 0, out); },
+      [&](uint32_t id) { out.push_back(id); });
   t.added_steps.fetch_add(steps, std::memory_order_relaxed);
-  size_t at = 0, section = 0;
-  for (const auto& [pos, index] : hits) {
-    if (pos < at) continue;
-    const AddedToken* hit = &t.added[index];
-    if (hit->single_word) {
-      size_t k = pos;
-      while (k > 0 && (static_cast<unsigned char>(text[--k]) & 0xC0) == 0x80) {
-      }
-      const bool left_ok = pos == 0 || !is_word_char(utf8_decode_at(text, k));
-      const size_t e = pos + hit->content.size();
-      const bool right_ok = e >= text.size() || !is_word_char(utf8_decode_at(text, e));
-      if (!left_ok || !right_ok) {
-        at = e;
-        continue;
-      }
-    }
-    size_t b = pos, e = pos + hit->content.size();
-    if (hit->lstrip)
-      while (b > section && std::isspace(static_cast<unsigned char>(text[b - 1]))) --b;
-    if (hit->rstrip)
-      while (e < text.size() && std::isspace(static_cast<unsigned char>(text[e]))) ++e;
-    if (b > section) t.encode_section(text.substr(section, b - section), section == 0, out);
-    out.push_back(hit->id);
-    section = at = e;
-  }
-  if (section < text.size()) t.encode_section(text.substr(section), section == 0, out);
   if (add_special_tokens) out.insert(out.end(), t.suffix_ids.begin(), t.suffix_ids.end());
   return out;
 }

@@ -5,15 +5,21 @@
 //   model          BPE: vocab, merges ("a b" strings or [a, b] pairs; rank = position), unk_token,
 //                  fuse_unk, byte_fallback ("<0xAB>" tokens for characters outside the vocab),
 //                  ignore_merges (a whole pre-token found in the vocab is one token: Llama 3).
-//   normalizer     null, Sequence, Prepend, Replace (String or Regex pattern), Strip, Lowercase
-//                  (ASCII). Unicode normalization forms (NFC, NFKC, ...) are refused.
+//   normalizer     null, Sequence, Prepend, Replace (String or Regex pattern), Strip, and the
+//                  Unicode normalization forms NFC, NFD, NFKC, NFKD (through utf8proc; a build
+//                  without it refuses them at load). utf8proc's Unicode tables are newer than the
+//                  tokenizers library's: characters assigned since Unicode 12 may normalize
+//                  differently (docs/FORMATS_NOTES.md).
 //   pre_tokenizer  null, Sequence, ByteLevel (add_prefix_space, use_regex: GPT-2's pattern), Split
 //                  (Regex or String pattern; Isolated, Removed, MergedWithPrevious, MergedWithNext,
 //                  Contiguous; invert), Digits (individual_digits), Metaspace (replacement,
 //                  prepend_scheme always|first|never, split), Whitespace, WhitespaceSplit.
-//   added_tokens   matched in the text before anything else (leftmost, then longest, in one pass
-//                  linear in the text), with lstrip, rstrip and single_word (a match not standing
-//                  alone is dropped); special ones are skipped by decode(skip_special = true).
+//   added_tokens   matched before the pre-tokenizer (leftmost, then longest, each pass linear in
+//                  its text), with lstrip, rstrip and single_word (a match not standing alone is
+//                  dropped), in the tokenizers library's order: those with "normalized": false in the
+//                  raw text; then each stretch between them is normalized and those with
+//                  "normalized": true (their contents normalized too) are matched in it. Special
+//                  ones are skipped by decode(skip_special = true).
 //   post_processor TemplateProcessing (single sequence), ByteLevel, Sequence: applied by
 //                  encode(add_special_tokens = true) only.
 //   decoder        ByteLevel, Metaspace, Sequence, Replace, ByteFallback, Fuse, Strip.
@@ -72,8 +78,8 @@ class HfTokenizer {
   std::optional<uint32_t> bos_id() const;
   std::optional<uint32_t> eos_id() const;
   const std::string& path() const;
-  // Steps the added-token matcher has taken over all encode() calls (at most 2 per byte of text):
-  // a test hook showing the matching is linear.
+  // Steps the added-token matchers have taken over all encode() calls (at most 2 per byte of the
+  // text each pass reads): a test hook showing the matching is linear.
   uint64_t added_token_match_steps() const;
 
  private:

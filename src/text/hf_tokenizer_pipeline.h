@@ -7,6 +7,7 @@
 //   hf_tokenizer_regex.cpp        PCRE2 regular expressions (with their step limits), tokenizer.json
 //                                 patterns and the shape checks of its components (Sequence depth)
 //   hf_tokenizer_pretokenize.cpp  splitting a piece on matches, the normalizers, the pre-tokenizers
+//   hf_tokenizer_unicode.cpp      the Unicode normalization forms (utf8proc; built only with it)
 //   hf_tokenizer_decode.cpp       the decoders
 //   hf_tokenizer.cpp              the BPE model, added tokens (a linear-time matcher), the
 //                                 post-processor and the public API (load, encode, decode)
@@ -138,8 +139,27 @@ struct Piece {
 // How a split treats its matches (the tokenizers library's SplitDelimiterBehavior).
 enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
+// ---- Unicode normalization forms (hf_tokenizer_unicode.cpp, through utf8proc) ---------------------
+
+enum class NormalForm { kNfc, kNfd, kNfkc, kNfkd };
+// Whether this build has them (utf8proc found by CMake: QSHARD_WITH_UNICODE_NORMALIZERS).
+inline constexpr bool kHaveUnicodeNormalizers =
+#ifdef QSHARD_WITH_UNICODE_NORMALIZERS
+    true;
+#else
+    false;
+#endif
+// s in normalization form f (UAX #15), by utf8proc's tables (utf8proc_unicode_version(); the
+// tokenizers library's are older: docs/FORMATS_NOTES.md). ASCII text comes back as it is without a
+// call. REQUIRES valid UTF-8 (encode runs utf8_replace_invalid first); NUL bytes are characters like
+// any other (the length is explicit). Defined only when kHaveUnicodeNormalizers.
+std::string unicode_normalize(std::string_view s, NormalForm f);
+// The Unicode version of utf8proc's tables ("15.0.0"), or "" without utf8proc.
+std::string unicode_normalizer_version();
+
 struct Normalizer {
-  enum Kind { kSequence, kPrepend, kReplace, kStrip } kind = kSequence;
+  enum Kind { kSequence, kPrepend, kReplace, kStrip, kUnicode } kind = kSequence;
+  NormalForm form = NormalForm::kNfc;  // kUnicode
   std::vector<Normalizer> children;
   std::string text, content;
   std::shared_ptr<Regex> re;  // Replace; Strip: leading whitespace

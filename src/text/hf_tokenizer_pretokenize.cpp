@@ -1,6 +1,7 @@
 // hf_tokenizer_pretokenize.cpp: the native tokenizer's text stages before the BPE model: splitting
 // a piece on a pattern's matches (the tokenizers library's NormalizedString::split), the
-// normalizers (Sequence, Prepend, Replace, Strip) and the pre-tokenizers (Sequence, ByteLevel,
+// normalizers (Sequence, Prepend, Replace, Strip, and NFC / NFD / NFKC / NFKD through
+// hf_tokenizer_unicode.cpp) and the pre-tokenizers (Sequence, ByteLevel,
 // Split, Digits, Metaspace, Whitespace, WhitespaceSplit). Contract: hf_tokenizer_pipeline.h.
 #include <memory>
 #include <string>
@@ -114,8 +115,18 @@ void Normalizer::apply(std::string& s) const {
       if (left)
         for (auto [b, e] : re->find_all(s)) s.erase(b, e - b);
       break;
+    case kUnicode:
+      if constexpr (kHaveUnicodeNormalizers) s = unicode_normalize(s, form);
+      break;
   }
 }
+
+#ifndef QSHARD_WITH_UNICODE_NORMALIZERS
+std::string unicode_normalize(std::string_view, NormalForm) {
+  throw InputError("Unicode normalization: this build has no utf8proc (libutf8proc-dev, scripts/setup.sh)");
+}
+std::string unicode_normalizer_version() { return ""; }
+#endif
 
 Normalizer parse_normalizer(const json& j, const std::string& where, int depth) {
   Normalizer n;
@@ -137,10 +148,19 @@ Normalizer parse_normalizer(const json& j, const std::string& where, int depth) 
     n.right = j.value("strip_right", false);
     n.re = std::make_shared<Regex>("^\\s+", w);
     n.trail = std::make_shared<Regex>("\\s+$", w);
+  } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
+    if (!kHaveUnicodeNormalizers)
+      throw InputError(where + ": normalizer type '" + type +
+                       "' needs Unicode normalization, and this build has no utf8proc (install libutf8proc-dev: "
+                       "scripts/setup.sh, and rebuild)");
+    n.kind = Normalizer::kUnicode;
+    n.form = type == "NFC"    ? NormalForm::kNfc
+             : type == "NFD"  ? NormalForm::kNfd
+             : type == "NFKC" ? NormalForm::kNfkc
+                              : NormalForm::kNfkd;
   } else {
     throw InputError(where + ": normalizer type '" + type +
-                     "' is not supported (Sequence, Prepend, Replace and Strip are; Unicode normalization forms "
-                     "such as NFC are not)");
+                     "' is not supported (Sequence, Prepend, Replace, Strip, NFC, NFD, NFKC and NFKD are)");
   }
   return n;
 }

@@ -18,7 +18,7 @@ namespace qshard::hf_tok {
 namespace {
 
 // The defaults (hf_tokenizer_pipeline.h), against what the real tokenizers (tests/data/tokenizer:
-// GPT-2, Llama 3, DeepSeek-V3, Mistral 7B twice) need on the golden corpus (> 1 MB, 1304 documents;
+// GPT-2, Llama 3, DeepSeek-V3, Mistral 7B twice, Qwen) need on the golden corpus (> 1 MB, 1466 documents;
 // tests/text/hf_tokenizer_limits_test.cpp, RealPatternsNeedFarLessThanTheLimits):
 //   - the whole corpus encodes with match_base 10,000 and match_per_byte 0 (the most any search
 //     needs: Llama 3's and DeepSeek-V3's \s*[\r\n]+ over an 8001-byte whitespace document, between

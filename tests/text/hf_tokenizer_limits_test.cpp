@@ -219,9 +219,13 @@ TEST(HfTokenizerLimits, RealPatternsNeedFarLessThanTheLimits) {
     at += 4 + len;
   }
   std::vector<HfTokenizer> toks;
-  for (const auto& entry : fs::directory_iterator(dir))
+  for (const auto& entry : fs::directory_iterator(dir)) {
+#ifndef QSHARD_WITH_UNICODE_NORMALIZERS
+    if (entry.path().filename() == "qwen2") continue;  // an NFC normalizer: refused without utf8proc
+#endif
     if (entry.is_directory() && fs::exists(entry.path() / "tokenizer.json"))
       toks.push_back(HfTokenizer::load(entry.path().string()));
+  }
   ASSERT_GE(toks.size(), 5u);
   const hf_tok::RegexLimits defaults = hf_tok::default_regex_limits();
   // The documents that fail under `limits`, over all tokenizers.

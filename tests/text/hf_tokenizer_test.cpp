@@ -68,6 +68,12 @@ TEST(HfTokenizer, MatchesTheTokenizersLibraryOnRealFiles) {
   for (const auto& entry : fs::directory_iterator(kDir)) {
     if (!entry.is_directory() || !fs::exists(entry.path() / "golden.bin")) continue;
     const std::string name = entry.path().filename().string();
+#ifndef QSHARD_WITH_UNICODE_NORMALIZERS
+    if (name == "qwen2") {  // an NFC normalizer: refused by a build without utf8proc
+      std::printf("%s: skipped (this build has no utf8proc)\n", name.c_str());
+      continue;
+    }
+#endif
     const HfTokenizer tok = HfTokenizer::load(entry.path().string());
     Reader g(entry.path() / "golden.bin");
     ASSERT_EQ(g.u32(), docs.size()) << name;
@@ -96,7 +102,11 @@ TEST(HfTokenizer, MatchesTheTokenizersLibraryOnRealFiles) {
                 static_cast<long long>(ids_total));
     ++checked;
   }
+#ifdef QSHARD_WITH_UNICODE_NORMALIZERS
+  EXPECT_GE(checked, 6) << "golden folders under " << kDir;
+#else
   EXPECT_GE(checked, 5) << "golden folders under " << kDir;
+#endif
 }
 
 // Python's bytes.decode("utf-8", errors="replace") (values taken from CPython 3.11).
@@ -134,7 +144,7 @@ TEST(HfTokenizer, BadFilesAreNamed) {
   const std::string model = R"("model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]})";
   expect("{", "not valid JSON");
   expect(R"({"model": {"type": "Unigram", "vocab": []}})", "model type 'Unigram'");
-  expect(R"({"normalizer": {"type": "NFC"}, )" + model + "}", "normalizer type 'NFC'");
+  expect(R"({"normalizer": {"type": "BertNormalizer"}, )" + model + "}", "normalizer type 'BertNormalizer'");
   expect(R"({"pre_tokenizer": {"type": "BertPreTokenizer"}, )" + model + "}", "'BertPreTokenizer'");
   expect(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a c"]}})", "missing from the vocabulary");
   expect(R"({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(["}, "behavior": "Isolated"}, )" + model + "}",
