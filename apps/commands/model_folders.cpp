@@ -124,7 +124,7 @@ constexpr int64_t kMaxModelSize = INT32_MAX;
 
 struct InitModelArgs {
   RandomLlamaOptions ro;
-  std::string out, dtype = "bfloat16", config;
+  std::string out, dtype = "bfloat16", config, family = "llama";
   CLI::Option* seed_option = nullptr;   // count() tells --seed given from the default
   CLI::Option* dtype_option = nullptr;  // the same for --dtype
 };
@@ -141,6 +141,8 @@ void add_init_model(CLI::App& sub, InitModelArgs& a) {
   add_int_option(sub, "--kv-heads", a.ro.num_key_value_heads, 1, kMaxModelSize);
   add_int_option(sub, "--max-positions", a.ro.max_position_embeddings, 1, kMaxModelSize);
   sub.add_flag("--tie-embeddings", a.ro.tie_word_embeddings);
+  sub.add_option("--family", a.family, "llama | qwen2 | qwen3 | mistral (config.json's model_type)");
+  add_int_option(sub, "--sliding-window", a.ro.sliding_window, 0, kMaxModelSize);
   a.dtype_option = sub.add_option("--dtype", a.dtype, "bfloat16 | float16 | float32");
   a.seed_option = add_int_option(sub, "--seed", a.ro.seed, 0, INT64_MAX);
   sub.footer("Example:\n  qshard init-model --out /tmp/tiny_llama --config configs/tiny.yaml   (the model tiny.yaml trains)\n"
@@ -164,11 +166,17 @@ int run_init_model(InitModelArgs& a, int, char**) {
     if (a.seed_option->count() == 0) ro.seed = m.seed;
     if (a.dtype_option->count() == 0) ro.dtype = m.dtype;
   }
+  bool known = false;
+  for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kQwen3, ModelFamily::kMistral})
+    if (a.family == model_family_name(f)) ro.family = f, known = true;
+  if (!known) throw InputError("--family '" + a.family + "' is not llama, qwen2, qwen3 or mistral");
+  if (ro.sliding_window > 0 && ro.family != ModelFamily::kMistral)
+    throw InputError("--sliding-window " + std::to_string(ro.sliding_window) + " is for --family mistral only");
   const LlamaConfig c = write_random_llama_folder(a.out, ro);
   int64_t params = 0;
   for (const auto& [name, shape] : llama_expected_weights(c)) params += shape_numel(shape);
-  std::printf("wrote a random Llama (%lld layers, hidden %lld, %.2f M parameters, %s) to %s\n",
-              (long long)c.num_hidden_layers, (long long)c.hidden_size, params / 1e6, dtype_torch_name(ro.dtype),
+  std::printf("wrote a random %s (%lld layers, hidden %lld, %.2f M parameters, %s) to %s\n",
+              model_family_name(c.family), (long long)c.num_hidden_layers, (long long)c.hidden_size, params / 1e6, dtype_torch_name(ro.dtype),
               a.out.c_str());
   return 0;
 }

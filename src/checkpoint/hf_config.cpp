@@ -74,15 +74,42 @@ RopeScaling parse_rope(const json& r, const std::string& key, const std::string&
   return s;
 }
 
+// A Qwen2 / Qwen3 config's sliding window: transformers applies one only with use_sliding_window
+// true (then on the layers from max_window_layers on); every released model has it false.
+void refuse_qwen_sliding_window(const json& j, const std::string& label) {
+  if (get_bool(j, "use_sliding_window", label, false))
+    throw InputError(where(label, "use_sliding_window") +
+                     " is true; qshard runs Qwen2 / Qwen3 models without a sliding window (false, as every released "
+                     "model has it)");
+}
+
 }  // namespace
+
+const char* model_family_name(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kLlama: return "llama";
+    case ModelFamily::kQwen2: return "qwen2";
+    case ModelFamily::kQwen3: return "qwen3";
+    case ModelFamily::kMistral: return "mistral";
+  }
+  return "?";
+}
 
 LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
   if (!j.is_object()) throw InputError(label + ": config is not a JSON object");
   LlamaConfig c;
   c.raw = j;
-  if (j.contains("model_type") && j["model_type"].is_string() && j["model_type"] != "llama")
-    throw InputError(where(label, "model_type") + " is \"" + j["model_type"].get<std::string>() +
-                     "\"; qshard supports Llama models (\"llama\")");
+  if (j.contains("model_type") && !j["model_type"].is_null()) {
+    if (!j["model_type"].is_string())
+      throw InputError(where(label, "model_type") + " must be a string, got " + j["model_type"].dump());
+    const std::string type = j["model_type"].get<std::string>();
+    bool known = false;
+    for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kQwen3, ModelFamily::kMistral})
+      if (type == model_family_name(f)) c.family = f, known = true;
+    if (!known)
+      throw InputError(where(label, "model_type") + " is \"" + type +
+                       "\"; qshard supports \"llama\", \"qwen2\", \"qwen3\" and \"mistral\"");
+  }
   c.vocab_size = get_int(j, "vocab_size", label, std::nullopt);
   c.hidden_size = get_int(j, "hidden_size", label, std::nullopt);
   c.intermediate_size = get_int(j, "intermediate_size", label, std::nullopt);
@@ -112,7 +139,7 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
   c.rms_norm_eps = get_num(j, "rms_norm_eps", label, 1e-6);
   if (!(c.rms_norm_eps > 0)) throw InputError(where(label, "rms_norm_eps") + " must be positive");
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
-    throw InputError(where(label, "hidden_act") + " is " + j["hidden_act"].dump() + "; Llama uses \"silu\"");
+    throw InputError(where(label, "hidden_act") + " is " + j["hidden_act"].dump() + "; qshard's families use \"silu\"");
   // RoPE: the newer single rope_parameters field, or rope_theta + rope_scaling.
   if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
     const json& rp = j["rope_parameters"];
@@ -125,8 +152,30 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
   }
   if (!(c.rope_theta > 0)) throw InputError(where(label, "rope_theta") + " must be positive");
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", label, false);
-  c.attention_bias = get_bool(j, "attention_bias", label, false);
-  c.mlp_bias = get_bool(j, "mlp_bias", label, false);
+  // Biases by family (transformers' *Attention / *MLP): Llama reads attention_bias (all four
+  // attention projections) and mlp_bias; Qwen2 has q/k/v biases and none else (no such keys);
+  // Qwen3 reads attention_bias (all four), no MLP bias; Mistral has none.
+  switch (c.family) {
+    case ModelFamily::kLlama:
+      c.attention_bias = c.o_proj_bias = get_bool(j, "attention_bias", label, false);
+      c.mlp_bias = get_bool(j, "mlp_bias", label, false);
+      break;
+    case ModelFamily::kQwen2:
+      c.attention_bias = true;
+      refuse_qwen_sliding_window(j, label);
+      break;
+    case ModelFamily::kQwen3:
+      c.attention_bias = c.o_proj_bias = get_bool(j, "attention_bias", label, false);
+      c.qk_norm = true;
+      refuse_qwen_sliding_window(j, label);
+      break;
+    case ModelFamily::kMistral:
+      if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+        c.sliding_window = get_int(j, "sliding_window", label, std::nullopt);
+        positive(c.sliding_window, "sliding_window", label);
+      }
+      break;
+  }
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int64_t>();
   if (j.contains("eos_token_id")) {
     const json& e = j["eos_token_id"];
@@ -193,8 +242,10 @@ LlamaSize llama_size(const LlamaConfig& c) {
   const double L = static_cast<double>(c.num_hidden_layers), V = static_cast<double>(c.vocab_size);
   s.projection_params = L * (C * q + 2 * C * kv + q * C + 3 * C * I);
   s.other_params = V * C * (c.tie_word_embeddings ? 1 : 2) + C + L * 2 * C;
-  if (c.attention_bias) s.other_params += L * (q + 2 * kv + C);
+  if (c.attention_bias) s.other_params += L * (q + 2 * kv);
+  if (c.o_proj_bias) s.other_params += L * C;
   if (c.mlp_bias) s.other_params += L * (2 * I + C);
+  if (c.qk_norm) s.other_params += L * 2 * static_cast<double>(c.head_dim);
   return s;
 }
 
@@ -214,6 +265,11 @@ std::string llama_size_keys(const LlamaConfig& c) {
   return "num_hidden_layers = " + std::to_string(c.num_hidden_layers) + ", hidden_size = " +
          std::to_string(c.hidden_size) + ", intermediate_size = " + std::to_string(c.intermediate_size) +
          ", vocab_size = " + std::to_string(c.vocab_size);
+}
+
+bool llama_projection_has_bias(const LlamaConfig& c, const std::string& projection) {
+  if (projection == "self_attn.o_proj") return c.o_proj_bias;
+  return projection.rfind("self_attn.", 0) == 0 ? c.attention_bias : c.mlp_bias;
 }
 
 const std::vector<std::string>& llama_projection_names() {
@@ -246,9 +302,14 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_weights
     w.push_back({p + "input_layernorm.weight", {c.hidden_size}});
     for (const auto& proj : llama_projection_names()) {
       w.push_back({p + proj + ".weight", llama_projection_shape(c, proj)});
-      const bool bias = proj.rfind("self_attn.", 0) == 0 ? c.attention_bias : c.mlp_bias;
-      if (bias) w.push_back({p + proj + ".bias", {llama_projection_shape(c, proj)[0]}});
-      if (proj == "self_attn.o_proj") w.push_back({p + "post_attention_layernorm.weight", {c.hidden_size}});
+      if (llama_projection_has_bias(c, proj)) w.push_back({p + proj + ".bias", {llama_projection_shape(c, proj)[0]}});
+      if (proj == "self_attn.o_proj") {
+        if (c.qk_norm) {
+          w.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
+          w.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
+        }
+        w.push_back({p + "post_attention_layernorm.weight", {c.hidden_size}});
+      }
     }
   }
   w.push_back({"model.norm.weight", {c.hidden_size}});

@@ -1,6 +1,12 @@
-// hf_config.h: a Hugging Face Llama config.json, parsed and validated into LlamaConfig.
+// hf_config.h: a Hugging Face config.json of a Llama-family model, parsed and validated into LlamaConfig.
 //
-// What: the fields of transformers' LlamaConfig that qshard uses (shared/FORMATS.md, "HF Llama
+// Families (config.json's model_type; docs/ARCHITECTURE.md, "Model families"): "llama",
+// "qwen2" (Qwen2 / Qwen2.5: q/k/v projections with a bias, o_proj without; use_sliding_window
+// must be false), "qwen3" (an RMSNorm over head_dim on each head of q and k before RoPE:
+// self_attn.q_norm / k_norm; attention_bias on all four attention projections; use_sliding_window
+// must be false) and "mistral" (Llama's math, no biases, sliding_window: each token attends to the
+// last sliding_window positions, itself included). Any other model_type is refused by name.
+// What: the fields of transformers' LlamaConfig (and the families' configs) that qshard uses (shared/FORMATS.md, "HF Llama
 // folder"): sizes, heads (GQA), RoPE (rope_theta and rope_scaling of type "llama3", or the newer
 // single rope_parameters field), norms, tied embeddings, biases, token ids, dtype. The parsed
 // JSON is kept as well (raw, as read: quantization_config and dtype included), so a folder
@@ -28,7 +34,13 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 0;
 };
 
+// The decoder families qshard runs (one skeleton: transformers' Llama layer plus the options below).
+enum class ModelFamily { kLlama, kQwen2, kQwen3, kMistral };
+// "llama", "qwen2", "qwen3", "mistral" (config.json's model_type).
+const char* model_family_name(ModelFamily family);
+
 struct LlamaConfig {
+  ModelFamily family = ModelFamily::kLlama;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -41,8 +53,13 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;
+  bool attention_bias = false;  // q_proj, k_proj, v_proj have a bias (Qwen2: always)
+  bool o_proj_bias = false;     // o_proj has a bias (Llama, Qwen3: attention_bias; Qwen2: never)
   bool mlp_bias = false;
+  bool qk_norm = false;         // Qwen3: self_attn.q_norm / k_norm ([head_dim] RMSNorm per head, before RoPE)
+  // Mistral: a key at position j is seen from position i when i - sliding_window < j <= i
+  // (transformers' sliding-window causal mask); 0: none (plain causal attention).
+  int64_t sliding_window = 0;
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
   std::optional<DType> dtype;  // "torch_dtype" or "dtype"
@@ -83,6 +100,9 @@ Llama4bitBytes llama_4bit_bytes(const LlamaConfig& c, int64_t blocksize, bool do
 double llama_min_weight_bytes(const LlamaConfig& c);
 // "num_hidden_layers = 32, hidden_size = 4096, intermediate_size = 14336, vocab_size = 128256"
 std::string llama_size_keys(const LlamaConfig& c);
+
+// True when `projection` ("self_attn.q_proj", ...) has a bias in this config's family.
+bool llama_projection_has_bias(const LlamaConfig& c, const std::string& projection);
 
 // The Linear projections of a Llama decoder layer, as named in HF checkpoints.
 const std::vector<std::string>& llama_projection_names();  // "self_attn.q_proj", ... "mlp.down_proj"

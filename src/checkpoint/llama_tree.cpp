@@ -22,8 +22,7 @@ std::unique_ptr<Module> build_llama_tree(const LlamaConfig& c, const LlamaTreeOp
     if (o.quant) lin.add_params4bit("weight", std::make_shared<Params4bit>(
                                            empty_params4bit(shape, dtype(fqn + ".weight"), *o.quant, o.shapes_only_4bit)));
     else lin.add_parameter("weight", Tensor::zeros(shape, dtype(fqn + ".weight")));
-    const bool bias = full_name.rfind("self_attn.", 0) == 0 ? c.attention_bias : c.mlp_bias;
-    if (bias) lin.add_parameter("bias", Tensor::zeros({shape[0]}, dtype(fqn + ".bias")));
+    if (llama_projection_has_bias(c, full_name)) lin.add_parameter("bias", Tensor::zeros({shape[0]}, dtype(fqn + ".bias")));
     if (o.lora.r > 0 && std::find(o.lora.targets.begin(), o.lora.targets.end(), short_name) != o.lora.targets.end()) {
       lin.add_child("lora_A", "Linear").add_parameter("weight", Tensor::zeros({o.lora.r, shape[1]}, DType::kF32), true);
       lin.add_child("lora_B", "Linear").add_parameter("weight", Tensor::zeros({shape[0], o.lora.r}, DType::kF32), true);
@@ -34,6 +33,10 @@ std::unique_ptr<Module> build_llama_tree(const LlamaConfig& c, const LlamaTreeOp
     Module& layer = layers.add_child(std::to_string(l), "LlamaDecoderLayer");
     Module& attn = layer.add_child("self_attn", "LlamaAttention");
     for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"}) projection(attn, std::string("self_attn.") + p, p);
+    if (c.qk_norm)  // Qwen3: an RMSNorm over head_dim on each head of q and k
+      for (const char* norm : {"q_norm", "k_norm"})
+        attn.add_child(norm, "LlamaRMSNorm")
+            .add_parameter("weight", Tensor::zeros({c.head_dim}, dtype(layer_prefix + "self_attn." + norm + ".weight")));
     Module& mlp = layer.add_child("mlp", "LlamaMLP");
     for (const char* p : {"gate_proj", "up_proj", "down_proj"}) projection(mlp, std::string("mlp.") + p, p);
     for (const char* norm : {"input_layernorm", "post_attention_layernorm"})

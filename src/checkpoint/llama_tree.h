@@ -6,7 +6,8 @@
 //     model: LlamaModel
 //       embed_tokens: Embedding {weight [V, C]}
 //       layers: ModuleList {"0".."L-1": LlamaDecoderLayer
-//         self_attn: LlamaAttention {q_proj, k_proj, v_proj, o_proj}
+//         self_attn: LlamaAttention {q_proj, k_proj, v_proj, o_proj,
+//                                    q_norm, k_norm: LlamaRMSNorm {weight [D]} (qk_norm: Qwen3)}
 //         mlp: LlamaMLP {gate_proj, up_proj, down_proj}
 //         input_layernorm, post_attention_layernorm: LlamaRMSNorm {weight [C]}}
 //       norm: LlamaRMSNorm {weight [C]}
@@ -14,7 +15,9 @@
 //   Projections are Linear {weight} or, quantized, Linear4bit {weight: Params4bit}; with LoRA each
 //   targeted projection also has children lora_A: Linear {weight [r, in] f32, trainable} and
 //   lora_B: Linear {weight [out, r] f32, trainable} (PEFT's names without the adapter name).
-// Legend: V vocab, C hidden, L layers, r LoRA rank.
+//   Biases per llama_projection_has_bias (the family's rule). The type names are Llama's for every
+//   family (the FQNs, not the types, are what checkpoints hold).
+// Legend: V vocab, C hidden, D head dim, L layers, r LoRA rank.
 #pragma once
 
 #include <map>

@@ -16,8 +16,10 @@ namespace fs = std::filesystem;
 
 nlohmann::json llama_config_json(const LlamaSizes& o, DType dtype, double init_std) {
   nlohmann::json j;
-  j["architectures"] = {"LlamaForCausalLM"};
-  j["model_type"] = "llama";
+  static const char* const kArchitectures[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                               "MistralForCausalLM"};
+  j["architectures"] = {kArchitectures[static_cast<int>(o.family)]};
+  j["model_type"] = model_family_name(o.family);
   j["vocab_size"] = o.vocab_size;
   j["hidden_size"] = o.hidden_size;
   j["intermediate_size"] = o.intermediate_size;
@@ -30,8 +32,24 @@ nlohmann::json llama_config_json(const LlamaSizes& o, DType dtype, double init_s
   j["rope_theta"] = 10000.0;
   j["rope_scaling"] = nullptr;
   j["tie_word_embeddings"] = o.tie_word_embeddings;
-  j["attention_bias"] = false;
-  j["mlp_bias"] = false;
+  switch (o.family) {
+    case ModelFamily::kLlama:
+      j["attention_bias"] = false;
+      j["mlp_bias"] = false;
+      break;
+    case ModelFamily::kQwen2:
+    case ModelFamily::kQwen3:
+      j["use_sliding_window"] = false;
+      j["sliding_window"] = nullptr;
+      if (o.family == ModelFamily::kQwen3) {
+        j["attention_bias"] = false;
+        if (o.num_attention_heads > 0) j["head_dim"] = o.hidden_size / o.num_attention_heads;
+      }
+      break;
+    case ModelFamily::kMistral:
+      j["sliding_window"] = o.sliding_window > 0 ? nlohmann::json(o.sliding_window) : nlohmann::json(nullptr);
+      break;
+  }
   j["initializer_range"] = init_std;
   j["bos_token_id"] = 1;
   j["eos_token_id"] = 2;
@@ -148,7 +166,7 @@ LlamaConfig write_random_llama_folder(const std::string& dir, const RandomLlamaO
     w.begin({{"format", "pt"}});
     for (const auto& [name, shape] : weights) {
       const int64_t n = shape_numel(shape);
-      const bool norm = name.find("norm.weight") != std::string::npos;
+      const bool norm = name.find("norm.weight") != std::string::npos;  // q_norm / k_norm too
       const std::vector<float> v = norm ? std::vector<float>(static_cast<size_t>(n), 1.0f)
                                         : random_normal(o.seed, name, n, o.init_std, host_threads(32));
       w.write(name, Tensor::from_f32(shape, o.dtype, v).bytes());

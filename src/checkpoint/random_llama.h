@@ -31,10 +31,14 @@ struct LlamaSizes {
   int64_t num_key_value_heads = 2;
   int64_t max_position_embeddings = 512;
   bool tie_word_embeddings = false;
+  ModelFamily family = ModelFamily::kLlama;  // config.json's model_type and the family's keys
+  int64_t sliding_window = 0;                // Mistral: 0 writes null (no window)
 };
 
 // config.json of a Llama of these sizes (rms_norm_eps 1e-5, rope_theta 1e4, no rope scaling,
-// bos 1 / eos 2), with torch_dtype `dtype` and initializer_range `init_std`.
+// bos 1 / eos 2), with torch_dtype `dtype` and initializer_range `init_std`; for another family its
+// model_type, architectures and keys (qwen2 / qwen3: use_sliding_window false, qwen3
+// attention_bias false and head_dim; mistral: sliding_window).
 nlohmann::json llama_config_json(const LlamaSizes& sizes, DType dtype, double init_std = 0.02);
 
 // n values ~ N(0, std) for the tensor named `fqn` under `seed` (the one generator, see above).

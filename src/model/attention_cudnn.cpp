@@ -9,6 +9,7 @@
 #include <cudnn_frontend.h>
 
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -42,7 +43,7 @@ struct Graphs {
 struct CudnnState {
   cudnnHandle_t handle = nullptr;
   std::mutex mu;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, Graphs> graphs;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>, Graphs> graphs;  // (B, T, H, Hkv, D, window)
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
   ~CudnnState() {
@@ -96,10 +97,13 @@ void finish(fe::graph::Graph& g, cudnnHandle_t h, int64_t& ws, const char* what)
   check(g.get_workspace_size(ws), what);
 }
 
-Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+// window: a sliding window (0 < window < T); anything else is plain causal attention (one graph).
+Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window) {
   CudnnState& s = state(ctx);
   std::lock_guard<std::mutex> lock(s.mu);
-  const auto key = std::make_tuple(B, T, H, Hkv, D);
+  if (window <= 0 || window >= T) window = 0;
+  QS_CHECK(window <= std::numeric_limits<int>::max(), "attention: sliding window too large");
+  const auto key = std::make_tuple(B, T, H, Hkv, D, window);
   auto it = s.graphs.find(key);
   if (it != s.graphs.end()) return it->second;
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
@@ -111,6 +115,8 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
     TensorPtr k = g->tensor(bthd("K", kK, B, T, Hkv, D));
     TensorPtr v = g->tensor(bthd("V", kV, B, T, Hkv, D));
     auto opts = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(scale).set_causal_mask(true);
+    // Keys u with u + window > t (cuDNN's top-left diagonal band: transformers' sliding window).
+    if (window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(window));
     auto [o, stats] = g->sdpa(q, k, v, opts);
     o->set_output(true).set_uid(kO).set_dim({B, H, T, D}).set_stride({T * H * D, D, H * D, 1});
     stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim({B, H, T, 1}).set_stride(
@@ -136,6 +142,7 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
                     .set_attn_scale(scale)
                     .set_causal_mask(true)
                     .set_deterministic_algorithm(deterministic);
+    if (window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(window));
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, opts);
     dq->set_output(true).set_uid(kDQ).set_dim({B, H, T, D}).set_stride({T * H * D, D, H * D, 1});
     dk->set_output(true).set_uid(kDK).set_dim({B, Hkv, T, D}).set_stride({T * Hkv * D, D, Hkv * D, 1});
@@ -183,13 +190,13 @@ void run(DeviceContext& ctx, const fe::graph::Graph& g, std::unordered_map<int64
 
 }  // namespace
 
-void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
-  graphs_for(ctx, B, T, H, Hkv, D);
+void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window) {
+  graphs_for(ctx, B, T, H, Hkv, D, window);
 }
 
 void attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
-                   int64_t T, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx) {
-  Graphs& gr = graphs_for(ctx, B, T, H, Hkv, D);
+                   int64_t T, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window) {
+  Graphs& gr = graphs_for(ctx, B, T, H, Hkv, D, window);
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<uint16_t*>(q)},
                                              {kK, const_cast<uint16_t*>(k)},
                                              {kV, const_cast<uint16_t*>(v)},
@@ -200,8 +207,8 @@ void attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t
 
 void attention_bwd(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
                    const uint16_t* k, const uint16_t* v, const uint16_t* out, const void* saved, int64_t B, int64_t T,
-                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx) {
-  Graphs& gr = graphs_for(ctx, B, T, H, Hkv, D);
+                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window) {
+  Graphs& gr = graphs_for(ctx, B, T, H, Hkv, D, window);
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<uint16_t*>(q)},   {kK, const_cast<uint16_t*>(k)},
                                              {kV, const_cast<uint16_t*>(v)},   {kO, const_cast<uint16_t*>(out)},
                                              {kDO, const_cast<uint16_t*>(dout)}, {kStats, const_cast<void*>(saved)},

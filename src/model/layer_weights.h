@@ -3,7 +3,8 @@
 // What: LayerWeights is one decoder layer's operands in their stored form: per projection the
 // frozen base (4-bit kernel arguments, or a dense [out,in] tensor), its bias, the LoRA operands
 // A [r,in] / B [out,r] (in the activation dtype when the owner keeps compute copies, else f32) and
-// the f32 gradient buffers of A and B (null: none); the layer's two RMSNorm weights. RootWeights is
+// the f32 gradient buffers of A and B (null: none); the layer's two RMSNorm weights (and Qwen3's
+// per-head q / k norms). RootWeights is
 // the embedding, the final norm and the LM head. Shapes, ranks and 4-bit scalars are fixed when
 // the owner resolves its weights, ONCE (registration); only the pointers change afterwards (a
 // sharded owner rewrites them at each gather, from entries it found at registration).
@@ -52,6 +53,7 @@ struct LayerWeights {
   std::array<ProjectionWeights, 7> proj;  // kLlamaProjections order (model/llama_binding.h)
   WeightRef input_norm;                   // [C]
   WeightRef post_norm;                    // [C]
+  WeightRef q_norm, k_norm;               // [D] (qk_norm: Qwen3), null data: none
 };
 
 struct RootWeights {

@@ -132,6 +132,14 @@ LlamaTreeSlots::LlamaTreeSlots(const LlamaConfig& c, Module& root, const DeviceC
     check_shape(prefix + "post_attention_layernorm.weight", ls.post_norm->tensor.shape(), {C});
     lw.input_norm.dtype = ls.input_norm->tensor.dtype();
     lw.post_norm.dtype = ls.post_norm->tensor.dtype();
+    if (c.qk_norm) {
+      ls.q_norm = require_slot(root.find_module(prefix + "self_attn.q_norm"), prefix + "self_attn.q_norm", "weight");
+      ls.k_norm = require_slot(root.find_module(prefix + "self_attn.k_norm"), prefix + "self_attn.k_norm", "weight");
+      check_shape(prefix + "self_attn.q_norm.weight", ls.q_norm->tensor.shape(), {c.head_dim});
+      check_shape(prefix + "self_attn.k_norm.weight", ls.k_norm->tensor.shape(), {c.head_dim});
+      lw.q_norm.dtype = ls.q_norm->tensor.dtype();
+      lw.k_norm.dtype = ls.k_norm->tensor.dtype();
+    }
     slots_->layers.push_back(ls);
     slots_->shapes.push_back(lw);
     slots_->fqn.push_back(std::move(fqns));
@@ -212,6 +220,10 @@ const LayerWeights& LlamaTreeSlots::layer(int64_t layer) {
   const std::string& prefix = slots_->prefix[static_cast<size_t>(layer)];
   w.input_norm.data = bound_tensor(*ls.input_norm, prefix, "input_layernorm.weight", device_).raw();
   w.post_norm.data = bound_tensor(*ls.post_norm, prefix, "post_attention_layernorm.weight", device_).raw();
+  if (ls.q_norm) {
+    w.q_norm.data = bound_tensor(*ls.q_norm, prefix, "self_attn.q_norm.weight", device_).raw();
+    w.k_norm.data = bound_tensor(*ls.k_norm, prefix, "self_attn.k_norm.weight", device_).raw();
+  }
   return w;
 }
 
@@ -271,6 +283,14 @@ void bind_layer(const LayerWeights& w, int64_t layer, const BindScratch& scratch
   ops::to_f32(scratch.norms + C, w.post_norm.data, w.post_norm.dtype, C, ctx);
   b.input_norm = scratch.norms;
   b.post_norm = scratch.norms + C;
+  b.q_norm = b.k_norm = nullptr;
+  if (w.q_norm.data) {  // after the root's final norm at 2C
+    const int64_t D = scratch.head_dim;
+    ops::to_f32(scratch.norms + 3 * C, w.q_norm.data, w.q_norm.dtype, D, ctx);
+    ops::to_f32(scratch.norms + 3 * C + D, w.k_norm.data, w.k_norm.dtype, D, ctx);
+    b.q_norm = scratch.norms + 3 * C;
+    b.k_norm = scratch.norms + 3 * C + D;
+  }
 }
 
 }  // namespace qshard

@@ -60,6 +60,8 @@ struct LayerBinding {
   std::array<ProjectionBinding, 7> proj;
   const float* input_norm = nullptr;  // [C] f32
   const float* post_norm = nullptr;   // [C] f32
+  const float* q_norm = nullptr;      // [D] f32 (qk_norm), else null
+  const float* k_norm = nullptr;      // [D] f32
 };
 
 struct RootBinding {
@@ -84,7 +86,9 @@ inline int fold_group(int idx) {
 struct BindScratch {
   float* biases = nullptr;    // [7, bias_stride] f32
   int64_t bias_stride = 0;
-  float* norms = nullptr;     // [3, C] f32: the layer's two norms, then the root's final norm
+  int64_t head_dim = 0;       // D (the q / k norms' width)
+  float* norms = nullptr;     // [3C + 2D] f32: the layer's two norms, the root's final norm, the
+                              // layer's q / k norms (qk_norm)
   void* lora_cvt = nullptr;   // LoRA A/B in the activation dtype (when not f32 and no compute copies)
   double lora_alpha = 16.0;   // LoRA scaling = alpha / r (alpha / sqrt(r) with use_rslora)
   bool use_rslora = false;
@@ -101,6 +105,8 @@ struct LayerSlots {
   std::array<ProjectionSlots, 7> proj;
   Module::Slot* input_norm = nullptr;
   Module::Slot* post_norm = nullptr;
+  Module::Slot* q_norm = nullptr;  // qk_norm (Qwen3), else null
+  Module::Slot* k_norm = nullptr;
 };
 struct RootSlots {
   Module::Slot* embed = nullptr;

@@ -110,6 +110,7 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   d.kv_cache_tokens = o.kv_cache_tokens;
   d.dropout = o.lora_dropout > 0;
   d.head_rows = llama_head_rows(o.head_chunk_bytes, d.V, d.N);
+  d.qk_norm = c.qk_norm;
   return d;
 }
 
@@ -128,6 +129,12 @@ void add_internals(BufferPlan& p, const LlamaBufferDims& d, Backend backend, int
   p.add(prefix + "q", N * q * esz, life, t(s ? &s->q : nullptr));
   p.add(prefix + "k", N * kv * esz, life, t(s ? &s->k : nullptr));
   p.add(prefix + "v", N * kv * esz, life, t(s ? &s->v : nullptr));
+  if (d.qk_norm) {  // Qwen3: q_norm / k_norm's inputs and rstd (their backward reads them)
+    p.add(prefix + "q before q_norm", N * q * esz, life, t(s ? &s->q_raw : nullptr));
+    p.add(prefix + "k before k_norm", N * kv * esz, life, t(s ? &s->k_raw : nullptr));
+    p.add(prefix + "rstd q", N * d.H * 4, life, t(s ? &s->rstd_q : nullptr));
+    p.add(prefix + "rstd k", N * d.Hkv * 4, life, t(s ? &s->rstd_k : nullptr));
+  }
   p.add(prefix + "attention saved", static_cast<int64_t>(attention_saved_bytes(backend, d.B, d.T, d.H, d.Hkv, d.D)),
         life, t(s ? &s->att_saved : nullptr));
   p.add(prefix + "a", N * q * esz, life, t(s ? &s->a : nullptr));
@@ -165,13 +172,14 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   p.add("dq", N * q * esz, run, a ? t(&a->dq) : nullptr);
   p.add("dk", N * kv * esz, run, a ? t(&a->dk) : nullptr);
   p.add("dv", N * kv * esz, run, a ? t(&a->dv) : nullptr);
+  if (d.qk_norm) p.add("dk before k_norm", N * kv * esz, run, a ? t(&a->dk_raw) : nullptr);
   p.add("rstdf", N * 4, run, a ? t(&a->rstdf) : nullptr);
   p.add("rope cos", T * d.D / 2 * 4, run, a ? t(&a->rope_cos) : nullptr);
   p.add("rope sin", T * d.D / 2 * 4, run, a ? t(&a->rope_sin) : nullptr);
   p.add("ids", N * 8, run, a ? t(&a->ids) : nullptr);
   p.add("targets", N * 8, run, a ? t(&a->targets) : nullptr);
   p.add("loss sum", 8, run, a ? t(&a->loss_sum) : nullptr);
-  p.add("norms (f32)", 3 * C * 4, run, a ? t(&a->norms) : nullptr);
+  p.add("norms (f32)", (3 * C + (d.qk_norm ? 2 * d.D : 0)) * 4, run, a ? t(&a->norms) : nullptr);
   p.add("biases (f32)", 7 * d.max_out * 4, run, a ? t(&a->biases) : nullptr);
   if (d.convert_lora) p.add("LoRA in the activation dtype", d.lora_elems * esz, run, a ? t(&a->lora_cvt) : nullptr);
   if (d.fold_r[0] + d.fold_r[1] > 0)

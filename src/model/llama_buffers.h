@@ -86,6 +86,7 @@ struct LlamaBufferDims {
   int64_t kv_cache_tokens = 0;
   bool dropout = false;              // LoRA dropout's masked inputs in the workspace
   int64_t head_rows = 0;             // LM-head logits rows per chunk
+  bool qk_norm = false;              // Qwen3's q / k norms: their inputs and rstd kept per layer
 };
 
 // Rows of LM-head logits per chunk for a vocabulary of V and N rows (options.head_chunk_bytes).
@@ -103,6 +104,10 @@ struct LlamaInternals {  // one layer's forward results that its backward reads
   float* rstd1 = nullptr;     // [N] f32
   void* q = nullptr;          // [N, H*D] after RoPE
   void* k = nullptr;          // [N, Hkv*D] after RoPE
+  void* q_raw = nullptr;      // [N, H*D] q_proj's output before q_norm (qk_norm only)
+  void* k_raw = nullptr;      // [N, Hkv*D] k_proj's output before k_norm (qk_norm only)
+  float* rstd_q = nullptr;    // [N*H] f32 (qk_norm only)
+  float* rstd_k = nullptr;    // [N*Hkv] f32 (qk_norm only)
   void* v = nullptr;          // [N, Hkv*D]
   void* att_saved = nullptr;  // attention_saved_bytes(...)
   void* a = nullptr;          // [N, H*D] attention output (o_proj input)
@@ -136,6 +141,7 @@ struct LlamaActivations : LlamaInternals {
   void* da = nullptr;        // [N, H*D]
   void* dq = nullptr;        // [N, H*D]
   void* dk = nullptr;        // [N, Hkv*D]
+  void* dk_raw = nullptr;    // [N, Hkv*D] the gradient before k_norm (qk_norm; q's goes through da)
   void* dv = nullptr;        // [N, Hkv*D]
   void* dh1 = nullptr;       // [N, C + R_qkv]
   // head
@@ -147,7 +153,8 @@ struct LlamaActivations : LlamaInternals {
   int64_t* ids = nullptr;    // [N]
   int64_t* targets = nullptr;// [N]
   double* loss_sum = nullptr;// [1] f64 accumulator
-  float* norms = nullptr;    // [3, C] f32: the bound layer's two norms, the root's final norm
+  float* norms = nullptr;    // [3C (+ 2D)] f32: the bound layer's two norms, the root's final norm
+                             // (the bound layer's q / k norms: qk_norm)
   float* biases = nullptr;   // [7, max_out] f32: the bound layer's biases
   void* lora_cat = nullptr;  // the fold: the bound layer's A matrices stacked per group [R_qkv + R_gu, C]
   void* lora_cvt = nullptr;  // the bound layer's LoRA A/B in the activation dtype (convert_lora)

@@ -91,7 +91,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   // The libraries' handles, kernels and attention workspace, measured (the memory ledger's line).
   const std::optional<int64_t> before_libraries = ctx_.memory_in_use();
   ops::prepare(ctx_);
-  ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D);
+  ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D, c.sliding_window);
   const std::optional<int64_t> after_libraries = ctx_.memory_in_use();
   if (before_libraries && after_libraries) library_bytes_ = std::max<int64_t>(*after_libraries - *before_libraries, 0);
   ops::rope_tables(a.rope_cos, a.rope_sin, rp, max_seq_, ctx_);
@@ -167,6 +167,7 @@ BindScratch LlamaModel::bind_scratch() const {
   s.biases = act_->biases;
   s.bias_stride = std::max({config_.hidden_size, config_.intermediate_size,
                             config_.num_attention_heads * config_.head_dim});
+  s.head_dim = config_.head_dim;
   s.norms = act_->norms;
   s.lora_cvt = act_->lora_cvt;
   s.lora_alpha = options_.lora_alpha;
@@ -424,9 +425,15 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
   mark(StepPart::kNorm);
   ops::rmsnorm_fwd(a.h1, a.rstd1, x, layer_.input_norm, N, C, eps, ctx_, ld1);
   fold_fwd(0, a.h1, N);
-  linear_fwd(kQ, a.q, a.h1, N, ld1);
-  linear_fwd(kK, a.k, a.h1, N, ld1);
+  linear_fwd(kQ, c.qk_norm ? a.q_raw : a.q, a.h1, N, ld1);
+  linear_fwd(kK, c.qk_norm ? a.k_raw : a.k, a.h1, N, ld1);
   linear_fwd(kV, a.v, a.h1, N, ld1);
+  if (c.qk_norm) {  // Qwen3: RMSNorm over head_dim on each head, before RoPE ([N*H, D] rows)
+    QS_CHECK(layer_.q_norm && layer_.k_norm, "qk_norm: the layer has no q_norm / k_norm bound");
+    mark(StepPart::kNorm);
+    ops::rmsnorm_fwd(a.q, a.rstd_q, a.q_raw, layer_.q_norm, N * H, D, eps, ctx_);
+    ops::rmsnorm_fwd(a.k, a.rstd_k, a.k_raw, layer_.k_norm, N * Hkv, D, eps, ctx_);
+  }
   mark(StepPart::kRope);
   const int64_t rope_off = cache_pos > 0 ? cache_pos * (D / 2) : 0;  // positions cache_pos ..
   ops::rope_fwd(a.q, a.rope_cos + rope_off, a.rope_sin + rope_off, B, T, H, D, ctx_);
@@ -439,11 +446,11 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
     ops::copy(act(kc, cache_pos * row), a.k, T * row, ctx_);
     ops::copy(act(vc, cache_pos * row), a.v, T * row, ctx_);
     if (cache_pos == 0)  // the prompt: the training / eval kernel, so its logits are eval's
-      ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_);
+      ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_, c.sliding_window);
     else
-      ops::attention_cached_fwd(a.a, a.q, kc, vc, T, cache_pos, H, Hkv, D, ctx_);
+      ops::attention_cached_fwd(a.a, a.q, kc, vc, T, cache_pos, H, Hkv, D, ctx_, c.sliding_window);
   } else {
-    ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_);
+    ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_, c.sliding_window);
   }
   mark(StepPart::kOther);
   linear_fwd(kO, a.x2, a.a, N);
@@ -567,12 +574,24 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
   ops::copy(dx, a.dx2, N * C, ctx_);  // residual
   linear_bwd(kO, a.da, false, a.dx2, a.a, N);
   mark(StepPart::kAttention);
-  ops::attention_bwd(a.dq, a.dk, a.dv, a.da, a.q, a.k, a.v, a.a, a.att_saved, B, T, H, Hkv, D, ctx_);
+  ops::attention_bwd(a.dq, a.dk, a.dv, a.da, a.q, a.k, a.v, a.a, a.att_saved, B, T, H, Hkv, D, ctx_,
+                     c.sliding_window);
   mark(StepPart::kRope);
   ops::rope_bwd(a.dq, a.rope_cos, a.rope_sin, B, T, H, D, ctx_);
   ops::rope_bwd(a.dk, a.rope_cos, a.rope_sin, B, T, Hkv, D, ctx_);
-  linear_bwd(kQ, a.dh1, false, a.dq, a.h1, N, ld1);
-  linear_bwd(kK, a.dh1, true, a.dk, a.h1, N, ld1);
+  const void* dq_proj = a.dq;  // the gradient at q_proj's / k_proj's output
+  const void* dk_proj = a.dk;
+  if (c.qk_norm) {  // through q_norm / k_norm: into da (free once attention_bwd read it) and dk_raw
+    mark(StepPart::kNorm);
+    ops::zero(a.da, N * H * D, ctx_);
+    ops::rmsnorm_bwd(a.da, a.dq, a.q_raw, layer_.q_norm, a.rstd_q, N * H, D, ctx_);
+    ops::zero(a.dk_raw, N * Hkv * D, ctx_);
+    ops::rmsnorm_bwd(a.dk_raw, a.dk, a.k_raw, layer_.k_norm, a.rstd_k, N * Hkv, D, ctx_);
+    dq_proj = a.da;
+    dk_proj = a.dk_raw;
+  }
+  linear_bwd(kQ, a.dh1, false, dq_proj, a.h1, N, ld1);
+  linear_bwd(kK, a.dh1, true, dk_proj, a.h1, N, ld1);
   linear_bwd(kV, a.dh1, true, a.dv, a.h1, N, ld1);
   fold_bwd(0, a.dh1, a.h1, N);
   mark(StepPart::kNorm);

@@ -405,10 +405,12 @@ __global__ void rope_kernel_v8(bf16* x, const float* cos, const float* sin, int6
 constexpr int kCachedAttnWarps = 4;
 constexpr int kCachedAttnMaxPer = 8;  // D / 32 <= 8: D <= 256
 __global__ void attention_cached_fwd_kernel(bf16* out, const bf16* q, const bf16* kc, const bf16* vc, int64_t T,
-                                            int64_t P, int H, int Hkv, int D, float scale) {
+                                            int64_t P, int H, int Hkv, int D, float scale, int64_t window) {
   const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int hk = h / (H / Hkv), per = (D + 31) / 32;  // lane's elements: d = lane + 32 j < D
   const int64_t keys = P + t + 1;
+  // A sliding window: keys P + t - window < u <= P + t.
+  const int64_t first = window > 0 && keys > window ? keys - window : 0;
   float qv[kCachedAttnMaxPer], acc[kCachedAttnMaxPer];
   const bf16* qt = q + (static_cast<int64_t>(t) * H + h) * D;
   for (int j = 0; j < per; ++j) {
@@ -417,7 +419,7 @@ __global__ void attention_cached_fwd_kernel(bf16* out, const bf16* q, const bf16
     acc[j] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
-  for (int64_t u = warp; u < keys; u += kCachedAttnWarps) {
+  for (int64_t u = first + warp; u < keys; u += kCachedAttnWarps) {
     const bf16* ku = kc + (u * Hkv + hk) * D;
     float dot = 0.0f;
     for (int j = 0; j < per; ++j)
@@ -776,7 +778,8 @@ void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64
 }
 
 void attention_cached_fwd(uint16_t* out, const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
-                          int64_t T, int64_t P, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx) {
+                          int64_t T, int64_t P, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx,
+                          int64_t window) {
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
   QS_CHECK(D >= 1 && D <= 32 * kCachedAttnMaxPer, "attention_cached_fwd: head_dim must be at most 256");
   QS_CHECK(T <= 65535 && H <= 65535, "attention_cached_fwd: too many queries or heads for one launch");
@@ -784,7 +787,7 @@ void attention_cached_fwd(uint16_t* out, const uint16_t* q, const uint16_t* k_ca
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   attention_cached_fwd_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(H)), 32 * kCachedAttnWarps, 0,
                                 st(ctx)>>>(B16(out), B16(q), B16(k_cache), B16(v_cache), T, P, static_cast<int>(H),
-                                           static_cast<int>(Hkv), static_cast<int>(D), scale);
+                                           static_cast<int>(Hkv), static_cast<int>(D), scale, window);
   QS_CUDA_CHECK_LAUNCH();
 }
 

@@ -150,24 +150,26 @@ void rope_bwd(float* dx /*[B,T,nh,D]*/, const float* cos, const float* sin, int6
 
 // Causal grouped-query attention: query head h reads kv head h / (H / Hkv) (HF repeat_kv);
 // s[t, u] = (q_t . k_u) / sqrt(D) for u <= t; softmax over u (max subtracted); out_t = sum_u p v_u.
+// window > 0: a sliding window (Mistral): query t reads keys t - window < u <= t only
+// (transformers' sliding-window causal mask); 0: none.
 // saved: attention_saved_bytes(kCpu, ...) bytes, written by the forward, read by the backward.
 // REQUIRES: H % Hkv == 0.
 void attention_fwd(float* out /*[B,T,H,D]*/, void* saved, const float* q /*[B,T,H,D]*/,
                    const float* k /*[B,T,Hkv,D]*/, const float* v /*[B,T,Hkv,D]*/, int64_t B, int64_t T, int64_t H,
-                   int64_t Hkv, int64_t D, DeviceContext& ctx);
+                   int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0);
 // dq, dk, dv OVERWRITTEN from dout, given the forward's inputs, output and saved state.
 void attention_bwd(float* dq, float* dk, float* dv, const float* dout /*[B,T,H,D]*/, const float* q, const float* k,
                    const float* v, const float* out, const void* saved, int64_t B, int64_t T, int64_t H,
-                   int64_t Hkv, int64_t D, DeviceContext& ctx);
+                   int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0);
 
 // Generation's attention: T new queries of one sequence at positions [P, P + T) over a KV cache
 // holding positions [0, P + T) (this call's keys and values already appended): query t reads
-// keys u <= P + t, with attention_fwd's arithmetic (scores in f32, max subtracted, the same
-// order), so a cached step gives attention_fwd's bits for the same rows. Scratch: P + T floats
-// of ctx's workspace. REQUIRES: H % Hkv == 0.
+// keys u <= P + t (and u > P + t - window with a sliding window), with attention_fwd's arithmetic
+// (scores in f32, max subtracted, the same order), so a cached step gives attention_fwd's bits
+// for the same rows. Scratch: P + T floats of ctx's workspace. REQUIRES: H % Hkv == 0.
 void attention_cached_fwd(float* out /*[T,H,D]*/, const float* q /*[T,H,D]*/, const float* k_cache /*[P+T,Hkv,D]*/,
                           const float* v_cache /*[P+T,Hkv,D]*/, int64_t T, int64_t P, int64_t H, int64_t Hkv,
-                          int64_t D, DeviceContext& ctx);
+                          int64_t D, DeviceContext& ctx, int64_t window = 0);
 
 // h = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
 void swiglu_fwd(float* h /*[n]*/, const float* gate, const float* up, int64_t n, DeviceContext& ctx);
@@ -230,7 +232,8 @@ void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64
 // One block per (query, head), one warp per stripe of keys with an online softmax, the warps'
 // partial sums merged in shared memory (f32 throughout). REQUIRES: D <= 256.
 void attention_cached_fwd(uint16_t* out, const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
-                          int64_t T, int64_t P, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx);
+                          int64_t T, int64_t P, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx,
+                          int64_t window = 0);
 void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx);
 void swiglu_bwd(uint16_t* dgate, uint16_t* dup, const uint16_t* dh, const uint16_t* gate, const uint16_t* up,
                 int64_t n, DeviceContext& ctx);
@@ -242,12 +245,15 @@ void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, 
 // Fused attention (cuDNN SDPA, builds with QSHARD_WITH_CUDNN): saved = row statistics
 // (attention_saved_bytes(kCuda, ...)); the backward OVERWRITES dq, dk, dv. prepare_attention builds
 // and caches the graphs of one shape (start-up work: a build takes ~0.4 s and may allocate).
-void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D);
+// window (0 < window < T): the sliding window as cuDNN's diagonal band (left bound = window: key u
+// kept when u + window > t, with the causal right bound), a graph of its own.
+void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                       int64_t window = 0);
 void attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
-                   int64_t T, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx);
+                   int64_t T, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0);
 void attention_bwd(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
                    const uint16_t* k, const uint16_t* v, const uint16_t* out, const void* saved, int64_t B, int64_t T,
-                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx);
+                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0);
 }  // namespace cuda
 
 // ---- the dispatch: activations as void* in ctx.activation_dtype(); the twin of ctx.backend() ----
@@ -258,7 +264,8 @@ bool has_backend(Backend backend, const char* op = nullptr);
 // Start-up work of the backend (library handles, their workspaces); once per context.
 void prepare(DeviceContext& ctx);
 // Start-up work of attention for one shape (the fused kernels' graphs); a no-op on the CPU.
-void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D);
+void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                       int64_t window = 0);
 void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx);
 void embedding_fwd(void* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
                    int64_t V, DeviceContext& ctx);
@@ -279,13 +286,14 @@ void rope_fwd(void* x, const float* cos, const float* sin, int64_t B, int64_t T,
               DeviceContext& ctx);
 void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
               DeviceContext& ctx);
+// window > 0: a sliding window (the cpu twins' rule), on every backend.
 void attention_fwd(void* out, void* saved, const void* q, const void* k, const void* v, int64_t B, int64_t T,
-                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx);
+                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0);
 void attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
                    const void* out, const void* saved, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                   DeviceContext& ctx);
+                   DeviceContext& ctx, int64_t window = 0);
 void attention_cached_fwd(void* out, const void* q, const void* k_cache, const void* v_cache, int64_t T, int64_t P,
-                          int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx);
+                          int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0);
 void swiglu_fwd(void* h, const void* gate, const void* up, int64_t n, DeviceContext& ctx);
 void swiglu_bwd(void* dgate, void* dup, const void* dh, const void* gate, const void* up, int64_t n,
                 DeviceContext& ctx);

@@ -252,14 +252,14 @@ void rope_bwd(float* dx, const float* cos, const float* sin, int64_t B, int64_t 
 
 // ---- attention --------------------------------------------------------------------------------
 namespace {
-// One query row of causal attention over keys 0..last (key u at k0 + u * stride, value u at
+// One query row of causal attention over keys first..last (key u at k0 + u * stride, value u at
 // v0 + u * stride): a[u] = its probabilities (scores in f32, max subtracted, divided by the sum),
 // ot = sum_u a[u] v_u. The one arithmetic of attention_fwd and attention_cached_fwd, so a cached
 // step gives the full forward's bits.
-void attend_row(float* ot, float* a, const float* qt, const float* k0, const float* v0, int64_t stride, int64_t last,
-                int64_t D, float scale) {
+void attend_row(float* ot, float* a, const float* qt, const float* k0, const float* v0, int64_t stride, int64_t first,
+                int64_t last, int64_t D, float scale) {
   float maxv = -INFINITY;
-  for (int64_t u = 0; u <= last; ++u) {
+  for (int64_t u = first; u <= last; ++u) {
     const float* ku = k0 + u * stride;
     float dot = 0.0f;
     for (int64_t d = 0; d < D; ++d) dot += qt[d] * ku[d];
@@ -267,24 +267,26 @@ void attend_row(float* ot, float* a, const float* qt, const float* k0, const flo
     maxv = std::max(maxv, a[u]);
   }
   float sum = 0.0f;
-  for (int64_t u = 0; u <= last; ++u) {
+  for (int64_t u = first; u <= last; ++u) {
     a[u] = std::exp(a[u] - maxv);
     sum += a[u];
   }
-  for (int64_t u = 0; u <= last; ++u) a[u] /= sum;
+  for (int64_t u = first; u <= last; ++u) a[u] /= sum;
   for (int64_t d = 0; d < D; ++d) {
     float acc = 0.0f;
-    for (int64_t u = 0; u <= last; ++u) acc += a[u] * v0[u * stride + d];
+    for (int64_t u = first; u <= last; ++u) acc += a[u] * v0[u * stride + d];
     ot[d] = acc;
   }
 }
+// The first key query position t sees: t - window + 1 with a sliding window, else 0.
+int64_t first_key(int64_t t, int64_t window) { return window > 0 ? std::max<int64_t>(0, t - window + 1) : 0; }
 }  // namespace
 
 void attention_fwd(float* out, void* saved, const float* q, const float* k, const float* v, int64_t B, int64_t T,
-                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx) {
+                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window) {
   (void)ctx;
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
-  float* att = static_cast<float*>(saved);  // [B,H,T,T] probabilities, 0 above the diagonal
+  float* att = static_cast<float*>(saved);  // [B,H,T,T] probabilities, 0 outside the (banded) causal mask
   const int64_t group = H / Hkv;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));  // HF: head_dim ** -0.5
   for (int64_t b = 0; b < B; ++b)
@@ -293,15 +295,17 @@ void attention_fwd(float* out, void* saved, const float* q, const float* k, cons
       const int64_t kv0 = (b * T * Hkv + hk) * D;  // key / value 0 of this sequence and kv head
       for (int64_t t = 0; t < T; ++t) {
         float* a = att + ((b * H + h) * T + t) * T;
-        attend_row(out + ((b * T + t) * H + h) * D, a, q + ((b * T + t) * H + h) * D, k + kv0, v + kv0, Hkv * D, t, D,
-                   scale);
+        const int64_t first = first_key(t, window);
+        attend_row(out + ((b * T + t) * H + h) * D, a, q + ((b * T + t) * H + h) * D, k + kv0, v + kv0, Hkv * D, first,
+                   t, D, scale);
+        for (int64_t u = 0; u < first; ++u) a[u] = 0.0f;
         for (int64_t u = t + 1; u < T; ++u) a[u] = 0.0f;
       }
     }
 }
 
 void attention_cached_fwd(float* out, const float* q, const float* k_cache, const float* v_cache, int64_t T, int64_t P,
-                          int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx) {
+                          int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window) {
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
   Workspace& ws = ctx.workspace();
   const size_t mark = ws.used();
@@ -310,16 +314,16 @@ void attention_cached_fwd(float* out, const float* q, const float* k_cache, cons
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   for (int64_t h = 0; h < H; ++h) {
     const int64_t hk = h / group;
-    for (int64_t t = 0; t < T; ++t)  // the query at position P + t reads keys 0..P+t
-      attend_row(out + (t * H + h) * D, a, q + (t * H + h) * D, k_cache + hk * D, v_cache + hk * D, Hkv * D, P + t, D,
-                 scale);
+    for (int64_t t = 0; t < T; ++t)  // the query at position P + t reads keys 0..P+t (its window's)
+      attend_row(out + (t * H + h) * D, a, q + (t * H + h) * D, k_cache + hk * D, v_cache + hk * D, Hkv * D,
+                 first_key(P + t, window), P + t, D, scale);
   }
   ws.rewind(mark);
 }
 
 void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                    const float* v, const float* out, const void* saved, int64_t B, int64_t T, int64_t H,
-                   int64_t Hkv, int64_t D, DeviceContext& ctx) {
+                   int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window) {
   (void)out;  // the CPU keeps the probabilities; a fused kernel needs out for its row sums
   const float* att = static_cast<const float*>(saved);
   const int64_t group = H / Hkv;
@@ -337,9 +341,10 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
       for (int64_t t = 0; t < T; ++t) {
         const float* a = att + ((b * H + h) * T + t) * T;
         const float* go = dout + ((b * T + t) * H + h) * D;
+        const int64_t first = first_key(t, window);
         // dp[u] = dout_t . v_u ; dv_u += a[u] * dout_t
         float sum_adp = 0.0f;
-        for (int64_t u = 0; u <= t; ++u) {
+        for (int64_t u = first; u <= t; ++u) {
           const float* vu = v + ((b * T + u) * Hkv + hk) * D;
           float dot = 0.0f;
           for (int64_t d = 0; d < D; ++d) dot += go[d] * vu[d];
@@ -349,10 +354,10 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
           for (int64_t d = 0; d < D; ++d) dvu[d] += a[u] * go[d];
         }
         // softmax backward: ds[u] = a[u] * (dp[u] - sum_w a[w] dp[w]), then through the scale
-        for (int64_t u = 0; u <= t; ++u) ds[u] = a[u] * (dp[u] - sum_adp) * scale;
+        for (int64_t u = first; u <= t; ++u) ds[u] = a[u] * (dp[u] - sum_adp) * scale;
         const float* qt = q + ((b * T + t) * H + h) * D;
         float* dqt = dq + ((b * T + t) * H + h) * D;
-        for (int64_t u = 0; u <= t; ++u) {
+        for (int64_t u = first; u <= t; ++u) {
           const float* ku = k + ((b * T + u) * Hkv + hk) * D;
           for (int64_t d = 0; d < D; ++d) dqt[d] += ds[u] * ku[d];
           float* dku = dk + ((b * T + u) * Hkv + hk) * D;

@@ -108,26 +108,29 @@ void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T
     cpu_call;                                          \
   } while (0)
 #endif
-void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
-  QS_DISPATCH_ATTENTION("prepare_attention", (void)0, cuda::prepare_attention(ctx, B, T, H, Hkv, D));
+void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window) {
+  QS_DISPATCH_ATTENTION("prepare_attention", (void)window, cuda::prepare_attention(ctx, B, T, H, Hkv, D, window));
 }
 void attention_fwd(void* out, void* saved, const void* q, const void* k, const void* v, int64_t B, int64_t T,
-                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx) {
-  QS_DISPATCH_ATTENTION("attention_fwd", cpu::attention_fwd(f(out), saved, f(q), f(k), f(v), B, T, H, Hkv, D, ctx),
-                        cuda::attention_fwd(h(out), saved, h(q), h(k), h(v), B, T, H, Hkv, D, ctx));
+                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window) {
+  QS_DISPATCH_ATTENTION("attention_fwd",
+                        cpu::attention_fwd(f(out), saved, f(q), f(k), f(v), B, T, H, Hkv, D, ctx, window),
+                        cuda::attention_fwd(h(out), saved, h(q), h(k), h(v), B, T, H, Hkv, D, ctx, window));
 }
 void attention_cached_fwd(void* out, const void* q, const void* k_cache, const void* v_cache, int64_t T, int64_t P,
-                          int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx) {
-  QS_DISPATCH("attention_cached_fwd", cpu::attention_cached_fwd(f(out), f(q), f(k_cache), f(v_cache), T, P, H, Hkv, D, ctx),
-              cuda::attention_cached_fwd(h(out), h(q), h(k_cache), h(v_cache), T, P, H, Hkv, D, ctx));
+                          int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window) {
+  QS_DISPATCH("attention_cached_fwd",
+              cpu::attention_cached_fwd(f(out), f(q), f(k_cache), f(v_cache), T, P, H, Hkv, D, ctx, window),
+              cuda::attention_cached_fwd(h(out), h(q), h(k_cache), h(v_cache), T, P, H, Hkv, D, ctx, window));
 }
 void attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
                    const void* out, const void* saved, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                   DeviceContext& ctx) {
+                   DeviceContext& ctx, int64_t window) {
   QS_DISPATCH_ATTENTION(
       "attention_bwd",
-      cpu::attention_bwd(f(dq), f(dk), f(dv), f(dout), f(q), f(k), f(v), f(out), saved, B, T, H, Hkv, D, ctx),
-      cuda::attention_bwd(h(dq), h(dk), h(dv), h(dout), h(q), h(k), h(v), h(out), saved, B, T, H, Hkv, D, ctx));
+      cpu::attention_bwd(f(dq), f(dk), f(dv), f(dout), f(q), f(k), f(v), f(out), saved, B, T, H, Hkv, D, ctx, window),
+      cuda::attention_bwd(h(dq), h(dk), h(dv), h(dout), h(q), h(k), h(v), h(out), saved, B, T, H, Hkv, D, ctx,
+                          window));
 }
 void swiglu_fwd(void* hh, const void* gate, const void* up, int64_t n, DeviceContext& ctx) {
   QS_DISPATCH("swiglu_fwd", cpu::swiglu_fwd(f(hh), f(gate), f(up), n, ctx),

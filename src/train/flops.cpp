@@ -16,7 +16,9 @@ double useful_flops_per_token(const LlamaConfig& c, int64_t T, uint64_t lora_par
   const double D = static_cast<double>(c.head_dim), L = static_cast<double>(c.num_hidden_layers);
   const double per_layer = C * H * D * 2 + C * Hkv * D * 2 + 3 * C * I;  // q, o; k, v; gate, up, down
   const double base = L * per_layer + static_cast<double>(c.vocab_size) * C;
-  const double attention = 12.0 * L * H * D * static_cast<double>(T);
+  // A sliding window (Mistral) bounds the keys a query reads at sliding_window.
+  const int64_t keys = c.sliding_window > 0 ? std::min(T, c.sliding_window) : T;
+  const double attention = 12.0 * L * H * D * static_cast<double>(keys);
   return 4.0 * base + attention + 6.0 * static_cast<double>(lora_parameters);
 }
 

@@ -3,7 +3,7 @@
 // useful_flops_per_token: forward + input-gradient backward of the frozen base (2 + 2 FLOPs per
 // weight of every projection and of the LM head; the head and base get no weight gradient),
 // attention counted as PaLM does (12 * L * H * D * T per token for forward + backward, not halved
-// for the causal mask), and the LoRA adapters' forward, input and weight gradients (6 FLOPs per
+// for the causal mask; T is min(T, sliding_window) with a sliding window), and the LoRA adapters' forward, input and weight gradients (6 FLOPs per
 // trainable parameter). No recompute: activation checkpointing's extra forward is not useful work.
 // For Llama-3.1-8B at T = 2048 with r = 16 on all seven projections this is 33.5 GFLOP per token.
 // MFU = useful_flops_per_token * tokens per second / measured bf16 GEMM FLOP/s.

@@ -32,7 +32,7 @@ struct ShardedLlamaWeights::Entries {
   };
   struct Layer {
     std::array<Proj, 7> proj;
-    Param input_norm, post_norm;
+    Param input_norm, post_norm, q_norm, k_norm;
   };
   std::vector<Layer> layers;
   Param embed, norm, head;
@@ -64,6 +64,8 @@ ShardedLlamaWeights::ShardedLlamaWeights(const LlamaConfig& c, const LlamaTreeSl
     el.input_norm = param_of(units, ls.input_norm, u, "model.layers." + std::to_string(l) + ".input_layernorm.weight");
     el.post_norm =
         param_of(units, ls.post_norm, u, "model.layers." + std::to_string(l) + ".post_attention_layernorm.weight");
+    el.q_norm = param_of(units, ls.q_norm, u, "model.layers." + std::to_string(l) + ".self_attn.q_norm.weight");
+    el.k_norm = param_of(units, ls.k_norm, u, "model.layers." + std::to_string(l) + ".self_attn.k_norm.weight");
     E.layers.push_back(el);
     layers_.push_back(slots.layer_shapes(l));  // shapes and 4-bit scalars; pointers at each gather
   }
@@ -123,6 +125,10 @@ void ShardedLlamaWeights::fill_layer(int64_t layer) {
   }
   w.input_norm.data = data(el.input_norm.at, el.input_norm.at.data);
   w.post_norm.data = data(el.post_norm.at, el.post_norm.at.data);
+  if (el.q_norm.present) {
+    w.q_norm.data = data(el.q_norm.at, el.q_norm.at.data);
+    w.k_norm.data = data(el.k_norm.at, el.k_norm.at.data);
+  }
   gathered_[static_cast<size_t>(layer)] = 1;
 }
 

@@ -122,8 +122,8 @@ constexpr double kTol = 2e-3;
 // One decoder layer's backward (recompute included) against central differences of its forward:
 // dx and all 14 LoRA gradients, for B x T = 2 x 4 inputs drawn from `seed`.
 void check_layer_backward(const LlamaModelOptions& opt, int64_t layer, uint32_t tree_seed, uint32_t seed,
-                          const std::function<void(LlamaModel&)>& setup = {}) {
-  const LlamaConfig c = small_config();
+                          const std::function<void(LlamaModel&)>& setup = {},
+                          const LlamaConfig& c = small_config()) {
   auto tree = random_tree(c, tree_seed);
   LlamaModel model(c, *tree, ctx(), opt);
   if (setup) setup(model);
@@ -157,6 +157,29 @@ LlamaModelOptions layer_test_options() {
   opt.max_batch = 2;
   opt.max_seq = 4;
   return opt;
+}
+
+// The other families' layers (model/llama_model.h, docs/ARCHITECTURE.md "Model families"):
+// Qwen2's q/k/v biases (no o_proj bias), Qwen3's q/k norms with biases on all four attention
+// projections, Mistral's sliding window of 2 over T = 4 (it masks): the same checks, so the
+// backward through q_norm / k_norm and the banded attention is the forward's derivative.
+LlamaConfig family_config(ModelFamily f) {
+  LlamaConfig c = small_config();
+  c.family = f;
+  if (f == ModelFamily::kQwen2) c.attention_bias = true;
+  if (f == ModelFamily::kQwen3) c.attention_bias = c.o_proj_bias = c.qk_norm = true;
+  if (f == ModelFamily::kMistral) c.sliding_window = 2;
+  return c;
+}
+
+TEST(LlamaModel, FamilyDecoderLayerBackward) {
+  for (ModelFamily f : {ModelFamily::kQwen2, ModelFamily::kQwen3, ModelFamily::kMistral})
+    for (bool fold : {true, false}) {
+      SCOPED_TRACE(std::string(model_family_name(f)) + (fold ? " folded" : " unfolded"));
+      LlamaModelOptions opt = layer_test_options();
+      opt.fold_lora = fold;
+      check_layer_backward(opt, 1, 21, 70, {}, family_config(f));
+    }
 }
 
 TEST(LlamaModel, DecoderLayerBackwardWithRecomputeAndDropout) {
@@ -277,6 +300,25 @@ TEST(LlamaModel, MemoryPlansGiveTheSameStep) {
           EXPECT_NEAR(h[i], g[i], 2e-5f * std::max(1.0f, gmax)) << name << "[" << i << "] chunk " << chunk;
       }
     }
+  }
+}
+
+// Qwen3's q/k-norm inputs and rstd in kept sets, Mistral's window under every plan: kept layers
+// give the recompute's bits, MLP chunks the same step within f32 rounding.
+TEST(LlamaModel, FamilyMemoryPlansGiveTheSameStep) {
+  for (ModelFamily f : {ModelFamily::kQwen3, ModelFamily::kMistral}) {
+    SCOPED_TRACE(model_family_name(f));
+    LlamaConfig c = family_config(f);
+    c.num_hidden_layers = 3;
+    const StepResult ref = run_plan(c, 0, 0, 0.0f);
+    for (const int64_t keep : {int64_t{2}, int64_t{3}}) {
+      const StepResult got = run_plan(c, keep, 0, 0.0f);
+      EXPECT_EQ(got.loss, ref.loss) << "keep " << keep;
+      for (const auto& [name, g] : ref.grads)
+        EXPECT_EQ(0, std::memcmp(got.grads.at(name).data(), g.data(), g.size() * sizeof(float))) << name << " keep " << keep;
+    }
+    const StepResult chunked = run_plan(c, 0, 3, 0.0f);
+    EXPECT_NEAR(chunked.loss, ref.loss, 1e-6 * std::fabs(ref.loss));
   }
 }
 

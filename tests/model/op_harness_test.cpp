@@ -94,8 +94,10 @@ TEST(OpHarness, GemmLeadingDimensions) {
 // C = 8200 (too wide for them) the 8-wide ones, C = 90 the scalar ones; ld = C + 8 writes the
 // forward's output and reads the backward's incoming gradient as a column block of a wider buffer
 // (the LoRA fold).
+// C 8 / 16 / 64 / 128: Qwen3's q_norm / k_norm over head_dim (rows of [N*H, D]).
 TEST(OpHarness, RmsNorm) {
-  for (const int64_t C : {int64_t{96}, int64_t{2056}, int64_t{8200}, int64_t{90}})
+  for (const int64_t C : {int64_t{96}, int64_t{2056}, int64_t{8200}, int64_t{90}, int64_t{8}, int64_t{16}, int64_t{64},
+                          int64_t{128}})
     for (const int64_t pad : {int64_t{0}, int64_t{8}}) for_each_case([C, pad](DeviceContext& ctx, Inputs& in) {
       const int64_t N = 7, ld = C + pad;
       const float eps = 1e-5f;
@@ -230,7 +232,8 @@ struct AttentionOracle {
   double max_score = 0;
 };
 AttentionOracle attention_oracle(const std::vector<float>& Q, const std::vector<float>& K, const std::vector<float>& V,
-                                 const std::vector<float>& dO, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+                                 const std::vector<float>& dO, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                                 int64_t window = 0) {
   AttentionOracle r;
   r.out.assign(Q.size(), 0.0);
   r.dq.assign(Q.size(), 0.0);
@@ -244,9 +247,11 @@ AttentionOracle attention_oracle(const std::vector<float>& Q, const std::vector<
     for (int64_t h = 0; h < H; ++h)
       for (int64_t t = 0; t < T; ++t) {
         const int64_t hk = h / ratio;
-        std::vector<double> p(t + 1), dp(t + 1);
+        // A sliding window: keys t - window < u <= t (transformers' rule), written independently.
+        const int64_t first = window > 0 && t >= window ? t - window + 1 : 0;
+        std::vector<double> p(t + 1, 0.0), dp(t + 1, 0.0);
         double mx = -1e300;
-        for (int64_t u = 0; u <= t; ++u) {
+        for (int64_t u = first; u <= t; ++u) {
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += double(Q[qi(b, t, h) + d]) * K[ki(b, u, hk) + d];
           p[u] = dot * scale;
@@ -254,10 +259,10 @@ AttentionOracle attention_oracle(const std::vector<float>& Q, const std::vector<
           r.max_score = std::max(r.max_score, std::fabs(p[u]));
         }
         double sum = 0;
-        for (auto& x : p) sum += (x = std::exp(x - mx));
-        for (auto& x : p) x /= sum;
+        for (int64_t u = first; u <= t; ++u) sum += (p[u] = std::exp(p[u] - mx));
+        for (int64_t u = first; u <= t; ++u) p[u] /= sum;
         double pdp = 0;
-        for (int64_t u = 0; u <= t; ++u) {
+        for (int64_t u = first; u <= t; ++u) {
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) {
             r.out[qi(b, t, h) + d] += p[u] * V[ki(b, u, hk) + d];
@@ -267,7 +272,7 @@ AttentionOracle attention_oracle(const std::vector<float>& Q, const std::vector<
           dp[u] = dot;
           pdp += p[u] * dot;
         }
-        for (int64_t u = 0; u <= t; ++u) {
+        for (int64_t u = first; u <= t; ++u) {
           const double ds = p[u] * (dp[u] - pdp) * scale;
           for (int64_t d = 0; d < D; ++d) {
             r.dq[qi(b, t, h) + d] += ds * K[ki(b, u, hk) + d];
@@ -299,9 +304,11 @@ TEST(OpHarness, Attention) {
     struct Shape {
       int64_t T, ratio;
       bool negative_rows;
+      int64_t window = 0;  // a sliding window (Mistral), 0: none
     };
-    std::vector<Shape> shapes = {{67, 1, false}, {67, 3, false}, {67, 4, false}, {67, 4, true}};
-    if (in.adversarial) shapes.push_back({128, 2, true}), shapes.push_back({200, 4, true});
+    std::vector<Shape> shapes = {{67, 1, false}, {67, 3, false}, {67, 4, false}, {67, 4, true}, {67, 2, false, 16},
+                                 {67, 4, false, 3}};
+    if (in.adversarial) shapes.push_back({128, 2, true}), shapes.push_back({200, 4, true}), shapes.push_back({200, 2, false, 64});
     for (const Shape& sh : shapes) {
       const int64_t B = 2, T = sh.T, Hkv = 2, H = Hkv * sh.ratio, D = 64;
       const float qk = in.adversarial ? 3.0f : 0.5f;
@@ -323,16 +330,17 @@ TEST(OpHarness, Attention) {
              dv = to_act(ctx, std::vector<float>(Kf.size(), 9.0f));  // overwritten
       Tensor saved = Tensor::zeros({static_cast<int64_t>(attention_saved_bytes(ctx.backend(), B, T, H, Hkv, D))},
                                    DType::kU8, ctx.compute_device());
-      ops::attention_fwd(out.raw(), saved.raw(), q.raw(), k.raw(), v.raw(), B, T, H, Hkv, D, ctx);
+      ops::attention_fwd(out.raw(), saved.raw(), q.raw(), k.raw(), v.raw(), B, T, H, Hkv, D, ctx, sh.window);
       ops::attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(), saved.raw(),
-                         B, T, H, Hkv, D, ctx);
+                         B, T, H, Hkv, D, ctx, sh.window);
       const AttentionOracle o =
-          attention_oracle(back(ctx, q), back(ctx, k), back(ctx, v), back(ctx, dout), B, T, H, Hkv, D);
+          attention_oracle(back(ctx, q), back(ctx, k), back(ctx, v), back(ctx, dout), B, T, H, Hkv, D, sh.window);
       const double cond = o.max_score;
       const double t_cpu = std::max(1e-5, 4 * 6e-8 * cond);
       const double t_out = tol(ctx, t_cpu, 1e-2), t_grad = tol(ctx, t_cpu, 2e-2);
       const std::string name = "attention T" + std::to_string(T) + " gqa " + std::to_string(sh.ratio) +
-                               (sh.negative_rows ? " neg-rows" : "");
+                               (sh.negative_rows ? " neg-rows" : "") +
+                               (sh.window ? " window " + std::to_string(sh.window) : "");
       for (const auto& [what, got, want, t] :
            {std::tuple{" out", back(ctx, out), o.out, t_out}, std::tuple{" dq", back(ctx, dq), o.dq, t_grad},
             std::tuple{" dk", back(ctx, dk), o.dk, t_grad}, std::tuple{" dv", back(ctx, dv), o.dv, t_grad}}) {
@@ -356,32 +364,36 @@ TEST(OpHarness, AttentionCached) {
   for_each_case([](DeviceContext& ctx, Inputs& in) {
     struct Shape {
       int64_t P, T, ratio, D;
+      int64_t window = 0;  // a sliding window (Mistral), 0: none
     };
-    for (const Shape& sh : {Shape{0, 5, 1, 64}, Shape{37, 1, 4, 64}, Shape{200, 3, 4, 128}, Shape{129, 1, 1, 128}, Shape{9, 2, 2, 48}}) {
+    for (const Shape& sh : {Shape{0, 5, 1, 64}, Shape{37, 1, 4, 64}, Shape{200, 3, 4, 128}, Shape{129, 1, 1, 128},
+                            Shape{9, 2, 2, 48}, Shape{37, 1, 4, 64, 16}, Shape{200, 3, 2, 128, 64}, Shape{0, 9, 1, 64, 4}}) {
       const int64_t S = sh.P + sh.T, Hkv = 2, H = Hkv * sh.ratio, D = sh.D;
       const float qk = in.adversarial ? 3.0f : 0.5f;
       const std::vector<float> Qf = in.bounded(S * H * D, qk), Kf = in.bounded(S * Hkv * D, qk), Vf = in.vec(S * Hkv * D);
       Tensor k = to_act(ctx, Kf), v = to_act(ctx, Vf);
       const std::vector<float> Qnew(Qf.begin() + sh.P * H * D, Qf.end());
       Tensor q = to_act(ctx, Qnew), out = to_act(ctx, std::vector<float>(Qnew.size(), 9.0f));
-      ops::attention_cached_fwd(out.raw(), q.raw(), k.raw(), v.raw(), sh.T, sh.P, H, Hkv, D, ctx);
+      ops::attention_cached_fwd(out.raw(), q.raw(), k.raw(), v.raw(), sh.T, sh.P, H, Hkv, D, ctx, sh.window);
       // The oracle over the whole sequence, queries as the backend holds them.
       std::vector<float> Qheld = Qf;
       const std::vector<float> qb = back(ctx, q);
       std::copy(qb.begin(), qb.end(), Qheld.begin() + sh.P * H * D);
       const AttentionOracle o =
-          attention_oracle(Qheld, back(ctx, k), back(ctx, v), std::vector<float>(Qf.size(), 0.0f), 1, S, H, Hkv, D);
+          attention_oracle(Qheld, back(ctx, k), back(ctx, v), std::vector<float>(Qf.size(), 0.0f), 1, S, H, Hkv, D,
+                           sh.window);
       const std::vector<double> want(o.out.begin() + sh.P * H * D, o.out.end());
       const std::vector<float> got = back(ctx, out);
       const double t_cpu = std::max(1e-5, 4 * 6e-8 * o.max_score);
       const std::string name = "attention_cached P" + std::to_string(sh.P) + " T" + std::to_string(sh.T) + " gqa " +
-                               std::to_string(sh.ratio) + " D" + std::to_string(D);
+                               std::to_string(sh.ratio) + " D" + std::to_string(D) +
+                               (sh.window ? " window " + std::to_string(sh.window) : "");
       report(ctx, name.c_str(), in.adversarial, got, want, tol(ctx, t_cpu, 4e-3));
       if (ctx.backend() == Backend::kCpu) {  // the same bits as attention_fwd's rows
         Tensor qa = to_act(ctx, Qf), full = to_act(ctx, std::vector<float>(Qf.size()));
         Tensor saved = Tensor::zeros({static_cast<int64_t>(attention_saved_bytes(ctx.backend(), 1, S, H, Hkv, D))},
                                      DType::kU8, ctx.compute_device());
-        ops::attention_fwd(full.raw(), saved.raw(), qa.raw(), k.raw(), v.raw(), 1, S, H, Hkv, D, ctx);
+        ops::attention_fwd(full.raw(), saved.raw(), qa.raw(), k.raw(), v.raw(), 1, S, H, Hkv, D, ctx, sh.window);
         const std::vector<float> f = back(ctx, full);
         EXPECT_EQ(0, std::memcmp(got.data(), f.data() + sh.P * H * D, got.size() * 4)) << name << ": not attention_fwd's bits";
       }

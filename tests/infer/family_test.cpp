@@ -1,0 +1,219 @@
+// The model families beside Llama (Qwen2, Qwen3, Mistral) against transformers
+// (scripts/golden/make_family_golden.py: tiny random-weight models of each family's own config
+// class, float32, with random biases and q/k norms; Mistral's sliding window 4 < T = 12, so the
+// window masks). `qshard eval --dump-logits` on the CPU matches transformers' logits within 1e-5;
+// each folder quantized to bnb 4-bit loads and evaluates close to its float original with every
+// config.json field kept; generation's KV cache gives the full forward's logits (Mistral's window
+// included); unknown variants are refused by name. The GPU case (bf16, cuDNN with the sliding
+// window) runs where there is a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <span>
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/bnb_folder.h"
+#include "checkpoint/hf_config.h"
+#include "checkpoint/llama_loader.h"
+#include "checkpoint/safetensors.h"
+#include "infer/evaluate.h"
+#include "model/llama_model.h"
+#include "model/llama_ops.h"
+#include "runtime/device_context.h"
+#include "runtime/error.h"
+
+namespace qshard {
+namespace {
+namespace fs = std::filesystem;
+
+const std::string kData = QSHARD_TEST_DATA_DIR;
+const std::string kFamily = kData + "/family";
+// Both sides float32, differing in summation order only.
+constexpr double kLogitTol = 1e-5;
+const char* const kFamilies[] = {"qwen2", "qwen3", "mistral"};
+
+std::vector<float> eval_logits(const std::string& model, DeviceChoice device, EvalResult* result = nullptr) {
+  EvalOptions o;
+  o.device = device;
+  o.model_dir = model;
+  o.data = kFamily + "/ids.json";
+  o.dump_logits = (fs::temp_directory_path() / ("qshard_family_" + std::to_string(::getpid()) + ".safetensors")).string();
+  const EvalResult r = evaluate_model(o);
+  if (result) *result = r;
+  auto logits = SafetensorsFile::open(o.dump_logits).get("logits").to_f32_vector();
+  fs::remove(o.dump_logits);
+  return logits;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return worst;
+}
+
+TEST(Family, ConfigsParseTheirKeys) {
+  const LlamaConfig q2 = LlamaConfig::load(kFamily + "/qwen2");
+  EXPECT_EQ(q2.family, ModelFamily::kQwen2);
+  EXPECT_TRUE(q2.attention_bias);
+  EXPECT_FALSE(q2.o_proj_bias);
+  EXPECT_FALSE(q2.mlp_bias);
+  EXPECT_TRUE(q2.tie_word_embeddings);
+  EXPECT_EQ(q2.rope_theta, 1000000.0);
+  const LlamaConfig q3 = LlamaConfig::load(kFamily + "/qwen3");
+  EXPECT_EQ(q3.family, ModelFamily::kQwen3);
+  EXPECT_TRUE(q3.qk_norm);
+  EXPECT_EQ(q3.head_dim, 16);  // explicit, not hidden / heads = 8
+  EXPECT_TRUE(q3.attention_bias && q3.o_proj_bias);
+  const LlamaConfig m = LlamaConfig::load(kFamily + "/mistral");
+  EXPECT_EQ(m.family, ModelFamily::kMistral);
+  EXPECT_EQ(m.sliding_window, 4);
+  EXPECT_FALSE(m.attention_bias || m.o_proj_bias || m.mlp_bias || m.qk_norm);
+  // The weights each family implies, as transformers saved them (strict load: no missing, no extra).
+  for (const char* f : kFamilies) {
+    SCOPED_TRACE(f);
+    EXPECT_NO_THROW(load_llama_folder(kFamily + "/" + f));
+  }
+}
+
+TEST(Family, UnknownVariantsAreRefusedByName) {
+  auto refused = [](nlohmann::json j, const std::string& want) {
+    try {
+      LlamaConfig::from_json(j, "family/config.json");
+      ADD_FAILURE() << "accepted " << j.dump();
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  const nlohmann::json base = {{"vocab_size", 64}, {"hidden_size", 32}, {"intermediate_size", 64},
+                               {"num_hidden_layers", 1}, {"num_attention_heads", 4}};
+  nlohmann::json j = base;
+  j["model_type"] = "gemma";
+  refused(j, "\"gemma\"");
+  for (const char* f : {"qwen2", "qwen3"}) {
+    j = base;
+    j["model_type"] = f;
+    j["use_sliding_window"] = true;
+    refused(j, "use_sliding_window");
+  }
+  j = base;
+  j["model_type"] = "mistral";
+  j["sliding_window"] = 0;
+  refused(j, "sliding_window");
+  j["sliding_window"] = nullptr;  // v0.2+: no window
+  EXPECT_EQ(LlamaConfig::from_json(j, "x").sliding_window, 0);
+}
+
+TEST(Family, LogitsMatchTransformers) {
+  const SafetensorsFile golden = SafetensorsFile::open(kFamily + "/golden.safetensors");
+  for (const char* f : kFamilies) {
+    SCOPED_TRACE(f);
+    EvalResult r;
+    const auto mine = eval_logits(kFamily + "/" + f, DeviceChoice::kCpu, &r);
+    EXPECT_EQ(r.sequences, 2);
+    const double worst = max_abs_diff(mine, golden.get(f).to_f32_vector());
+    std::printf("%s: max |logit - transformers| = %.2e (tolerance %.0e)\n", f, worst, kLogitTol);
+    EXPECT_LE(worst, kLogitTol);
+  }
+}
+
+// Mistral without its window differs from transformers (the window is not a no-op here), and the
+// same folder with the window as wide as the sequence is plain causal attention.
+TEST(Family, MistralWindowMatters) {
+  const fs::path dir = fs::temp_directory_path() / ("qshard_family_nowindow_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(kFamily + "/mistral/model.safetensors", dir / "model.safetensors");
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(kFamily + "/mistral/config.json"));
+  std::vector<float> by_window[2];
+  for (int i = 0; i < 2; ++i) {
+    j["sliding_window"] = i == 0 ? nlohmann::json(nullptr) : nlohmann::json(12);  // T = 12
+    std::ofstream(dir / "config.json") << j.dump();
+    by_window[i] = eval_logits(dir.string(), DeviceChoice::kCpu);
+  }
+  EXPECT_EQ(max_abs_diff(by_window[0], by_window[1]), 0.0);
+  const SafetensorsFile golden = SafetensorsFile::open(kFamily + "/golden.safetensors");
+  EXPECT_GT(max_abs_diff(by_window[0], golden.get("mistral").to_f32_vector()), 1e-2);
+  fs::remove_all(dir);
+}
+
+// Each family's folder quantized by qshard: a bnb 4-bit folder that loads (strict), its config.json
+// the input's with quantization_config added (model_type and every other field kept), whose
+// logits are those of its own dequantized weights (qshard dequantize: the 4-bit weights dequantize
+// as stored, the biases and q/k norms pass through) and differ from the float model's (4-bit error).
+TEST(Family, Bnb4FoldersRoundTrip) {
+  for (const char* f : kFamilies) {
+    SCOPED_TRACE(f);
+    const std::string tag = std::string(f) + "_" + std::to_string(::getpid());
+    const fs::path out = fs::temp_directory_path() / ("qshard_family_bnb4_" + tag);
+    const fs::path deq = fs::temp_directory_path() / ("qshard_family_deq_" + tag);
+    fs::remove_all(out);
+    fs::remove_all(deq);
+    quantize_model_folder(kFamily + "/" + f, out.string(), QuantizeFolderOptions{});
+    const nlohmann::json in = nlohmann::json::parse(std::ifstream(kFamily + "/" + f + "/config.json"));
+    nlohmann::json got = nlohmann::json::parse(std::ifstream(out / "config.json"));
+    EXPECT_TRUE(got.contains("quantization_config"));
+    for (const auto& [k, v] : in.items()) EXPECT_EQ(got[k], v) << k;
+    const LoadedLlama m = load_llama_folder(out.string());
+    EXPECT_EQ(m.config.family, LlamaConfig::load(kFamily + "/" + f).family);
+    dequantize_model_folder(out.string(), deq.string(), DType::kF32);
+    EXPECT_EQ(nlohmann::json::parse(std::ifstream(deq / "config.json"))["model_type"], f);
+    const auto q = eval_logits(out.string(), DeviceChoice::kCpu);
+    const auto dq = eval_logits(deq.string(), DeviceChoice::kCpu);
+    const auto ref = eval_logits(kFamily + "/" + f, DeviceChoice::kCpu);
+    const double vs_deq = max_abs_diff(q, dq), vs_f32 = max_abs_diff(q, ref);
+    std::printf("%s bnb4: max |logit - dequantized folder| = %.2e, max |logit - f32 model| = %.3f\n", f, vs_deq, vs_f32);
+    EXPECT_LE(vs_deq, kLogitTol);
+    EXPECT_GT(vs_f32, 1e-2);  // the 4-bit weights were used, not the float ones
+    fs::remove_all(out);
+    fs::remove_all(deq);
+  }
+}
+
+// Generation: the prompt then one token at a time through the KV cache gives the full forward's
+// logits at every position (Mistral: queries past the window read only the window's keys).
+TEST(Family, KvCacheMatchesFullForward) {
+  for (const char* f : kFamilies) {
+    SCOPED_TRACE(f);
+    LlamaLoadOptions lo;
+    lo.floats = LlamaLoadOptions::Floats::kF32;
+    LoadedLlama m = load_llama_folder(kFamily + "/" + f, lo);
+    DeviceContext ctx(Backend::kCpu, -1);
+    LlamaModelOptions mo;
+    mo.max_seq = 12;
+    mo.kv_cache_tokens = 12;
+    LlamaModel model(m.config, *m.tree, ctx, mo);
+    const std::vector<int64_t> ids = {5, 17, 99, 3, 42, 8, 77, 64, 12, 100, 31, 9};
+    const std::vector<float> full = model.forward_logits(ids, 1, 12);
+    const int64_t V = m.config.vocab_size;
+    std::vector<float> last = model.forward_cached(std::span(ids).subspan(0, 3), 0);
+    for (int64_t t = 3; t <= 12; ++t) {
+      const std::vector<float> want(full.begin() + (t - 1) * V, full.begin() + t * V);
+      EXPECT_LE(max_abs_diff(last, want), 1e-5) << "position " << t - 1;
+      if (t < 12) last = model.forward_cached(std::span(ids).subspan(static_cast<size_t>(t), 1), t);
+    }
+  }
+}
+
+// The GPU (bf16, cuBLASLt, cuDNN attention with the sliding window as a diagonal band) against
+// the CPU's f32 reference: logits within 3% of the largest, as EvalGpu for Llama.
+TEST(FamilyGpu, MatchesCpu) {
+  if (!cuda_available() || !ops::has_backend(Backend::kCuda, "attention_fwd")) GTEST_SKIP() << "no GPU / CUDA attention";
+  for (const char* f : kFamilies) {
+    SCOPED_TRACE(f);
+    const auto cpu = eval_logits(kFamily + "/" + f, DeviceChoice::kCpu);
+    const auto gpu = eval_logits(kFamily + "/" + f, DeviceChoice::kCuda);
+    double scale = 0;
+    for (float x : cpu) scale = std::max(scale, static_cast<double>(std::fabs(x)));
+    const double worst = max_abs_diff(cpu, gpu);
+    std::printf("%s: GPU vs CPU max |logit diff| %.3e (largest logit %.3f)\n", f, worst, scale);
+    EXPECT_LE(worst, 0.03 * scale);
+  }
+}
+
+}  // namespace
+}  // namespace qshard
