@@ -136,6 +136,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     t.set_limits(limits);
     t.set_fixed_time(0);
     t.render(messages, true, extra);
+    // The spans (text/chat_template.h's rules): by prefixes, then with rule 3 forced (a 1-byte budget).
+    limits.max_spans_bytes = 1 << 20;
+    t.set_limits(limits);
+    qshard::render_with_spans(t, messages, extra);
+    limits.max_spans_bytes = 1;
+    t.set_limits(limits);
+    qshard::render_with_spans(t, messages, extra);
   } catch (const qshard::InputError&) {
   }
   return 0;
