@@ -187,8 +187,9 @@ void dropout_fwd(float* out /*[N,W]*/, const float* x /*[N,W]*/, const DropoutKe
 void cross_entropy_fwd_bwd(float* logits /*[n,V]*/, double* loss_sum, const int64_t* targets /*[n]*/, int64_t n,
                            int64_t V, float grad_scale, DeviceContext& ctx);
 
-// x[i] = float(dtype(x[i])): rounds f32 values to what `dtype` holds (a 4-bit weight dequantized
-// "into its QuantState's dtype" as bitsandbytes does, kept in f32 for the CPU GEMM).
+// x[i] = float(dtype(x[i])): rounds f32 values to what `dtype` holds (the backward's operand of a
+// 4-bit weight, rounded to its QuantState's dtype as bitsandbytes' dequantize_4bit does, kept in f32
+// for the CPU GEMM: ops::dequantize_4bit_rounded).
 void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx);
 // out[i] = x[i] converted (f32, bf16 or f16 each way; round to nearest even when narrowing).
 void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, DeviceContext& ctx);
