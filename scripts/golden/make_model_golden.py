@@ -5,10 +5,13 @@ transformers + PEFT on the CPU in float32 (qshard's CPU model must reproduce the
 Run from the repo root:  python3 scripts/golden/make_model_golden.py [--out tests/data/model]
 
 Two cases (see tests/data/model/README.md):
-  nf4    : the architecture of tests/data/hf/tiny_llama_bnb4_nf4_dq (GQA 4 heads / 2 kv heads, untied),
-           projections = bitsandbytes' dequantize_4bit of its NF4 weights in their stored dtype (bf16,
-           scripts/golden/bnb_reference.py) widened to f32, as bitsandbytes' forward sees them;
-           embeddings / norms / lm_head = that folder's bf16 tensors widened to f32.
+  nf4    : tests/data/hf/tiny_llama_bnb4_nf4_dq itself (GQA 4 heads / 2 kv heads, untied) as
+           transformers + bitsandbytes load it on the CPU: its Linear4bit modules computing in float32
+           (scripts/golden/bnb_reference.py bnb_model), embeddings / norms / lm_head widened to f32.
+           So the forward multiplies with the float32 products code * absmax (bitsandbytes 0.50.2's
+           gemm_4bit) and the backward with dequantize_4bit's bf16 values (MatMul4Bit.backward).
+           The script checks that bnb_reference.emulated_model (those two rules written out) gives
+           the same bits, and prints how far the golden is from the other choice of each rule.
   llama3 : a fresh random f32 model saved here as an HF folder (tiny_llama3_tied/): tied embeddings,
            GQA 4 heads / 1 kv head, head_dim 16 != hidden/heads, llama3 rope scaling with all three
            frequency bands present.
@@ -35,30 +38,29 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 from peft import LoraConfig, get_peft_model
 
-from bnb_reference import dequantize_folder  # scripts/, the script's own folder
+from bnb_reference import bnb_model, emulated_model  # scripts/golden, the script's own folder
 
 HF = "tests/data/hf"
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 B, T = 2, 11
 
 
+NF4_FOLDER = f"{HF}/tiny_llama_bnb4_nf4_dq"
+
+
 def nf4_base():
-    cfg = json.load(open(f"{HF}/tiny_llama_bnb4_nf4_dq/config.json"))
-    cfg.pop("quantization_config")
-    cfg["dtype"] = "float32"
-    config = LlamaConfig(**cfg)
-    config._attn_implementation = "eager"
-    model = LlamaForCausalLM(config).float()
-    sd = {}
-    with safe_open(f"{HF}/tiny_llama_bnb4_nf4_dq/model.safetensors", "pt") as f:
-        for k in f.keys():
-            t = f.get_tensor(k)
-            if t.dtype == torch.bfloat16:
-                sd[k] = t.float()
-    for k, w in dequantize_folder(f"{HF}/tiny_llama_bnb4_nf4_dq").items():  # bf16, as dequantize_4bit gives it
-        sd[k] = w.float()
-    model.load_state_dict(sd, strict=True)
-    return model
+    return bnb_model(NF4_FOLDER)  # the real Linear4bit modules, computing in float32
+
+
+def nf4_others():
+    """The same computation with the rules written out (must match bit for bit), in float64 (the
+    noise), and with each rule swapped (what the C++ test would see if qshard got it wrong)."""
+    return {
+        "emulation": emulated_model(NF4_FOLDER),
+        "float64": emulated_model(NF4_FOLDER, torch.float64),
+        "forward rounded to bf16": emulated_model(NF4_FOLDER, forward_rounded=True),
+        "backward not rounded": emulated_model(NF4_FOLDER, backward_rounded=False),
+    }
 
 
 def llama3_base(out_dir):
@@ -120,7 +122,7 @@ def run(pm, ids, labels):
     return out.logits.detach(), out.loss.detach(), grads
 
 
-def make_case(name, model, vocab, out_dir, seed):
+def make_case(name, model, vocab, out_dir, seed, others=None):
     pm = add_lora(model, seed)
     pm.train()
     ids, labels = batch(vocab, seed)
@@ -138,20 +140,40 @@ def make_case(name, model, vocab, out_dir, seed):
     adir = os.path.join(out_dir, f"{name}_adapter")
     shutil.rmtree(adir, ignore_errors=True)
     pm.save_pretrained(adir, safe_serialization=True)
+    cfg_path = os.path.join(adir, "adapter_config.json")  # no folder path of this machine in it
+    with open(cfg_path) as f:
+        acfg = json.load(f)
+    acfg["base_model_name_or_path"] = None
+    with open(cfg_path, "w") as f:
+        f.write(json.dumps(acfg, indent=2, sort_keys=True))
     for extra in os.listdir(adir):
         if extra not in ("adapter_model.safetensors", "adapter_config.json"):
             os.remove(os.path.join(adir, extra))
-    # fp32 noise: the same computation in float64
-    pm64 = pm.double()
-    logits64, loss64, grads64 = run(pm64, ids, labels)
-    dl = (logits.double() - logits64).abs().max().item()
-    print(f"{name}: loss {loss.item():.6f} (f64 {loss64.item():.9f}), logits max|f32-f64| {dl:.3e}, "
-          f"normalizer {tensors['normalizer'].item()}, {len(grads)} LoRA grads")
-    worst = 0.0
-    for k, g in grads.items():
-        g64 = grads64[k]
-        worst = max(worst, ((g.double() - g64).abs().max() / g64.abs().max()).item())
-    print(f"{name}: LoRA grads max |f32-f64| / max|g| = {worst:.3e}")
+    if others is None:  # fp32 noise: the same computation in float64
+        others = {"float64": None}
+    for label, base in others.items():
+        pv = pm.double() if base is None else with_lora_of(pm, base)
+        logits2, loss2, grads2 = run(pv, ids, labels)
+        dl = ((logits.double() - logits2.double()).abs().max() / logits2.abs().max()).item()
+        worst = max(((g.double() - grads2[k].double()).abs().max() / grads2[k].abs().max()).item()
+                    for k, g in grads.items())
+        print(f"{name} vs {label}: loss {loss.item():.7f} / {loss2.item():.9f}, logits max|diff| / max|logit| "
+              f"{dl:.3e}, LoRA grads max|diff| / max|g| {worst:.3e} ({len(grads)} grads, normalizer "
+              f"{tensors['normalizer'].item()})")
+        if label == "emulation" and (dl != 0.0 or worst != 0.0):
+            raise SystemExit(f"{name}: bitsandbytes' forward / backward are not the rules bnb_reference states")
+
+
+def with_lora_of(pm, base):
+    """`base` with the LoRA weights of `pm`, in base's dtype, in training mode."""
+    pv = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=TARGETS,
+                                         task_type="CAUSAL_LM"))
+    src = dict(pm.named_parameters())
+    with torch.no_grad():
+        for n, p in pv.named_parameters():
+            if p.requires_grad:
+                p.copy_(src[n].to(p.dtype))
+    return pv.train()
 
 
 def main():
@@ -164,7 +186,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    make_case("nf4", nf4_base(), 128, args.out, seed=5)
+    make_case("nf4", nf4_base(), 128, args.out, seed=5, others=nf4_others())
     make_case("llama3", llama3_base(args.out), 96, args.out, seed=6)
 
 

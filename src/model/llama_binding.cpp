@@ -102,6 +102,10 @@ LlamaTreeSlots::LlamaTreeSlots(const LlamaConfig& c, Module& root, const DeviceC
       d.max_r = std::max(d.max_r, pw.r);
       layer_lora += pw.r * (pw.in + pw.out);
       if (in_workspace(*ps.weight)) layer_dequant += pw.in * pw.out;
+      // The backward's rounded copy (LlamaModel::backward_weight): on the CPU reserved for every 4-bit
+      // projection, as the config's estimate does (llama_buffer_dims); on CUDA for an f16-made one.
+      if (pw.quantized && (ctx.backend() == Backend::kCpu || ops::dequant_rules_differ(ctx, pw.weight_dtype)))
+        d.round_elems = std::max(d.round_elems, pw.in * pw.out);
     }
     d.lora_elems = std::max(d.lora_elems, layer_lora);
     d.dequant_elems = std::max(d.dequant_elems, layer_dequant);
@@ -162,6 +166,7 @@ void LlamaTreeSlots::measure(LlamaBufferDims& d) const {
   const LlamaBufferDims& m = slots_->measured;
   d.max_in = m.max_in, d.max_out = m.max_out, d.max_r = m.max_r;
   d.dequant_elems = m.dequant_elems;
+  d.round_elems = m.round_elems;
   d.lora_elems = m.lora_elems;
   d.fold_r = m.fold_r;
   d.fold_extra = m.fold_extra;

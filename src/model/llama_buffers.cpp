@@ -99,6 +99,10 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   d.max_r = r;
   // q (C -> q), k, v (C -> kv), o (q -> C), gate, up (C -> I), down (I -> C): all 4-bit, all dequantized.
   d.dequant_elems = 2 * d.C * q + 2 * d.C * kv + 3 * d.C * d.I;
+  // The backward's rounded copy of one projection (model/llama_ops.h, dequantize_4bit_rounded): on
+  // the CPU reserved whatever the QuantState's dtype (the config does not say it), on CUDA needed
+  // only for an f16-made model (the tree's measured dims count it; this estimate leaves it out).
+  d.round_elems = backend == Backend::kCpu ? d.C * std::max(q, d.I) : 0;
   d.lora_elems = r * (7 * d.C + 2 * q + 2 * kv + 3 * d.I);
   if (r > 0 && o.fold_lora) {
     d.fold_r = {3 * r, 2 * r};
@@ -202,7 +206,8 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   // The layer's projections dequantized (or widened, or converted) and the LoRA intermediates are
   // taken in the activation dtype: bf16 on the GPU holds the layer's weights in half the f32 bytes.
   const int64_t layer_ws =
-      (d.dequant_elems + d.fold_extra[0] + d.fold_extra[1] + dropout_ws + 2 * N * d.max_r) * esz + gemm_scratch * 4;
+      (d.dequant_elems + d.fold_extra[0] + d.fold_extra[1] + d.round_elems + dropout_ws + 2 * N * d.max_r) * esz +
+      gemm_scratch * 4;
   // f32 logits, and their gradient in the activation dtype when the GEMM does not take f32 with the head
   const int64_t head_ws = (d.head_rows * V * 2 + gemm_scratch) * 4;
   p.add(layer_ws >= head_ws ? "workspace (a layer's scratch)" : "workspace (an LM-head chunk)",

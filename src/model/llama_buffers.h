@@ -77,6 +77,8 @@ struct LlamaBufferDims {
   int64_t NM = 0;                    // MLP rows per chunk (N: whole)
   int64_t max_in = 0, max_out = 0, max_r = 0;
   int64_t dequant_elems = 0;         // per layer: projections dequantized / converted into the workspace
+  int64_t round_elems = 0;           // the largest 4-bit projection the backward dequantizes again,
+                                     // rounded to its QuantState's dtype (ops::dequant_rules_differ)
   int64_t lora_elems = 0;            // per layer: sum of r * (in + out) (the bf16 conversions of LoRA)
   std::array<int64_t, 2> fold_r{};   // per fold group (q|k|v, gate|up): its ranks' sum (0: not folded)
   std::array<int64_t, 2> fold_extra{};  // per fold group: the widened weights' elements beyond dequant_elems

@@ -229,7 +229,7 @@ void LlamaModel::dequantize_layer() {
         Dequant4bitArgs q = p.q;
         q.row_len = p.in;
         q.out_ld = ld;
-        ops::dequantize_4bit(w, q, p.weight_dtype, ctx_);
+        ops::dequantize_4bit(w, q, ctx_);  // the forward's rule (the backward's: backward_weight)
       } else {
         ops::copy_2d(w, ld, p.dense, p.in, p.out, p.in, 1.0f, ctx_);
       }
@@ -244,7 +244,7 @@ void LlamaModel::dequantize_layer() {
       weights_[i] = w;
     } else if (p.quantized) {
       void* w = ws.take(static_cast<size_t>(p.in * p.out) * esz, "dequantized projection");
-      ops::dequantize_4bit(w, p.q, p.weight_dtype, ctx_);
+      ops::dequantize_4bit(w, p.q, ctx_);  // the forward's rule (the backward's: backward_weight)
       weights_[i] = w;
     } else if (p.weight_dtype == act_t) {
       weights_[i] = p.dense;
@@ -347,6 +347,23 @@ void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t 
   mark(StepPart::kOther);
 }
 
+// The backward's B operand of projection idx: bitsandbytes' MatMul4Bit.backward multiplies with
+// dequantize_4bit's values (rounded to the QuantState's dtype), its forward with the unrounded
+// products (ops::dequantize_4bit). Where the two differ (a bf16-made weight on the CPU) the rounded
+// weight is dequantized again, packed [out, in], into the workspace (the caller rewinds it) and
+// s.ldb set to match; else the forward's operand (weights_[idx], nullptr for a dense weight).
+const void* LlamaModel::backward_weight(int idx, GemmShape& s) {
+  const ProjectionBinding& p = layer_.proj[idx];
+  if (!p.quantized || !ops::dequant_rules_differ(ctx_, p.weight_dtype)) return weights_[idx];
+  mark(StepPart::kDequant);
+  void* w = ctx_.workspace().take(static_cast<size_t>(p.in * p.out) * dtype_size(ctx_.activation_dtype()),
+                                  "dequantized projection (backward)");
+  ops::dequantize_4bit_rounded(w, p.q, p.weight_dtype, ctx_);
+  s.ldb = 0;
+  mark(StepPart::kGemm);
+  return w;
+}
+
 void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N,
                             int64_t ldx) {
   const ProjectionBinding& p = layer_.proj[idx];
@@ -360,7 +377,11 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
   s.ldc = ldx;
   if (folded) s.ldb = W;  // the first `in` columns of W_ext
   mark(StepPart::kGemm);
-  ops::gemm(dx, dy, weights_[idx] ? weights_[idx] : p.dense, s, ctx_);  // dx (+)= dy W
+  Workspace& ws_w = ctx_.workspace();
+  const size_t ws_w_mark = ws_w.used();
+  const void* w_bwd = backward_weight(idx, s);
+  ops::gemm(dx, dy, w_bwd ? w_bwd : p.dense, s, ctx_);  // dx (+)= dy W
+  ws_w.rewind(ws_w_mark);
   mark(StepPart::kOther);
   if (p.r == 0) return;
   if (folded) {

@@ -13,8 +13,11 @@
 // train/sharded_llama_weights.h), and the tree then only gives the shapes. bind_layer(l) /
 // bind_root() read the owner's current weights into a LayerBinding. The step does no lookups by
 // name and builds no strings (runtime/sync_counters.h counts lookups). 4-bit
-// weights are dequantized just in time into the workspace, into their QuantState's dtype as
-// bitsandbytes does (a bf16 model's weights dequantize to bf16 values; held in f32 on the CPU).
+// weights are dequantized just in time into the workspace by bitsandbytes 0.50.2's rules
+// (ops::dequantize_4bit): the forward multiplies with table value * absmax cast straight to the
+// activation dtype (f32 on the CPU: unrounded), the backward's input gradient with the values
+// rounded to the QuantState's dtype first (a bf16 model's weights: bf16 values, dequantized again
+// per projection into the workspace where the two differ).
 //
 // Memory: every buffer comes from one plan (model/llama_buffers.h), made from the tree at
 // construction, the same function the memory planner calls from the config: the activation
@@ -233,6 +236,7 @@ class LlamaModel {
   // group's LoRA columns from the same rows.
   void linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t ldx = 0);
   void linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N, int64_t ldx = 0);
+  const void* backward_weight(int idx, GemmShape& s);  // linear_bwd's B: the backward's rounding rule
   // The LoRA fold of group g (0: q|k|v on h1, 1: gate|up on h2): X A^T into x's extra columns
   // (forward); after the group's input-gradient GEMMs, the A gradients and dx += (s dt) A.
   void fold_fwd(int g, void* x, int64_t N);

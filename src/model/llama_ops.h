@@ -189,8 +189,9 @@ void dropout_fwd(float* out /*[N,W]*/, const float* x /*[N,W]*/, const DropoutKe
 void cross_entropy_fwd_bwd(float* logits /*[n,V]*/, double* loss_sum, const int64_t* targets /*[n]*/, int64_t n,
                            int64_t V, float grad_scale, DeviceContext& ctx);
 
-// x[i] = float(dtype(x[i])): rounds f32 values to what `dtype` holds (a 4-bit weight dequantized
-// "into its QuantState's dtype" as bitsandbytes does, kept in f32 for the CPU GEMM).
+// x[i] = float(dtype(x[i])): rounds f32 values to what `dtype` holds (the backward's operand of a
+// 4-bit weight, rounded to its QuantState's dtype as bitsandbytes' dequantize_4bit does, kept in f32
+// for the CPU GEMM: ops::dequantize_4bit_rounded).
 void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx);
 // out[i] = x[i] converted (f32, bf16 or f16 each way; round to nearest even when narrowing).
 void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, DeviceContext& ctx);
@@ -309,9 +310,17 @@ bool gemm_supports(const DeviceContext& ctx, DType a_type, DType b_type);
 // Host -> device copy of `bytes` on the compute stream (`src` pinned host memory on CUDA, so the
 // host does not wait; the caller keeps it unchanged until the copy is done). A memcpy on the CPU.
 void upload_async(void* dst, const void* src, size_t bytes, DeviceContext& ctx);
-// A 4-bit weight dequantized into its QuantState's dtype `dtype` (bitsandbytes' dequantize_4bit),
-// written as the GEMM's B operand: f32 values on the CPU (rounded through `dtype`), `dtype` on CUDA.
-void dequantize_4bit(void* out, const Dequant4bitArgs& args, DType dtype, DeviceContext& ctx);
+// A 4-bit weight as a GEMM's B operand, in the activation dtype, by bitsandbytes 0.50.2's two rules
+// (table value * absmax in f32; a nested absmax is f32(f32(code * nested_absmax) + offset)):
+//   forward  (gemm_4bit): that f32 product cast STRAIGHT to the activation dtype: on the CPU (f32)
+//            not rounded at all; on CUDA rounded once to bf16.
+//   backward (MatMul4Bit.backward: dequantize_4bit(B, state).to(grad.dtype)): rounded to the
+//            QuantState's dtype `quant_dtype` first, then to the activation dtype.
+// They differ where quant_dtype is neither f32 nor the activation dtype (dequant_rules_differ): a
+// bf16- or f16-made weight on the CPU, an f16-made one on CUDA.
+void dequantize_4bit(void* out, const Dequant4bitArgs& args, DeviceContext& ctx);
+void dequantize_4bit_rounded(void* out, const Dequant4bitArgs& args, DType quant_dtype, DeviceContext& ctx);
+bool dequant_rules_differ(const DeviceContext& ctx, DType quant_dtype);
 }  // namespace ops
 
 }  // namespace qshard

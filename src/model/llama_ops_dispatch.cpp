@@ -170,20 +170,38 @@ void upload_async(void* dst, const void* src, size_t bytes, DeviceContext& ctx) 
   }
   copy_bytes_async(dst, Device::kCuda, src, Device::kCpu, bytes, ctx.stream());
 }
-// The CPU GEMM reads f32 values rounded through `dtype`; the CUDA GEMM reads the activation
-// dtype (bf16) directly, dequantized with one rounding.
-void dequantize_4bit(void* out, const Dequant4bitArgs& args, DType dtype, DeviceContext& ctx) {
-  QS_DISPATCH("dequantize_4bit",
+// The forward's operand: the CPU GEMM reads the f32 products as they are; CUDA writes bf16 with
+// one rounding.
+void dequantize_4bit(void* out, const Dequant4bitArgs& args, DeviceContext& ctx) {
+  QS_DISPATCH("dequantize_4bit", cpu::dequantize_4bit(args, out, DType::kF32, ctx.stream()),
+              qshard::cuda::dequantize_4bit(args, out, ctx.activation_dtype(), ctx.stream()));
+}
+bool dequant_rules_differ(const DeviceContext& ctx, DType quant_dtype) {
+  return quant_dtype != DType::kF32 && quant_dtype != ctx.activation_dtype();
+}
+// The backward's operand: the same products rounded through quant_dtype (the CPU rounds the f32
+// values in place; CUDA dequantizes into quant_dtype, then converts in place, element by element).
+void dequantize_4bit_rounded(void* out, const Dequant4bitArgs& args, DType quant_dtype, DeviceContext& ctx) {
+  if (!dequant_rules_differ(ctx, quant_dtype)) {
+    dequantize_4bit(out, args, ctx);
+    return;
+  }
+  QS_DISPATCH("dequantize_4bit_rounded",
               {
                 cpu::dequantize_4bit(args, out, DType::kF32, ctx.stream());
                 if (args.out_ld != 0 && args.out_ld != args.row_len) {
                   for (int64_t r = 0; r < args.n / args.row_len; ++r)
-                    cpu::round_to_dtype(f(out) + r * args.out_ld, args.row_len, dtype, ctx);
+                    cpu::round_to_dtype(f(out) + r * args.out_ld, args.row_len, quant_dtype, ctx);
                 } else {
-                  cpu::round_to_dtype(f(out), args.n, dtype, ctx);
+                  cpu::round_to_dtype(f(out), args.n, quant_dtype, ctx);
                 }
               },
-              qshard::cuda::dequantize_4bit(args, out, ctx.activation_dtype(), ctx.stream()));
+              {
+                QS_CHECK(args.out_ld == 0 || args.out_ld == args.row_len,
+                         "dequantize_4bit_rounded: CUDA writes a packed weight");
+                qshard::cuda::dequantize_4bit(args, out, quant_dtype, ctx.stream());
+                cuda::convert(out, ctx.activation_dtype(), out, quant_dtype, args.n, ctx);
+              });
 }
 
 }  // namespace qshard::ops

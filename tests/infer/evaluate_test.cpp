@@ -1,5 +1,6 @@
 // `qshard eval` against transformers' logits (scripts/golden/make_eval_golden.py): an f32 folder, a
-// bitsandbytes 4-bit folder (as bitsandbytes computes it in float32), each with and without a
+// bitsandbytes 4-bit folder (as bitsandbytes 0.50.2 computes it in float32: its forward does not
+// round the dequantized weights to bf16, 2.9e-3 of the logits' scale apart), each with and without a
 // PEFT adapter. Tolerance 2e-5 absolute on logits of magnitude ~1: both sides are float32 and
 // differ only in summation order (measured 2.7e-6 at worst).
 #include "infer/evaluate.h"
@@ -58,12 +59,14 @@ TEST(Eval, LogitsMatchTransformers) {
 }
 
 // Acceptance: `qshard eval` of a 4-bit folder quantized from a bf16 model matches transformers +
-// bitsandbytes on that folder (scripts/golden/make_bnb_logits_golden.py: each 4-bit weight is
-// bitsandbytes' dequantize_4bit in its stored dtype, bf16, then a float32 model) within 1e-5
-// relative: max |logit - reference| / max |reference logit|. The reference's own float32 noise is
-// 3e-7 of that scale (the script reruns it in float64); skipping the rounding of the dequantized
-// weights to bf16 moves the logits by 2.3e-3 (nf4_dq) / 1.2e-3 (fp4) of it, so this fails on a
-// model that dequantizes to float32 instead of to the quant state's dtype.
+// bitsandbytes 0.50.2 on that folder (scripts/golden/make_bnb_logits_golden.py: its Linear4bit
+// modules computing in float32 on the CPU, whose gemm_4bit multiplies with table value * absmax in
+// float32, NOT rounded to the quant state's bf16) within 1e-5 relative: max |logit - reference| /
+// max |reference logit|. Why 1e-5: the reference's own float32 noise is 3e-7 of that scale (the
+// script reruns it in float64) and qshard sums in another order, so a few 1e-7; rounding the
+// dequantized weights to bf16 first (dequantize_4bit's rule, bitsandbytes' backward) moves the
+// logits by 2.3e-3 (nf4_dq) / 1.2e-3 (fp4) of it, 100x the tolerance, so this fails on a model that
+// uses the wrong forward rule.
 constexpr double kBnbRelTol = 1e-5;
 
 TEST(Eval, Bnb4FoldersMatchBitsandbytes) {

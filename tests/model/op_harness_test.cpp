@@ -522,15 +522,20 @@ TEST(OpHarness, AccumulateBiasWidenRound) {
   });
 }
 
-// The 4-bit dequantization into the QuantState's dtype, as the GEMM's operand: values equal
-// bf16(table[code] * absmax) exactly (tolerance 0).
-TEST(OpHarness, DequantizeIntoQuantStateDtype) {
+// The 4-bit dequantization as the GEMM's operand, by bitsandbytes 0.50.2's two rules (tolerance 0:
+// one f32 multiply and the roundings the rule names):
+//   forward  ops::dequantize_4bit: act(table[code] * absmax) (CPU f32: the product itself; CUDA bf16)
+//   backward ops::dequantize_4bit_rounded(.., kBF16): act(bf16(table[code] * absmax))
+// The table and absmax make products that bf16 cannot hold, so a backend that rounds in the forward,
+// or not in the backward, fails here (the test checks that the two expectations differ on the CPU).
+TEST(OpHarness, DequantizeForwardAndBackwardRules) {
   for_each_case([](DeviceContext& ctx, Inputs& in) {
     const int64_t n = 64 * 5;
     std::vector<uint8_t> packed(n / 2);
     for (size_t i = 0; i < packed.size(); ++i) packed[i] = static_cast<uint8_t>(in.rng() & 0xff);
     std::vector<float> absmax = in.bounded(5);
     for (auto& a : absmax) a = std::fabs(a) + 0.1f;
+    absmax[0] = 0.3f;  // 0.3 * (-1 + 1/7.5) = -0.26: not a bf16 value
     Dequant4bitArgs a;
     const Tensor pk = Tensor::from_vector({n / 2}, DType::kU8, packed).to(ctx.compute_device());
     const Tensor am = Tensor::from_vector({5}, DType::kF32, absmax).to(ctx.compute_device());
@@ -539,16 +544,46 @@ TEST(OpHarness, DequantizeIntoQuantStateDtype) {
     a.blocksize = 64;
     for (int i = 0; i < 16; ++i) a.code[i] = -1.0f + i / 7.5f;
     a.absmax = am.data<float>();
-    // The GEMM's operand: f32 (rounded through bf16) on the CPU, bf16 on CUDA.
-    Tensor out = Tensor::zeros({n}, ctx.activation_dtype(), ctx.compute_device());
-    ops::dequantize_4bit(out.raw(), a, DType::kBF16, ctx);
-    std::vector<double> want(n);
+    auto to_act = [&](float v) {  // what the activation dtype holds of v
+      return ctx.activation_dtype() == DType::kF32 ? v : bf16_to_f32(f32_to_bf16(v));
+    };
+    std::vector<double> want_fwd(n), want_bwd(n);
+    int64_t differ = 0;
     for (int64_t i = 0; i < n; ++i) {
       const int code = i % 2 == 0 ? packed[i / 2] >> 4 : packed[i / 2] & 0xf;
-      want[i] = bf16_to_f32(f32_to_bf16(a.code[code] * absmax[i / 64]));
+      const float prod = a.code[code] * absmax[i / 64];
+      want_fwd[i] = to_act(prod);
+      want_bwd[i] = to_act(bf16_to_f32(f32_to_bf16(prod)));
+      differ += want_fwd[i] != want_bwd[i];
     }
+    if (ctx.activation_dtype() == DType::kF32) {
+      EXPECT_TRUE(ops::dequant_rules_differ(ctx, DType::kBF16));
+      EXPECT_GT(differ, n / 2) << "the inputs do not tell the two rules apart";
+    } else {
+      EXPECT_FALSE(ops::dequant_rules_differ(ctx, DType::kBF16));  // bf16 compute: one rounding either way
+      EXPECT_EQ(differ, 0);
+    }
+    EXPECT_FALSE(ops::dequant_rules_differ(ctx, DType::kF32));
+    Tensor out = Tensor::zeros({n}, ctx.activation_dtype(), ctx.compute_device());
+    ops::dequantize_4bit(out.raw(), a, ctx);
     ctx.compute().synchronize();
-    report(ctx, "dequantize_4bit bf16", in.adversarial, out.to(Device::kCpu).to_f32_vector(), want, 0.0);
+    report(ctx, "dequantize_4bit forward", in.adversarial, out.to(Device::kCpu).to_f32_vector(), want_fwd, 0.0);
+    Tensor back = Tensor::zeros({n}, ctx.activation_dtype(), ctx.compute_device());
+    ops::dequantize_4bit_rounded(back.raw(), a, DType::kBF16, ctx);
+    ctx.compute().synchronize();
+    report(ctx, "dequantize_4bit backward (bf16)", in.adversarial, back.to(Device::kCpu).to_f32_vector(), want_bwd,
+           0.0);
+    // An f16-made weight: rounded through f16 (then bf16 on CUDA): differs on both backends.
+    std::vector<double> want_f16(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int code = i % 2 == 0 ? packed[i / 2] >> 4 : packed[i / 2] & 0xf;
+      want_f16[i] = to_act(f16_to_f32(f32_to_f16(a.code[code] * absmax[i / 64])));
+    }
+    EXPECT_TRUE(ops::dequant_rules_differ(ctx, DType::kF16));
+    ops::dequantize_4bit_rounded(back.raw(), a, DType::kF16, ctx);
+    ctx.compute().synchronize();
+    report(ctx, "dequantize_4bit backward (f16)", in.adversarial, back.to(Device::kCpu).to_f32_vector(), want_f16,
+           0.0);
 
     // Rows of row_len values into a wider buffer (out_ld apart; the padding untouched): 64 / 40
     // (rows crossing quantization blocks) take CUDA's vector path, 20 / 23 its scalar one.
@@ -559,9 +594,9 @@ TEST(OpHarness, DequantizeIntoQuantStateDtype) {
       const int64_t rows = n / row_len;
       Tensor wide = Tensor::from_f32({rows * ld}, ctx.activation_dtype(), std::vector<float>(rows * ld, 2.0f))
                         .to(ctx.compute_device());
-      ops::dequantize_4bit(wide.raw(), r, DType::kBF16, ctx);
+      ops::dequantize_4bit(wide.raw(), r, ctx);
       std::vector<double> wwant(rows * ld, 2.0);
-      for (int64_t i = 0; i < n; ++i) wwant[(i / row_len) * ld + i % row_len] = want[i];
+      for (int64_t i = 0; i < n; ++i) wwant[(i / row_len) * ld + i % row_len] = want_fwd[i];
       ctx.compute().synchronize();
       report(ctx, ("dequantize_4bit rows " + std::to_string(row_len) + "/" + std::to_string(ld)).c_str(), in.adversarial,
              wide.to(Device::kCpu).to_f32_vector(), wwant, 0.0);
