@@ -2,11 +2,12 @@
 # Hostile chat templates and records through `qshard tokenize --format chat` (issue 25): nesting
 # 100k deep (statements, `not`, operator / filter / attribute chains, parentheses, macros; a
 # message content nested past the template's bound), runaway loops, doubling strings, a value shared 2^60 ways
-# under tojson, huge indents, quadratic appends, huge output, a 100k-message record - each refused
+# under tojson, huge indents, quadratic appends, huge output, a 100k-message record whose spans
+# cannot be traced - each refused
 # with exit 2 and a message naming the template (or record) and the construct or budget; no crash,
 # no hang, no out-of-memory kill. Every probe runs under a 4 GiB address-space limit (ulimit -v)
 # and a 60 s timeout; the wrong exit code (124 = timeout, >= 128 = a signal) or a missing pattern
-# fails the probe. The same classes, in-process: tests/text/chat_template_limits_test.cpp.
+# fails the probe. A 100k-message record with a real template is tokenized (linear spans). The same classes, in-process: tests/text/chat_template_limits_test.cpp.
 # Usage: probe_template_check.sh QSHARD TOKENIZER_JSON WORK_DIR
 set -uo pipefail
 qshard=$1 tokenizer_json=$2 work=$3
@@ -76,10 +77,16 @@ model quadratic_append '{% set ns = namespace(s="") %}{% for i in range(100000) 
 tprobe quadratic_append "$t:1:[0-9]+: the template went over its memory budget"
 model huge_output '{% for i in range(100000) %}{{ "x" * 100000 }}{% endfor %}'
 tprobe huge_output "$t:1:[0-9]+: the template went over its output budget"
-# A 100k-message record with a real template: the render is linear; the per-reply spans are refused at once.
+# A 100k-message record with a real template: the render is linear, and so are the per-reply spans
+# (the template's own turns, from the one render: text/chat_template.h's rule 3).
 model many_messages "$(cat "$(dirname "$0")/../data/chat_template/templates/Qwen-Qwen2.5-7B-Instruct.jinja")"
 python3 -c 'import json; print(json.dumps({"messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": "m%d" % i} for i in range(100000)]}))' \
   > "$work/many.jsonl"
-tprobe many_messages "$t: the per-reply spans of this conversation \(100000 messages" "$work/many.jsonl"
+probe many_messages 0 "tokenized 1 files, 1 documents" -- "$qshard" tokenize "$work/many.jsonl" --format chat \
+  --tokenizer "$work/many_messages" --out "$work/many_messages.tok"
+# The same record through a template whose loop is not over the message objects (no turns to trace):
+# the per-reply spans would be quadratic, and are refused at once.
+model many_untraced '{% for c in messages | map(attribute="content") %}<m>{{ c }}{% endfor %}'
+tprobe many_untraced "$t: the per-reply spans of this conversation \(100000 messages" "$work/many.jsonl"
 
 probe_summary "probe_template_check: all probes refused cleanly"

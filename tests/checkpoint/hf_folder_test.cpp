@@ -104,8 +104,8 @@ TEST(HfConfig, BadConfigsNameTheKey) {
   bad["rope_scaling"] = {{"rope_type", "yarn"}};
   expect_input_error([&] { LlamaConfig::from_json(bad, "cfg.json"); }, {"rope_scaling", "yarn"});
   bad = j;
-  bad["model_type"] = "mistral";
-  expect_input_error([&] { LlamaConfig::from_json(bad, "cfg.json"); }, {"model_type", "mistral"});
+  bad["model_type"] = "mamba";
+  expect_input_error([&] { LlamaConfig::from_json(bad, "cfg.json"); }, {"model_type", "mamba"});
   // quantization_config's fields are type-checked (a fuzzer found a boolean quant_method escaping
   // as a nlohmann type_error instead of an InputError).
   const nlohmann::json q = {{"quant_method", "bitsandbytes"}, {"load_in_4bit", true}};
