@@ -345,10 +345,9 @@ ChatRender render_with_spans_by_prefixes(const ChatTemplate& t, const nlohmann::
   ChatRender r;
   r.text = t.render(messages, false, extra);
   check_assistant_not_first(t, messages);
-  uint64_t spent = 0;
   for (size_t i = 0; i < messages.size(); ++i) {
     if (!is_assistant(messages[i])) continue;
-    const PrefixSpan p = prefix_span(t, messages, i, extra, r.text, &spent);
+    const PrefixSpan p = prefix_span(t, messages, i, extra, r.text, nullptr);
     if (!p.span) throw InputError(p.error);
     r.assistant_spans.push_back(*p.span);
   }
