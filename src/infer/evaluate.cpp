@@ -147,9 +147,9 @@ EvalResult evaluate_model(const EvalOptions& o) {
   LlamaModel model(cfg, *tree, ctx, mo);
   EvalResult r;
   const LossTotals t = sequence_losses(model, static_cast<int64_t>(seqs.size()),
-                                       [&](int64_t k, std::vector<int64_t>& ids, std::vector<int64_t>& tg) {
-                                         ids = seqs[static_cast<size_t>(k)];
-                                         tg = targets[static_cast<size_t>(k)];
+                                       [&](int64_t k, EvalSequence& s) {
+                                         s.ids = seqs[static_cast<size_t>(k)];
+                                         s.targets = targets[static_cast<size_t>(k)];
                                          return true;
                                        });
   const double loss_sum = t.loss_sum;

@@ -6,16 +6,17 @@ LossTotals sequence_losses(LlamaModel& model, int64_t count, const SequenceSourc
   const bool was_training = model.training();
   model.set_training(false);
   LossTotals t;
-  std::vector<int64_t> ids, targets;
+  EvalSequence seq;
   try {
     for (int64_t k = 0; k < count; ++k) {
-      const bool counted = get(k, ids, targets);
-      const int64_t T = static_cast<int64_t>(ids.size());
-      model.forward_loss(ids, targets, 1, T);
+      seq.positions.clear();
+      const bool counted = get(k, seq);
+      const int64_t T = static_cast<int64_t>(seq.ids.size());
+      model.forward_loss(seq.ids, seq.targets, 1, T, seq.positions);
       const double sum = model.take_loss_sum();
       if (!counted) continue;
       t.loss_sum += sum;
-      for (auto y : targets) t.tokens += y != kIgnoreIndex;
+      for (auto y : seq.targets) t.tokens += y != kIgnoreIndex;
       ++t.sequences;
     }
   } catch (...) {

@@ -1,8 +1,9 @@
 // eval_loss.h: the one loss routine of evaluation, shared by the trainer's eval and `qshard eval`.
 //
 // sequence_losses() runs the model in eval mode (no LoRA dropout; training mode restored after)
-// over `count` sequences: get(k, ids, targets) fills sequence k (ids [T], targets [T] aligned with
-// the logits, kIgnoreIndex where none) and returns whether it counts. A sequence that does not
+// over `count` sequences: get(k, seq) fills sequence k (ids [T], targets [T] aligned with the
+// logits, kIgnoreIndex where none; positions [T] for packed data, else left empty) and returns
+// whether it counts. A sequence that does not
 // count still runs its forward: a sharded model gathers units in every forward, so every rank runs
 // the same number of them. Losses: forward_loss's device-side sum, read back per sequence.
 #pragma once
@@ -21,7 +22,10 @@ struct LossTotals {
   int64_t sequences = 0;
 };
 
-using SequenceSource = std::function<bool(int64_t k, std::vector<int64_t>& ids, std::vector<int64_t>& targets)>;
+struct EvalSequence {
+  std::vector<int64_t> ids, targets, positions;
+};
+using SequenceSource = std::function<bool(int64_t k, EvalSequence& seq)>;
 
 LossTotals sequence_losses(LlamaModel& model, int64_t count, const SequenceSource& get);
 

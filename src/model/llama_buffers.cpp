@@ -115,6 +115,7 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   d.dropout = o.lora_dropout > 0;
   d.head_rows = llama_head_rows(o.head_chunk_bytes, d.V, d.N);
   d.qk_norm = c.qk_norm;
+  d.positions = o.packed_positions;
   return d;
 }
 
@@ -182,6 +183,7 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   p.add("rope sin", T * d.D / 2 * 4, run, a ? t(&a->rope_sin) : nullptr);
   p.add("ids", N * 8, run, a ? t(&a->ids) : nullptr);
   p.add("targets", N * 8, run, a ? t(&a->targets) : nullptr);
+  if (d.positions) p.add("positions (packed data)", N * 8, run, a ? t(&a->positions) : nullptr);
   p.add("loss sum", 8, run, a ? t(&a->loss_sum) : nullptr);
   p.add("norms (f32)", (3 * C + (d.qk_norm ? 2 * d.D : 0)) * 4, run, a ? t(&a->norms) : nullptr);
   p.add("biases (f32)", 7 * d.max_out * 4, run, a ? t(&a->biases) : nullptr);

@@ -89,6 +89,7 @@ struct LlamaBufferDims {
   bool dropout = false;              // LoRA dropout's masked inputs in the workspace
   int64_t head_rows = 0;             // LM-head logits rows per chunk
   bool qk_norm = false;              // Qwen3's q / k norms: their inputs and rstd kept per layer
+  bool positions = false;            // packed data's positions [N] int64 (options.packed_positions)
 };
 
 // Rows of LM-head logits per chunk for a vocabulary of V and N rows (options.head_chunk_bytes).
@@ -154,6 +155,7 @@ struct LlamaActivations : LlamaInternals {
   float* rope_sin = nullptr; // [T, D/2] f32
   int64_t* ids = nullptr;    // [N]
   int64_t* targets = nullptr;// [N]
+  int64_t* positions = nullptr;  // [N] packed data's positions (LlamaBufferDims::positions)
   double* loss_sum = nullptr;// [1] f64 accumulator
   float* norms = nullptr;    // [3C (+ 2D)] f32: the bound layer's two norms, the root's final norm
                              // (the bound layer's q / k norms: qk_norm)

@@ -457,8 +457,8 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
   }
   mark(StepPart::kRope);
   const int64_t rope_off = cache_pos > 0 ? cache_pos * (D / 2) : 0;  // positions cache_pos ..
-  ops::rope_fwd(a.q, a.rope_cos + rope_off, a.rope_sin + rope_off, B, T, H, D, ctx_);
-  ops::rope_fwd(a.k, a.rope_cos + rope_off, a.rope_sin + rope_off, B, T, Hkv, D, ctx_);
+  ops::rope_fwd(a.q, a.rope_cos + rope_off, a.rope_sin + rope_off, B, T, H, D, ctx_, pos_);
+  ops::rope_fwd(a.k, a.rope_cos + rope_off, a.rope_sin + rope_off, B, T, Hkv, D, ctx_, pos_);
   mark(StepPart::kAttention);
   if (cache_pos >= 0) {
     const int64_t row = Hkv * D, layer_off = layer_.layer * options_.kv_cache_tokens * row;
@@ -471,7 +471,7 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
     else
       ops::attention_cached_fwd(a.a, a.q, kc, vc, T, cache_pos, H, Hkv, D, ctx_, c.sliding_window);
   } else {
-    ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_, c.sliding_window);
+    ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_, c.sliding_window, pos_);
   }
   mark(StepPart::kOther);
   linear_fwd(kO, a.x2, a.a, N);
@@ -596,10 +596,10 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
   linear_bwd(kO, a.da, false, a.dx2, a.a, N);
   mark(StepPart::kAttention);
   ops::attention_bwd(a.dq, a.dk, a.dv, a.da, a.q, a.k, a.v, a.a, a.att_saved, B, T, H, Hkv, D, ctx_,
-                     c.sliding_window);
+                     c.sliding_window, pos_);
   mark(StepPart::kRope);
-  ops::rope_bwd(a.dq, a.rope_cos, a.rope_sin, B, T, H, D, ctx_);
-  ops::rope_bwd(a.dk, a.rope_cos, a.rope_sin, B, T, Hkv, D, ctx_);
+  ops::rope_bwd(a.dq, a.rope_cos, a.rope_sin, B, T, H, D, ctx_, pos_);
+  ops::rope_bwd(a.dk, a.rope_cos, a.rope_sin, B, T, Hkv, D, ctx_, pos_);
   const void* dq_proj = a.dq;  // the gradient at q_proj's / k_proj's output
   const void* dk_proj = a.dk;
   if (c.qk_norm) {  // through q_norm / k_norm: into da (free once attention_bwd read it) and dk_raw
@@ -708,10 +708,10 @@ double LlamaModel::take_loss_sum() {
 // ---- whole passes -------------------------------------------------------------------------------------
 
 void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B,
-                                  int64_t T, double normalizer) {
+                                  int64_t T, double normalizer, std::span<const int64_t> positions) {
   const int64_t L = config_.num_hidden_layers, NC = B * T * config_.hidden_size;
   LlamaActivations& a = *act_;
-  const void* x_final = forward_layers(ids, B, T, /*keep_checkpoints=*/true);
+  const void* x_final = forward_layers(ids, B, T, /*keep_checkpoints=*/true, -1, positions);
   mark(StepPart::kWait);
   if (before_root) before_root(Pass::kBackward);
   mark(StepPart::kOther);
@@ -735,9 +735,23 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
 // (x_l in checkpoint l, activation checkpointing); eval alternates between two buffers.
 // Returns the final hidden state [B,T,C].
 const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, int64_t T, bool keep_checkpoints,
-                                       int64_t cache_pos) {
+                                       int64_t cache_pos, std::span<const int64_t> positions) {
   auto slot = [&](int64_t l) { return keep_checkpoints ? l : l % 2; };
   check_sizes(B, T);
+  pos_ = nullptr;
+  if (!positions.empty()) {
+    QS_CHECK(options_.packed_positions && cache_pos < 0,
+             "positions given to a model built without options.packed_positions (or to generation)");
+    QS_CHECK(static_cast<int64_t>(positions.size()) == B * T, "positions: bad size");
+    for (int64_t r = 0; r < B * T; ++r) {  // the rule attention and RoPE rely on (llama_ops.h)
+      const int64_t p = positions[static_cast<size_t>(r)], t = r % T;
+      QS_CHECK(p >= 0 && p <= t && (p == 0 || positions[static_cast<size_t>(r - 1)] == p - 1),
+               "positions: row " + std::to_string(r / T) + " position " + std::to_string(t) +
+                   " neither restarts at 0 nor follows the one before");
+    }
+    upload(act_->positions, positions);
+    pos_ = act_->positions;
+  }
   const int64_t L = config_.num_hidden_layers, NC = B * T * config_.hidden_size;
   LlamaActivations& a = *act_;
   mark(StepPart::kWait);
@@ -758,9 +772,10 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
   return act(a.xs, slot(L) * NC);
 }
 
-void LlamaModel::forward_loss(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B, int64_t T) {
+void LlamaModel::forward_loss(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B, int64_t T,
+                              std::span<const int64_t> positions) {
   QS_CHECK(static_cast<int64_t>(targets.size()) == B * T, "forward_loss: bad sizes");
-  const void* x = forward_layers(ids, B, T, false);
+  const void* x = forward_layers(ids, B, T, false, -1, positions);
   if (before_root) before_root(Pass::kForward);
   bind_root();
   upload(act_->targets, targets);

@@ -103,6 +103,10 @@ struct LlamaModelOptions {
   // Generation (forward_cached): a KV cache of this many positions per layer, [L, tokens, Hkv*D]
   // for keys and for values in the activation dtype. REQUIRES: <= max_seq (the RoPE tables).
   int64_t kv_cache_tokens = 0;
+  // Packed data (text/data_loader.h, data.packing packed): forward_backward / forward_loss take
+  // each token's position in its piece (a buffer of max_batch * max_seq int64); RoPE rotates by
+  // it and attention keeps to the piece. The CPU backend only so far.
+  bool packed_positions = false;
 };
 
 // What a LlamaModel allocates for `options` (its activation buffers, the workspace it reserves,
@@ -158,11 +162,14 @@ class LlamaModel {
   // ---- whole passes (hooks called) ----
   // One training micro-step on ids/targets [B*T] (host): loss sum into the accumulator, LoRA
   // gradients of (sum / normalizer) added into the LayerWeights' gradient buffers.
+  // positions [B*T] (packed data; REQUIRES options.packed_positions): each token's position in
+  // its piece; empty: position t of a row is t.
   void forward_backward(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B, int64_t T,
-                        double normalizer);
+                        double normalizer, std::span<const int64_t> positions = {});
   // Eval: adds the loss sum of ids/targets to the accumulator; no gradients, no dropout state
   // changes. The same routine serves the trainer's eval and `qshard eval`.
-  void forward_loss(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B, int64_t T);
+  void forward_loss(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B, int64_t T,
+                    std::span<const int64_t> positions = {});
   // Reads the loss accumulator and clears it (waits for the compute stream: the one host wait of
   // a step). With options.profile, also adds the timed intervals so far into profile().
   double take_loss_sum();
@@ -216,7 +223,7 @@ class LlamaModel {
   BindScratch bind_scratch() const;
   // cache_pos >= 0: generation (forward_cached): B == 1, positions cache_pos.., the KV cache.
   const void* forward_layers(std::span<const int64_t> ids, int64_t B, int64_t T, bool keep_checkpoints,
-                             int64_t cache_pos = -1);
+                             int64_t cache_pos = -1, std::span<const int64_t> positions = {});
   // ids or targets -> a device buffer, through the next pinned staging slot (asynchronous).
   void upload(int64_t* device_dst, std::span<const int64_t> values);
   // The bound layer's forward into the working set (or kept set) of internals; with x_out null the
@@ -252,6 +259,7 @@ class LlamaModel {
 
   LlamaConfig config_;
   DeviceContext& ctx_;
+  const int64_t* pos_ = nullptr;  // this pass's packed positions (act_->positions) or null
   LlamaModelOptions options_;
   int64_t max_rows_ = 0, max_seq_ = 0, head_rows_ = 0, mlp_rows_ = 0;
   std::unique_ptr<LlamaTreeSlots> tree_;  // the tree's slots, found once (model/llama_binding.h)

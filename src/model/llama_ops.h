@@ -142,25 +142,28 @@ void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx
 // cos[t, i] = cos(t * inv_freq[i]), sin likewise, t = 0..T-1 (the angle a f32 product, as HF).
 void rope_tables(float* cos /*[T,D/2]*/, float* sin /*[T,D/2]*/, const RopeParams& p, int64_t T, DeviceContext& ctx);
 // x rotated in place by position t:  y[i] = x[i] cos - x[i+D/2] sin, y[i+D/2] = x[i+D/2] cos + x[i] sin.
+// pos [B,T] (packed data; null: position t is t): row (b, t) is rotated by position pos[b*T + t].
 void rope_fwd(float* x /*[B,T,nh,D]*/, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh,
-              int64_t D, DeviceContext& ctx);
+              int64_t D, DeviceContext& ctx, const int64_t* pos = nullptr);
 // The transpose (rotation by -angle), in place on a gradient.
 void rope_bwd(float* dx /*[B,T,nh,D]*/, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh,
-              int64_t D, DeviceContext& ctx);
+              int64_t D, DeviceContext& ctx, const int64_t* pos = nullptr);
 
 // Causal grouped-query attention: query head h reads kv head h / (H / Hkv) (HF repeat_kv);
 // s[t, u] = (q_t . k_u) / sqrt(D) for u <= t; softmax over u (max subtracted); out_t = sum_u p v_u.
 // window > 0: a sliding window (Mistral): query t reads keys t - window < u <= t only
 // (transformers' sliding-window causal mask); 0: none.
+// pos [B,T] (packed data, text/data_loader.h; null: none): query t reads keys u >= t - pos[t] only,
+// its own piece's (documents packed into one sequence attend within themselves).
 // saved: attention_saved_bytes(kCpu, ...) bytes, written by the forward, read by the backward.
-// REQUIRES: H % Hkv == 0.
+// REQUIRES: H % Hkv == 0; with pos, 0 <= pos[t] <= t and pos restarting at 0 or rising by 1.
 void attention_fwd(float* out /*[B,T,H,D]*/, void* saved, const float* q /*[B,T,H,D]*/,
                    const float* k /*[B,T,Hkv,D]*/, const float* v /*[B,T,Hkv,D]*/, int64_t B, int64_t T, int64_t H,
-                   int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0);
+                   int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0, const int64_t* pos = nullptr);
 // dq, dk, dv OVERWRITTEN from dout, given the forward's inputs, output and saved state.
 void attention_bwd(float* dq, float* dk, float* dv, const float* dout /*[B,T,H,D]*/, const float* q, const float* k,
                    const float* v, const float* out, const void* saved, int64_t B, int64_t T, int64_t H,
-                   int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0);
+                   int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0, const int64_t* pos = nullptr);
 
 // Generation's attention: T new queries of one sequence at positions [P, P + T) over a KV cache
 // holding positions [0, P + T) (this call's keys and values already appended): query t reads
@@ -283,16 +286,19 @@ void copy_2d(void* dst, int64_t ld_dst, const void* src, int64_t ld_src, int64_t
 void add_bias(void* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx);
 void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx);
 void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceContext& ctx);
+// pos (packed positions, the cpu twins' rule): the CPU backend only so far; on another a
+// non-null pos is an internal error (the trainer refuses data.packing packed there first).
 void rope_fwd(void* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-              DeviceContext& ctx);
+              DeviceContext& ctx, const int64_t* pos = nullptr);
 void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-              DeviceContext& ctx);
+              DeviceContext& ctx, const int64_t* pos = nullptr);
 // window > 0: a sliding window (the cpu twins' rule), on every backend.
 void attention_fwd(void* out, void* saved, const void* q, const void* k, const void* v, int64_t B, int64_t T,
-                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0);
+                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
+                   const int64_t* pos = nullptr);
 void attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
                    const void* out, const void* saved, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                   DeviceContext& ctx, int64_t window = 0);
+                   DeviceContext& ctx, int64_t window = 0, const int64_t* pos = nullptr);
 void attention_cached_fwd(void* out, const void* q, const void* k_cache, const void* v_cache, int64_t T, int64_t P,
                           int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0);
 void swiglu_fwd(void* h, const void* gate, const void* up, int64_t n, DeviceContext& ctx);

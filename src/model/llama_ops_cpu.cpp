@@ -30,14 +30,15 @@ const float* row_f32(const void* m, DType t, int64_t row, int64_t n, int64_t ld,
 
 // Rotates every head vector of x by +angle (sign = 1) or -angle (sign = -1).
 void rope_rotate(float* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-                 float sign) {
+                 float sign, const int64_t* pos) {
   const int64_t half = D / 2;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < nh; ++h) {
         float* v = x + ((b * T + t) * nh + h) * D;
+        const int64_t row = (pos ? pos[b * T + t] : t) * half;
         for (int64_t i = 0; i < half; ++i) {
-          const float c = cos[t * half + i], s = sign * sin[t * half + i];
+          const float c = cos[row + i], s = sign * sin[row + i];
           const float x1 = v[i], x2 = v[i + half];
           v[i] = x1 * c - x2 * s;
           v[i + half] = x2 * c + x1 * s;
@@ -239,15 +240,15 @@ void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceC
 }
 
 void rope_fwd(float* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-              DeviceContext& ctx) {
+              DeviceContext& ctx, const int64_t* pos) {
   (void)ctx;
-  rope_rotate(x, cos, sin, B, T, nh, D, 1.0f);
+  rope_rotate(x, cos, sin, B, T, nh, D, 1.0f, pos);
 }
 
 void rope_bwd(float* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-              DeviceContext& ctx) {
+              DeviceContext& ctx, const int64_t* pos) {
   (void)ctx;
-  rope_rotate(dx, cos, sin, B, T, nh, D, -1.0f);
+  rope_rotate(dx, cos, sin, B, T, nh, D, -1.0f, pos);
 }
 
 // ---- attention --------------------------------------------------------------------------------
@@ -280,10 +281,15 @@ void attend_row(float* ot, float* a, const float* qt, const float* k0, const flo
 }
 // The first key query position t sees: t - window + 1 with a sliding window, else 0.
 int64_t first_key(int64_t t, int64_t window) { return window > 0 ? std::max<int64_t>(0, t - window + 1) : 0; }
+// ... and with packed positions (`pos` of the sequence's row 0; null: none): not before the start
+// of t's piece, t - pos[t].
+int64_t first_key(int64_t t, int64_t window, const int64_t* pos) {
+  return pos ? std::max(first_key(t, window), t - pos[t]) : first_key(t, window);
+}
 }  // namespace
 
 void attention_fwd(float* out, void* saved, const float* q, const float* k, const float* v, int64_t B, int64_t T,
-                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window) {
+                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window, const int64_t* pos) {
   (void)ctx;
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
   float* att = static_cast<float*>(saved);  // [B,H,T,T] probabilities, 0 outside the (banded) causal mask
@@ -295,7 +301,7 @@ void attention_fwd(float* out, void* saved, const float* q, const float* k, cons
       const int64_t kv0 = (b * T * Hkv + hk) * D;  // key / value 0 of this sequence and kv head
       for (int64_t t = 0; t < T; ++t) {
         float* a = att + ((b * H + h) * T + t) * T;
-        const int64_t first = first_key(t, window);
+        const int64_t first = first_key(t, window, pos ? pos + b * T : nullptr);
         attend_row(out + ((b * T + t) * H + h) * D, a, q + ((b * T + t) * H + h) * D, k + kv0, v + kv0, Hkv * D, first,
                    t, D, scale);
         for (int64_t u = 0; u < first; ++u) a[u] = 0.0f;
@@ -323,7 +329,7 @@ void attention_cached_fwd(float* out, const float* q, const float* k_cache, cons
 
 void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                    const float* v, const float* out, const void* saved, int64_t B, int64_t T, int64_t H,
-                   int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window) {
+                   int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window, const int64_t* pos) {
   (void)out;  // the CPU keeps the probabilities; a fused kernel needs out for its row sums
   const float* att = static_cast<const float*>(saved);
   const int64_t group = H / Hkv;
@@ -341,7 +347,7 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
       for (int64_t t = 0; t < T; ++t) {
         const float* a = att + ((b * H + h) * T + t) * T;
         const float* go = dout + ((b * T + t) * H + h) * D;
-        const int64_t first = first_key(t, window);
+        const int64_t first = first_key(t, window, pos ? pos + b * T : nullptr);
         // dp[u] = dout_t . v_u ; dv_u += a[u] * dout_t
         float sum_adp = 0.0f;
         for (int64_t u = first; u <= t; ++u) {

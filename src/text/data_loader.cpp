@@ -1,6 +1,7 @@
 #include "text/data_loader.h"
 
 #include <algorithm>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -32,10 +33,49 @@ uint64_t bounded(uint64_t& s, uint64_t bound) {
 // ---- PackedDataset --------------------------------------------------------------------------
 
 Packing parse_packing(const std::string& name) {
-  if (name == "packed") return Packing::kPacked;
+  if (name == "wrapped") return Packing::kWrapped;
   if (name == "padded") return Packing::kPadded;
-  throw InputError(fmt::format("data.packing '{}': expected packed or padded", name));
+  if (name == "packed") return Packing::kPacked;
+  throw InputError(fmt::format("data.packing '{}': expected wrapped, padded or packed", name));
 }
+
+namespace {
+
+// Best-fit decreasing (data_loader.h, packed): pieces of `lengths` into rows of T; returns the
+// piece order (row by row, each row's pieces in the order placed) and the row offsets into it.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> best_fit_decreasing(const std::vector<int>& lengths, int T) {
+  const int64_t P = static_cast<int64_t>(lengths.size());
+  std::vector<int64_t> order(static_cast<size_t>(P));
+  for (int64_t i = 0; i < P; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
+  std::vector<int64_t> row_of(static_cast<size_t>(P));
+  std::set<std::pair<int, int64_t>> room;  // (free positions, row) of the rows not full
+  int64_t rows = 0;
+  for (const int64_t p : order) {
+    const int len = lengths[p];
+    auto it = room.lower_bound({len, int64_t{-1}});
+    int64_t r;
+    int left;
+    if (it != room.end()) {
+      r = it->second;
+      left = it->first - len;
+      room.erase(it);
+    } else {
+      r = rows++;
+      left = T - len;
+    }
+    if (left > 0) room.insert({left, r});
+    row_of[p] = r;
+  }
+  std::vector<int64_t> offsets(static_cast<size_t>(rows) + 1, 0);
+  for (const int64_t p : order) ++offsets[row_of[p] + 1];
+  for (int64_t r = 0; r < rows; ++r) offsets[r + 1] += offsets[r];
+  std::vector<int64_t> next(offsets.begin(), offsets.end() - 1), placed(static_cast<size_t>(P));
+  for (const int64_t p : order) placed[next[row_of[p]]++] = p;
+  return {std::move(placed), std::move(offsets)};
+}
+
+}  // namespace
 
 PackedDataset::PackedDataset(const TokenFile& file, int max_seq_len, bool pad_last, Packing packing) {
   QS_CHECK(max_seq_len > 0, "max_seq_len must be > 0");
@@ -44,12 +84,13 @@ PackedDataset::PackedDataset(const TokenFile& file, int max_seq_len, bool pad_la
   id_bits_ = file.id_bits();
   T_ = max_seq_len;
   const int64_t n = static_cast<int64_t>(tokens_.size());
-  if (packing == Packing::kPadded) {
+  if (packing != Packing::kWrapped) {
+    const char* mode = packing == Packing::kPadded ? "padded" : "packed";
     if (!file.doc_starts())
-      throw InputError(fmt::format("{}: data.packing padded needs the document starts of a version 3 token file; this "
+      throw InputError(fmt::format("{}: data.packing {} needs the document starts of a version 3 token file; this "
                                    "one was written without them (re-tokenize it with qshard tokenize or "
-                                   "scripts/tools/tokenize_hf.py)",
-                                   file.path()));
+                                   "scripts/tools/tokenize_hf.py, or set data.packing: wrapped)",
+                                   file.path(), mode));
     auto windows = std::make_shared<std::vector<std::pair<int64_t, int64_t>>>();
     int64_t begin = 0;
     for (int64_t i = 1; i <= n; ++i) {
@@ -57,10 +98,22 @@ PackedDataset::PackedDataset(const TokenFile& file, int max_seq_len, bool pad_la
       for (int64_t s = begin; i - s >= 2; s += T_) windows->push_back({s, i});  // document [begin, i)
       begin = i;
     }
-    count_ = total_ = static_cast<int64_t>(windows->size());
+    if (windows->empty())
+      throw InputError(fmt::format("{}: no document of 2 or more tokens (data.packing {})", file.path(), mode));
+    if (packing == Packing::kPacked) {
+      std::vector<int> lengths(windows->size());
+      for (size_t p = 0; p < windows->size(); ++p)
+        lengths[p] = static_cast<int>(std::min<int64_t>(T_, (*windows)[p].second - 1 - (*windows)[p].first));
+      auto [placed, offsets] = best_fit_decreasing(lengths, T_);
+      auto by_row = std::make_shared<std::vector<std::pair<int64_t, int64_t>>>(windows->size());
+      for (size_t k = 0; k < placed.size(); ++k) (*by_row)[k] = (*windows)[static_cast<size_t>(placed[k])];
+      windows = std::move(by_row);
+      rows_ = std::make_shared<const std::vector<int64_t>>(std::move(offsets));
+      count_ = total_ = static_cast<int64_t>(rows_->size()) - 1;
+    } else {
+      count_ = total_ = static_cast<int64_t>(windows->size());
+    }
     windows_ = std::move(windows);
-    if (count_ == 0)
-      throw InputError(fmt::format("{}: no document of 2 or more tokens (data.packing padded)", file.path()));
     return;
   }
   int64_t full = n >= 1 ? (n - 1) / T_ : 0;
@@ -80,12 +133,35 @@ PackedDataset PackedDataset::range(int64_t first, int64_t count) const {
   return d;
 }
 
-int PackedDataset::get(int64_t i, int32_t* inputs, int32_t* targets) const {
+int PackedDataset::get(int64_t i, int32_t* inputs, int32_t* targets, int32_t* positions) const {
   QS_CHECK(i >= 0 && i < count_, "sequence index out of range");
+  const uint32_t id_bits = id_bits_;
+  if (rows_) {  // packed: the row's pieces, then padding; positions restart with each
+    const std::vector<int64_t>& rows = *rows_;
+    int j = 0;
+    for (int64_t k = rows[static_cast<size_t>(first_ + i)]; k < rows[static_cast<size_t>(first_ + i + 1)]; ++k) {
+      const auto [s, end] = (*windows_)[static_cast<size_t>(k)];
+      const int len = static_cast<int>(std::min<int64_t>(T_, end - 1 - s));
+      for (int t = 0; t < len; ++t, ++j) {
+        const uint32_t next = tokens_[static_cast<size_t>(s + t + 1)];
+        inputs[j] = static_cast<int32_t>(tokens_[static_cast<size_t>(s + t)] & id_bits);
+        targets[j] = loss_mask_ && (next & kTokenNoLoss) ? kIgnoreIndex : static_cast<int32_t>(next & id_bits);
+        if (positions) positions[j] = t;
+      }
+    }
+    const int used = j;
+    for (int t = 0; j < T_; ++j, ++t) {
+      inputs[j] = 0;
+      targets[j] = kIgnoreIndex;
+      if (positions) positions[j] = t;
+    }
+    return used;
+  }
+  if (positions)
+    for (int j = 0; j < T_; ++j) positions[j] = j;
   int64_t start = (first_ + i) * T_;
   int64_t n = static_cast<int64_t>(tokens_.size());
   if (windows_) std::tie(start, n) = (*windows_)[static_cast<size_t>(first_ + i)];  // the document ends at n
-  const uint32_t id_bits = id_bits_;
   for (int j = 0; j < T_; ++j) {
     const int64_t a = start + j, b = start + j + 1;
     inputs[j] = a < n ? static_cast<int32_t>(tokens_[a] & id_bits) : 0;
@@ -192,9 +268,12 @@ Batch make_batch(const PackedDataset& data, std::span<const int64_t> indices) {
   b.T = data.max_seq_len();
   b.inputs.resize(static_cast<size_t>(b.B) * b.T);
   b.targets.resize(b.inputs.size());
-  for (int i = 0; i < b.B; ++i)
-    b.tokens += data.get(indices[i], b.inputs.data() + static_cast<size_t>(i) * b.T,
-                         b.targets.data() + static_cast<size_t>(i) * b.T);
+  if (data.restarts_positions()) b.positions.resize(b.inputs.size());
+  for (int i = 0; i < b.B; ++i) {
+    const size_t row = static_cast<size_t>(i) * b.T;
+    b.tokens += data.get(indices[i], b.inputs.data() + row, b.targets.data() + row,
+                         b.positions.empty() ? nullptr : b.positions.data() + row);
+  }
   return b;
 }
 

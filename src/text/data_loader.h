@@ -8,12 +8,25 @@
 // training batches have no padding. With pad_last = true the tail (if it has >= 2 tokens)
 // becomes one more sequence whose missing positions have input 0 and target kIgnoreIndex (-100,
 // the loss skips them); eval uses this so that small eval files still count.
+// That is Packing::kWrapped (data.packing: wrapped): a token attends to the documents before it
+// in its sequence, and a document's last token has the next one's first as its target.
 // Padded (Packing::kPadded; data.packing: padded): no sequence holds more than one document, so no
 // token attends across a document boundary. Documents are found by the kTokenDocStart bit of a
 // version 3 token file (text/token_file.h; an older file is an InputError naming it). A document
-// of n >= 2 tokens gives ceil((n - 1) / T) sequences: sequence k of it is tokens [k*T, k*T + T + 1)
-// of the document, the positions past its end input 0 and target kIgnoreIndex (the causal mask
-// keeps the padding from touching the real positions). Documents of one token are skipped.
+// of n >= 2 tokens gives ceil((n - 1) / T) pieces: piece k of it is tokens [k*T, k*T + T + 1)
+// of the document (targets: min(T, n - 1 - k*T) next tokens), the positions past its end input 0
+// and target kIgnoreIndex (the causal mask keeps the padding from touching the real positions).
+// Documents of one token are skipped. One piece per sequence.
+// Packed (Packing::kPacked; data.packing: packed): the padded run's pieces, several to a sequence
+// and no padding between them. The pieces are placed best-fit decreasing: longest first (ties in
+// file order), each into the sequence with the least room that still holds it, else a new one
+// (deterministic: it depends on the file and T only). Within a sequence the pieces lie in the
+// order placed, each as many inputs as it has targets, then padding (input 0, target
+// kIgnoreIndex) up to T. Positions restart at 0 with
+// each piece (and with the padding), and the model's attention keeps to a piece: position p of
+// a sequence reads positions p - pos[p] .. p (LlamaModel: the `positions` of a batch). So every
+// (context, target) pair of the padded run is here, with the same context: the loss over the
+// whole data is the padded run's, in about (tokens / T) sequences rather than one per piece.
 // A dataset may be a contiguous range of sequences of a larger one (`range`), which is how the
 // eval split is held out: split_eval(all, f) keeps the last max(1, floor(n * f)) sequences for
 // eval (when f > 0 and n >= 2) and the rest for training, the same on every rank and world size.
@@ -31,7 +44,8 @@
 // with seed, n and G, which restore() checks. At offset 0 the state does not depend on W or r,
 // so a run can resume at another world size.
 //
-// Batch: inputs and targets [B, T] row-major int32 (B = micro batch, T = max_seq_len).
+// Batch: inputs and targets [B, T] row-major int32 (B = micro batch, T = max_seq_len); positions
+// [B, T] for packed data (empty otherwise: position t of each row is t).
 // Thread safety: PackedDataset is immutable; sampler and loader are used from one thread.
 // Ownership: a PackedDataset views the TokenFile's mapping; the TokenFile must outlive it.
 #pragma once
@@ -53,15 +67,15 @@ namespace qshard {
 
 // kIgnoreIndex (-100, the target of padded positions) comes from runtime/ignore_index.h.
 
-enum class Packing : uint8_t { kPacked, kPadded };
-// "packed" | "padded"; anything else throws InputError naming the value.
+enum class Packing : uint8_t { kWrapped, kPadded, kPacked };
+// "wrapped" | "padded" | "packed"; anything else throws InputError naming the value.
 Packing parse_packing(const std::string& name);
 
 class PackedDataset {
  public:
   // REQUIRES: max_seq_len > 0. Throws InputError naming the file if it holds no sequence.
-  // pad_last: packed mode only.
-  PackedDataset(const TokenFile& file, int max_seq_len, bool pad_last = false, Packing packing = Packing::kPacked);
+  // pad_last: wrapped mode only.
+  PackedDataset(const TokenFile& file, int max_seq_len, bool pad_last = false, Packing packing = Packing::kWrapped);
 
   int64_t num_sequences() const { return count_; }
   int max_seq_len() const { return T_; }
@@ -70,7 +84,11 @@ class PackedDataset {
   // Writes sequence i's inputs and targets (T each; a target past the stream, or a token the file
   // marks kTokenNoLoss, is kIgnoreIndex). Returns the input positions that hold a token (T but for
   // padding: a padded document's end, the padded tail). REQUIRES: 0 <= i < num_sequences().
-  int get(int64_t i, int32_t* inputs, int32_t* targets) const;
+  // positions (T, optional): each input's position in its piece (packed: restarting with each
+  // piece; else 0..T-1).
+  int get(int64_t i, int32_t* inputs, int32_t* targets, int32_t* positions = nullptr) const;
+  // Whether get's positions restart within a sequence (packed data): the model must be given them.
+  bool restarts_positions() const { return rows_ != nullptr; }
 
  private:
   PackedDataset() = default;
@@ -81,8 +99,10 @@ class PackedDataset {
   int64_t total_ = 0;  // sequences of the whole stream (incl. a padded tail)
   bool loss_mask_ = false;  // version 2 file: kTokenNoLoss tokens are never targets
   uint32_t id_bits_ = ~0u;
-  // Padded: per sequence of the whole stream, its first token and its document's end.
+  // Padded and packed: the pieces, each its first token and its document's end. Padded: piece i
+  // is sequence i; packed: sequence i holds pieces [(*rows_)[i], (*rows_)[i + 1]) of windows_.
   std::shared_ptr<const std::vector<std::pair<int64_t, int64_t>>> windows_;
+  std::shared_ptr<const std::vector<int64_t>> rows_;
 };
 
 // {train, eval}: eval = the last max(1, floor(n * eval_fraction)) sequences. REQUIRES:
@@ -132,6 +152,7 @@ class DistributedSampler {
 struct Batch {
   std::vector<int32_t> inputs;   // [B, T]
   std::vector<int32_t> targets;  // [B, T]; kIgnoreIndex where padded
+  std::vector<int32_t> positions;  // [B, T] of packed data (PackedDataset::restarts_positions); else empty
   int B = 0;
   int T = 0;
   int64_t tokens = 0;            // input positions that hold a token (B x T less the padding)

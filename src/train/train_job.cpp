@@ -79,6 +79,11 @@ void TrainJob::build_model() {
     rates_.host_available_bytes = static_cast<double>(host_memory_available().bytes);
   }
   const LlamaConfig lc = job_llama_config(config_.model);
+  // Packed data's attention (pieces apart within a sequence) is the CPU backend's so far.
+  if (parse_packing(config_.data.packing) == Packing::kPacked && rt_.ctx.is_cuda())
+    throw InputError(config_.source + ": data.packing packed (documents apart within a sequence) is not built on the "
+                     "CUDA backend yet; use data.packing padded (one document per sequence) or wrapped (documents "
+                     "back to back, attending across), or device: cpu");
   plan_ = plan_memory(config_, lc, rt_.ctx.backend(), rt_.ctx.activation_dtype(), rt_.data.size(), rates_);
   if (config_.batch.micro_batch_size == 0) {
     config_.batch.micro_batch_size = plan_.micro_batch;  // everything below reads the chosen one
@@ -112,6 +117,7 @@ void TrainJob::build_model() {
   mo_.max_seq = T_;
   mo_.profile = config_.logging.profile || (callbacks_ && callbacks_->profile);
   mo_.fold_lora = config_.lora.fold;
+  mo_.packed_positions = parse_packing(config_.data.packing) == Packing::kPacked;
 
   // ---- optimizer state: this rank's shards, where the master shards live ----
   opt_ = make_optimizer_state(*qm_);
@@ -320,14 +326,14 @@ double TrainJob::evaluate(int64_t done) {
   // Every forward gathers units (collectives), so every rank runs the same number of them:
   // ranks with a shorter slice repeat a sequence and do not count it.
   const int64_t rounds = (data.num_sequences() + world_ - 1) / world_;
-  std::vector<int32_t> in(static_cast<size_t>(T_)), tg(static_cast<size_t>(T_));
-  const LossTotals t = sequence_losses(*model_, rounds, [&](int64_t k, std::vector<int64_t>& ids,
-                                                            std::vector<int64_t>& targets) {
+  std::vector<int32_t> in(static_cast<size_t>(T_)), tg(static_cast<size_t>(T_)), pos(static_cast<size_t>(T_));
+  const LossTotals t = sequence_losses(*model_, rounds, [&](int64_t k, EvalSequence& s) {
     const int64_t i = first + k;
     const bool counted = i < end;
-    data.get(counted ? i : std::min<int64_t>(first, data.num_sequences() - 1), in.data(), tg.data());
-    ids.assign(in.begin(), in.end());
-    targets.assign(tg.begin(), tg.end());
+    data.get(counted ? i : std::min<int64_t>(first, data.num_sequences() - 1), in.data(), tg.data(), pos.data());
+    s.ids.assign(in.begin(), in.end());
+    s.targets.assign(tg.begin(), tg.end());
+    if (data.restarts_positions()) s.positions.assign(pos.begin(), pos.end());
     return counted;
   });
   const double total_loss = sum_over_ranks(comm_, t.loss_sum);

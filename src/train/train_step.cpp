@@ -67,14 +67,15 @@ StepStats train_step(Runtime& rt, QloraModel& qm, LlamaModel& model, FsdpDriver&
 
   const DeviceContext::StepScope scope;
   int64_t row = 0;
-  std::vector<int64_t> ids, targets;
+  std::vector<int64_t> ids, targets, positions;
   for (size_t k = 0; k < micro_batches.size(); ++k) {
     const Batch& b = micro_batches[k];
     fsdp.set_micro_index(static_cast<int>(k));
     ids.assign(b.inputs.begin(), b.inputs.end());
     targets.assign(b.targets.begin(), b.targets.end());
+    positions.assign(b.positions.begin(), b.positions.end());  // packed data; else empty
     model.set_dropout_context(static_cast<uint64_t>(o.step), (o.rank_row_offset + row) * o.seq_len);
-    model.forward_backward(ids, targets, b.B, b.T, normalizer);
+    model.forward_backward(ids, targets, b.B, b.T, normalizer, positions);
     row += b.B;
   }
   mgr.wait_for_gradients();

@@ -303,6 +303,79 @@ TEST(LlamaModel, MemoryPlansGiveTheSameStep) {
   }
 }
 
+// Packed data (options.packed_positions): a sequence holding several pieces, positions restarting
+// at each, gives the loss and LoRA gradients of running every piece as a sequence of its own
+// (RoPE by the position in the piece, attention within it), for the Llama, Qwen3 and Mistral
+// (window 3, shorter than a piece) layers; the padding after the last piece changes nothing. The
+// same rows without their positions attend across the pieces and give another loss.
+TEST(LlamaModel, PackedPositionsGiveEveryPieceItsOwnSequence) {
+  for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kQwen3, ModelFamily::kMistral}) {
+    SCOPED_TRACE(model_family_name(f));
+    LlamaConfig c = f == ModelFamily::kLlama ? small_config() : family_config(f);
+    if (f == ModelFamily::kMistral) c.sliding_window = 3;
+    const int64_t B = 2, T = 8;
+    const std::vector<std::vector<int>> pieces = {{3, 5}, {4, 2}};  // row 1: 2 positions of padding
+    std::vector<int64_t> ids(B * T), targets(B * T, kIgnoreIndex), positions(B * T);
+    for (int64_t r = 0; r < B; ++r) {
+      int64_t j = 0;
+      for (int len : pieces[static_cast<size_t>(r)])
+        for (int t = 0; t < len; ++t, ++j) {
+          ids[r * T + j] = (r * 11 + j * 5 + 2) % c.vocab_size;
+          targets[r * T + j] = (r * 7 + j * 3 + 1) % c.vocab_size;
+          positions[r * T + j] = t;
+        }
+      for (int t = 0; j < T; ++j, ++t) ids[r * T + j] = 1, positions[r * T + j] = t;
+    }
+    const double normalizer = 13.0;
+    LlamaModelOptions opt;
+    opt.lora_alpha = 4.0;
+    opt.max_batch = B;
+    opt.max_seq = T;
+    opt.packed_positions = true;
+    auto run = [&](bool packed) {
+      auto tree = random_tree(c, 41);
+      LlamaModel model(c, *tree, ctx(), opt);
+      GradStore gs(*tree);
+      gs.attach(model);
+      StepResult r;
+      if (packed) {
+        model.forward_backward(ids, targets, B, T, normalizer, positions);
+        r.loss = model.take_loss_sum();
+      } else {  // each piece alone
+        for (int64_t row = 0; row < B; ++row) {
+          int64_t j = 0;
+          for (int len : pieces[static_cast<size_t>(row)]) {
+            const auto at = [&](const std::vector<int64_t>& v) {
+              return std::vector<int64_t>(v.begin() + row * T + j, v.begin() + row * T + j + len);
+            };
+            model.forward_backward(at(ids), at(targets), 1, len, normalizer);
+            r.loss += model.take_loss_sum();
+            j += len;
+          }
+        }
+      }
+      r.grads = gs.grads;
+      return r;
+    };
+    const StepResult got = run(true), ref = run(false);
+    EXPECT_NEAR(got.loss, ref.loss, 1e-5 * std::fabs(ref.loss));
+    ASSERT_EQ(got.grads.size(), ref.grads.size());
+    for (const auto& [name, g] : ref.grads) {
+      const std::vector<float>& h = got.grads.at(name);
+      float gmax = 0;
+      for (float v : g) gmax = std::max(gmax, std::fabs(v));
+      EXPECT_GT(gmax, 0.0f) << name;
+      for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(h[i], g[i], 2e-5f * std::max(1.0f, gmax)) << name << "[" << i << "]";
+    }
+    auto tree = random_tree(c, 41);
+    LlamaModel model(c, *tree, ctx(), opt);
+    model.forward_loss(ids, targets, B, T);  // no positions: the pieces attend across
+    EXPECT_GT(std::fabs(model.take_loss_sum() - ref.loss), 1e-3 * std::fabs(ref.loss));
+    model.forward_loss(ids, targets, B, T, positions);
+    EXPECT_NEAR(model.take_loss_sum(), ref.loss, 1e-5 * std::fabs(ref.loss));
+  }
+}
+
 // Qwen3's q/k-norm inputs and rstd in kept sets, Mistral's window under every plan: kept layers
 // give the recompute's bits, MLP chunks the same step within f32 rounding.
 TEST(LlamaModel, FamilyMemoryPlansGiveTheSameStep) {

@@ -102,6 +102,123 @@ TEST(PackedDataset, PaddedKeepsDocumentsApart) {
   EXPECT_EQ(in[0], 38);
 }
 
+// Every (context, target) pair of a dataset: the context is the inputs from the start of the
+// token's piece (its position back) to the token itself.
+std::multiset<std::pair<std::vector<int32_t>, int32_t>> context_pairs(const PackedDataset& d) {
+  const int T = d.max_seq_len();
+  std::multiset<std::pair<std::vector<int32_t>, int32_t>> out;
+  std::vector<int32_t> in(T), tg(T), pos(T);
+  for (int64_t i = 0; i < d.num_sequences(); ++i) {
+    d.get(i, in.data(), tg.data(), pos.data());
+    for (int j = 0; j < T; ++j) {
+      if (tg[j] == kIgnoreIndex) continue;
+      EXPECT_GE(j - pos[j], 0);
+      out.insert({std::vector<int32_t>(in.begin() + (j - pos[j]), in.begin() + j + 1), tg[j]});
+    }
+  }
+  return out;
+}
+
+// A version 3 file of documents with the given lengths (token values count up from 1; the first
+// two tokens of every third document are context only).
+std::string doc_file(const TempDir& dir, const std::vector<int>& lengths) {
+  std::vector<uint32_t> t;
+  uint32_t next = 1;
+  for (size_t d = 0; d < lengths.size(); ++d)
+    for (int i = 0; i < lengths[d]; ++i) {
+      uint32_t id = next++ % 4000 + 1;
+      if (i == 0) id |= kTokenDocStart;
+      if (d % 3 == 2 && i < 2) id |= kTokenNoLoss;
+      t.push_back(id);
+    }
+  TokenFileWriter w(dir.file("docs.tok"), 4096, /*loss_mask=*/true, /*doc_starts=*/true);
+  w.append(t);
+  w.finish();
+  return dir.file("docs.tok");
+}
+
+// Packed: documents A (3 tokens), B (1: skipped), C (12), D (2) at T = 4 are the pieces A (2
+// targets), C (4, 4, 3) and D (1), placed longest first: C0 and C1 fill a row each, C2 opens a
+// row with room 1, A one with room 2, and D goes to the row with the least room that holds it
+// (C2's). Positions restart with each piece and with the padding.
+TEST(PackedDataset, PackedPlacesThePaddedPiecesBestFitDecreasing) {
+  TempDir dir;
+  std::vector<uint32_t> t;
+  auto doc = [&](uint32_t first, int n) {
+    for (int i = 0; i < n; ++i) t.push_back((first + static_cast<uint32_t>(i)) | (i == 0 ? kTokenDocStart : 0u));
+  };
+  doc(10, 3);  // A: 10 11 12
+  doc(20, 1);  // B: 20
+  doc(30, 12);  // C: 30 .. 41
+  doc(50, 2);  // D: 50 51
+  {
+    TokenFileWriter w(dir.file("d.tok"), 64, /*loss_mask=*/false, /*doc_starts=*/true);
+    w.append(t);
+    w.finish();
+  }
+  const TokenFile f = TokenFile::open(dir.file("d.tok"));
+  const PackedDataset d(f, 4, false, Packing::kPacked);
+  EXPECT_TRUE(d.restarts_positions());
+  ASSERT_EQ(d.num_sequences(), 4);
+  std::vector<int32_t> in(4), tg(4), pos(4);
+  const int32_t X = static_cast<int32_t>(kIgnoreIndex);
+  EXPECT_EQ(d.get(0, in.data(), tg.data(), pos.data()), 4);
+  EXPECT_EQ(in, (std::vector<int32_t>{30, 31, 32, 33}));
+  EXPECT_EQ(tg, (std::vector<int32_t>{31, 32, 33, 34}));
+  EXPECT_EQ(pos, (std::vector<int32_t>{0, 1, 2, 3}));
+  d.get(1, in.data(), tg.data(), pos.data());
+  EXPECT_EQ(in, (std::vector<int32_t>{34, 35, 36, 37}));
+  EXPECT_EQ(d.get(2, in.data(), tg.data(), pos.data()), 4);
+  EXPECT_EQ(in, (std::vector<int32_t>{38, 39, 40, 50}));
+  EXPECT_EQ(tg, (std::vector<int32_t>{39, 40, 41, 51}));
+  EXPECT_EQ(pos, (std::vector<int32_t>{0, 1, 2, 0}));
+  EXPECT_EQ(d.get(3, in.data(), tg.data(), pos.data()), 2);
+  EXPECT_EQ(in, (std::vector<int32_t>{10, 11, 0, 0}));
+  EXPECT_EQ(tg, (std::vector<int32_t>{11, 12, X, X}));
+  EXPECT_EQ(pos, (std::vector<int32_t>{0, 1, 0, 1}));
+  // A batch carries the positions; wrapped and padded batches do not need them.
+  const std::vector<int64_t> idx = {2, 3};
+  const Batch b = make_batch(d, idx);
+  EXPECT_EQ(b.tokens, 6);
+  EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 0, 0, 1, 0, 1}));
+  EXPECT_TRUE(make_batch(PackedDataset(f, 4, false, Packing::kPadded), idx).positions.empty());
+  // The same pairs as the padded run.
+  EXPECT_EQ(context_pairs(d), context_pairs(PackedDataset(f, 4, false, Packing::kPadded)));
+}
+
+// Over many documents of mixed lengths (some longer than T, the loss mask in use): packed has
+// every (context, target) pair of padded, no more, in far fewer sequences; the placement does not
+// depend on anything but the file and T.
+TEST(PackedDataset, PackedHasThePaddedRunsPairsInFewerSequences) {
+  TempDir dir;
+  std::vector<int> lengths;
+  uint64_t s = 7;
+  for (int d = 0; d < 400; ++d) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    lengths.push_back(1 + static_cast<int>((s >> 33) % 90));
+  }
+  const TokenFile f = TokenFile::open(doc_file(dir, lengths));
+  for (int T : {16, 64, 128}) {
+    const PackedDataset padded(f, T, false, Packing::kPadded), packed(f, T, false, Packing::kPacked);
+    EXPECT_EQ(context_pairs(packed), context_pairs(padded)) << "T = " << T;
+    int64_t inputs = 0;
+    std::vector<int32_t> in(T), tg(T), pos(T);
+    for (int64_t i = 0; i < packed.num_sequences(); ++i) inputs += packed.get(i, in.data(), tg.data(), pos.data());
+    // Best fit leaves less than one sequence of room in all but a few rows.
+    EXPECT_LT(packed.num_sequences(), inputs / T + 3) << "T = " << T;
+    // At T = 128 every document is one piece (1 to 90 tokens): packed needs well under half the
+    // sequences of padded; at 16 most pieces are full ones in both.
+    EXPECT_LT(packed.num_sequences() * (T == 128 ? 2 : 1), padded.num_sequences()) << "T = " << T;
+    const PackedDataset again(f, T, false, Packing::kPacked);
+    std::vector<int32_t> in2(T), tg2(T), pos2(T);
+    for (int64_t i = 0; i < packed.num_sequences(); ++i) {
+      packed.get(i, in.data(), tg.data(), pos.data());
+      again.get(i, in2.data(), tg2.data(), pos2.data());
+      ASSERT_EQ(in, in2);
+    }
+  }
+}
+
 TEST(PackedDataset, PaddedNeedsDocumentStarts) {
   TempDir dir;
   const TokenFile f = TokenFile::open(iota_file(dir, 35));
@@ -112,7 +229,15 @@ TEST(PackedDataset, PaddedNeedsDocumentStarts) {
     EXPECT_NE(std::string(e.what()).find(f.path()), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("version 3"), std::string::npos) << e.what();
   }
+  try {
+    PackedDataset d(f, 8, false, Packing::kPacked);
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("data.packing packed needs"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(parse_packing("sorted"), InputError);
+  EXPECT_EQ(parse_packing("wrapped"), Packing::kWrapped);
+  EXPECT_EQ(parse_packing("packed"), Packing::kPacked);
 }
 
 TEST(PackedDataset, TooFewTokensNamesTheFile) {
