@@ -14,7 +14,7 @@
 # scripts/tools/fetch_pretrained_llama.py), is then fine-tuned with QLoRA on instruction data:
 # QSHARD_DEMO_DATA=FILE.jsonl (chat `messages` records, or alpaca instruction/input/output
 # records), by default conversations made from the shipped text (scripts/tools/make_chat_data.py); the
-# loss is on the replies only, one conversation per sequence (data.packing: padded), and the
+# loss is on the replies only, conversations kept apart (data.packing: packed), and the
 # demo shows the model's reply to a held-out prompt before and after (sized for a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -78,7 +78,7 @@ if [ -n "${QSHARD_DEMO_MODEL:-}" ]; then
   build/qshard generate --model "$model" --chat --prompt "$prompt" --max-new-tokens 96
   real_steps=${QSHARD_DEMO_STEPS:-60}
   scripts/launch/single_node.sh 1 train --config configs/smollm2_135m_qlora.yaml --set model.path="$model" \
-    --set data.train="$real/train.tok" --set data.eval="" --set data.eval_fraction=0.05 --set data.packing=padded \
+    --set data.train="$real/train.tok" --set data.eval="" --set data.eval_fraction=0.05 --set data.packing=packed \
     --set steps="$real_steps" --set schedule.warmup_steps=$(( real_steps < 5 ? real_steps : 5 )) \
     --set checkpoint.dir="$real/ckpt" --set logging.metrics_jsonl="$real/metrics.jsonl"
   echo "demo: $model after fine-tuning (4-bit base + adapter):"

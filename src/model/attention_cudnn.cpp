@@ -5,6 +5,9 @@
 // shape (prepare_attention at model construction; another shape builds on first use) and cached
 // with their plans; the backward uses cuDNN's deterministic algorithm so a resumed run is bitwise
 // the straight one on the same GPU. cuDNN 9.10.0 and 9.10.1 are refused (known-bad SDPA).
+// Packed data (AttentionPieces): the B*T rows as up to P sequences of their own in cuDNN's ragged
+// layout (THD: each piece's rows where they are, found by element offsets; a padding mask with
+// each piece's length; the row statistics ragged too, [B*T, H]); graphs of their own, for P.
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
@@ -34,6 +37,8 @@ int64_t attention_workspace_limit() { return int64_t{2} << 30; }
 
 // uids of the graphs' tensors
 enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+// uids of the ragged graphs' index tensors (AttentionPieces::ragged, ragged_layout's arrays)
+enum : int64_t { kSeqQ = 20, kSeqKv, kOffQ, kOffK, kOffV, kOffO, kOffStats, kOffDO, kOffDQ, kOffDK, kOffDV };
 
 struct Graphs {
   std::shared_ptr<fe::graph::Graph> fwd, bwd;
@@ -43,7 +48,8 @@ struct Graphs {
 struct CudnnState {
   cudnnHandle_t handle = nullptr;
   std::mutex mu;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>, Graphs> graphs;  // (B, T, H, Hkv, D, window)
+  // (B, T, H, Hkv, D, window, P): P > 0 the packed graphs of up to P pieces
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>, Graphs> graphs;
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
   ~CudnnState() {
@@ -97,56 +103,97 @@ void finish(fe::graph::Graph& g, cudnnHandle_t h, int64_t& ws, const char* what)
   check(g.get_workspace_size(ws), what);
 }
 
+// One input of a ragged graph: an int32 [n] index tensor (lengths or offsets).
+TensorPtr index_tensor(fe::graph::Graph& g, const char* name, int64_t uid, int64_t n) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim({n, 1, 1, 1})
+                      .set_stride({1, 1, 1, 1})
+                      .set_data_type(fe::DataType_t::INT32));
+}
+
 // window: a sliding window (0 < window < T); anything else is plain causal attention (one graph).
-Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window) {
+// P > 0: packed data's graphs (the rows as up to P ragged pieces).
+Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
+                   int64_t P) {
   CudnnState& s = state(ctx);
   std::lock_guard<std::mutex> lock(s.mu);
   if (window <= 0 || window >= T) window = 0;
   QS_CHECK(window <= std::numeric_limits<int>::max(), "attention: sliding window too large");
-  const auto key = std::make_tuple(B, T, H, Hkv, D, window);
+  P = std::max<int64_t>(P, 0);
+  const auto key = std::make_tuple(B, T, H, Hkv, D, window, P);
   auto it = s.graphs.find(key);
   if (it != s.graphs.end()) return it->second;
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));  // HF: head_dim ** -0.5
+  const int64_t Bg = P > 0 ? P : B;  // the graphs' batch: the pieces when packed
+  // A [B, T, heads, D] operand as cuDNN's [Bg, heads, T, D]; packed, each piece's rows found by the
+  // offsets `off` (the batch stride is then unused).
+  auto operand = [&](fe::graph::Graph& g, const char* name, int64_t uid, int64_t heads, int64_t off_uid) {
+    TensorPtr t = g.tensor(bthd(name, uid, Bg, T, heads, D));
+    if (P > 0) t->set_ragged_offset(index_tensor(g, (std::string(name) + " offsets").c_str(), off_uid, P + 1));
+    return t;
+  };
+  auto output = [&](fe::graph::Graph& g, const TensorPtr& t, const char* name, int64_t uid, int64_t heads,
+                    int64_t off_uid) {
+    t->set_output(true).set_uid(uid).set_dim({Bg, heads, T, D}).set_stride({T * heads * D, D, heads * D, 1});
+    if (P > 0) t->set_ragged_offset(index_tensor(g, (std::string(name) + " offsets").c_str(), off_uid, P + 1));
+  };
+  // The row statistics: [B, H, T] (BHSD), or packed [B*T, H] per row, ragged.
+  auto stats_layout = [&](fe::graph::Graph& g, fe::graph::Tensor_attributes& t) {
+    t.set_data_type(fe::DataType_t::FLOAT).set_dim({Bg, H, T, 1});
+    if (P > 0)
+      t.set_stride({H * T, 1, H, 1}).set_ragged_offset(index_tensor(g, "Stats offsets", kOffStats, P + 1));
+    else
+      t.set_stride({H * T, T, 1, 1});
+  };
+  auto masks = [&](fe::graph::Graph& g, auto& opts) {
+    // Keys u with u + window > t (cuDNN's top-left diagonal band: transformers' sliding window).
+    if (window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(window));
+    if (P > 0)  // each piece its own sequence: keys of the piece only (its length both ways)
+      opts.set_padding_mask(true)
+          .set_seq_len_q(index_tensor(g, "piece lengths (q)", kSeqQ, P))
+          .set_seq_len_kv(index_tensor(g, "piece lengths (kv)", kSeqKv, P))
+          .set_max_total_seq_len_q(B * T)
+          .set_max_total_seq_len_kv(B * T);
+  };
   Graphs gr;
   {
     auto g = bf16_graph();
-    TensorPtr q = g->tensor(bthd("Q", kQ, B, T, H, D));
-    TensorPtr k = g->tensor(bthd("K", kK, B, T, Hkv, D));
-    TensorPtr v = g->tensor(bthd("V", kV, B, T, Hkv, D));
+    TensorPtr q = operand(*g, "Q", kQ, H, kOffQ);
+    TensorPtr k = operand(*g, "K", kK, Hkv, kOffK);
+    TensorPtr v = operand(*g, "V", kV, Hkv, kOffV);
     auto opts = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(scale).set_causal_mask(true);
-    // Keys u with u + window > t (cuDNN's top-left diagonal band: transformers' sliding window).
-    if (window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(window));
+    masks(*g, opts);
     auto [o, stats] = g->sdpa(q, k, v, opts);
-    o->set_output(true).set_uid(kO).set_dim({B, H, T, D}).set_stride({T * H * D, D, H * D, 1});
-    stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim({B, H, T, 1}).set_stride(
-        {H * T, T, 1, 1});
+    output(*g, o, "O", kO, H, kOffO);
+    stats->set_output(true).set_uid(kStats);
+    stats_layout(*g, *stats);
     finish(*g, s.handle, gr.fwd_ws, "forward graph");
     gr.fwd = g;
   }
   auto backward_graph = [&](bool deterministic, int64_t& ws) {
     auto g = bf16_graph();
-    TensorPtr q = g->tensor(bthd("Q", kQ, B, T, H, D));
-    TensorPtr k = g->tensor(bthd("K", kK, B, T, Hkv, D));
-    TensorPtr v = g->tensor(bthd("V", kV, B, T, Hkv, D));
-    TensorPtr o = g->tensor(bthd("O", kO, B, T, H, D));
-    TensorPtr d_o = g->tensor(bthd("dO", kDO, B, T, H, D));
-    TensorPtr stats = g->tensor(fe::graph::Tensor_attributes()
-                                    .set_name("Stats")
-                                    .set_uid(kStats)
-                                    .set_dim({B, H, T, 1})
-                                    .set_stride({H * T, T, 1, 1})
-                                    .set_data_type(fe::DataType_t::FLOAT));
+    TensorPtr q = operand(*g, "Q", kQ, H, kOffQ);
+    TensorPtr k = operand(*g, "K", kK, Hkv, kOffK);
+    TensorPtr v = operand(*g, "V", kV, Hkv, kOffV);
+    TensorPtr o = operand(*g, "O", kO, H, kOffO);
+    TensorPtr d_o = operand(*g, "dO", kDO, H, kOffDO);
+    fe::graph::Tensor_attributes stats_attr;
+    stats_attr.set_name("Stats").set_uid(kStats);
+    stats_layout(*g, stats_attr);
+    TensorPtr stats = g->tensor(stats_attr);
     auto opts = fe::graph::SDPA_backward_attributes()
                     .set_name("sdpa_backward")
                     .set_attn_scale(scale)
                     .set_causal_mask(true)
                     .set_deterministic_algorithm(deterministic);
-    if (window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(window));
+    masks(*g, opts);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, opts);
-    dq->set_output(true).set_uid(kDQ).set_dim({B, H, T, D}).set_stride({T * H * D, D, H * D, 1});
-    dk->set_output(true).set_uid(kDK).set_dim({B, Hkv, T, D}).set_stride({T * Hkv * D, D, Hkv * D, 1});
-    dv->set_output(true).set_uid(kDV).set_dim({B, Hkv, T, D}).set_stride({T * Hkv * D, D, Hkv * D, 1});
+    output(*g, dq, "dQ", kDQ, H, kOffDQ);
+    output(*g, dk, "dK", kDK, Hkv, kOffDK);
+    output(*g, dv, "dV", kDV, Hkv, kOffDV);
     finish(*g, s.handle, ws, "backward graph");
     return g;
   };
@@ -188,32 +235,56 @@ void run(DeviceContext& ctx, const fe::graph::Graph& g, std::unordered_map<int64
   check(g.execute(s.handle, pack, s.workspace), what);
 }
 
+// The device pointers of ragged_layout's arrays, by uid: lengths (q and kv), offsets of q/out/dq/dout,
+// of k/v/dk/dv, of the statistics.
+void add_pieces(std::unordered_map<int64_t, void*>& pack, const AttentionPieces& pc) {
+  auto* r = const_cast<int32_t*>(pc.ragged);
+  const int64_t P = pc.max;
+  int32_t *len = r, *off_q = r + P, *off_kv = off_q + P + 1, *off_stats = off_kv + P + 1;
+  for (int64_t uid : {kSeqQ, kSeqKv}) pack[uid] = len;
+  for (int64_t uid : {kOffQ, kOffO, kOffDO, kOffDQ}) pack[uid] = off_q;
+  for (int64_t uid : {kOffK, kOffV, kOffDK, kOffDV}) pack[uid] = off_kv;
+  pack[kOffStats] = off_stats;
+}
+
+int64_t pieces_of(const AttentionPieces* pieces) {
+  if (!pieces) return 0;
+  QS_CHECK(pieces->ragged && pieces->max > 0, "attention: packed pieces without their ragged layout");
+  return pieces->max;
+}
+
 }  // namespace
 
-void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window) {
-  graphs_for(ctx, B, T, H, Hkv, D, window);
+void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
+                       int64_t max_pieces) {
+  graphs_for(ctx, B, T, H, Hkv, D, window, 0);
+  if (max_pieces > 0) graphs_for(ctx, B, T, H, Hkv, D, window, max_pieces);
 }
 
 void attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
-                   int64_t T, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window) {
-  Graphs& gr = graphs_for(ctx, B, T, H, Hkv, D, window);
+                   int64_t T, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window,
+                   const AttentionPieces* pieces) {
+  Graphs& gr = graphs_for(ctx, B, T, H, Hkv, D, window, pieces_of(pieces));
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<uint16_t*>(q)},
                                              {kK, const_cast<uint16_t*>(k)},
                                              {kV, const_cast<uint16_t*>(v)},
                                              {kO, out},
                                              {kStats, saved}};
+  if (pieces) add_pieces(pack, *pieces);
   run(ctx, *gr.fwd, pack, "forward");
 }
 
 void attention_bwd(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
                    const uint16_t* k, const uint16_t* v, const uint16_t* out, const void* saved, int64_t B, int64_t T,
-                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window) {
-  Graphs& gr = graphs_for(ctx, B, T, H, Hkv, D, window);
+                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window,
+                   const AttentionPieces* pieces) {
+  Graphs& gr = graphs_for(ctx, B, T, H, Hkv, D, window, pieces_of(pieces));
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<uint16_t*>(q)},   {kK, const_cast<uint16_t*>(k)},
                                              {kV, const_cast<uint16_t*>(v)},   {kO, const_cast<uint16_t*>(out)},
                                              {kDO, const_cast<uint16_t*>(dout)}, {kStats, const_cast<void*>(saved)},
                                              {kDQ, dq},                        {kDK, dk},
                                              {kDV, dv}};
+  if (pieces) add_pieces(pack, *pieces);
   run(ctx, *gr.bwd, pack, "backward");
 }
 

@@ -116,6 +116,8 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   d.head_rows = llama_head_rows(o.head_chunk_bytes, d.V, d.N);
   d.qk_norm = c.qk_norm;
   d.positions = o.packed_positions;
+  if (o.packed_positions && backend == Backend::kCuda)
+    d.ragged_ints = ragged_layout_ints(o.packed_max_pieces > 0 ? o.packed_max_pieces : d.N);
   return d;
 }
 
@@ -184,6 +186,7 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   p.add("ids", N * 8, run, a ? t(&a->ids) : nullptr);
   p.add("targets", N * 8, run, a ? t(&a->targets) : nullptr);
   if (d.positions) p.add("positions (packed data)", N * 8, run, a ? t(&a->positions) : nullptr);
+  if (d.ragged_ints > 0) p.add("pieces (packed data, ragged)", d.ragged_ints * 4, run, a ? t(&a->ragged) : nullptr);
   p.add("loss sum", 8, run, a ? t(&a->loss_sum) : nullptr);
   p.add("norms (f32)", (3 * C + (d.qk_norm ? 2 * d.D : 0)) * 4, run, a ? t(&a->norms) : nullptr);
   p.add("biases (f32)", 7 * d.max_out * 4, run, a ? t(&a->biases) : nullptr);

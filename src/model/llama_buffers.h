@@ -90,6 +90,7 @@ struct LlamaBufferDims {
   int64_t head_rows = 0;             // LM-head logits rows per chunk
   bool qk_norm = false;              // Qwen3's q / k norms: their inputs and rstd kept per layer
   bool positions = false;            // packed data's positions [N] int64 (options.packed_positions)
+  int64_t ragged_ints = 0;           // CUDA, packed: ragged_layout's int32 arrays (llama_ops.h)
 };
 
 // Rows of LM-head logits per chunk for a vocabulary of V and N rows (options.head_chunk_bytes).
@@ -156,6 +157,7 @@ struct LlamaActivations : LlamaInternals {
   int64_t* ids = nullptr;    // [N]
   int64_t* targets = nullptr;// [N]
   int64_t* positions = nullptr;  // [N] packed data's positions (LlamaBufferDims::positions)
+  int32_t* ragged = nullptr;     // [ragged_ints] the pieces in cuDNN's ragged layout (CUDA, packed)
   double* loss_sum = nullptr;// [1] f64 accumulator
   float* norms = nullptr;    // [3C (+ 2D)] f32: the bound layer's two norms, the root's final norm
                              // (the bound layer's q / k norms: qk_norm)

@@ -27,7 +27,8 @@ GemmShape typed(GemmShape s, DType a, DType b, DType c) {
 
 struct LlamaModel::Staging {
   PinnedHostAllocator pinned;
-  int64_t* base = nullptr;  // [kStagingSlots, max_rows]
+  int64_t* base = nullptr;  // [kStagingSlots, slot]
+  int64_t slot = 0;         // int64s per slot: max_rows, or the ragged layout's bytes / 8 when more
   std::vector<Event> done;  // per slot: recorded on the compute stream after its copy
   int next = 0;
   ~Staging() {
@@ -91,7 +92,9 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   // The libraries' handles, kernels and attention workspace, measured (the memory ledger's line).
   const std::optional<int64_t> before_libraries = ctx_.memory_in_use();
   ops::prepare(ctx_);
-  ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D, c.sliding_window);
+  max_pieces_ = options.packed_positions ? (options.packed_max_pieces > 0 ? options.packed_max_pieces : N) : 0;
+  ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D, c.sliding_window,
+                         ctx_.backend() == Backend::kCuda ? max_pieces_ : 0);
   const std::optional<int64_t> after_libraries = ctx_.memory_in_use();
   if (before_libraries && after_libraries) library_bytes_ = std::max<int64_t>(*after_libraries - *before_libraries, 0);
   ops::rope_tables(a.rope_cos, a.rope_sin, rp, max_seq_, ctx_);
@@ -101,7 +104,10 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
 
   // ---- pinned staging for ids / targets ----
   staging_ = std::make_unique<Staging>();
-  staging_->base = static_cast<int64_t*>(staging_->pinned.allocate(static_cast<size_t>(kStagingSlots * N) * 8));
+  staging_->slot = std::max<int64_t>(N, (d.ragged_ints * 4 + 7) / 8);
+  staging_->base =
+      static_cast<int64_t*>(staging_->pinned.allocate(static_cast<size_t>(kStagingSlots * staging_->slot) * 8));
+  if (d.ragged_ints > 0) ragged_host_.resize(static_cast<size_t>(d.ragged_ints));
   for (int i = 0; i < kStagingSlots; ++i) staging_->done.emplace_back();
 }
 
@@ -149,14 +155,19 @@ void LlamaModel::check_sizes(int64_t B, int64_t T) const {
 
 void LlamaModel::upload(int64_t* device_dst, std::span<const int64_t> values) {
   QS_CHECK(static_cast<int64_t>(values.size()) <= max_rows_, "upload: more values than rows");
+  upload_bytes(device_dst, values.data(), values.size_bytes());
+}
+
+void LlamaModel::upload_bytes(void* device_dst, const void* values, size_t bytes) {
   Staging& sg = *staging_;
+  QS_CHECK(static_cast<int64_t>(bytes) <= sg.slot * 8, "upload: more bytes than a staging slot");
   const int slot = sg.next;
   sg.next = (sg.next + 1) % kStagingSlots;
   Event& done = sg.done[static_cast<size_t>(slot)];
   if (!done.query()) done.synchronize();  // the ring lapped a copy still queued (rare: a long queue)
-  int64_t* host = sg.base + slot * max_rows_;
-  std::copy(values.begin(), values.end(), host);
-  ops::upload_async(device_dst, host, values.size_bytes(), ctx_);
+  int64_t* host = sg.base + slot * sg.slot;
+  std::memcpy(host, values, bytes);
+  ops::upload_async(device_dst, host, bytes, ctx_);
   ctx_.compute().record(done);
 }
 
@@ -471,7 +482,8 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
     else
       ops::attention_cached_fwd(a.a, a.q, kc, vc, T, cache_pos, H, Hkv, D, ctx_, c.sliding_window);
   } else {
-    ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_, c.sliding_window, pos_);
+    ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_, c.sliding_window,
+                       pos_ ? &pieces_ : nullptr);
   }
   mark(StepPart::kOther);
   linear_fwd(kO, a.x2, a.a, N);
@@ -596,7 +608,7 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
   linear_bwd(kO, a.da, false, a.dx2, a.a, N);
   mark(StepPart::kAttention);
   ops::attention_bwd(a.dq, a.dk, a.dv, a.da, a.q, a.k, a.v, a.a, a.att_saved, B, T, H, Hkv, D, ctx_,
-                     c.sliding_window, pos_);
+                     c.sliding_window, pos_ ? &pieces_ : nullptr);
   mark(StepPart::kRope);
   ops::rope_bwd(a.dq, a.rope_cos, a.rope_sin, B, T, H, D, ctx_, pos_);
   ops::rope_bwd(a.dk, a.rope_cos, a.rope_sin, B, T, Hkv, D, ctx_, pos_);
@@ -751,6 +763,15 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
     }
     upload(act_->positions, positions);
     pos_ = act_->positions;
+    pieces_ = AttentionPieces{pos_, nullptr, 0};
+    if (act_->ragged) {  // CUDA: the same pieces in cuDNN's ragged layout, made here on the host
+      const int64_t n = ragged_layout(ragged_host_.data(), positions.data(), B * T, max_pieces_,
+                                      config_.num_attention_heads, config_.num_key_value_heads, config_.head_dim);
+      (void)n;
+      upload_bytes(act_->ragged, ragged_host_.data(), ragged_host_.size() * 4);
+      pieces_.ragged = act_->ragged;
+      pieces_.max = max_pieces_;
+    }
   }
   const int64_t L = config_.num_hidden_layers, NC = B * T * config_.hidden_size;
   LlamaActivations& a = *act_;

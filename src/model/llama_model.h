@@ -105,8 +105,12 @@ struct LlamaModelOptions {
   int64_t kv_cache_tokens = 0;
   // Packed data (text/data_loader.h, data.packing packed): forward_backward / forward_loss take
   // each token's position in its piece (a buffer of max_batch * max_seq int64); RoPE rotates by
-  // it and attention keeps to the piece. The CPU backend only so far.
+  // it and attention keeps to the piece (on CUDA, cuDNN's ragged layout of the pieces).
   bool packed_positions = false;
+  // Packed data: the most pieces one pass holds (max_batch sequences; the padded tail of a
+  // sequence counts as a piece): CUDA's attention graphs are built for it, and a pass with more is
+  // refused. 0: max_batch * max_seq (every token its own piece; large graphs: pass the data's).
+  int64_t packed_max_pieces = 0;
 };
 
 // What a LlamaModel allocates for `options` (its activation buffers, the workspace it reserves,
@@ -226,6 +230,7 @@ class LlamaModel {
                              int64_t cache_pos = -1, std::span<const int64_t> positions = {});
   // ids or targets -> a device buffer, through the next pinned staging slot (asynchronous).
   void upload(int64_t* device_dst, std::span<const int64_t> values);
+  void upload_bytes(void* device_dst, const void* values, size_t bytes);
   // The bound layer's forward into the working set (or kept set) of internals; with x_out null the
   // MLP (only its output depends on it) is left to the backward: the recompute.
   // cache_pos >= 0: generation (B == 1): RoPE at positions cache_pos.., K/V appended to the bound
@@ -260,6 +265,9 @@ class LlamaModel {
   LlamaConfig config_;
   DeviceContext& ctx_;
   const int64_t* pos_ = nullptr;  // this pass's packed positions (act_->positions) or null
+  AttentionPieces pieces_;        // this pass's pieces (packed data; pos_ non-null)
+  int64_t max_pieces_ = 0;        // options.packed_max_pieces resolved
+  std::vector<int32_t> ragged_host_;  // ragged_layout's arrays made on the host (CUDA, packed)
   LlamaModelOptions options_;
   int64_t max_rows_ = 0, max_seq_ = 0, head_rows_ = 0, mlp_rows_ = 0;
   std::unique_ptr<LlamaTreeSlots> tree_;  // the tree's slots, found once (model/llama_binding.h)

@@ -60,6 +60,22 @@ struct RopeParams {
 };
 std::vector<float> rope_inv_freq(const RopeParams& p);  // [D/2]
 
+// Packed data's pieces (data.packing packed: several documents in one sequence) as attention takes
+// them: each token's position in its piece (the cpu twins' rule, attention_fwd below) and, for the
+// CUDA twin, the same pieces in cuDNN's ragged layout (ragged_layout, uploaded by the model).
+struct AttentionPieces {
+  const int64_t* pos = nullptr;     // [B*T] in ctx's memory
+  const int32_t* ragged = nullptr;  // CUDA: ragged_layout_ints(max) int32 in device memory
+  int64_t max = 0;                  // P: the pieces a pass may hold (the CUDA graphs' batch dimension)
+};
+// cuDNN's ragged layout of the pieces that pos [n] makes (a piece starts where pos is 0; pos[0] is
+// 0) over attention rows [n, heads, D]: out[0, P) each piece's length (0 past the last piece), then
+// three arrays of P + 1 offsets, in elements, of each piece's first row (row n past the last
+// piece): of q and out (x H*D), of k and v (x Hkv*D), of the row statistics (x H). Returns the
+// number of pieces. Throws Error when they are more than P or an offset passes int32.
+int64_t ragged_layout(int32_t* out, const int64_t* pos, int64_t n, int64_t P, int64_t H, int64_t Hkv, int64_t D);
+inline int64_t ragged_layout_ints(int64_t P) { return 4 * P + 3; }
+
 // Deterministic dropout: the keep decision of one element is a pure function of (seed, step,
 // module_id, index), index = the element's position in the GLOBAL batch
 // ((row_offset + local row) * width + column), so a sample's mask does not depend on how the batch
@@ -229,10 +245,11 @@ void add_bias(uint16_t* y, const float* bias, int64_t N, int64_t W, DeviceContex
 void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx);
 // The tables are computed on the host (the CPU's cos/sin, bit for bit) and copied: a start-up op.
 void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceContext& ctx);
+// pos: the cpu twins' rule (packed positions; null: none).
 void rope_fwd(uint16_t* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-              DeviceContext& ctx);
+              DeviceContext& ctx, const int64_t* pos = nullptr);
 void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-              DeviceContext& ctx);
+              DeviceContext& ctx, const int64_t* pos = nullptr);
 // One block per (query, head), one warp per stripe of keys with an online softmax, the warps'
 // partial sums merged in shared memory (f32 throughout). REQUIRES: D <= 256.
 void attention_cached_fwd(uint16_t* out, const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
@@ -251,13 +268,18 @@ void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, 
 // and caches the graphs of one shape (start-up work: a build takes ~0.4 s and may allocate).
 // window (0 < window < T): the sliding window as cuDNN's diagonal band (left bound = window: key u
 // kept when u + window > t, with the causal right bound), a graph of its own.
+// pieces (packed data): the B*T rows as up to pieces->max sequences of their own (cuDNN's ragged
+// layout with a padding mask: pieces->ragged), graphs of their own (prepare_attention's max_pieces
+// builds them); the row statistics then per row [B*T, H].
 void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                       int64_t window = 0);
+                       int64_t window = 0, int64_t max_pieces = 0);
 void attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
-                   int64_t T, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0);
+                   int64_t T, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
+                   const AttentionPieces* pieces = nullptr);
 void attention_bwd(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
                    const uint16_t* k, const uint16_t* v, const uint16_t* out, const void* saved, int64_t B, int64_t T,
-                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0);
+                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
+                   const AttentionPieces* pieces = nullptr);
 }  // namespace cuda
 
 // ---- the dispatch: activations as void* in ctx.activation_dtype(); the twin of ctx.backend() ----
@@ -268,8 +290,9 @@ bool has_backend(Backend backend, const char* op = nullptr);
 // Start-up work of the backend (library handles, their workspaces); once per context.
 void prepare(DeviceContext& ctx);
 // Start-up work of attention for one shape (the fused kernels' graphs); a no-op on the CPU.
+// max_pieces > 0: also packed data's graphs, for passes of up to that many pieces.
 void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                       int64_t window = 0);
+                       int64_t window = 0, int64_t max_pieces = 0);
 void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx);
 void embedding_fwd(void* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
                    int64_t V, DeviceContext& ctx);
@@ -286,19 +309,19 @@ void copy_2d(void* dst, int64_t ld_dst, const void* src, int64_t ld_src, int64_t
 void add_bias(void* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx);
 void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx);
 void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceContext& ctx);
-// pos (packed positions, the cpu twins' rule): the CPU backend only so far; on another a
-// non-null pos is an internal error (the trainer refuses data.packing packed there first).
+// pos (packed positions, the cpu twins' rule): every backend.
 void rope_fwd(void* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
               DeviceContext& ctx, const int64_t* pos = nullptr);
 void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
               DeviceContext& ctx, const int64_t* pos = nullptr);
-// window > 0: a sliding window (the cpu twins' rule), on every backend.
+// window > 0: a sliding window (the cpu twins' rule), on every backend. pieces (packed data):
+// attention within each piece, on every backend (the CPU reads pieces->pos, CUDA pieces->ragged).
 void attention_fwd(void* out, void* saved, const void* q, const void* k, const void* v, int64_t B, int64_t T,
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
-                   const int64_t* pos = nullptr);
+                   const AttentionPieces* pieces = nullptr);
 void attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
                    const void* out, const void* saved, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                   DeviceContext& ctx, int64_t window = 0, const int64_t* pos = nullptr);
+                   DeviceContext& ctx, int64_t window = 0, const AttentionPieces* pieces = nullptr);
 void attention_cached_fwd(void* out, const void* q, const void* k_cache, const void* v_cache, int64_t T, int64_t P,
                           int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0);
 void swiglu_fwd(void* h, const void* gate, const void* up, int64_t n, DeviceContext& ctx);

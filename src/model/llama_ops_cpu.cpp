@@ -1,6 +1,7 @@
 // CPU reference of llama_ops.h: plain loops, f32 accumulation.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <string>
 
@@ -93,6 +94,32 @@ size_t attention_saved_bytes(Backend backend, int64_t B, int64_t T, int64_t H, i
   (void)D;
   if (backend == Backend::kCpu) return static_cast<size_t>(B * H * T * T) * sizeof(float);  // probabilities
   return static_cast<size_t>(B * H * T) * sizeof(float);  // a fused kernel's row statistics (log-sum-exp)
+}
+
+int64_t ragged_layout(int32_t* out, const int64_t* pos, int64_t n, int64_t P, int64_t H, int64_t Hkv, int64_t D) {
+  QS_CHECK(n >= 1 && P >= 1 && pos[0] == 0, "ragged_layout: no rows, no pieces, or a first row that starts none");
+  QS_CHECK(n * std::max(H, Hkv) * D <= std::numeric_limits<int32_t>::max(),
+           "ragged_layout: " + std::to_string(n) + " rows of " + std::to_string(std::max(H, Hkv) * D) +
+               " elements pass cuDNN's int32 offsets");
+  int32_t* len = out;
+  int32_t* off_q = out + P;
+  int32_t* off_kv = off_q + P + 1;
+  int32_t* off_stats = off_kv + P + 1;
+  int64_t pieces = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    if (pos[r] != 0) continue;
+    QS_CHECK(pieces < P, "ragged_layout: a pass holds more than the " + std::to_string(P) +
+                             " pieces the attention graphs were built for");
+    off_q[pieces++] = static_cast<int32_t>(r);  // the piece's first row, scaled below
+  }
+  for (int64_t j = 0; j <= P; ++j) {
+    const int64_t first = j < pieces ? off_q[j] : n;
+    if (j < P) len[j] = static_cast<int32_t>(j < pieces ? (j + 1 < pieces ? off_q[j + 1] : n) - first : 0);
+    off_q[j] = static_cast<int32_t>(first * H * D);
+    off_kv[j] = static_cast<int32_t>(first * Hkv * D);
+    off_stats[j] = static_cast<int32_t>(first * H);
+  }
+  return pieces;
 }
 
 namespace cpu {

@@ -89,23 +89,15 @@ void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx
 void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceContext& ctx) {
   QS_DISPATCH("rope_tables", cpu::rope_tables(cos, sin, p, T, ctx), cuda::rope_tables(cos, sin, p, T, ctx));
 }
-// Packed positions: the CPU backend's so far (the trainer refuses data.packing packed elsewhere).
-#define QS_CPU_POSITIONS_ONLY(op, pos)                                                                      \
-  QS_CHECK((pos) == nullptr || ctx.backend() == Backend::kCpu,                                              \
-           std::string(op) + ": packed positions (data.packing packed) are not built on the " +             \
-               backend_name(ctx.backend()) + " backend")
-
 void rope_fwd(void* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
               DeviceContext& ctx, const int64_t* pos) {
-  QS_CPU_POSITIONS_ONLY("rope_fwd", pos);
   QS_DISPATCH("rope_fwd", cpu::rope_fwd(f(x), cos, sin, B, T, nh, D, ctx, pos),
-              cuda::rope_fwd(h(x), cos, sin, B, T, nh, D, ctx));
+              cuda::rope_fwd(h(x), cos, sin, B, T, nh, D, ctx, pos));
 }
 void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
               DeviceContext& ctx, const int64_t* pos) {
-  QS_CPU_POSITIONS_ONLY("rope_bwd", pos);
   QS_DISPATCH("rope_bwd", cpu::rope_bwd(f(dx), cos, sin, B, T, nh, D, ctx, pos),
-              cuda::rope_bwd(h(dx), cos, sin, B, T, nh, D, ctx));
+              cuda::rope_bwd(h(dx), cos, sin, B, T, nh, D, ctx, pos));
 }
 #if QSHARD_WITH_CUDA && QSHARD_WITH_CUDNN
 #define QS_DISPATCH_ATTENTION QS_DISPATCH
@@ -116,15 +108,18 @@ void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T
     cpu_call;                                          \
   } while (0)
 #endif
-void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window) {
-  QS_DISPATCH_ATTENTION("prepare_attention", (void)window, cuda::prepare_attention(ctx, B, T, H, Hkv, D, window));
+void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
+                       int64_t max_pieces) {
+  QS_DISPATCH_ATTENTION("prepare_attention", (void)max_pieces,
+                        cuda::prepare_attention(ctx, B, T, H, Hkv, D, window, max_pieces));
 }
 void attention_fwd(void* out, void* saved, const void* q, const void* k, const void* v, int64_t B, int64_t T,
-                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window, const int64_t* pos) {
-  QS_CPU_POSITIONS_ONLY("attention_fwd", pos);
+                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window,
+                   const AttentionPieces* pieces) {
   QS_DISPATCH_ATTENTION("attention_fwd",
-                        cpu::attention_fwd(f(out), saved, f(q), f(k), f(v), B, T, H, Hkv, D, ctx, window, pos),
-                        cuda::attention_fwd(h(out), saved, h(q), h(k), h(v), B, T, H, Hkv, D, ctx, window));
+                        cpu::attention_fwd(f(out), saved, f(q), f(k), f(v), B, T, H, Hkv, D, ctx, window,
+                                           pieces ? pieces->pos : nullptr),
+                        cuda::attention_fwd(h(out), saved, h(q), h(k), h(v), B, T, H, Hkv, D, ctx, window, pieces));
 }
 void attention_cached_fwd(void* out, const void* q, const void* k_cache, const void* v_cache, int64_t T, int64_t P,
                           int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window) {
@@ -134,14 +129,13 @@ void attention_cached_fwd(void* out, const void* q, const void* k_cache, const v
 }
 void attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
                    const void* out, const void* saved, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                   DeviceContext& ctx, int64_t window, const int64_t* pos) {
-  QS_CPU_POSITIONS_ONLY("attention_bwd", pos);
+                   DeviceContext& ctx, int64_t window, const AttentionPieces* pieces) {
   QS_DISPATCH_ATTENTION(
       "attention_bwd",
       cpu::attention_bwd(f(dq), f(dk), f(dv), f(dout), f(q), f(k), f(v), f(out), saved, B, T, H, Hkv, D, ctx, window,
-                         pos),
+                         pieces ? pieces->pos : nullptr),
       cuda::attention_bwd(h(dq), h(dk), h(dv), h(dout), h(q), h(k), h(v), h(out), saved, B, T, H, Hkv, D, ctx,
-                          window));
+                          window, pieces));
 }
 void swiglu_fwd(void* hh, const void* gate, const void* up, int64_t n, DeviceContext& ctx) {
   QS_DISPATCH("swiglu_fwd", cpu::swiglu_fwd(f(hh), f(gate), f(up), n, ctx),

@@ -36,7 +36,21 @@ Packing parse_packing(const std::string& name) {
   if (name == "wrapped") return Packing::kWrapped;
   if (name == "padded") return Packing::kPadded;
   if (name == "packed") return Packing::kPacked;
-  throw InputError(fmt::format("data.packing '{}': expected wrapped, padded or packed", name));
+  throw InputError(fmt::format("data.packing '{}': expected auto, wrapped, padded or packed", name));
+}
+
+Packing resolve_packing(const std::string& name, const TokenFile& train, const TokenFile* eval) {
+  if (name != "auto") return parse_packing(name);
+  return train.doc_starts() && (!eval || eval->doc_starts()) ? Packing::kPacked : Packing::kWrapped;
+}
+
+std::string packing_name(Packing p) {
+  switch (p) {
+    case Packing::kWrapped: return "wrapped";
+    case Packing::kPadded: return "padded";
+    case Packing::kPacked: return "packed";
+  }
+  return "?";
 }
 
 namespace {
@@ -123,6 +137,15 @@ PackedDataset::PackedDataset(const TokenFile& file, int max_seq_len, bool pad_la
   if (count_ == 0)
     throw InputError(fmt::format("{}: {} tokens make no sequence of max_seq_len {} (needs {} tokens)", file.path(), n,
                                  T_, T_ + 1));
+}
+
+int64_t PackedDataset::max_pieces() const {
+  if (!rows_) return 1;
+  int64_t most = 1;
+  const std::vector<int64_t>& rows = *rows_;
+  for (int64_t i = first_; i < first_ + count_; ++i)
+    most = std::max(most, rows[static_cast<size_t>(i + 1)] - rows[static_cast<size_t>(i)] + 1);
+  return most;
 }
 
 PackedDataset PackedDataset::range(int64_t first, int64_t count) const {

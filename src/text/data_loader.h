@@ -68,8 +68,14 @@ namespace qshard {
 // kIgnoreIndex (-100, the target of padded positions) comes from runtime/ignore_index.h.
 
 enum class Packing : uint8_t { kWrapped, kPadded, kPacked };
-// "wrapped" | "padded" | "packed"; anything else throws InputError naming the value.
+// "wrapped" | "padded" | "packed"; anything else throws InputError naming the value ("auto" too:
+// resolve_packing takes it).
 Packing parse_packing(const std::string& name);
+// data.packing as a job runs it: "auto" (the default) is packed when the training file, and the
+// eval file if any, mark their documents (version 3 or later: what qshard tokenize writes), else
+// wrapped (an older file says nothing of its documents); any other name is parse_packing's.
+Packing resolve_packing(const std::string& name, const TokenFile& train, const TokenFile* eval = nullptr);
+std::string packing_name(Packing p);
 
 class PackedDataset {
  public:
@@ -89,6 +95,9 @@ class PackedDataset {
   int get(int64_t i, int32_t* inputs, int32_t* targets, int32_t* positions = nullptr) const;
   // Whether get's positions restart within a sequence (packed data): the model must be given them.
   bool restarts_positions() const { return rows_ != nullptr; }
+  // The most pieces (runs of positions from 0) one of this dataset's sequences holds, its padded
+  // tail counted as one: packed, its documents' pieces + 1 at most; otherwise 1.
+  int64_t max_pieces() const;
 
  private:
   PackedDataset() = default;

@@ -231,10 +231,11 @@ const std::vector<Field>& fields() {
                "hold out this fraction of the packed training sequences for evaluation"),
       QS_FIELD("data.max_seq_len", data.max_seq_len, "1 to 2^24, within the model's positions",
                "tokens per training sequence"),
-      QS_FIELD("data.packing", data.packing, "wrapped, padded, packed",
-               "wrapped: documents back to back across sequences, attending across; padded: one document per "
-               "sequence; packed: several documents per sequence, attention and positions restarting at each "
-               "(the CPU backend so far)"),
+      QS_FIELD("data.packing", data.packing, "auto, wrapped, padded, packed",
+               "packed: several documents per sequence, attention and positions restarting at each (no padding "
+               "computed); padded: one document per sequence; wrapped: documents back to back across sequences, "
+               "attending across; auto: packed when the token files mark their documents (qshard tokenize's "
+               "do), else wrapped"),
       QS_FIELD("data.seed", data.seed, "any", "the data sampler's shuffle seed"),
       QS_FIELD("batch.global_batch_size", batch.global_batch_size,
                "1 to 2^30, a multiple of micro_batch_size x ranks", "sequences per optimizer step over all ranks"),
@@ -620,8 +621,9 @@ void TrainConfig::validate(int world_size) const {
   // data
   ck.require(!data.train.empty(), "data.train", "''", "a token file path");
   ck.require(data.max_seq_len > 0, "data.max_seq_len", data.max_seq_len, "> 0");
-  ck.require(data.packing == "wrapped" || data.packing == "padded" || data.packing == "packed", "data.packing",
-             data.packing, "wrapped, padded or packed");
+  ck.require(data.packing == "auto" || data.packing == "wrapped" || data.packing == "padded" ||
+                 data.packing == "packed",
+             "data.packing", data.packing, "auto, wrapped, padded or packed");
   ck.require(data.eval_fraction >= 0 && data.eval_fraction < 1, "data.eval_fraction", data.eval_fraction, "in [0, 1)");
   ck.require(data.eval.empty() || data.eval_fraction == 0, "data.eval_fraction", data.eval_fraction,
              fmt::format("0 when data.eval is set ('{}'): use one or the other", data.eval));

@@ -122,11 +122,12 @@ struct DataConfig {
   std::string eval;            // optional separate eval token file
   double eval_fraction = 0.0;  // else: hold out the last fraction of the packed sequences
   int64_t max_seq_len = 128;   // T: tokens per training sequence
-  std::string packing = "wrapped";  // wrapped: documents back to back across sequences, attending
-                                    // across; padded: one document per sequence, padded; packed:
-                                    // padded's pieces several to a sequence, attention and positions
-                                    // restarting at each (the CPU backend so far). padded and packed
-                                    // need a version 3 token file (text/data_loader.h)
+  std::string packing = "auto";  // wrapped: documents back to back across sequences, attending
+                                 // across; padded: one document per sequence, padded; packed:
+                                 // padded's pieces several to a sequence, attention and positions
+                                 // restarting at each (CUDA: cuDNN's ragged attention). padded and
+                                 // packed need a version 3 token file (text/data_loader.h); auto:
+                                 // packed for such a file, else wrapped (resolve_packing)
   uint64_t seed = 1234;        // sampler shuffle
 };
 

@@ -49,7 +49,6 @@ void TrainJob::open() {
   resume_ = agree_on_resume(config_, comm_);  // rank 0 picks the checkpoint, every rank reads its metadata
   if (rank_ == 0) write_resolved_config();
   build_model();
-  open_data();
   restore_resumed();
   open_logger();
 }
@@ -79,11 +78,6 @@ void TrainJob::build_model() {
     rates_.host_available_bytes = static_cast<double>(host_memory_available().bytes);
   }
   const LlamaConfig lc = job_llama_config(config_.model);
-  // Packed data's attention (pieces apart within a sequence) is the CPU backend's so far.
-  if (parse_packing(config_.data.packing) == Packing::kPacked && rt_.ctx.is_cuda())
-    throw InputError(config_.source + ": data.packing packed (documents apart within a sequence) is not built on the "
-                     "CUDA backend yet; use data.packing padded (one document per sequence) or wrapped (documents "
-                     "back to back, attending across), or device: cpu");
   plan_ = plan_memory(config_, lc, rt_.ctx.backend(), rt_.ctx.activation_dtype(), rt_.data.size(), rates_);
   if (config_.batch.micro_batch_size == 0) {
     config_.batch.micro_batch_size = plan_.micro_batch;  // everything below reads the chosen one
@@ -117,7 +111,6 @@ void TrainJob::build_model() {
   mo_.max_seq = T_;
   mo_.profile = config_.logging.profile || (callbacks_ && callbacks_->profile);
   mo_.fold_lora = config_.lora.fold;
-  mo_.packed_positions = parse_packing(config_.data.packing) == Packing::kPacked;
 
   // ---- optimizer state: this rank's shards, where the master shards live ----
   opt_ = make_optimizer_state(*qm_);
@@ -129,7 +122,16 @@ void TrainJob::build_model() {
   mo_.keep_layers = plan_.keep_layers;
   mo_.mlp_chunk_rows = plan_.mlp_chunk_rows;
   if (rank_ == 0) QS_LOG_INFO("{}", plan_.describe());
-  model_ = std::make_unique<LlamaModel>(mc, *qm_->tree, rt_.ctx, mo_);
+  open_data();
+  build_step_model(runtime_bytes);
+}
+
+void TrainJob::build_step_model(std::optional<int64_t> runtime_bytes) {
+  mo_.packed_positions = packing_ == Packing::kPacked;
+  if (mo_.packed_positions)  // the most pieces a micro-batch can hold: the CUDA attention graphs' size
+    mo_.packed_max_pieces = config_.batch.micro_batch_size *
+                            std::max(train_data_->max_pieces(), eval_data_ ? eval_data_->max_pieces() : int64_t{1});
+  model_ = std::make_unique<LlamaModel>(qm_->config, *qm_->tree, rt_.ctx, mo_);
   if (rank_ == 0) QS_LOG_INFO("step buffers: {}", model_->buffer_plan().ledger());
   fsdp_ = std::make_unique<FsdpDriver>(*model_, *qm_);
   account_memory(runtime_bytes);
@@ -172,15 +174,22 @@ void TrainJob::open_data() {
   const std::string train_warning = check_token_file_tokenizer(*train_file_, tokenizer);
   if (rank_ == 0 && !train_warning.empty()) QS_LOG_WARN("{}", train_warning);
   train_file_->validate(static_cast<uint32_t>(mc.vocab_size));
-  const Packing packing = parse_packing(config_.data.packing);
-  const PackedDataset all(*train_file_, T_, /*pad_last=*/false, packing);
-  train_data_.emplace(all);
   if (!config_.data.eval.empty()) {
     eval_file_.emplace(TokenFile::open(config_.data.eval));
     const std::string eval_warning = check_token_file_tokenizer(*eval_file_, tokenizer);
     if (rank_ == 0 && !eval_warning.empty()) QS_LOG_WARN("{}", eval_warning);
     eval_file_->validate(static_cast<uint32_t>(mc.vocab_size));
-    eval_data_.emplace(*eval_file_, T_, /*pad_last=*/false, packing);
+  }
+  packing_ = resolve_packing(config_.data.packing, *train_file_, eval_file_ ? &*eval_file_ : nullptr);
+  if (rank_ == 0 && config_.data.packing == "auto")
+    QS_LOG_INFO("data.packing auto: {}", packing_ == Packing::kPacked
+                                             ? std::string("packed (the token files mark their documents)")
+                                             : "wrapped (" + (train_file_->doc_starts() ? config_.data.eval : config_.data.train) +
+                                                   " marks no documents: a token file older than version 3)");
+  const PackedDataset all(*train_file_, T_, /*pad_last=*/false, packing_);
+  train_data_.emplace(all);
+  if (eval_file_) {
+    eval_data_.emplace(*eval_file_, T_, /*pad_last=*/false, packing_);
   } else if (config_.data.eval_fraction > 0) {
     auto [tr, ev] = split_eval(all, config_.data.eval_fraction);
     train_data_.emplace(tr);

@@ -86,10 +86,12 @@ class TrainJob {
   TrainSummary finish();
 
  private:
-  // The memory plan and the model as built (one method: the memory model is reworked in it).
+  // The memory plan and the model as built (the memory model is reworked in it); the data, then
+  // the step's model (its packed-data attention sized by the data's pieces), on the built base.
   void build_model();
   void write_resolved_config() const;
   void open_data();
+  void build_step_model(std::optional<int64_t> runtime_bytes);
   void restore_resumed();
   void account_memory(std::optional<int64_t> runtime_bytes);
   void open_logger();
@@ -116,6 +118,7 @@ class TrainJob {
   // open_data()
   std::optional<TokenFile> train_file_, eval_file_;
   std::optional<PackedDataset> train_data_, eval_data_;
+  Packing packing_ = Packing::kWrapped;  // data.packing resolved (auto: by the files)
   std::optional<DataLoader> loader_;
   int64_t max_steps_ = 0, micro_steps_ = 0;
   LrSchedule sched_;

@@ -159,6 +159,25 @@ TEST(LlamaOps, AttentionBackwardMultiHead) { attention_case(2, 5, 2, 2, 4, 10); 
 TEST(LlamaOps, AttentionBackwardGroupedQuery) { attention_case(2, 5, 4, 2, 4, 20); }
 TEST(LlamaOps, AttentionBackwardMultiQuery) { attention_case(1, 6, 3, 1, 4, 30); }
 
+// Packed data's pieces in cuDNN's ragged layout: the lengths, then the offsets of q/out, k/v and
+// the statistics rows, in elements; the unused entries length 0 at the end of the rows; more
+// pieces than the graphs hold are refused.
+TEST(LlamaOps, RaggedLayoutOfPackedPieces) {
+  const std::vector<int64_t> pos = {0, 1, 2, 0, 0, 1, 0, 1, 2, 3};  // pieces of 3, 1, 2, 4 rows
+  const int64_t H = 4, Hkv = 2, D = 8, P = 6;
+  std::vector<int32_t> r(static_cast<size_t>(ragged_layout_ints(P)), -1);
+  EXPECT_EQ(4, ragged_layout(r.data(), pos.data(), 10, P, H, Hkv, D));
+  const std::vector<int32_t> len(r.begin(), r.begin() + P), q(r.begin() + P, r.begin() + 2 * P + 1),
+      kv(r.begin() + 2 * P + 1, r.begin() + 3 * P + 2), stats(r.begin() + 3 * P + 2, r.end());
+  EXPECT_EQ((std::vector<int32_t>{3, 1, 2, 4, 0, 0}), len);
+  EXPECT_EQ((std::vector<int32_t>{0, 96, 128, 192, 320, 320, 320}), q);  // rows 0 3 4 6 10 x H*D
+  EXPECT_EQ((std::vector<int32_t>{0, 48, 64, 96, 160, 160, 160}), kv);   // x Hkv*D
+  EXPECT_EQ((std::vector<int32_t>{0, 12, 16, 24, 40, 40, 40}), stats);   // x H
+  EXPECT_THROW(ragged_layout(r.data(), pos.data(), 10, 3, H, Hkv, D), Error);
+  const std::vector<int64_t> bad = {1, 2};
+  EXPECT_THROW(ragged_layout(r.data(), bad.data(), 2, P, H, Hkv, D), Error);
+}
+
 TEST(LlamaOps, LoraScaling) {
   EXPECT_EQ(lora_scaling(8.0, 4, false), 2.0f);
   EXPECT_EQ(lora_scaling(8.0, 4, true), 4.0f);

@@ -187,10 +187,22 @@ TEST(OpHarness, SwiGlu) {
   });
 }
 
+// Packed data's positions [B*T]: row b holds pieces of the given lengths (summing to T), each
+// counting from 0.
+std::vector<int64_t> packed_positions(int64_t B, int64_t T, const std::vector<std::vector<int64_t>>& pieces) {
+  std::vector<int64_t> pos;
+  for (int64_t b = 0; b < B; ++b) {
+    for (const int64_t len : pieces[static_cast<size_t>(b)])
+      for (int64_t t = 0; t < len; ++t) pos.push_back(t);
+    EXPECT_EQ(static_cast<size_t>((b + 1) * T), pos.size()) << "row " << b << "'s pieces do not fill it";
+  }
+  return pos;
+}
+
 // RoPE with llama3 scaling, T = 67 (not a multiple of 64), forward then backward = identity.
 // CPU tol 1e-5: f32 angles t * inv_freq (HF computes them in f32 too; the oracle uses the same
 // f32 inv_freq, then double trig). On CUDA, D = 16 and 128 run the 8-wide kernel (half % 8 == 0),
-// D = 24 the scalar one.
+// D = 24 the scalar one. Then packed data: each row rotated by its position in its piece.
 TEST(OpHarness, Rope) {
   for (const int64_t D : {int64_t{16}, int64_t{128}, int64_t{24}}) for_each_case([D](DeviceContext& ctx, Inputs& in) {
     const int64_t B = 2, T = 67, nh = 3;
@@ -223,17 +235,35 @@ TEST(OpHarness, Rope) {
     // CUDA: two bf16 roundings (after the forward and after the backward).
     report(ctx, ("rope_bwd(rope_fwd(x)) D" + std::to_string(D)).c_str(), in.adversarial, back(ctx, x), std::vector<double>(X.begin(), X.end()),
            tol(ctx, 1e-5, 8e-3));
+    // Packed data: row r rotated by pos[r] (pieces restarting at 0), not by its index in the sequence.
+    const std::vector<int64_t> pos = packed_positions(B, T, {{20, 1, 30, 16}, {5, 62}});
+    Tensor pos_dev = Tensor::from_vector({B * T}, DType::kI64, pos).to(ctx.compute_device());
+    Tensor y = to_act(ctx, std::vector<float>(X.begin(), X.end()));
+    ops::rope_fwd(y.raw(), cs.data<float>(), sn.data<float>(), B, T, nh, D, ctx, pos_dev.data<int64_t>());
+    for (int64_t r = 0; r < B * T; ++r)
+      for (int64_t h = 0; h < nh; ++h)
+        for (int64_t i = 0; i < D / 2; ++i) {
+          const size_t o = (r * nh + h) * D;
+          const double a = static_cast<float>(pos[r]) * inv[i], c = std::cos(a), s = std::sin(a);
+          want[o + i] = X[o + i] * c - X[o + i + D / 2] * s;
+          want[o + i + D / 2] = X[o + i + D / 2] * c + X[o + i] * s;
+        }
+    report(ctx, ("rope_fwd packed D" + std::to_string(D)).c_str(), in.adversarial, back(ctx, y), want, tol(ctx, 1e-5, 4e-3));
+    ops::rope_bwd(y.raw(), cs.data<float>(), sn.data<float>(), B, T, nh, D, ctx, pos_dev.data<int64_t>());
+    report(ctx, ("rope_bwd(rope_fwd(x)) packed D" + std::to_string(D)).c_str(), in.adversarial, back(ctx, y),
+           std::vector<double>(X.begin(), X.end()), tol(ctx, 1e-5, 8e-3));
   });
 }
 
-// Double oracle of causal GQA attention: out and, given dout, dq/dk/dv.
+// Double oracle of causal GQA attention: out and, given dout, dq/dk/dv. pos (packed data, [B*T]):
+// query t reads keys of its own piece only, u >= t - pos[t] (written independently of the twins).
 struct AttentionOracle {
   std::vector<double> out, dq, dk, dv;
   double max_score = 0;
 };
 AttentionOracle attention_oracle(const std::vector<float>& Q, const std::vector<float>& K, const std::vector<float>& V,
                                  const std::vector<float>& dO, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                                 int64_t window = 0) {
+                                 int64_t window = 0, const std::vector<int64_t>* pos = nullptr) {
   AttentionOracle r;
   r.out.assign(Q.size(), 0.0);
   r.dq.assign(Q.size(), 0.0);
@@ -248,7 +278,8 @@ AttentionOracle attention_oracle(const std::vector<float>& Q, const std::vector<
       for (int64_t t = 0; t < T; ++t) {
         const int64_t hk = h / ratio;
         // A sliding window: keys t - window < u <= t (transformers' rule), written independently.
-        const int64_t first = window > 0 && t >= window ? t - window + 1 : 0;
+        int64_t first = window > 0 && t >= window ? t - window + 1 : 0;
+        if (pos) first = std::max(first, t - (*pos)[static_cast<size_t>(b * T + t)]);
         std::vector<double> p(t + 1, 0.0), dp(t + 1, 0.0);
         double mx = -1e300;
         for (int64_t u = first; u <= t; ++u) {
@@ -305,9 +336,11 @@ TEST(OpHarness, Attention) {
       int64_t T, ratio;
       bool negative_rows;
       int64_t window = 0;  // a sliding window (Mistral), 0: none
+      bool packed = false;  // packed data: pieces of their own within each sequence
     };
     std::vector<Shape> shapes = {{67, 1, false}, {67, 3, false}, {67, 4, false}, {67, 4, true}, {67, 2, false, 16},
-                                 {67, 4, false, 3}};
+                                 {67, 4, false, 3}, {67, 1, false, 0, true}, {67, 4, false, 0, true},
+                                 {67, 2, false, 8, true}};
     if (in.adversarial) shapes.push_back({128, 2, true}), shapes.push_back({200, 4, true}), shapes.push_back({200, 2, false, 64});
     for (const Shape& sh : shapes) {
       const int64_t B = 2, T = sh.T, Hkv = 2, H = Hkv * sh.ratio, D = 64;
@@ -330,17 +363,28 @@ TEST(OpHarness, Attention) {
              dv = to_act(ctx, std::vector<float>(Kf.size(), 9.0f));  // overwritten
       Tensor saved = Tensor::zeros({static_cast<int64_t>(attention_saved_bytes(ctx.backend(), B, T, H, Hkv, D))},
                                    DType::kU8, ctx.compute_device());
-      ops::attention_fwd(out.raw(), saved.raw(), q.raw(), k.raw(), v.raw(), B, T, H, Hkv, D, ctx, sh.window);
+      // Packed: pieces of 20, 1, 30 and T - 51 rows, and of 5 and T - 5; the graphs sized for 8 (2 unused).
+      const std::vector<int64_t> pos = packed_positions(B, T, {{20, 1, 30, T - 51}, {5, T - 5}});
+      const int64_t P = 8;
+      std::vector<int32_t> ragged(static_cast<size_t>(ragged_layout_ints(P)));
+      EXPECT_EQ(6, ragged_layout(ragged.data(), pos.data(), B * T, P, H, Hkv, D));
+      Tensor pos_dev = Tensor::from_vector({B * T}, DType::kI64, pos).to(ctx.compute_device());
+      Tensor ragged_dev =
+          Tensor::from_vector({static_cast<int64_t>(ragged.size())}, DType::kI32, ragged).to(ctx.compute_device());
+      const AttentionPieces pieces{pos_dev.data<int64_t>(), ragged_dev.data<int32_t>(), P};
+      const AttentionPieces* pc = sh.packed ? &pieces : nullptr;
+      ops::attention_fwd(out.raw(), saved.raw(), q.raw(), k.raw(), v.raw(), B, T, H, Hkv, D, ctx, sh.window, pc);
       ops::attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(), saved.raw(),
-                         B, T, H, Hkv, D, ctx, sh.window);
-      const AttentionOracle o =
-          attention_oracle(back(ctx, q), back(ctx, k), back(ctx, v), back(ctx, dout), B, T, H, Hkv, D, sh.window);
+                         B, T, H, Hkv, D, ctx, sh.window, pc);
+      const AttentionOracle o = attention_oracle(back(ctx, q), back(ctx, k), back(ctx, v), back(ctx, dout), B, T, H,
+                                                 Hkv, D, sh.window, sh.packed ? &pos : nullptr);
       const double cond = o.max_score;
       const double t_cpu = std::max(1e-5, 4 * 6e-8 * cond);
       const double t_out = tol(ctx, t_cpu, 1e-2), t_grad = tol(ctx, t_cpu, 2e-2);
       const std::string name = "attention T" + std::to_string(T) + " gqa " + std::to_string(sh.ratio) +
                                (sh.negative_rows ? " neg-rows" : "") +
-                               (sh.window ? " window " + std::to_string(sh.window) : "");
+                               (sh.window ? " window " + std::to_string(sh.window) : "") +
+                               (sh.packed ? " packed" : "");
       for (const auto& [what, got, want, t] :
            {std::tuple{" out", back(ctx, out), o.out, t_out}, std::tuple{" dq", back(ctx, dq), o.dq, t_grad},
             std::tuple{" dk", back(ctx, dk), o.dk, t_grad}, std::tuple{" dv", back(ctx, dv), o.dv, t_grad}}) {

@@ -240,6 +240,27 @@ TEST(PackedDataset, PaddedNeedsDocumentStarts) {
   EXPECT_EQ(parse_packing("packed"), Packing::kPacked);
 }
 
+// data.packing auto (the default): packed when the files mark their documents, else wrapped; the
+// other names as they are (an explicit packed on an older file still refused by the dataset).
+TEST(PackedDataset, AutoPacksFilesThatMarkTheirDocuments) {
+  TempDir dir;
+  const TokenFile old = TokenFile::open(iota_file(dir, 35));
+  const TokenFile docs = TokenFile::open(doc_file(dir, {5, 9, 3}));
+  EXPECT_EQ(resolve_packing("auto", docs), Packing::kPacked);
+  EXPECT_EQ(resolve_packing("auto", old), Packing::kWrapped);
+  EXPECT_EQ(resolve_packing("auto", docs, &old), Packing::kWrapped);  // the eval file says nothing of its documents
+  EXPECT_EQ(resolve_packing("auto", docs, &docs), Packing::kPacked);
+  EXPECT_EQ(resolve_packing("padded", docs), Packing::kPadded);
+  EXPECT_EQ(resolve_packing("packed", old), Packing::kPacked);
+  EXPECT_THROW(resolve_packing("sorted", docs), InputError);
+  EXPECT_EQ(packing_name(resolve_packing("auto", docs)), "packed");
+  // The most pieces a sequence holds: packed, its pieces and the padded tail; otherwise 1.
+  const PackedDataset packed(docs, 8, false, Packing::kPacked);
+  EXPECT_EQ(packed.max_pieces(), 3);  // pieces of 8, 4, 2 targets: rows [8] and [4, 2] + 2 of padding
+  EXPECT_EQ(PackedDataset(docs, 8, false, Packing::kPadded).max_pieces(), 1);
+  EXPECT_EQ(PackedDataset(old, 8).max_pieces(), 1);
+}
+
 TEST(PackedDataset, TooFewTokensNamesTheFile) {
   TempDir dir;
   const TokenFile f = TokenFile::open(iota_file(dir, 8));

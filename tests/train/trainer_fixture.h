@@ -63,4 +63,27 @@ inline TrainConfig small_config(const std::string& data) {
   return c;
 }
 
+// Instruction data: `docs` instruction records (9 to 25 tokens: BOS, a prompt, a response decided by the prompt's
+// first token, EOS) in a version 3 file written by rank 0; every rank returns once it is there.
+inline std::string instruction_file(const std::string& name, int docs, uint32_t seed) {
+  const std::string path = tmp_path(name);
+  if (World::get().rank() == 0) {
+    std::mt19937 rng(seed);
+    TokenFileWriter w(path, 128, /*loss_mask=*/true, /*doc_starts=*/true);
+    for (int d = 0; d < docs; ++d) {
+      const uint32_t key = rng() % 40;  // the prompt's topic decides the response
+      const int np = 4 + static_cast<int>(rng() % 8), nr = 3 + static_cast<int>(rng() % 10);
+      std::vector<uint32_t> t;
+      t.push_back(1 | kTokenNoLoss | kTokenDocStart);  // BOS
+      for (int i = 0; i < np; ++i) t.push_back((i == 0 ? 60 + key : 100 + rng() % 20) | kTokenNoLoss);
+      for (int i = 0; i < nr; ++i) t.push_back(2 + (key * 3 + static_cast<uint32_t>(i)) % 50);
+      t.push_back(2);  // EOS, a target
+      w.append(t);
+    }
+    w.finish();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return path;
+}
+
 }  // namespace qshard

@@ -65,32 +65,9 @@ TEST(Trainer, DataParallelEquivalenceAndOffload) {
   EXPECT_LT(got.losses.back(), got.losses.front() - 0.3);
 }
 
-// Instruction data (a version 3 file: documents flagged, prompts kTokenNoLoss) with
-// data.packing: padded: the loss curve does not depend on the world size, and the model learns
+// Instruction data (instruction_file: a version 3 file, documents flagged, prompts kTokenNoLoss)
+// with data.packing: padded: the loss curve does not depend on the world size, and the model learns
 // the responses (the only targets; counted by the data loader: tests/text/data_loader_test.cpp).
-// `docs` instruction records (9 to 25 tokens: BOS, a prompt, a response decided by the prompt's
-// first token, EOS) in a version 3 file written by rank 0; every rank returns once it is there.
-std::string instruction_file(const std::string& name, int docs, uint32_t seed) {
-  const std::string path = tmp_path(name);
-  if (World::get().rank() == 0) {
-    std::mt19937 rng(seed);
-    TokenFileWriter w(path, 128, /*loss_mask=*/true, /*doc_starts=*/true);
-    for (int d = 0; d < docs; ++d) {
-      const uint32_t key = rng() % 40;  // the prompt's topic decides the response
-      const int np = 4 + static_cast<int>(rng() % 8), nr = 3 + static_cast<int>(rng() % 10);
-      std::vector<uint32_t> t;
-      t.push_back(1 | kTokenNoLoss | kTokenDocStart);  // BOS
-      for (int i = 0; i < np; ++i) t.push_back((i == 0 ? 60 + key : 100 + rng() % 20) | kTokenNoLoss);
-      for (int i = 0; i < nr; ++i) t.push_back(2 + (key * 3 + static_cast<uint32_t>(i)) % 50);
-      t.push_back(2);  // EOS, a target
-      w.append(t);
-    }
-    w.finish();
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return path;
-}
-
 TEST(Trainer, InstructionDataPaddedAcrossWorldSizes) {
   const std::string path = instruction_file("instr.tok", 600, 11);
   TrainConfig cfg = small_config(path);
@@ -135,6 +112,10 @@ TEST(Trainer, PackedDataHasThePaddedRunsLossInFewerSequences) {
   ASSERT_EQ(padded.eval_losses.size(), 1u);
   ASSERT_EQ(packed.eval_losses.size(), 1u);
   EXPECT_NEAR(packed.eval_losses[0].second, padded.eval_losses[0].second, 1e-5 * padded.eval_losses[0].second);
+  cfg.data.packing = "auto";  // the default: packed, as the file marks its documents
+  const TrainSummary automatic = train(cfg, all);
+  ASSERT_EQ(automatic.eval_losses.size(), 1u);
+  EXPECT_EQ(automatic.eval_losses[0].second, packed.eval_losses[0].second);
   cfg.data.packing = "wrapped";  // records attending across each other: another loss
   const TrainSummary wrapped = train(cfg, all);
   ASSERT_EQ(wrapped.eval_losses.size(), 1u);
