@@ -274,8 +274,9 @@ void DistributedSampler::restore(const nlohmann::json& j) {
   }
   if (seed != seed_ || n != n_ || g != G_)
     throw InputError(fmt::format("data loader state (seed {}, {} sequences, global batch {}) does not match this run "
-                                 "(seed {}, {} sequences, global batch {}): data, data.seed, data.max_seq_len and "
-                                 "batch.global_batch_size must stay the same on resume",
+                                 "(seed {}, {} sequences, global batch {}): data, data.packing, data.seed, data.max_seq_len "
+                                 "and batch.global_batch_size must stay the same on resume (a run from before "
+                                 "data.packing's default became auto: set data.packing: wrapped)",
                                  seed, n, g, seed_, n_, G_));
   if (s.epoch < 0 || s.step < 0 || s.step >= steps_per_epoch_ || s.offset < 0 || s.offset >= G_ / world_)
     throw InputError(fmt::format("data loader state {}: out of range for {} steps per epoch and {} sequences per rank",
