@@ -27,7 +27,7 @@ std::string read_text_file(const std::string& path) {
   return ss.str();
 }
 
-const ojson* member(const ojson& obj, std::string_view key) {
+const ojson* index_member(const ojson& obj, std::string_view key) {
   for (const auto& [k, v] : obj.items())
     if (k == key) return &v;
   return nullptr;
@@ -45,11 +45,11 @@ SafetensorsIndex read_safetensors_index(const std::string& path) {
   if (!root.is_object()) throw InputError(fmt::format("{}: expected a JSON object, got {}", path, root.type_name()));
 
   SafetensorsIndex index;
-  const ojson* meta = member(root, "metadata");
+  const ojson* meta = index_member(root, "metadata");
   if (!meta || !meta->is_object())
     throw InputError(fmt::format("{}: expected \"metadata\": {{\"total_size\": N}}, {}", path,
                                  meta ? std::string("got ") + meta->type_name() : std::string("missing")));
-  const ojson* total = member(*meta, "total_size");
+  const ojson* total = index_member(*meta, "total_size");
   if (!total) throw InputError(fmt::format("{}: missing \"metadata.total_size\"", path));
   if (total->is_number_unsigned()) {
     index.total_size = total->get<uint64_t>();
@@ -61,7 +61,7 @@ SafetensorsIndex read_safetensors_index(const std::string& path) {
                                  total->dump()));
   }
 
-  const ojson* map = member(root, "weight_map");
+  const ojson* map = index_member(root, "weight_map");
   if (!map) throw InputError(fmt::format("{}: missing \"weight_map\"", path));
   if (!map->is_object())
     throw InputError(fmt::format("{}: \"weight_map\" must be an object {{tensor: file}}, got {}", path,

@@ -210,7 +210,7 @@ std::pair<int64_t, int64_t> first_bad(const float* v, int64_t n, Ok ok) {
 }
 
 std::string value_str(float v) { return python_float_repr(static_cast<double>(v)); }
-Tensor to_cpu(const Tensor& t) { return host_aligned(t); }
+Tensor aligned_on_host(const Tensor& t) { return host_aligned(t); }
 }  // namespace
 
 void QuantState::check_values(const std::string& label) const {
@@ -228,10 +228,10 @@ void QuantState::check_values(const std::string& label) const {
                      "; refusing these statistics (--allow-nonfinite to load anyway)");
   };
   auto in_unit = [](float x) { return std::isfinite(x) && std::fabs(x) <= 1.0f; };
-  const Tensor c = to_cpu(code);
+  const Tensor c = aligned_on_host(code);
   if (auto b = first_bad(c.data<float>(), c.numel(), in_unit); b.second) fail("quant_map", c.data<float>(), b, "a finite value in [-1, 1]");
   if (state2) {
-    const Tensor nc = to_cpu(state2->code), na = to_cpu(state2->absmax);
+    const Tensor nc = aligned_on_host(state2->code), na = aligned_on_host(state2->absmax);
     if (auto b = first_bad(nc.data<float>(), nc.numel(), in_unit); b.second)
       fail("nested_quant_map", nc.data<float>(), b, "a finite value in [-1, 1]");
     auto finite = [](float x) { return std::isfinite(x); };

@@ -22,7 +22,7 @@
 namespace qshard {
 namespace {
 
-bool is_blank(std::string_view line) { return line.find_first_not_of(" \t\r") == std::string_view::npos; }
+bool blank_line(std::string_view line) { return line.find_first_not_of(" \t\r") == std::string_view::npos; }
 
 bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -69,7 +69,7 @@ void split_lines(Lines& lines, InputFormat format, const TokenizeOptions& option
   while (lines.next_line(line)) {
     const int64_t line_no = lines.line_no();
     if (format == InputFormat::kText) {  // blank-line paragraphs
-      if (is_blank(line)) {
+      if (blank_line(line)) {
         if (in_paragraph) emit(std::move(paragraph), first_line);
         paragraph.clear();
         in_paragraph = false;
@@ -83,7 +83,7 @@ void split_lines(Lines& lines, InputFormat format, const TokenizeOptions& option
       }
       continue;
     }
-    if (is_blank(line)) continue;  // jsonl: blank lines are allowed
+    if (blank_line(line)) continue;  // jsonl: blank lines are allowed
     const std::string where = fmt::format("{}:{}", label, line_no);
     nlohmann::ordered_json j = parse_ordered_json_input(line, where);
     if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object per line, got {}", where, j.type_name()));

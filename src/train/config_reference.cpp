@@ -19,7 +19,7 @@ std::string cell(const std::string& s, bool code) {
   return code ? "`" + out + "`" : out;
 }
 
-std::string section_of(const std::string& key) {
+std::string top_section_of(const std::string& key) {
   const auto dot = key.find('.');
   return dot == std::string::npos ? std::string() : key.substr(0, dot);
 }
@@ -44,13 +44,13 @@ std::string config_reference_markdown() {
   const std::vector<ConfigKeyInfo> keys = config_key_infos();
   std::vector<std::string> sections{""};
   for (const ConfigKeyInfo& k : keys)
-    if (std::find(sections.begin(), sections.end(), section_of(k.key)) == sections.end())
-      sections.push_back(section_of(k.key));
+    if (std::find(sections.begin(), sections.end(), top_section_of(k.key)) == sections.end())
+      sections.push_back(top_section_of(k.key));
   for (const std::string& s : sections) {
     md += fmt::format("\n## {}\n\n", s.empty() ? "Top level" : "`" + s + "`");
     md += "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";
     for (const ConfigKeyInfo& k : keys)
-      if (section_of(k.key) == s)
+      if (top_section_of(k.key) == s)
         md += fmt::format("| `{}` | {} | {} | {} | {} |\n", k.key, k.type, cell(k.default_value, true),
                           cell(k.allowed, false), cell(k.doc, false));
   }
