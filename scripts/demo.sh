@@ -22,17 +22,12 @@ scripts/setup.sh
 # The binary alone (the tests are built by scripts/test.sh): training starts within minutes of a
 # fresh checkout on 2 cores.
 SECONDS=0
-# The first to configure build/: the libraries and the binary as unity builds (fewer, larger
-# compiles; the tests are built apart by scripts/test.sh), and with no GPU visible (nvidia-smi lists
-# none) the CPU backend alone (the CUDA sources are a sixth of the binary's compile). A GPU machine
-# builds the CUDA backend.
+# The first to configure build/ with no GPU visible (nvidia-smi lists none): the CPU backend alone
+# (the CUDA sources are a sixth of the binary's compile). A GPU machine builds the CUDA backend.
 configure=()
-if [ ! -f build/build.ninja ]; then
-  configure=(-DQSHARD_UNITY_BUILD=ON)
-  if ! nvidia-smi -L > /dev/null 2>&1; then
-    configure+=(-DQSHARD_CUDA=OFF)
-    echo "demo: no GPU here: building the CPU backend only (delete build/ to configure again)"
-  fi
+if [ ! -f build/build.ninja ] && ! nvidia-smi -L > /dev/null 2>&1; then
+  configure=(-DQSHARD_CUDA=OFF)
+  echo "demo: no GPU here: building the CPU backend only (delete build/ to configure again)"
 fi
 scripts/build.sh qshard "${configure[@]}"
 echo "demo: build/qshard built in ${SECONDS}s"
