@@ -121,7 +121,6 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
   std::lock_guard<std::mutex> lock(s.mu);
   if (window <= 0 || window >= T) window = 0;
   QS_CHECK(window <= std::numeric_limits<int>::max(), "attention: sliding window too large");
-  P = std::max<int64_t>(P, 0);
   const auto key = std::make_tuple(B, T, H, Hkv, D, window, P);
   auto it = s.graphs.find(key);
   if (it != s.graphs.end()) return it->second;

@@ -765,9 +765,8 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
     pos_ = act_->positions;
     pieces_ = AttentionPieces{pos_, nullptr, 0};
     if (act_->ragged) {  // CUDA: the same pieces in cuDNN's ragged layout, made here on the host
-      const int64_t n = ragged_layout(ragged_host_.data(), positions.data(), B * T, max_pieces_,
-                                      config_.num_attention_heads, config_.num_key_value_heads, config_.head_dim);
-      (void)n;
+      ragged_layout(ragged_host_.data(), positions.data(), B * T, max_pieces_, config_.num_attention_heads,
+                    config_.num_key_value_heads, config_.head_dim);
       upload_bytes(act_->ragged, ragged_host_.data(), ragged_host_.size() * 4);
       pieces_.ragged = act_->ragged;
       pieces_.max = max_pieces_;

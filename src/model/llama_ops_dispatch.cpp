@@ -110,7 +110,7 @@ void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T
 #endif
 void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
                        int64_t max_pieces) {
-  QS_DISPATCH_ATTENTION("prepare_attention", (void)max_pieces,
+  QS_DISPATCH_ATTENTION("prepare_attention", ((void)window, (void)max_pieces),
                         cuda::prepare_attention(ctx, B, T, H, Hkv, D, window, max_pieces));
 }
 void attention_fwd(void* out, void* saved, const void* q, const void* k, const void* v, int64_t B, int64_t T,

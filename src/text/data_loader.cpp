@@ -44,15 +44,6 @@ Packing resolve_packing(const std::string& name, const TokenFile& train, const T
   return train.doc_starts() && (!eval || eval->doc_starts()) ? Packing::kPacked : Packing::kWrapped;
 }
 
-std::string packing_name(Packing p) {
-  switch (p) {
-    case Packing::kWrapped: return "wrapped";
-    case Packing::kPadded: return "padded";
-    case Packing::kPacked: return "packed";
-  }
-  return "?";
-}
-
 namespace {
 
 // Best-fit decreasing (data_loader.h, packed): pieces of `lengths` into rows of T; returns the

@@ -75,7 +75,6 @@ Packing parse_packing(const std::string& name);
 // eval file if any, mark their documents (version 3 or later: what qshard tokenize writes), else
 // wrapped (an older file says nothing of its documents); any other name is parse_packing's.
 Packing resolve_packing(const std::string& name, const TokenFile& train, const TokenFile* eval = nullptr);
-std::string packing_name(Packing p);
 
 class PackedDataset {
  public:

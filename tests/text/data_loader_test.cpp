@@ -253,7 +253,6 @@ TEST(PackedDataset, AutoPacksFilesThatMarkTheirDocuments) {
   EXPECT_EQ(resolve_packing("padded", docs), Packing::kPadded);
   EXPECT_EQ(resolve_packing("packed", old), Packing::kPacked);
   EXPECT_THROW(resolve_packing("sorted", docs), InputError);
-  EXPECT_EQ(packing_name(resolve_packing("auto", docs)), "packed");
   // The most pieces a sequence holds: packed, its pieces and the padded tail; otherwise 1.
   const PackedDataset packed(docs, 8, false, Packing::kPacked);
   EXPECT_EQ(packed.max_pieces(), 3);  // pieces of 8, 4, 2 targets: rows [8] and [4, 2] + 2 of padding

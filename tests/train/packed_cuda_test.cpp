@@ -25,15 +25,8 @@ TrainSummary train_on(DeviceChoice device, const TrainConfig& cfg) {
 // tiny job's GPU tolerance, scripts/gpu/gpu_train_check.sh) and learn.
 TEST(PackedCuda, FollowsThePaddedRunAndTheCpu) {
   if (World::get().device() < 0) GTEST_SKIP() << "no GPU";
-  const std::string train_path = instruction_file("packed_cuda_train.tok", 600, 11);
-  const std::string eval_path = instruction_file("packed_cuda_eval.tok", 60, 12);
-  TrainConfig cfg = small_config(train_path);
-  cfg.data.eval = eval_path;
-  cfg.data.eval_fraction = 0;
-  cfg.steps = 2;
-  cfg.logging.eval_every_steps = 2;
+  TrainConfig cfg = eval_only_instruction_config("packed_cuda");
   cfg.logging.gemm_tflops = 0;
-  cfg.optimizer.lr = 1e-30;
   cfg.batch.micro_batch_size = 4;
   cfg.data.packing = "padded";
   const TrainSummary padded = train_on(DeviceChoice::kCuda, cfg);

@@ -86,4 +86,17 @@ inline std::string instruction_file(const std::string& name, int docs, uint32_t 
   return path;
 }
 
+// Instruction data (600 training records, 60 in a separate eval file, `name` naming both files)
+// with a learning rate too small to move the model: 2 steps, the eval loss measured once at the
+// end, so runs that differ only in how they present the data compare by their eval loss.
+inline TrainConfig eval_only_instruction_config(const std::string& name) {
+  TrainConfig c = small_config(instruction_file(name + "_train.tok", 600, 11));
+  c.data.eval = instruction_file(name + "_eval.tok", 60, 12);
+  c.data.eval_fraction = 0;
+  c.steps = 2;
+  c.logging.eval_every_steps = 2;
+  c.optimizer.lr = 1e-30;
+  return c;
+}
+
 }  // namespace qshard

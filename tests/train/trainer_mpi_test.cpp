@@ -96,14 +96,7 @@ TEST(Trainer, InstructionDataPaddedAcrossWorldSizes) {
 // a separate eval file is padded's within f32 rounding (wrapped's is not); it needs half the sequences;
 // its loss curve does not depend on the world size; and it learns.
 TEST(Trainer, PackedDataHasThePaddedRunsLossInFewerSequences) {
-  const std::string train_path = instruction_file("packed_train.tok", 600, 11);
-  const std::string eval_path = instruction_file("packed_eval.tok", 60, 12);
-  TrainConfig cfg = small_config(train_path);
-  cfg.data.eval = eval_path;
-  cfg.data.eval_fraction = 0;
-  cfg.steps = 2;
-  cfg.logging.eval_every_steps = 2;
-  cfg.optimizer.lr = 1e-30;
+  TrainConfig cfg = eval_only_instruction_config("packed");
   MpiCommunicator self(MPI_COMM_SELF), all(World::get().comm());
   cfg.data.packing = "padded";
   const TrainSummary padded = train(cfg, all);
@@ -122,7 +115,7 @@ TEST(Trainer, PackedDataHasThePaddedRunsLossInFewerSequences) {
   // (7e-4 apart, measured: a random model leans little on context, yet 14x the tolerance above)
   EXPECT_GT(std::fabs(wrapped.eval_losses[0].second - padded.eval_losses[0].second), 1e-4);
   // One epoch of packed sequences is half of padded's (one record each; records of 9 to 25 tokens).
-  const TokenFile f = TokenFile::open(train_path);
+  const TokenFile f = TokenFile::open(cfg.data.train);
   const int64_t n_padded = PackedDataset(f, 32, false, Packing::kPadded).num_sequences();
   const int64_t n_packed = PackedDataset(f, 32, false, Packing::kPacked).num_sequences();
   EXPECT_EQ(n_padded, 600);
