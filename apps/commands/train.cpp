@@ -165,6 +165,8 @@ void add_bench(CLI::App& sub, BenchArgs& a) {
                "LoRA masters and AdamW state in host memory, AdamW on the host (offload.optimizer)");
   add_double_option(sub, "--gpu-budget-gb", bo.gpu_budget_gb, 0, kMaxBenchGb, "memory.gpu_budget_gb: the memory plan's budget (GB = 1e9 bytes)");
   add_int_option(sub, "--keep-layers", bo.keep_layers, -1, kMaxBenchSize, "memory.keep_layers (-1: the plan's choice)");
+  add_int_option(sub, "--host-keep-layers", bo.host_keep_layers, -1, kMaxBenchSize,
+                 "memory.host_keep_layers: more layers kept in pinned host memory (-1: the plan's choice)");
   add_int_option(sub, "--mlp-chunk-tokens", bo.mlp_chunk_tokens, -1, kMaxBenchCount, "memory.mlp_chunk_tokens (-1: auto, 0: never)");
   sub.add_option("--set", bo.set, "any other config key: --set lora.dropout=0.1 (repeatable)");
   sub.add_option("--json", bo.json, "write the result as JSON here");

@@ -19,13 +19,14 @@ const char* buffer_life_name(BufferLife life) {
     case BufferLife::kKept: return "kept layers";
     case BufferLife::kWorkspace: return "workspace";
     case BufferLife::kLibrary: return "library workspace (estimate)";
+    case BufferLife::kHost: return "pinned host (kept layers)";
   }
   return "?";
 }
 
 void BufferPlan::add(std::string name, int64_t bytes, BufferLife life, void** target) {
   QS_CHECK(bytes >= 0, "buffer " + name + ": negative size");
-  if (life == BufferLife::kRun || life == BufferLife::kKept) bytes = (bytes + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
+  if (life == BufferLife::kRun || life == BufferLife::kKept || life == BufferLife::kHost) bytes = (bytes + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
   entries_.push_back({std::move(name), bytes, life, target});
 }
 
@@ -38,13 +39,15 @@ int64_t BufferPlan::total(BufferLife life) const {
 
 int64_t BufferPlan::total() const {
   int64_t t = 0;
-  for (const BufferEntry& e : entries_) t += e.bytes;
+  for (const BufferEntry& e : entries_)
+    if (e.life != BufferLife::kHost) t += e.bytes;
   return t;
 }
 
 std::string BufferPlan::ledger(int top) const {
   std::string s;
-  for (BufferLife life : {BufferLife::kRun, BufferLife::kKept, BufferLife::kWorkspace, BufferLife::kLibrary}) {
+  for (BufferLife life :
+       {BufferLife::kRun, BufferLife::kKept, BufferLife::kWorkspace, BufferLife::kLibrary, BufferLife::kHost}) {
     const int64_t t = total(life);
     if (t == 0) continue;
     std::vector<const BufferEntry*> es;
@@ -111,6 +114,11 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   d.convert_lora = act_t != DType::kF32;
   d.convert_head = backend == Backend::kCuda && head_t != act_t;
   d.kept_sets = std::max<int64_t>(std::min(o.keep_layers, d.L) - 1, 0);
+  // Host-kept layers: of those left to recompute (all but the kept sets and the last), through
+  // two device staging sets (one when only one layer goes to the host). The whole MLP only.
+  const int64_t open = std::max<int64_t>(d.L - 1 - d.kept_sets, 0);
+  d.host_sets = d.NM == d.N ? std::clamp<int64_t>(o.host_keep_layers, 0, open) : 0;
+  d.staging_sets = std::min<int64_t>(d.host_sets, 2);
   d.kv_cache_tokens = o.kv_cache_tokens;
   d.dropout = o.lora_dropout > 0;
   d.head_rows = llama_head_rows(o.head_chunk_bytes, d.V, d.N);
@@ -153,6 +161,12 @@ void add_internals(BufferPlan& p, const LlamaBufferDims& d, Backend backend, int
 }
 
 }  // namespace
+
+int64_t llama_kept_set_bytes(const LlamaBufferDims& d, Backend backend, DType act_t) {
+  BufferPlan one;
+  add_internals(one, d, backend, static_cast<int64_t>(dtype_size(act_t)), BufferLife::kKept, "", d.N, nullptr);
+  return one.total(BufferLife::kKept);
+}
 
 BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType act_t, LlamaActivations* a) {
   BufferPlan p;
@@ -199,10 +213,21 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
     p.add("KV cache values", L * d.kv_cache_tokens * kv * esz, run, a ? t(&a->v_cache) : nullptr);
   }
   // ---- kept layers: one set per kept layer but the last (it uses the working set) ----
-  if (a) a->kept.assign(static_cast<size_t>(d.kept_sets), LlamaInternals{});
+  // ---- then the host-kept layers' device staging sets (the same layout), at the end of `kept` ----
+  if (a) a->kept.assign(static_cast<size_t>(d.kept_sets + d.staging_sets), LlamaInternals{});
   for (int64_t i = 0; i < d.kept_sets; ++i)
     add_internals(p, d, backend, esz, BufferLife::kKept, "kept[" + std::to_string(i) + "].", N,
                   a ? &a->kept[static_cast<size_t>(i)] : nullptr);
+  for (int64_t i = 0; i < d.staging_sets; ++i)
+    add_internals(p, d, backend, esz, BufferLife::kKept, "host-kept staging[" + std::to_string(i) + "].", N,
+                  a ? &a->kept[static_cast<size_t>(d.kept_sets + i)] : nullptr);
+  // ---- host-kept layers but the last staging_sets (those stay in their staging set from their
+  // forward to their backward): one set's bytes each in pinned host memory (the model allocates it) ----
+  if (d.host_sets > d.staging_sets) {
+    const int64_t set = llama_kept_set_bytes(d, backend, act_t);
+    for (int64_t i = 0; i < d.host_sets - d.staging_sets; ++i)
+      p.add("host kept[" + std::to_string(i) + "]", set, BufferLife::kHost);
+  }
   // ---- workspace: the larger of a layer's and the head's scratch, in bytes ----
   // f32 scratch of the CPU kernels (a GEMM's row, attention's scores)
   const int64_t gemm_scratch = 2 * std::max({N, V, I, C, d.max_in, d.max_out}) + 2 * T;

@@ -12,7 +12,10 @@
 //               projections, the fold's widened weights, LoRA and dropout temporaries, one chunk of
 //               LM-head logits): reset and reused per layer;
 //   kLibrary    memory a library takes on the model's behalf (cuDNN's attention workspace): an
-//               estimate, not allocated by the model.
+//               estimate, not allocated by the model;
+//   kHost       pinned host memory: one kept set's bytes per host-kept layer but the last two
+//               (LlamaModelOptions::host_keep_layers), "host kept[i]"; their device staging sets are
+//               kKept entries "host-kept staging[i].<name>". Not GPU memory: total() leaves it out.
 // The same function serves both sides, so they cannot drift apart:
 //   - LlamaModel's constructor measures its tree (LlamaBufferDims from the slots it found), asks
 //     for the plan with `bind` set, allocates kRun and kKept storage from it (each entry 256-byte
@@ -41,7 +44,7 @@ namespace qshard {
 
 struct LlamaModelOptions;
 
-enum class BufferLife { kRun, kKept, kWorkspace, kLibrary };
+enum class BufferLife { kRun, kKept, kWorkspace, kLibrary, kHost };
 const char* buffer_life_name(BufferLife life);
 
 struct BufferEntry {
@@ -58,7 +61,7 @@ class BufferPlan {
   void add(std::string name, int64_t bytes, BufferLife life, void** target = nullptr);
   const std::vector<BufferEntry>& entries() const { return entries_; }
   int64_t total(BufferLife life) const;
-  int64_t total() const;
+  int64_t total() const;  // the device lifetimes (every one but kHost)
   // The ledger on one line: per lifetime its total and its largest entries (top `top`), "; " apart.
   std::string ledger(int top = 4) const;
   // Allocates one tensor of u8 on `device` holding every entry of `life` and writes each entry's
@@ -85,6 +88,8 @@ struct LlamaBufferDims {
   bool convert_lora = false;         // LoRA A/B converted from f32 to the activation dtype at bind
   bool convert_head = false;         // the LM head converted into a buffer of the model's
   int64_t kept_sets = 0;             // kept layers but the last
+  int64_t host_sets = 0;             // host-kept layers (pinned host sets)
+  int64_t staging_sets = 0;          // their device staging sets (min(host_sets, 2))
   int64_t kv_cache_tokens = 0;
   bool dropout = false;              // LoRA dropout's masked inputs in the workspace
   int64_t head_rows = 0;             // LM-head logits rows per chunk
@@ -123,7 +128,8 @@ struct LlamaInternals {  // one layer's forward results that its backward reads
 };
 struct LlamaActivations : LlamaInternals {
   Tensor storage, kept_storage;
-  std::vector<LlamaInternals> kept;  // kept_sets sets: layers L-keep .. L-2 (the last: the working set)
+  std::vector<LlamaInternals> kept;  // kept_sets sets: layers L-keep .. L-2 (the last: the working set),
+                                     // then staging_sets staging sets of the host-kept layers
   LlamaInternals work;               // the working set's pointers (saved while a kept set is in use)
   // Points the internals at set `s`; a kept set has no h1 / h2 (recomputed in the backward): the
   // working set's serve.
@@ -169,6 +175,9 @@ struct LlamaActivations : LlamaInternals {
   void* k_cache = nullptr;   // [L, kv_cache_tokens, Hkv*D] generation's keys (after RoPE)
   void* v_cache = nullptr;   // [L, kv_cache_tokens, Hkv*D] and values
 };
+
+// One kept set's bytes (each kept set, staging set and host set is this many, contiguous).
+int64_t llama_kept_set_bytes(const LlamaBufferDims& dims, Backend backend, DType activation_dtype);
 
 // Every buffer of a model with `dims`. bind: the activations whose pointers the entries target
 // (its `kept` is resized to dims.kept_sets); null: an estimate.

@@ -37,6 +37,25 @@ struct LlamaModel::Staging {
   }
 };
 
+// The host tier: `slots` device staging sets (act_->kept[first + s]) and the pinned host sets of
+// the host-kept layers but the last `slots` (those stay in their staging set from their forward to
+// their backward: forward_backward runs both). Per slot, what it holds and which copy the compute
+// stream has not yet waited for.
+struct LlamaModel::HostTier {
+  PinnedHostAllocator pinned;
+  uint8_t* base = nullptr;  // [sets - slots, set_bytes]
+  int64_t set_bytes = 0;
+  int sets = 0, slots = 0, first = 0;
+  Stream offload{stream_names::kActivationOffload};
+  std::vector<Event> written, stored, released, loaded;  // per slot
+  std::vector<int> holds;                                // per slot: the host set it holds, or -1
+  std::vector<char> storing, loading;                    // per slot: a copy out of / into it in flight
+  ~HostTier() {
+    offload.synchronize();
+    if (base) pinned.release(base);
+  }
+};
+
 void check_attention_shape(const LlamaConfig& config, Backend backend, const std::string& source) {
   if (backend == Backend::kCuda && config.head_dim % 8 != 0)
     throw InputError(source + ": head_dim " + std::to_string(config.head_dim) +
@@ -60,6 +79,8 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   mlp_rows_ = options.mlp_chunk_rows > 0 ? std::min(options.mlp_chunk_rows, max_rows_) : max_rows_;
   QS_CHECK(mlp_rows_ == max_rows_ || options.keep_layers == 0,
            "keep_layers > 0 needs the whole MLP (mlp_chunk_rows 0 or >= the rows of a micro-batch)");
+  QS_CHECK(options.host_keep_layers >= 0 && (mlp_rows_ == max_rows_ || options.host_keep_layers == 0),
+           "host_keep_layers must be >= 0, and > 0 needs the whole MLP");
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim, N = max_rows_;
 
   // ---- find every slot once (names and shapes checked) ----
@@ -109,6 +130,103 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
       static_cast<int64_t*>(staging_->pinned.allocate(static_cast<size_t>(kStagingSlots * staging_->slot) * 8));
   if (d.ragged_ints > 0) ragged_host_.resize(static_cast<size_t>(d.ragged_ints));
   for (int i = 0; i < kStagingSlots; ++i) staging_->done.emplace_back();
+
+  // ---- the host tier: host-kept layers spread evenly over the recomputed ones, the last of them
+  // at the layer just before the kept sets (its staging set still holds it when the backward comes) ----
+  device_kept_sets_ = d.kept_sets;
+  if (d.host_sets > 0) {
+    host_ = std::make_unique<HostTier>();
+    HostTier& t = *host_;
+    t.sets = static_cast<int>(d.host_sets);
+    t.slots = static_cast<int>(d.staging_sets);
+    t.first = static_cast<int>(d.kept_sets);
+    t.set_bytes = llama_kept_set_bytes(d, ctx_.backend(), act_t);
+    QS_CHECK(a.kept_storage.nbytes() == static_cast<size_t>((d.kept_sets + d.staging_sets) * t.set_bytes),
+             "kept sets are not contiguous sets of one size");
+    if (t.sets > t.slots)
+      t.base = static_cast<uint8_t*>(t.pinned.allocate(static_cast<size_t>((t.sets - t.slots) * t.set_bytes)));
+    for (int s = 0; s < t.slots; ++s) {
+      t.written.emplace_back();
+      t.stored.emplace_back();
+      t.released.emplace_back();
+      t.loaded.emplace_back();
+    }
+    t.holds.assign(static_cast<size_t>(t.slots), -1);
+    t.storing.assign(static_cast<size_t>(t.slots), 0);
+    t.loading.assign(static_cast<size_t>(t.slots), 0);
+    const int64_t L = c.num_hidden_layers, open = L - 1 - d.kept_sets;
+    host_index_.assign(static_cast<size_t>(L), -1);
+    for (int64_t h = 0; h < d.host_sets; ++h) host_index_[static_cast<size_t>((h + 1) * open / d.host_sets - 1)] = static_cast<int>(h);
+  }
+}
+
+std::vector<int64_t> LlamaModel::host_kept_layers() const {
+  std::vector<int64_t> v;
+  for (size_t l = 0; l < host_index_.size(); ++l)
+    if (host_index_[l] >= 0) v.push_back(static_cast<int64_t>(l));
+  return v;
+}
+
+int LlamaModel::staging_set(int h) const { return host_->first + h % host_->slots; }
+
+// Host set h's internals on the device: the staging set h % slots. A copy out of that set still in
+// flight (host set h - slots') is waited for first.
+void LlamaModel::host_before_forward(int h) {
+  HostTier& t = *host_;
+  const size_t s = static_cast<size_t>(h % t.slots);
+  QS_CHECK(!t.loading[s], "host tier: a staging set is being loaded at a forward");
+  if (t.storing[s]) {
+    mark(StepPart::kWait);
+    ctx_.compute().wait(t.stored[s]);
+    mark(StepPart::kOther);
+    t.storing[s] = 0;
+  }
+}
+
+// After the forward: the set goes out to pinned memory on the offload stream, unless it is one of
+// the last `slots` (its staging set keeps it until its backward).
+void LlamaModel::host_after_forward(int h) {
+  HostTier& t = *host_;
+  const size_t s = static_cast<size_t>(h % t.slots);
+  t.holds[s] = h;
+  if (h >= t.sets - t.slots) return;
+  ctx_.compute().record(t.written[s]);
+  t.offload.wait(t.written[s]);
+  copy_bytes_async(t.base + static_cast<int64_t>(h) * t.set_bytes, Device::kCpu,
+                   static_cast<const uint8_t*>(act_->kept_storage.raw()) + (t.first + static_cast<int64_t>(s)) * t.set_bytes,
+                   ctx_.compute_device(), static_cast<size_t>(t.set_bytes), t.offload.handle());
+  t.offload.record(t.stored[s]);
+  t.storing[s] = 1;
+}
+
+void LlamaModel::host_before_backward(int h) {
+  HostTier& t = *host_;
+  const size_t s = static_cast<size_t>(h % t.slots);
+  QS_CHECK(t.holds[s] == h, "host tier: host set " + std::to_string(h) + " is not in its staging set");
+  if (t.loading[s]) {
+    mark(StepPart::kWait);
+    ctx_.compute().wait(t.loaded[s]);
+    mark(StepPart::kOther);
+    t.loading[s] = 0;
+  }
+}
+
+// After the backward: the staging set is free; host set h - slots (the next one it serves) comes in
+// on the offload stream, behind the compute of the layers between.
+void LlamaModel::host_after_backward(int h) {
+  HostTier& t = *host_;
+  const size_t s = static_cast<size_t>(h % t.slots);
+  t.holds[s] = -1;
+  const int next = h - t.slots;
+  if (next < 0) return;
+  ctx_.compute().record(t.released[s]);
+  t.offload.wait(t.released[s]);
+  copy_bytes_async(static_cast<uint8_t*>(act_->kept_storage.raw()) + (t.first + static_cast<int64_t>(s)) * t.set_bytes,
+                   ctx_.compute_device(), t.base + static_cast<int64_t>(next) * t.set_bytes, Device::kCpu,
+                   static_cast<size_t>(t.set_bytes), t.offload.handle());
+  t.offload.record(t.loaded[s]);
+  t.loading[s] = 1;
+  t.holds[s] = next;
 }
 
 LlamaModel::~LlamaModel() = default;
@@ -530,7 +648,7 @@ int LlamaModel::kept_set(int64_t layer) const {
   const int64_t L = config_.num_hidden_layers;
   if (mlp_rows_ < max_rows_) return -1;  // chunked MLP: every layer recomputes
   if (layer == L - 1) return static_cast<int>(act_->kept.size());  // the working set
-  const int64_t first = L - 1 - static_cast<int64_t>(act_->kept.size());
+  const int64_t first = L - 1 - device_kept_sets_;
   return layer >= first ? static_cast<int>(layer - first) : -1;
 }
 
@@ -737,7 +855,10 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
     if (before_layer) before_layer(l, Pass::kBackward);
     mark(StepPart::kOther);
     bind_layer(l);
-    layer_backward_impl(act(a.xs, l * NC), dx, dprev, B, T, kept_set(l));
+    const int h = host_set(l);
+    if (h >= 0) host_before_backward(h);
+    layer_backward_impl(act(a.xs, l * NC), dx, dprev, B, T, h >= 0 ? staging_set(h) : kept_set(l));
+    if (h >= 0) host_after_backward(h);
     if (after_layer) after_layer(l, Pass::kBackward);
     std::swap(dx, dprev);
   }
@@ -785,8 +906,11 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
     if (before_layer) before_layer(l, Pass::kForward);
     mark(StepPart::kOther);
     bind_layer(l);
-    layer_forward_kept(act(a.xs, slot(l) * NC), act(a.xs, slot(l + 1) * NC), B, T, keep_checkpoints ? kept_set(l) : -1,
-                       cache_pos);
+    const int h = keep_checkpoints ? host_set(l) : -1;
+    if (h >= 0) host_before_forward(h);
+    layer_forward_kept(act(a.xs, slot(l) * NC), act(a.xs, slot(l + 1) * NC), B, T,
+                       h >= 0 ? staging_set(h) : keep_checkpoints ? kept_set(l) : -1, cache_pos);
+    if (h >= 0) host_after_forward(h);
     if (after_layer) after_layer(l, Pass::kForward);
   }
   return act(a.xs, slot(L) * NC);

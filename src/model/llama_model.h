@@ -96,6 +96,15 @@ struct LlamaModelOptions {
   // The others are recomputed from their checkpoint x_l (activation checkpointing), without
   // down_proj (its output is not needed by the backward). Same arithmetic either way: the same bits.
   int64_t keep_layers = 0;
+  // host_keep_layers: as many more of the layers keep_layers leaves to recompute keep their
+  // internals in pinned host memory instead (the host tier). The forward writes such a layer's
+  // internals into one of two device staging sets and copies them out on the model's offload
+  // stream; the backward copies them back into a staging set ahead of the layer (the next one's
+  // while this one computes). Events order each copy against the compute stream both ways; the
+  // host never waits. The host-kept layers are spread evenly over the recomputed ones, so that a
+  // copy has the compute of the layers between them to hide behind. Same arithmetic: the same bits.
+  // REQUIRES the whole MLP (mlp_chunk_rows 0); more than the recomputed layers are clamped.
+  int64_t host_keep_layers = 0;
   // mlp_chunk_rows: > 0 and below max_batch * max_seq: the MLP runs over rows in chunks of this
   // many (its [rows, I] buffers and gradients chunk-sized: long sequences); the backward
   // recomputes a chunk's gate/up just before its gradients. REQUIRES keep_layers == 0 then.
@@ -129,7 +138,8 @@ LlamaStepBytes llama_step_bytes(const BufferPlan& plan);
 LlamaStepBytes llama_step_bytes(const LlamaConfig& config, const LlamaModelOptions& options, Backend backend,
                                 DType activation_dtype, DType head_dtype, int64_t lora_r);
 
-// One kept layer's internals (LlamaModelOptions::keep_layers: each kept layer but the last costs this).
+// One kept layer's internals (LlamaModelOptions::keep_layers: each kept layer but the last costs this;
+// each host-kept layer this many bytes of pinned host memory, and two staging sets this much each).
 double llama_kept_layer_bytes(const LlamaConfig& config, const LlamaModelOptions& options, Backend backend,
                               DType activation_dtype, int64_t lora_r);
 
@@ -220,6 +230,8 @@ class LlamaModel {
   std::optional<int64_t> library_bytes() const { return library_bytes_; }
   // Every buffer this model allocated (its tree's plan; the entries' targets are its own).
   const BufferPlan& buffer_plan() const { return plan_; }
+  // The layers whose internals go to pinned host memory in forward_backward (ascending).
+  std::vector<int64_t> host_kept_layers() const;
 
  private:
 
@@ -243,6 +255,14 @@ class LlamaModel {
   bool chunked(int64_t N) const;
   void layer_forward_kept(const void* x_in, void* x_out, int64_t B, int64_t T, int set, int64_t cache_pos = -1);
   void layer_backward_impl(const void* x_in, const void* dout, void* dx, int64_t B, int64_t T, int set);
+  // The host tier (options.host_keep_layers): layer l's host set index (-1: not host-kept), the
+  // staging set it goes through, and the copies around its forward and backward.
+  int host_set(int64_t layer) const { return host_index_.empty() ? -1 : host_index_[static_cast<size_t>(layer)]; }
+  int staging_set(int h) const;
+  void host_before_forward(int h);
+  void host_after_forward(int h);
+  void host_before_backward(int h);
+  void host_after_backward(int h);
   void dequantize_layer();
   // x (and dx) rows ldx apart (0 = the projection's input width); a folded projection reads its
   // group's LoRA columns from the same rows.
@@ -288,6 +308,10 @@ class LlamaModel {
   void mark(StepPart part) { profiler_.mark(part); }
   struct Staging;  // pinned host slots for ids/targets uploads
   std::unique_ptr<Staging> staging_;
+  struct HostTier;  // the host-kept layers' pinned sets, offload stream and events
+  std::unique_ptr<HostTier> host_;
+  std::vector<int> host_index_;  // per layer: its host set, or -1
+  int64_t device_kept_sets_ = 0;  // act_->kept's first entries (the staging sets follow)
   uint64_t step_ = 0;
   int64_t row_offset_ = 0;
   int64_t chunk_row_offset_ = 0;  // the MLP chunk's first row (dropout keys are per global row)

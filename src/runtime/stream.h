@@ -30,6 +30,9 @@ inline constexpr const char* kH2D = "h2d";
 inline constexpr const char* kGather = "gather";
 // Reduce-scatter of a unit's gradients while the backward pass moves on to the previous unit.
 inline constexpr const char* kReduce = "reduce";
+// The model's host tier (LlamaModelOptions::host_keep_layers): host-kept layers' internals to
+// pinned host memory in the forward and back ahead of their backward, behind other layers' compute.
+inline constexpr const char* kActivationOffload = "activation offload";
 }  // namespace stream_names
 
 class Event {

@@ -59,6 +59,7 @@ TrainConfig bench_config(const BenchOptions& o, const std::string& data_train, i
   check_int("bench --warmup", o.warmup, 0, kMaxBenchCount);
   check_int("bench --micro-batch", o.micro_batch, -1, kMaxBenchCount);
   check_int("bench --keep-layers", o.keep_layers, -1, kMaxBenchSize);
+  check_int("bench --host-keep-layers", o.host_keep_layers, -1, kMaxBenchSize);
   check_int("bench --mlp-chunk-tokens", o.mlp_chunk_tokens, -1, kMaxBenchCount);
   check_double("bench --gpu-budget-gb", o.gpu_budget_gb, 0, kMaxBenchGb);
   TrainConfig c;
@@ -91,6 +92,7 @@ TrainConfig bench_config(const BenchOptions& o, const std::string& data_train, i
   c.offload.optimizer = o.offload_optimizer;
   c.memory.gpu_budget_gb = o.gpu_budget_gb;
   c.memory.keep_layers = o.keep_layers;
+  c.memory.host_keep_layers = o.host_keep_layers;
   c.memory.mlp_chunk_tokens = o.mlp_chunk_tokens;
   c.logging.every_steps = 1;
   c.device = o.device;
@@ -160,7 +162,8 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
   j["warmup"] = o.warmup;
   j["plan"] = {{"offload_params", p.offload_params},   {"offload_optimizer", p.offload_optimizer},
                {"micro_batch", p.micro_batch},         {"est_step_s", p.est_step_s},
-               {"keep_layers", p.keep_layers},         {"mlp_chunk_rows", p.mlp_chunk_rows},
+               {"keep_layers", p.keep_layers},         {"host_keep_layers", p.host_keep_layers},
+               {"mlp_chunk_rows", p.mlp_chunk_rows},
                {"gpu_budget_gb", o.gpu_budget_gb},     {"text", p.plan}};
   j["tokens_per_s"] = tps;
   j["step_s"] = o.steps > 0 ? secs / static_cast<double>(o.steps) : 0;

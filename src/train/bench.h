@@ -55,6 +55,7 @@ struct BenchOptions {
   bool offload_optimizer = false;  // offload.optimizer: LoRA masters and AdamW on the host
   double gpu_budget_gb = 0;
   int64_t keep_layers = -1;
+  int64_t host_keep_layers = -1;
   int64_t mlp_chunk_tokens = -1;
   DeviceChoice device = DeviceChoice::kAuto;
   std::vector<std::string> set;  // further config overrides, key=value

@@ -40,10 +40,11 @@ std::string MemoryPlan::describe() const {
   else
     s += fmt::format("layers {}-{} of {} keep their activations ({} each), the rest recomputed",
                      layers - keep_layers, layers - 1, layers, human_bytes(per_kept));
+  if (host_keep_layers > 0)
+    s += fmt::format("; {} more keep theirs in pinned host memory ({}, through {} staging set{} on the {})",
+                     host_keep_layers, human_bytes(host_bytes()), staging_sets(), staging_sets() > 1 ? "s" : "", mem);
   s += fmt::format("; {}: {} {} + step buffers {} + kept {} = {}", mem, measured ? "in use" : "resident (estimate)",
-                   human_bytes(resident), human_bytes(step),
-                   human_bytes(per_kept * static_cast<double>(keep_layers > 1 ? keep_layers - 1 : 0)),
-                   human_bytes(total()));
+                   human_bytes(resident), human_bytes(step), human_bytes(kept_bytes()), human_bytes(total()));
   if (est_step_s > 0) {
     s += fmt::format("; micro-batch {}, estimated {:.3f} s a step", micro_batch, est_step_s);
     if (candidates > 1 && runner_up_s > 0)
@@ -104,6 +105,9 @@ JobSizes job_sizes(const TrainConfig& config, const LlamaConfig& lc, int world) 
   return z;
 }
 
+// The layers a plan leaves to recompute (all but the kept ones and the last): the host tier's.
+int64_t open_layers(const MemoryPlan& p) { return std::max<int64_t>(p.layers - std::max<int64_t>(p.keep_layers, 1), 0); }
+
 // 1 + the kept layers (each but the last costs per_kept) that `room` bytes hold, at most `layers`.
 int64_t kept_for_room(double room, double per_kept, int64_t layers) {
   const double extra = room > 0 ? std::floor(room / per_kept) : 0.0;
@@ -115,14 +119,24 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
   const double h2d = r.h2d_bytes_per_second > 0 ? r.h2d_bytes_per_second : kDefaultH2dBytesPerSecond;
   const double a = in.flops_per_token / (kMfuRecompute * R);  // seconds per token, full recompute
   const double N = static_cast<double>(p.micro_batch) * in.T;
-  const double kept = in.L > 1 ? (static_cast<double>(std::max<int64_t>(p.keep_layers, 1)) - 1) / (in.L - 1) : 0.0;
+  const double kept_layers = static_cast<double>(std::max<int64_t>(p.keep_layers, 1) - 1 + p.host_keep_layers);
+  const double kept = in.L > 1 ? std::min(kept_layers / (in.L - 1), 1.0) : 0.0;
   double micro = (N * a + kFixedTokens * a) * (1 - kRecomputeShare * kept);
+  const double copy = in.layer_bytes / in.world / h2d;
   if (p.offload_params) {
     // Each layer's shard crosses host to device once in the forward and once in the backward,
     // behind that layer's compute: exposed where the copy is longer (the forward at small N).
-    const double copy = in.layer_bytes / in.world / h2d;
     const double fwd = N * a * (1 - kRecomputeShare) / (3 * in.L);
     micro += in.L * (std::max(0.0, copy - fwd) + std::max(0.0, copy - 3 * fwd) + kOffloadContention * 2 * copy);
+  }
+  if (p.host_keep_layers > 2) {
+    // The host tier: each stored set goes out during the forward and comes back during the
+    // backward (with an offloaded base's copies), each direction at the pinned rate; what the
+    // compute of that half cannot cover is exposed.
+    const double sets = static_cast<double>(p.host_keep_layers - 2) * p.per_kept / h2d;
+    const double fwd = N * a * (1 - kRecomputeShare) / 3;
+    const double bwd = 2 * fwd + N * a * kRecomputeShare * (1 - kept) - (p.offload_params ? in.L * copy : 0.0);
+    micro += std::max(0.0, sets - fwd) + std::max(0.0, sets - bwd) + kOffloadContention * 2 * sets;
   }
   double step = micro * (in.batch / static_cast<double>(p.micro_batch));
   if (p.offload_optimizer) step += in.lora_params / in.world * 32 / kHostAdamBytesPerSecond;
@@ -176,9 +190,32 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     p.per_kept = llama_kept_layer_bytes(lc, step_options(config, micro, 0), backend, act_t, config.lora.r);
     p.resident = resident(offload_params, offload_opt);
     p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
-    if (m.keep_layers < 0 && budget > 0 && p.mlp_chunk_rows == 0 && p.per_kept > 0)
-      p.keep_layers = kept_for_room(budget - p.resident - p.step, p.per_kept, p.layers);
+    const bool whole = p.mlp_chunk_rows == 0 && p.per_kept > 0;
+    auto fill = [&](MemoryPlan& q) {  // the device-kept layers the budget holds beside q's staging sets
+      if (m.keep_layers < 0 && budget > 0 && whole)
+        q.keep_layers = kept_for_room(budget - q.resident - q.step - q.per_kept * q.staging_sets(), q.per_kept, q.layers);
+      q.host_keep_layers = std::clamp<int64_t>(q.host_keep_layers, 0, whole ? open_layers(q) : 0);
+    };
+    p.host_keep_layers = m.host_keep_layers > 0 ? m.host_keep_layers : 0;
+    fill(p);
     if (cuda) p.est_step_s = estimate(p, sizes.cost, rates);
+    // The plan's choice of host-kept layers (a budget on the GPU, the whole MLP): the fastest count
+    // whose staging sets fit the budget and whose host sets fit the host memory given to the tier.
+    const double host_room = m.host_budget_gb > 0 ? m.host_budget_gb * 1e9
+                             : rates.host_available_bytes > 0
+                                 ? 0.5 * rates.host_available_bytes - (offload_params ? (proj_b + root) / world : 0.0)
+                                 : 0.0;
+    if (cuda && budget > 0 && whole && m.host_keep_layers < 0) {
+      for (int64_t h = 1; h < p.layers; ++h) {
+        MemoryPlan q = p;
+        q.host_keep_layers = h;
+        if (q.resident + q.step + q.per_kept * q.staging_sets() > budget || q.host_bytes() > host_room) break;
+        fill(q);
+        if (q.host_keep_layers < h) break;  // no layers left to recompute
+        q.est_step_s = estimate(q, sizes.cost, rates);
+        if (q.est_step_s < p.est_step_s * (1 - 1e-9)) p = q;
+      }
+    }
     return p;
   };
 
@@ -237,7 +274,9 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
   const std::vector<MemoryPlan> all = plan_candidates(config, lc, backend, act_t, world, rates);
   // Within the budget: the fastest estimate; ties (the CPU, no budget) keep the config's order (the
   // base on the GPU first, the optimizer on the GPU first). Nothing fits: the smallest.
-  auto fits = [&](const MemoryPlan& p) { return budget <= 0 || p.resident + p.step <= budget; };
+  auto fits = [&](const MemoryPlan& p) {
+    return budget <= 0 || p.resident + p.step + p.per_kept * p.staging_sets() <= budget;
+  };
   const MemoryPlan* best = nullptr;
   for (const MemoryPlan& p : all)
     if (fits(p) && (!best || p.est_step_s < best->est_step_s * (1 - 1e-9))) best = &p;
@@ -250,8 +289,9 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
   for (const MemoryPlan& p : all)
     if (&p != best && fits(p) && (chosen.runner_up_s <= 0 || p.est_step_s < chosen.runner_up_s)) {
       chosen.runner_up_s = p.est_step_s;
-      chosen.runner_up = fmt::format("micro-batch {}{}{}", p.micro_batch, p.offload_params ? ", base offloaded" : "",
-                                     p.offload_optimizer ? ", optimizer on the host" : "");
+      chosen.runner_up = fmt::format("micro-batch {}{}{}{}", p.micro_batch, p.offload_params ? ", base offloaded" : "",
+                                     p.offload_optimizer ? ", optimizer on the host" : "",
+                                     p.host_keep_layers > 0 ? fmt::format(", {} host-kept", p.host_keep_layers) : "");
     }
   if (m.keep_layers > 0 && chosen.mlp_chunk_rows > 0)
     throw InputError(fmt::format("{}: memory.keep_layers = {} keeps whole layers, but the MLP runs in chunks of {} rows "
@@ -276,8 +316,9 @@ void plan_kept_layers(MemoryPlan& p, const TrainConfig& config, double in_use_by
     p.resident = in_use_bytes + optimizer_bytes + kLibraryBytes;
     p.measured = true;
   }
-  if (config.memory.keep_layers >= 0 || p.budget <= 0 || p.mlp_chunk_rows > 0 || p.per_kept <= 0) return;
-  p.keep_layers = kept_for_room(p.budget - p.resident - p.step, p.per_kept, p.layers);
+  if (config.memory.keep_layers < 0 && p.budget > 0 && p.mlp_chunk_rows == 0 && p.per_kept > 0)
+    p.keep_layers = kept_for_room(p.budget - p.resident - p.step - p.per_kept * p.staging_sets(), p.per_kept, p.layers);
+  p.host_keep_layers = std::min(p.host_keep_layers, p.mlp_chunk_rows == 0 ? open_layers(p) : int64_t{0});
 }
 
 }  // namespace qshard

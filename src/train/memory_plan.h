@@ -12,11 +12,16 @@
 //   - how many decoder layers keep their activations from the forward instead of recomputing them
 //     in the backward (LlamaModelOptions::keep_layers; the last layers first): as many as the budget
 //     holds after the base, the LoRA state and the step's buffers. Kept layers are the speed lever:
-//     each saves its layer's recompute (about a third of its forward and backward work).
+//     each saves its layer's recompute (about a third of its forward and backward work);
+//   - how many of the other layers keep theirs in pinned host memory (the host tier,
+//     LlamaModelOptions::host_keep_layers: two kept sets' worth of device staging, one set of host
+//     memory each, copied out in the forward and back before the backward at the measured
+//     host-to-device rate). The cost model counts the copies that the compute cannot hide; the
+//     host memory is memory.host_budget_gb, or half of what the host can still take.
 // The cost model (GPU): a micro-batch of N tokens takes (N + N0) a (1 - s k) seconds, a = useful
 // FLOPs per token / (0.53 x the measured GEMM rate), N0 = 384 tokens of per-micro-batch fixed work
 // (dequantizing the base, launches), s = 0.2 the recompute's share, k the kept fraction of the
-// layers; an offloaded base adds, per layer, the part of its host-to-device copy (at the measured
+// layers (device- or host-kept); an offloaded base adds, per layer, the part of its host-to-device copy (at the measured
 // bandwidth) longer than that layer's forward (and its backward); a host optimizer adds 32 bytes a
 // LoRA parameter at 10 GB/s. Constants from the H200 runs of docs/PERFORMANCE.md (session 11): the
 // model puts the 8B shape's measured rows within 6%, the 70B offloaded / resident ratio at 0.87
@@ -30,6 +35,7 @@
 // Thread safety: pure functions.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -61,6 +67,7 @@ struct MemoryPlan {
   bool offload_optimizer = false;
   int64_t mlp_chunk_rows = 0;    // 0: the whole micro-batch at once
   int64_t keep_layers = 0;
+  int64_t host_keep_layers = 0;  // of the layers keep_layers leaves, those kept in pinned host memory
   int64_t layers = 0;            // L, for the description
   bool cuda = false;             // the plan is for GPU memory (else the CPU backend's host memory)
   // Estimates, bytes on the GPU:
@@ -68,14 +75,20 @@ struct MemoryPlan {
   bool measured = false;  // resident is the device memory in use after the build, not an estimate
   double step = 0;      // LlamaModel's activation buffers and workspace at keep_layers 0 (step_buffers' total)
   BufferPlan step_buffers;  // those buffers, entry by entry (model/llama_buffers.h; ledger() prints them)
-  double per_kept = 0;  // each kept layer but the last
+  double per_kept = 0;  // each kept layer but the last (and each host-kept layer's staging set on the
+                        // GPU, at most two; its host set in pinned host memory)
   // The cost model (GPU plans): the estimated seconds of one optimizer step, how many plans were
   // weighed, and the fastest other one that fits.
   double est_step_s = 0;
   int candidates = 1;
   std::string runner_up;
   double runner_up_s = 0;
-  double total() const { return resident + step + per_kept * static_cast<double>(keep_layers > 1 ? keep_layers - 1 : 0); }
+  int64_t staging_sets() const { return std::min<int64_t>(host_keep_layers, 2); }
+  double kept_bytes() const {
+    return per_kept * static_cast<double>((keep_layers > 1 ? keep_layers - 1 : 0) + staging_sets());
+  }
+  double host_bytes() const { return per_kept * static_cast<double>(std::max<int64_t>(host_keep_layers - 2, 0)); }
+  double total() const { return resident + step + kept_bytes(); }
   std::string describe() const;
 };
 
@@ -92,7 +105,8 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
 double plan_step_estimate(const MemoryPlan& plan, const TrainConfig& config, const LlamaConfig& model, int world,
                           const PlanRates& rates = {});
 // Stage 2: the kept layers. in_use_bytes > 0: the device memory in use now (the built model);
-// optimizer_bytes: state still to be allocated (AdamW moments on the GPU).
+// optimizer_bytes: state still to be allocated (AdamW moments on the GPU). The host-kept layers of
+// stage 1 keep their staging sets' room and give way to device-kept ones (at most the layers left).
 void plan_kept_layers(MemoryPlan& plan, const TrainConfig& config, double in_use_bytes, double optimizer_bytes);
 
 }  // namespace qshard

@@ -254,6 +254,10 @@ const std::vector<Field>& fields() {
                "decoder layers whose activations are kept instead of recomputed"),
       QS_FIELD("memory.mlp_chunk_tokens", memory.mlp_chunk_tokens, "-1 (auto), 0 (never) or up to 2^28",
                "rows per MLP chunk"),
+      QS_FIELD("memory.host_keep_layers", memory.host_keep_layers, ">= -1 (-1 = the plan's choice)",
+               "more layers whose activations are kept in pinned host memory instead of recomputed"),
+      QS_FIELD("memory.host_budget_gb", memory.host_budget_gb, "in [0, 1e6] (0 = half the host's free memory)",
+               "pinned host memory the plan may give host-kept layers (GB = 1e9 bytes)"),
       checkpoint_dir_field(),
       QS_FIELD("checkpoint.every_steps", checkpoint.every_steps, ">= 0 (0 = only at the end)",
                "save a checkpoint every this many steps"),
@@ -651,6 +655,10 @@ void TrainConfig::validate(int world_size) const {
   ck.require(memory.keep_layers >= -1, "memory.keep_layers", memory.keep_layers, ">= -1 (-1 = the plan's choice)");
   ck.require(memory.mlp_chunk_tokens >= -1 && memory.mlp_chunk_tokens <= kMaxMicroTokens, "memory.mlp_chunk_tokens",
              memory.mlp_chunk_tokens, fmt::format("in [-1, {}] (-1 = auto, 0 = never)", kMaxMicroTokens));
+  ck.require(memory.host_keep_layers >= -1, "memory.host_keep_layers", memory.host_keep_layers,
+             ">= -1 (-1 = the plan's choice)");
+  ck.require(memory.host_budget_gb >= 0 && memory.host_budget_gb <= 1e6, "memory.host_budget_gb",
+             memory.host_budget_gb, "a number of GB in [0, 1e6] (0 = half the host's free memory)");
   // checkpoint, logging
   ck.require(checkpoint.every_steps >= 0, "checkpoint.every_steps", checkpoint.every_steps, ">= 0 (0 = at the end)");
   ck.require(checkpoint.keep_last >= 0, "checkpoint.keep_last", checkpoint.keep_last, ">= 0 (0 = keep all)");

@@ -153,6 +153,11 @@ struct MemoryConfig {
                                  // plan's choice (0 without a budget)
   int64_t mlp_chunk_tokens = -1; // rows per MLP chunk; -1: auto (chunks of 8192 past 16384 tokens per
                                  // micro-batch); 0: never chunk
+  int64_t host_keep_layers = -1; // more layers whose activations are kept, in pinned host memory (copied
+                                 // out in the forward, back before their backward); -1: the plan's
+                                 // choice (0 without a budget)
+  double host_budget_gb = 0;     // pinned host memory the plan may give host-kept layers (GB); 0: half
+                                 // of what the host can still take at start
 };
 
 struct CheckpointConfig {

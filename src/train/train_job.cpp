@@ -120,6 +120,7 @@ void TrainJob::build_model() {
   plan_kept_layers(plan_, config_, static_cast<double>(rt_.ctx.memory_in_use().value_or(0)), 0.0);
   if (rt_.ctx.is_cuda()) plan_.est_step_s = plan_step_estimate(plan_, config_, mc, world_, rates_);
   mo_.keep_layers = plan_.keep_layers;
+  mo_.host_keep_layers = plan_.host_keep_layers;
   mo_.mlp_chunk_rows = plan_.mlp_chunk_rows;
   if (rank_ == 0) QS_LOG_INFO("{}", plan_.describe());
   open_data();
@@ -154,6 +155,7 @@ void TrainJob::account_memory(std::optional<int64_t> runtime_bytes) {
   const BufferPlan& bp = model_->buffer_plan();
   l.add("step activations", static_cast<uint64_t>(bp.total(BufferLife::kRun)), MemoryPlace::kDevice);
   l.add("kept layers' activations", static_cast<uint64_t>(bp.total(BufferLife::kKept)), MemoryPlace::kDevice);
+  l.add("host-kept layers' activations", static_cast<uint64_t>(bp.total(BufferLife::kHost)), MemoryPlace::kPinnedHost);
   l.add("step workspace", static_cast<uint64_t>(model_->allocated_bytes().workspace), MemoryPlace::kDevice);
   if (const auto lib = model_->library_bytes())  // measured: handles, kernels, attention workspace
     l.add("cuBLAS / cuDNN handles, kernels and workspace (measured)", static_cast<uint64_t>(*lib), MemoryPlace::kDevice);
@@ -275,6 +277,7 @@ void TrainJob::open_logger() {
   summary_.perf.flops_per_token = flops_per_token_;
   summary_.perf.plan = plan_.describe();
   summary_.perf.keep_layers = plan_.keep_layers;
+  summary_.perf.host_keep_layers = plan_.host_keep_layers;
   summary_.perf.micro_batch = plan_.micro_batch;
   summary_.perf.est_step_s = plan_.est_step_s;
   summary_.perf.mlp_chunk_rows = plan_.mlp_chunk_rows;

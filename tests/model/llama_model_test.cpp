@@ -245,7 +245,8 @@ struct StepResult {
   double loss = 0;
   std::map<std::string, std::vector<float>> grads;
 };
-StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dropout) {
+StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dropout, int64_t host = 0,
+                    std::vector<int64_t>* host_layers = nullptr) {
   const int64_t B = 2, T = 5;
   auto tree = random_tree(c, 33);
   LlamaModelOptions opt;
@@ -256,7 +257,9 @@ StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dro
   opt.dropout_seed = 9;
   opt.keep_layers = keep;
   opt.mlp_chunk_rows = chunk;
+  opt.host_keep_layers = host;
   LlamaModel model(c, *tree, ctx(), opt);
+  if (host_layers) *host_layers = model.host_kept_layers();
   GradStore gs(*tree);
   gs.attach(model);
   StepResult r;
@@ -301,6 +304,61 @@ TEST(LlamaModel, MemoryPlansGiveTheSameStep) {
       }
     }
   }
+}
+
+// The host tier (options.host_keep_layers): layers whose internals go to (pinned) host memory in
+// the forward and come back through one or two staging sets before their backward give full
+// recompute's loss and LoRA gradients bit for bit, beside device-kept layers and alone, with one
+// staging set and two (host sets stored and kept in their staging set), over two micro-batches,
+// with and without dropout. The host-kept layers are spread over the recomputed ones, the last at
+// the layer before the kept sets; more than those are clamped. A staging set mixed up between two
+// layers (a wrong slot, a copy out of order) changes the gradients.
+TEST(LlamaModel, HostKeptLayersGiveTheSameStep) {
+  LlamaConfig c = small_config();
+  c.num_hidden_layers = 8;
+  for (const float dropout : {0.0f, 0.25f}) {
+    const StepResult ref = run_plan(c, 0, 0, dropout);
+    struct Case {
+      int64_t keep, host;
+      std::vector<int64_t> layers;
+    };
+    for (const Case& k : {Case{0, 1, {6}}, Case{0, 2, {2, 6}}, Case{0, 3, {1, 3, 6}}, Case{0, 7, {0, 1, 2, 3, 4, 5, 6}},
+                          Case{3, 2, {1, 4}}, Case{3, 5, {0, 1, 2, 3, 4}}, Case{3, 9, {0, 1, 2, 3, 4}},
+                          Case{8, 4, {}}}) {
+      std::vector<int64_t> layers;
+      const StepResult got = run_plan(c, k.keep, 0, dropout, k.host, &layers);
+      const std::string what = "keep " + std::to_string(k.keep) + " host " + std::to_string(k.host) + " dropout " +
+                               std::to_string(dropout);
+      EXPECT_EQ(layers, k.layers) << what;
+      EXPECT_EQ(got.loss, ref.loss) << what;
+      for (const auto& [name, g] : ref.grads) {
+        const std::vector<float>& h = got.grads.at(name);
+        ASSERT_EQ(h.size(), g.size());
+        EXPECT_EQ(0, std::memcmp(h.data(), g.data(), g.size() * sizeof(float))) << name << " " << what;
+      }
+    }
+  }
+  // The plan: two staging sets after the kept sets, one host set per host-kept layer but the last
+  // two (they stay in their staging sets), in pinned host memory (not counted as GPU memory).
+  LlamaModelOptions opt;
+  opt.max_batch = 2;
+  opt.max_seq = 16;
+  opt.keep_layers = 3;
+  opt.host_keep_layers = 4;
+  const LlamaBufferDims d = llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4);
+  EXPECT_EQ(d.kept_sets, 2);
+  EXPECT_EQ(d.host_sets, 4);
+  EXPECT_EQ(d.staging_sets, 2);
+  const BufferPlan p = llama_buffer_plan(d, Backend::kCuda, DType::kBF16);
+  const int64_t set = llama_kept_set_bytes(d, Backend::kCuda, DType::kBF16);
+  EXPECT_EQ(p.total(BufferLife::kKept), 4 * set);
+  EXPECT_EQ(p.total(BufferLife::kHost), 2 * set);
+  EXPECT_EQ(p.total(), p.total(BufferLife::kRun) + p.total(BufferLife::kKept) + p.total(BufferLife::kWorkspace) +
+                           p.total(BufferLife::kLibrary));
+  EXPECT_NE(p.ledger().find("pinned host (kept layers)"), std::string::npos) << p.ledger();
+  opt.mlp_chunk_rows = 8;  // chunked MLP: no kept layers of either kind
+  opt.keep_layers = 0;
+  EXPECT_EQ(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4).host_sets, 0);
 }
 
 // Packed data (options.packed_positions): a sequence holding several pieces, positions restarting

@@ -213,6 +213,64 @@ TEST(MemoryPlan, TheFastestCandidateWithinTheBudget) {
   EXPECT_FALSE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1).offload_params);
 }
 
+// The host tier: where the GPU budget holds few kept layers, the plan keeps more in pinned host
+// memory when the copies hide behind the compute (8B, 4 x 2048, 10 GB on an H200 with 100 GB of
+// host memory free): faster than the same plan without them, two staging sets within the budget,
+// the host sets within half the host's memory or memory.host_budget_gb; none where every layer
+// fits the GPU, none without room on the host; a configured count is kept (clamped to the
+// recomputed layers), on the CPU too.
+TEST(MemoryPlan, HostTierWhereTheGpuIsShort) {
+  PlanRates h200{795e12, 55.3e9};
+  h200.host_available_bytes = 100e9;
+  TrainConfig c = job_8b(0, 2048);  // the plan chooses the micro-batch too
+  c.batch.global_batch_size = 8;
+  c.memory.gpu_budget_gb = 10;
+  MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+  EXPECT_GT(p.host_keep_layers, 2) << p.describe();
+  EXPECT_LT(p.host_keep_layers, 32) << p.describe();
+  EXPECT_LE(p.total(), 10e9) << p.describe();
+  EXPECT_LE(p.host_bytes(), 50e9) << p.describe();
+  EXPECT_NE(p.describe().find("more keep theirs in pinned host memory"), std::string::npos) << p.describe();
+  TrainConfig none = c;
+  none.memory.host_keep_layers = 0;
+  const MemoryPlan q = plan_memory(none, llama(none), Backend::kCuda, DType::kBF16, 1, h200);
+  EXPECT_EQ(q.host_keep_layers, 0);
+  EXPECT_LT(p.est_step_s, q.est_step_s * 0.97) << p.describe() << " vs " << q.describe();
+  EXPECT_GT(p.est_step_s, q.est_step_s * 0.75) << "host-kept layers save a recompute at most";
+  // Stage 2: the measured memory turns into device-kept layers beside the staging sets; the
+  // host-kept ones give way (at most the layers left to recompute).
+  MemoryPlan s2 = p;
+  plan_kept_layers(s2, c, p.resident - 0.5e9, 0);  // less in use than estimated (the libraries' 0.5 GB)
+  EXPECT_LE(s2.total(), 10e9) << s2.describe();
+  EXPECT_LE(s2.host_keep_layers + std::max<int64_t>(s2.keep_layers, 1), 32) << s2.describe();
+  EXPECT_GE(s2.staging_sets(), 1);
+  // The host's room: memory.host_budget_gb caps the host sets (two staging sets need none).
+  c.memory.host_budget_gb = 1;
+  p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+  EXPECT_LE(p.host_bytes(), 1e9) << p.describe();
+  EXPECT_LE(p.host_keep_layers, 2 + static_cast<int64_t>(1e9 / p.per_kept)) << p.describe();
+  c.memory.host_budget_gb = 0;
+  PlanRates no_host = h200;
+  no_host.host_available_bytes = 0;  // unknown: no host tier by choice
+  EXPECT_EQ(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, no_host).host_keep_layers, 0);
+  // Every layer fits the GPU (micro-batch 4): nothing goes to the host.
+  c.batch.micro_batch_size = 4;
+  c.memory.gpu_budget_gb = 60;
+  EXPECT_EQ(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200).host_keep_layers, 0);
+  // Configured: kept as asked, clamped to the layers left to recompute; the CPU takes it too.
+  c.memory.gpu_budget_gb = 0;
+  c.memory.host_keep_layers = 5;
+  EXPECT_EQ(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200).host_keep_layers, 5);
+  EXPECT_EQ(plan_memory(c, llama(c), Backend::kCpu, DType::kF32, 1).host_keep_layers, 5);
+  c.memory.keep_layers = 30;
+  MemoryPlan k = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+  plan_kept_layers(k, c, 5e9, 0);
+  EXPECT_EQ(k.host_keep_layers, 2) << k.describe();
+  c.memory.keep_layers = 0;
+  c.memory.host_keep_layers = -1;  // the plan's choice without a budget: none
+  EXPECT_EQ(plan_memory(c, llama(c), Backend::kCpu, DType::kF32, 1).host_keep_layers, 0);
+}
+
 // The plan offloads by choice only when the host can hold the pinned shards beside the build's
 // copy of the base; when it must (nothing fits otherwise), it does so anyway.
 TEST(MemoryPlan, OffloadsByChoiceOnlyWhenTheHostHasRoom) {

@@ -140,7 +140,7 @@ TEST(Trainer, PackedDataHasThePaddedRunsLossInFewerSequences) {
 }
 
 // Every memory plan gives the loss curve of full recompute: kept layers bitwise (the same
-// arithmetic), a budget the planner turns into kept layers bitwise, the MLP in chunks within the
+// arithmetic), host-kept layers bitwise, a budget the planner turns into kept layers bitwise, the MLP in chunks within the
 // cross-world tolerance (LoRA weight gradients sum rows in another order).
 TEST(Trainer, MemoryPlansKeepTheLossCurve) {
   const std::string data = make_token_file("plans.tok", 128, 20000, 0);
@@ -162,6 +162,11 @@ TEST(Trainer, MemoryPlansKeepTheLossCurve) {
   const TrainSummary planned = train(budget, all);
   EXPECT_EQ(planned.perf.keep_layers, 2);
   EXPECT_EQ(planned.losses, ref.losses);
+  TrainConfig host = cfg;  // the first layer's internals in (pinned) host memory and back
+  host.memory.host_keep_layers = 1;
+  const TrainSummary hosted = train(host, all);
+  EXPECT_EQ(hosted.perf.host_keep_layers, 1);
+  EXPECT_EQ(hosted.losses, ref.losses) << "host-kept layers must not change the numbers";
   TrainConfig chunk = cfg;
   chunk.memory.mlp_chunk_tokens = 24;  // 64 rows per micro-batch: chunks of 24, 24, 16
   const TrainSummary chunked = train(chunk, all);
