@@ -205,7 +205,11 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
                              : rates.host_available_bytes > 0
                                  ? 0.5 * rates.host_available_bytes - (offload_params ? (proj_b + root) / world : 0.0)
                                  : 0.0;
-    if (cuda && budget > 0 && whole && m.host_keep_layers < 0) {
+    // Not beside an offloaded base: its shards cross host to device every layer both ways already,
+    // and on the H200 the two tiers together stalled the step (8B, 8 sequences: 11,613 tokens/s at
+    // 10 GB and 11,396 at 15 GB with the base offloaded and 15 / 11 host-kept layers, against
+    // 12,034 and 13,070 without them; the cost model had them 5-20% faster).
+    if (cuda && budget > 0 && whole && m.host_keep_layers < 0 && !offload_params) {
       for (int64_t h = 1; h < p.layers; ++h) {
         MemoryPlan q = p;
         q.host_keep_layers = h;

@@ -17,7 +17,8 @@
 //     LlamaModelOptions::host_keep_layers: two kept sets' worth of device staging, one set of host
 //     memory each, copied out in the forward and back before the backward at the measured
 //     host-to-device rate). The cost model counts the copies that the compute cannot hide; the
-//     host memory is memory.host_budget_gb, or half of what the host can still take.
+//     host memory is memory.host_budget_gb, or half of what the host can still take. Chosen only
+//     with the base on the GPU (an offloaded base's copies and the tier's stalled each other).
 // The cost model (GPU): a micro-batch of N tokens takes (N + N0) a (1 - s k) seconds, a = useful
 // FLOPs per token / (0.53 x the measured GEMM rate), N0 = 384 tokens of per-micro-batch fixed work
 // (dequantizing the base, launches), s = 0.2 the recompute's share, k the kept fraction of the

@@ -214,34 +214,37 @@ TEST(MemoryPlan, TheFastestCandidateWithinTheBudget) {
 }
 
 // The host tier: where the GPU budget holds few kept layers, the plan keeps more in pinned host
-// memory when the copies hide behind the compute (8B, 4 x 2048, 10 GB on an H200 with 100 GB of
-// host memory free): faster than the same plan without them, two staging sets within the budget,
-// the host sets within half the host's memory or memory.host_budget_gb; none where every layer
-// fits the GPU, none without room on the host; a configured count is kept (clamped to the
-// recomputed layers), on the CPU too.
+// memory when the copies hide behind the compute (8B, 8 sequences of 2048, 15 GB on an H200 with
+// 100 GB of host memory free): faster than the same plan without them, two staging sets within the
+// budget, the host sets within half the host's memory or memory.host_budget_gb; never beside an
+// offloaded base; none where every layer fits the GPU, none without room on the host; a
+// configured count is kept (clamped to the recomputed layers), on the CPU too.
 TEST(MemoryPlan, HostTierWhereTheGpuIsShort) {
   PlanRates h200{795e12, 55.3e9};
   h200.host_available_bytes = 100e9;
   TrainConfig c = job_8b(0, 2048);  // the plan chooses the micro-batch too
   c.batch.global_batch_size = 8;
-  c.memory.gpu_budget_gb = 10;
+  c.memory.gpu_budget_gb = 15;
   MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+  EXPECT_FALSE(p.offload_params) << p.describe();
+  for (const MemoryPlan& q : plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200))
+    if (q.offload_params) EXPECT_EQ(q.host_keep_layers, 0) << q.describe();
   EXPECT_GT(p.host_keep_layers, 2) << p.describe();
   EXPECT_LT(p.host_keep_layers, 32) << p.describe();
-  EXPECT_LE(p.total(), 10e9) << p.describe();
+  EXPECT_LE(p.total(), 15e9) << p.describe();
   EXPECT_LE(p.host_bytes(), 50e9) << p.describe();
   EXPECT_NE(p.describe().find("more keep theirs in pinned host memory"), std::string::npos) << p.describe();
   TrainConfig none = c;
   none.memory.host_keep_layers = 0;
   const MemoryPlan q = plan_memory(none, llama(none), Backend::kCuda, DType::kBF16, 1, h200);
   EXPECT_EQ(q.host_keep_layers, 0);
-  EXPECT_LT(p.est_step_s, q.est_step_s * 0.97) << p.describe() << " vs " << q.describe();
+  EXPECT_LT(p.est_step_s, q.est_step_s) << p.describe() << " vs " << q.describe();
   EXPECT_GT(p.est_step_s, q.est_step_s * 0.75) << "host-kept layers save a recompute at most";
   // Stage 2: the measured memory turns into device-kept layers beside the staging sets; the
   // host-kept ones give way (at most the layers left to recompute).
   MemoryPlan s2 = p;
   plan_kept_layers(s2, c, p.resident - 0.5e9, 0);  // less in use than estimated (the libraries' 0.5 GB)
-  EXPECT_LE(s2.total(), 10e9) << s2.describe();
+  EXPECT_LE(s2.total(), 15e9) << s2.describe();
   EXPECT_LE(s2.host_keep_layers + std::max<int64_t>(s2.keep_layers, 1), 32) << s2.describe();
   EXPECT_GE(s2.staging_sets(), 1);
   // The host's room: memory.host_budget_gb caps the host sets (two staging sets need none).
