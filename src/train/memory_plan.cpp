@@ -131,11 +131,16 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
   }
   if (p.host_keep_layers > 2) {
     // The host tier: each stored set goes out during the forward and comes back during the
-    // backward (with an offloaded base's copies), each direction at the pinned rate; what the
-    // compute of that half cannot cover is exposed.
+    // backward, each direction at the pinned rate, behind the compute of the layers the host-kept
+    // ones are spread over (the recomputed range: two staging sets let the compute run at most two
+    // sets ahead of the copies); what that compute cannot cover is exposed. Fitted to the H200 rows
+    // of docs/PERFORMANCE.md (session 16) within 8%.
     const double sets = static_cast<double>(p.host_keep_layers - 2) * p.per_kept / h2d;
-    const double fwd = N * a * (1 - kRecomputeShare) / 3;
-    const double bwd = 2 * fwd + N * a * kRecomputeShare * (1 - kept) - (p.offload_params ? in.L * copy : 0.0);
+    const double open = in.L - static_cast<double>(std::max<int64_t>(p.keep_layers, 1));
+    const double fwd = N * a * (1 - kRecomputeShare) / 3 * open / in.L;
+    const double recomputed = std::max(0.0, open - static_cast<double>(p.host_keep_layers));
+    const double bwd = 2 * fwd + N * a * kRecomputeShare * recomputed / (in.L - 1) -
+                       (p.offload_params ? open * copy : 0.0);
     micro += std::max(0.0, sets - fwd) + std::max(0.0, sets - bwd) + kOffloadContention * 2 * sets;
   }
   double step = micro * (in.batch / static_cast<double>(p.micro_batch));

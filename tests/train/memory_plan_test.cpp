@@ -213,8 +213,40 @@ TEST(MemoryPlan, TheFastestCandidateWithinTheBudget) {
   EXPECT_FALSE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1).offload_params);
 }
 
+// Session 16's H200 rows of the host tier (796 TFLOP/s, 55.1 GB/s; docs/PERFORMANCE.md): host-kept
+// layers at 4, 2 and 1 x 2048 with the base on the GPU, and two plans of 8 sequences in micro-batches
+// of 2 (device-kept layers beside host-kept ones), within 9%; the model ranks the 15 GB plan's 15
+// host-kept layers (measured: 126 ms of copies exposed) behind fewer of them.
+TEST(MemoryPlan, CostModelFollowsTheHostTierRows) {
+  const PlanRates h200{796e12, 55.1e9};
+  struct Row {
+    int64_t micro, batch, keep, host;
+    double step_s;
+  };
+  for (const Row& r : {Row{4, 4, 0, 0, 0.657}, Row{4, 4, 0, 14, 0.603}, Row{4, 4, 0, 18, 0.608}, Row{4, 4, 0, 31, 0.861},
+                       Row{2, 2, 0, 31, 0.436}, Row{1, 1, 0, 31, 0.220}, Row{2, 8, 11, 15, 1.260},
+                       Row{2, 8, 25, 6, 1.146}}) {
+    TrainConfig c = job_8b(r.micro, 2048);
+    c.batch.global_batch_size = r.batch;
+    c.memory.keep_layers = r.keep;
+    c.memory.host_keep_layers = r.host;
+    const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+    EXPECT_EQ(p.host_keep_layers, r.host);
+    EXPECT_NEAR(p.est_step_s, r.step_s, r.step_s * 0.09) << p.describe();
+  }
+  auto at = [&](int64_t host) {
+    TrainConfig c = job_8b(2, 2048);
+    c.batch.global_batch_size = 8;
+    c.memory.keep_layers = 11;
+    c.memory.host_keep_layers = host;
+    return plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200).est_step_s;
+  };
+  EXPECT_LT(at(10), at(15));
+  EXPECT_LT(at(10), at(0));
+}
+
 // The host tier: where the GPU budget holds few kept layers, the plan keeps more in pinned host
-// memory when the copies hide behind the compute (8B, 8 sequences of 2048, 15 GB on an H200 with
+// memory when the copies hide behind the compute (8B, 8 sequences of 2048, 12 GB on an H200 with
 // 100 GB of host memory free): faster than the same plan without them, two staging sets within the
 // budget, the host sets within half the host's memory or memory.host_budget_gb; never beside an
 // offloaded base; none where every layer fits the GPU, none without room on the host; a
@@ -224,14 +256,14 @@ TEST(MemoryPlan, HostTierWhereTheGpuIsShort) {
   h200.host_available_bytes = 100e9;
   TrainConfig c = job_8b(0, 2048);  // the plan chooses the micro-batch too
   c.batch.global_batch_size = 8;
-  c.memory.gpu_budget_gb = 15;
+  c.memory.gpu_budget_gb = 12;
   MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
   EXPECT_FALSE(p.offload_params) << p.describe();
   for (const MemoryPlan& q : plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200))
     if (q.offload_params) EXPECT_EQ(q.host_keep_layers, 0) << q.describe();
   EXPECT_GT(p.host_keep_layers, 2) << p.describe();
   EXPECT_LT(p.host_keep_layers, 32) << p.describe();
-  EXPECT_LE(p.total(), 15e9) << p.describe();
+  EXPECT_LE(p.total(), 12e9) << p.describe();
   EXPECT_LE(p.host_bytes(), 50e9) << p.describe();
   EXPECT_NE(p.describe().find("more keep theirs in pinned host memory"), std::string::npos) << p.describe();
   TrainConfig none = c;
@@ -244,7 +276,7 @@ TEST(MemoryPlan, HostTierWhereTheGpuIsShort) {
   // host-kept ones give way (at most the layers left to recompute).
   MemoryPlan s2 = p;
   plan_kept_layers(s2, c, p.resident - 0.5e9, 0);  // less in use than estimated (the libraries' 0.5 GB)
-  EXPECT_LE(s2.total(), 15e9) << s2.describe();
+  EXPECT_LE(s2.total(), 12e9) << s2.describe();
   EXPECT_LE(s2.host_keep_layers + std::max<int64_t>(s2.keep_layers, 1), 32) << s2.describe();
   EXPECT_GE(s2.staging_sets(), 1);
   // The host's room: memory.host_budget_gb caps the host sets (two staging sets need none).
