@@ -12,7 +12,9 @@
 // made before a job starts.
 #include <CLI/CLI.hpp>
 #include <csignal>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <string>
@@ -68,7 +70,13 @@ int main(int argc, char** argv) {
   // clean up after, instead of SIGXFSZ killing the process and leaving <out>.partial-<pid> behind.
   std::signal(SIGXFSZ, SIG_IGN);
   try {
-    return run(argc, argv);
+    const int rc = run(argc, argv);
+    // Results printed to a full disk or a closed pipe are lost: say so instead of exiting 0.
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      std::fprintf(stderr, "qshard: error: writing the standard output failed: %s\n", std::strerror(errno));
+      return 2;
+    }
+    return rc;
   } catch (const qshard::InputError& e) {
     std::fprintf(stderr, "qshard: error: %s\n", e.what());
     return 2;

@@ -10,10 +10,12 @@
 
 #include "commands.h"
 #include "number_options.h"
+#include "checkpoint/safetensors.h"
 #include "infer/evaluate.h"
 #include "infer/generate.h"
 #include "runtime/device_context.h"
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 
 namespace qshard::cli {
 namespace {
@@ -43,6 +45,7 @@ void add_eval(CLI::App& sub, EvalArgs& a) {
 int run_eval(EvalArgs& a, int, char**) {
   EvalOptions& eo = a.eo;
   eo.device = *parse_device_choice(a.device);
+  if (!eo.dump_logits.empty()) check_output_file(eo.dump_logits, "--dump-logits");
   const EvalResult r = evaluate_model(eo);
   std::printf("eval: %lld sequences, %lld tokens: loss %.6f, perplexity %.4f\n", (long long)r.sequences,
               (long long)r.tokens, r.loss, r.perplexity);
@@ -87,6 +90,8 @@ void add_generate(CLI::App& sub, GenerateArgs& a) {
 int run_generate(GenerateArgs& a, int, char**) {
   GenerateOptions& go = a.go;
   go.device = *parse_device_choice(a.device);
+  if (!go.dump_logits.empty()) check_output_file(go.dump_logits, "--dump-logits");
+  if (!a.json.empty()) check_output_file(a.json, "--json");
   const std::string& ids = a.prompt_ids;
   for (size_t at = 0; at < ids.size();) {  // "1,2,3"
     const size_t comma = std::min(ids.find(',', at), ids.size());
@@ -110,9 +115,7 @@ int run_generate(GenerateArgs& a, int, char**) {
     nlohmann::json j = {{"prompt_ids", r.prompt_ids}, {"ids", r.ids}, {"text", r.text},
                         {"stopped_at_eos", r.stopped_at_eos}, {"prefill_seconds", r.prefill_seconds},
                         {"decode_seconds", r.decode_seconds}, {"device", r.device}};
-    std::ofstream f(a.json);
-    f << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    if (!f) throw InputError("--json " + a.json + ": cannot write");
+    write_file_atomic(a.json, j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
   if (!go.dump_logits.empty()) std::fprintf(stderr, "first-step logits written to %s\n", go.dump_logits.c_str());
   return 0;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "checkpoint/llama_loader.h"
+#include "checkpoint/nonfinite.h"
 #include "checkpoint/safetensors_index.h"
 #include "runtime/input_file.h"
 
@@ -37,6 +38,17 @@ void fill_rows(InspectReport& rep, const SafetensorsFolder& folder, const Module
       rep.problems.push_back(err.what());
     }
     rep.rows.push_back(std::move(row));
+  }
+}
+
+// Float tensors holding NaN / Inf, one problem each (the Llama folder's loader refuses them itself):
+// a single file, an adapter or a folder without config.json is checked as a model folder is.
+void report_nonfinite(InspectReport& rep, const SafetensorsFolder& folder) {
+  for (const std::string& key : folder.names()) {
+    const NonfiniteCount n = count_nonfinite(folder.get(key));
+    if (n.count > 0)
+      rep.problems.push_back("tensor '" + key + "' holds " + std::to_string(n.count) +
+                             " NaN/Inf values (the first at flat index " + std::to_string(n.first) + ")");
   }
 }
 
@@ -80,6 +92,7 @@ InspectReport inspect_path(const std::string& path) {
       rep.kind = "safetensors file";
       const SafetensorsFolder folder = SafetensorsFolder::open_file(path);
       fill_rows(rep, folder, *generic_tree(folder));
+      report_nonfinite(rep, folder);
       return rep;
     }
     const bool has_config = fs::exists(fs::path(path) / "config.json");
@@ -98,6 +111,7 @@ InspectReport inspect_path(const std::string& path) {
       rep.kind = "safetensors file";
       const SafetensorsFolder folder = SafetensorsFolder::open_file(files[0].string());
       fill_rows(rep, folder, *generic_tree(folder));
+      report_nonfinite(rep, folder);
       return rep;
     }
     const SafetensorsFolder folder = SafetensorsFolder::open(path);
@@ -115,6 +129,7 @@ InspectReport inspect_path(const std::string& path) {
     }
     rep.kind = "safetensors folder";
     fill_rows(rep, folder, *generic_tree(folder));
+    if (!has_config) report_nonfinite(rep, folder);  // else the loader's refusal is the problem above
   } catch (const InputError& e) {
     rep.problems.push_back(e.what());
   }

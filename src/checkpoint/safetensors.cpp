@@ -561,6 +561,7 @@ void SafetensorsWriter::begin(const std::map<std::string, std::string>& metadata
                             text.size(), kSafetensorsMaxHeaderBytes));
   header_bytes_ = 8 + text.size();
 
+  check_output_file(path_, "output file");
   temp_path_ = temp_path_for(path_);
   file_ = open_temp(path_, temp_path_);
   state_ = State::kWriting;
@@ -648,6 +649,7 @@ std::string partial_dir_for(const std::string& out_dir) {
 }
 
 void write_file_atomic(const std::string& path, std::string_view contents) {
+  check_output_file(path, "output file");
   const std::string temp = temp_path_for(path);
   std::FILE* f = open_temp(path, temp);
   const auto fail = [&](const char* what) {

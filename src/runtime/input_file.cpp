@@ -40,6 +40,17 @@ void check_input_folder(const std::string& path, const std::string& what) {
   if (!S_ISDIR(st.st_mode)) throw InputError(what + " " + path + " is " + file_kind(st.st_mode) + ", not a folder");
 }
 
+void check_output_file(const std::string& path, const std::string& what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;  // a new file (its folder is checked when it is written)
+    throw InputError("cannot write " + what + " " + path + ": " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode))
+    throw InputError(what + " " + path + " is " + file_kind(st.st_mode) +
+                     ", not a regular file: qshard writes only regular files (nothing was written)");
+}
+
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
   const uint64_t size = check_input_file(path, what);
   if (size > max_bytes)

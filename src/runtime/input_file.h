@@ -18,6 +18,12 @@
 // json_string / json_bool / json_number: `obj[key]` with its type checked; absent or null gives
 //   `def`; any other type is an InputError `label: key "key" must be ..., got <value>` (never a
 //   nlohmann type_error escaping from a config file a user wrote). `obj` must be an object.
+// check_output_file: `path` is where a command writes a file of its own (a token file, logits,
+//   a JSON result, the metrics log): absent, or a regular file (symbolic links followed) that it
+//   may replace. A folder, FIFO, socket or device is an InputError naming `what` and the path,
+//   raised before any work: writing a FIFO blocks for ever, and a device renamed over is gone.
+//   Every writer of such files calls it (SafetensorsWriter, write_file_atomic, TokenFileWriter,
+//   the metrics log); commands call it again before their work starts.
 // Thread safety: free functions, no shared state.
 #pragma once
 
@@ -33,6 +39,7 @@ inline constexpr uint64_t kMaxConfigBytes = uint64_t{64} << 20;  // YAML jobs, c
 
 uint64_t check_input_file(const std::string& path, const std::string& what);
 void check_input_folder(const std::string& path, const std::string& what);
+void check_output_file(const std::string& path, const std::string& what);
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes = kMaxConfigBytes);
 nlohmann::json parse_json_input(std::string_view text, const std::string& label);
 nlohmann::ordered_json parse_ordered_json_input(std::string_view text, const std::string& label);  // key order kept

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "runtime/input_file.h"
+#include "runtime/numbers.h"
 #include "text/chat_template_ast.h"
 
 namespace qshard {
@@ -109,13 +110,8 @@ ChatTemplateLimits ChatTemplateLimits::from_env() {
       throw InputError("QSHARD_TEMPLATE_LIMITS: unknown budget '" + key + "' (expected instructions, iterations, output, bytes or spans)");
     }
     const std::string num = eq == std::string::npos ? std::string() : item.substr(eq + 1);
-    char* stop = nullptr;
-    errno = 0;
-    const unsigned long long v = num.empty() || num[0] == '-' ? 0 : std::strtoull(num.c_str(), &stop, 10);
-    if (num.empty() || num[0] == '-' || errno != 0 || *stop != '\0' || v == 0) {
-      throw InputError("QSHARD_TEMPLATE_LIMITS: " + key + "='" + num + "': expected a positive integer");
-    }
-    *slot = v;
+    // At most 2^40 (a budget, not a way around one: a larger one could not be met by the host).
+    *slot = static_cast<uint64_t>(parse_int("QSHARD_TEMPLATE_LIMITS " + key, num, 1, kMaxTemplateBudget));
   }
   return l;
 }

@@ -64,6 +64,8 @@ struct RenderTrace;
 // them (~0.35 s, linear); a hostile template ends within seconds and under ~2 GB.
 // The environment variable QSHARD_TEMPLATE_LIMITS overrides them:
 // "instructions=N,iterations=N,output=N,bytes=N,spans=N" (any subset; N a positive integer).
+inline constexpr int64_t kMaxTemplateBudget = int64_t{1} << 40;  // QSHARD_TEMPLATE_LIMITS' largest value
+
 struct ChatTemplateLimits {
   uint64_t max_instructions = 100'000'000;     // statements + expression nodes evaluated
   uint64_t max_iterations = 20'000'000;        // for-loop iterations + builtin element steps (filters, `in`, ...)

@@ -594,10 +594,12 @@ Value g_range(Evaluator& ev, const Callable&, CallArgs& args) {
     v[args.pos.size() == 1 ? 1 : k] = a.is(Kind::kInt) ? a.i : a.b;
   }
   if (v[2] == 0) ev.fail("range() arg 3 must not be zero");
-  const long double count = v[2] > 0 ? std::ceil((static_cast<long double>(v[1]) - v[0]) / v[2]) : std::ceil((static_cast<long double>(v[0]) - v[1]) / -v[2]);
+  // The item count exactly, in 128 bits (a step past half the int64 range must not wrap the loop).
+  const __int128 span = static_cast<__int128>(v[1]) - v[0], step = v[2];
+  const __int128 count = step > 0 ? (span > 0 ? (span + step - 1) / step : 0) : (span < 0 ? (-span - step - 1) / -step : 0);
   if (count > 100000) ev.fail("range too big: the sandbox allows at most 100000 items");
   ValueList out;
-  for (int64_t x = v[0]; v[2] > 0 ? x < v[1] : x > v[1]; x += v[2]) out.push_back(Value::integer(x));
+  for (__int128 k = 0; k < count; ++k) out.push_back(Value::integer(static_cast<int64_t>(v[0] + k * step)));
   return Value::make_list(std::move(out));
 }
 

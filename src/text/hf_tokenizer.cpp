@@ -224,6 +224,7 @@ struct HfTokenizer::Impl {
   std::vector<std::string> id_to_token;
   std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> merges;  // (a, b) -> (rank, merged id)
   std::optional<uint32_t> unk;
+  std::string missing_unk;  // an unk_token the vocabulary lacks: encoding a piece that needs it is refused
   bool fuse_unk = false, byte_fallback = false, ignore_merges = false;
   std::array<std::optional<uint32_t>, 256> byte_ids{};  // "<0xAB>" tokens (byte_fallback)
   std::optional<Normalizer> normalizer;
@@ -288,6 +289,9 @@ void HfTokenizer::Impl::bpe(const std::string& word, std::vector<uint32_t>& out)
     if (unk) {
       if (!(fuse_unk && last_unk)) sym.push_back({*unk, 0, 0, true});
       last_unk = true;
+    } else if (!missing_unk.empty()) {  // the tokenizers library: "Unk token ... not found in the vocabulary"
+      throw InputError(path + ": a piece of the text is not in the vocabulary, and the model's unk_token '" +
+                       missing_unk + "' is not either; refused (the tokenizers library refuses it too)");
     }
   }
   const int n = static_cast<int>(sym.size());
@@ -333,7 +337,13 @@ void HfTokenizer::Impl::bpe(const std::string& word, std::vector<uint32_t>& out)
 }
 
 void HfTokenizer::Impl::encode_section(std::string text, bool at_origin, std::vector<uint32_t>& out) const {
-  if (normalizer) normalizer->apply(text);
+  if (normalizer) {
+    try {
+      normalizer->apply(text, hf_tok::normalized_limit(text.size()));
+    } catch (const InputError& e) {
+      throw InputError(path + ": " + e.what());
+    }
+  }
   uint64_t steps = 0;
   norm_added.split(
       text, &steps,
@@ -414,6 +424,7 @@ HfTokenizer HfTokenizer::from_json(std::string_view text, const std::string& pat
     if (m.contains("unk_token") && m["unk_token"].is_string()) {
       auto it = t.vocab.find(m["unk_token"].get<std::string>());
       if (it != t.vocab.end()) t.unk = it->second;
+      else t.missing_unk = m["unk_token"].get<std::string>();
     }
     char name[8];
     for (int b = 0; b < 256; ++b) {
@@ -481,7 +492,13 @@ HfTokenizer HfTokenizer::from_json(std::string_view text, const std::string& pat
         continue;
       }
       AddedToken n = a;
-      if (t.normalizer) t.normalizer->apply(n.content);
+      if (t.normalizer) {
+        try {
+          t.normalizer->apply(n.content, hf_tok::normalized_limit(n.content.size()));
+        } catch (const InputError& e) {
+          throw InputError(path + ": added token " + std::to_string(a.id) + ": " + e.what());
+        }
+      }
       if (!n.content.empty()) t.norm_added.tokens.push_back(std::move(n));
     }
     t.raw_added.build();

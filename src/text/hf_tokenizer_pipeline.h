@@ -118,7 +118,17 @@ const json& array_at(const json& j, const char* key, const std::string& where);
 const json& component(const json& j, const std::string& where);
 
 // Every match of `re` in s replaced by `content`.
-std::string regex_replace(const std::string& s, const Regex& re, const std::string& content);
+// Every match of `re` in `s` replaced by `content`; past max_bytes of output an InputError
+// (throw_text_growth) before more is built.
+std::string regex_replace(const std::string& s, const Regex& re, const std::string& content,
+                          size_t max_bytes = SIZE_MAX);
+// A normalizer may make a text at most kMaxNormalizedGrowth times longer, plus kNormalizedSlack
+// bytes (normalized_limit): NFKC's widest expansion is 18 code points for one, Replace of a space
+// by "\u2581" 3 bytes for 1. Past it: throw_text_growth, an InputError naming the step.
+inline constexpr size_t kMaxNormalizedGrowth = 64;
+inline constexpr size_t kNormalizedSlack = 4096;
+size_t normalized_limit(size_t input_bytes);
+[[noreturn]] void throw_text_growth(size_t from, size_t max_bytes, const char* what);
 // s as a pattern that matches it literally.
 std::string regex_escape(std::string_view s);
 // A tokenizer.json pattern: {"Regex": "..."} or {"String": "..."} (a literal).
@@ -166,7 +176,9 @@ struct Normalizer {
   std::shared_ptr<Regex> trail;  // Strip: trailing whitespace
   bool left = false, right = false;
 
-  void apply(std::string& s) const;
+  // The text normalized in place; past max_bytes (normalized_limit of the text given to the
+  // outermost call) an InputError.
+  void apply(std::string& s, size_t max_bytes = SIZE_MAX) const;
 };
 Normalizer parse_normalizer(const json& j, const std::string& where, int depth = 0);
 

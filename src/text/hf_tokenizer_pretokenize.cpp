@@ -98,16 +98,17 @@ constexpr const char* kGpt2Pattern =
 
 // ---- normalizers and pre-tokenizers ----------------------------------------------------------
 
-void Normalizer::apply(std::string& s) const {
+void Normalizer::apply(std::string& s, size_t max_bytes) const {
+  const size_t given = s.size();
   switch (kind) {
     case kSequence:
-      for (const Normalizer& n : children) n.apply(s);
+      for (const Normalizer& n : children) n.apply(s, max_bytes);
       break;
     case kPrepend:
       if (!s.empty()) s = text + s;
       break;
     case kReplace:
-      s = regex_replace(s, *re, content);
+      s = regex_replace(s, *re, content, max_bytes);
       break;
     case kStrip:
       if (right)
@@ -119,6 +120,7 @@ void Normalizer::apply(std::string& s) const {
       if constexpr (kHaveUnicodeNormalizers) s = unicode_normalize(s, form);
       break;
   }
+  if (s.size() > max_bytes) throw_text_growth(given, max_bytes, kind == kPrepend ? "a Prepend" : "a Unicode normalization");
 }
 
 #ifndef QSHARD_WITH_UNICODE_NORMALIZERS

@@ -101,7 +101,7 @@ Regex::Regex(const std::string& pattern, const std::string& where) : pattern_(pa
   if (!c) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof(msg));
-    throw InputError(where + ": regular expression '" + pattern + "' does not compile at offset " +
+    throw InputError(where + ": regular expression '" + shorten(pattern, 200) + "' does not compile at offset " +
                      std::to_string(off) + ": " + reinterpret_cast<const char*>(msg));
   }
   pcre2_jit_compile(c, PCRE2_JIT_COMPLETE);  // the interpreter stays when JIT is unavailable
@@ -154,17 +154,28 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const
 }
 
 // Every match of `re` in s replaced by `content`.
-std::string regex_replace(const std::string& s, const Regex& re, const std::string& content) {
+std::string regex_replace(const std::string& s, const Regex& re, const std::string& content, size_t max_bytes) {
   std::string out;
   size_t at = 0;
   for (auto [b, e] : re.find_all(s)) {
     out.append(s, at, b - at);
     out += content;
     at = e;
+    if (out.size() > max_bytes) throw_text_growth(s.size(), max_bytes, "a Replace");
   }
   out.append(s, at, std::string::npos);
+  if (out.size() > max_bytes) throw_text_growth(s.size(), max_bytes, "a Replace");
   return out;
 }
+
+void throw_text_growth(size_t from, size_t max_bytes, const char* what) {
+  throw InputError(std::string("the normalizer's ") + what + " would grow a text of " + std::to_string(from) +
+                   " bytes past " + std::to_string(max_bytes) + " bytes (" + std::to_string(kMaxNormalizedGrowth) +
+                   " times the text it was given, plus " + std::to_string(kNormalizedSlack) +
+                   "); refused (real normalizers grow a text at most a few times)");
+}
+
+size_t normalized_limit(size_t input_bytes) { return input_bytes * kMaxNormalizedGrowth + kNormalizedSlack; }
 
 std::string regex_escape(std::string_view s) {
   std::string out;

@@ -96,6 +96,9 @@ TokenFile TokenFile::open(const std::string& path) {
   const auto dtype = read_le<uint32_t>(h + 24);
   const auto reserved = read_le<uint32_t>(h + 28);
   if (t.vocab_size_ == 0) throw InputError(fmt::format("{}: vocab_size is 0 in the header (expected > 0)", path));
+  if (t.vocab_size_ - 1 > t.id_bits())  // a masked file's ids leave the flag bits free (the writer's rule)
+    throw InputError(fmt::format("{}: vocab_size {} in the header does not fit the {}-bit ids of a version {} file", path,
+                                 t.vocab_size_, std::bit_width(t.id_bits()), t.version()));
   if (dtype != kTokenDtypeU32)
     throw InputError(fmt::format("{}: unsupported token dtype code {} (expected {} = uint32)", path, dtype, kTokenDtypeU32));
   if (reserved != 0) throw InputError(fmt::format("{}: reserved header field is {} (expected 0)", path, reserved));
@@ -173,6 +176,7 @@ TokenFileWriter::TokenFileWriter(std::string path, uint32_t vocab_size, bool los
   if (doc_starts_ && vocab_size_ > kTokenDocStart)
     throw InputError(fmt::format("{}: vocab_size {} does not leave bit 30 for document starts", path_, vocab_size_));
   if (vocab_size_ == 0) throw InputError(fmt::format("{}: vocab_size must be > 0", path_));
+  check_output_file(path_, "token file");
   f_ = std::fopen(temp_path_.c_str(), "wb");
   if (f_ == nullptr) io_error(path_, fmt::format("creating \"{}\"", temp_path_), errno);
   const bool v4 = tokenizer_fingerprint_ != kNoTokenizerFingerprint;

@@ -9,8 +9,10 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint/safetensors.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 #include "runtime/job_settings.h"
 #include "runtime/log.h"
 #include "runtime/machine.h"
@@ -103,6 +105,7 @@ TrainConfig bench_config(const BenchOptions& o, const std::string& data_train, i
 
 nlohmann::json run_bench(const BenchOptions& o, World& world) {
   const int rank = world.rank(), size = world.size();
+  if (!o.json.empty()) check_output_file(o.json, "bench --json");  // before anything runs (a FIFO would block)
   // Random token ids, the same on every rank (one file per rank: no shared folder needed).
   TrainConfig probe = bench_config(o, "-", size);
   const int64_t V = probe.model.init.vocab_size, T = o.seq;
@@ -219,9 +222,7 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
     std::fputs(t.c_str(), stdout);
     std::fflush(stdout);
     if (!o.json.empty()) {
-      std::ofstream f(o.json);
-      f << j.dump(2) << "\n";
-      if (!f) throw InputError("bench --json " + o.json + ": cannot write it");
+      write_file_atomic(o.json, j.dump(2) + "\n");
     }
   }
   return j;

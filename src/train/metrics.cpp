@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 #include "train/tensorboard_writer.h"
 
 namespace qshard {
@@ -94,6 +95,7 @@ MetricsLogger::MetricsLogger(const std::string& jsonl_path, int64_t total_steps,
   const auto parent = std::filesystem::path(path_).parent_path();
   std::error_code ec;
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  check_output_file(path_, "metrics log (logging.metrics_jsonl)");
   file_ = std::fopen(path_.c_str(), append ? "a" : "w");
   if (file_ == nullptr) throw InputError(fmt::format("{}: cannot open metrics file: {}", path_, std::strerror(errno)));
 }

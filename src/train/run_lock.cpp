@@ -68,6 +68,7 @@ std::string this_host_name() {
 
 RunLock::RunLock(const std::string& dir) : path_(dir + "/" + kRunLockFile) {
   std::error_code ec;
+  if (!std::filesystem::exists(dir, ec)) made_dir_ = dir;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw InputError("checkpoint.dir " + dir + ": cannot create it: " + ec.message());
   const std::string host = this_host_name();
@@ -129,6 +130,8 @@ RunLock::~RunLock() {
   if (fd_ < 0) return;
   ::unlink(path_.c_str());  // under the flock: a taker that opened it before finds it gone and starts over
   ::close(fd_);
+  std::error_code ec;
+  if (!made_dir_.empty()) std::filesystem::remove(made_dir_, ec);  // only when empty: a job that saved nothing
 }
 
 }  // namespace qshard

@@ -19,7 +19,8 @@
 //   flock not supported by the file      the file alone: taken over only when it names this host
 //     system (ENOLCK, EOPNOTSUPP)        and a pid that no longer runs (kill(pid, 0) fails ESRCH).
 // Release (the destructor, also while an exception unwinds): the file is removed under the flock,
-// then closed. A taker re-checks after its flock that the path still names the file it locked
+// then closed; then the folder too when this lock created it and nothing else is in it (a job
+// that saved nothing leaves no empty run folder). A taker re-checks after its flock that the path still names the file it locked
 // (a release between its open and its flock removed it), else it starts over.
 // Thread safety: one RunLock per folder per process; a second one in the same process is refused
 // like another job's (the flock belongs to the open file).
@@ -44,6 +45,7 @@ class RunLock {
 
  private:
   std::string path_;
+  std::string made_dir_;  // the folder, when this lock created it (removed at release if left empty)
   int fd_ = -1;
 };
 

@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -51,11 +52,26 @@ T scalar_as(const YAML::Node& node, const std::string& where, const char* expect
   }
 }
 
+// Integers in base 10 only, the whole scalar (YAML 1.1 would read 010 as 8 and 0x10 as 16; the
+// command line's numbers, runtime/numbers.h, take neither either).
+template <class I>
+I scalar_int(const YAML::Node& node, const std::string& where, const char* expected) {
+  if (!node.IsScalar()) type_error(where, expected, node);
+  const std::string& t = node.Scalar();
+  I v{};
+  const char* end = t.data() + t.size();
+  const auto [at, ec] = std::from_chars(t.data(), end, v, 10);
+  if (t.empty() || ec != std::errc() || at != end) type_error(where, expected, node);
+  if (t.size() > 1 && (t[0] == '0' || (t[0] == '-' && t[1] == '0')))
+    type_error(where, std::string(expected) + " without a leading 0 (YAML reads 010 as octal 8)", node);
+  return v;
+}
+
 void read_value(int64_t& out, const YAML::Node& n, const std::string& where) {
-  out = scalar_as<int64_t>(n, where, "an integer");
+  out = scalar_int<int64_t>(n, where, "an integer");
 }
 void read_value(uint64_t& out, const YAML::Node& n, const std::string& where) {
-  out = scalar_as<uint64_t>(n, where, "a non-negative integer");
+  out = scalar_int<uint64_t>(n, where, "a non-negative integer");
 }
 void read_value(double& out, const YAML::Node& n, const std::string& where) {
   out = scalar_as<double>(n, where, "a number");
@@ -726,6 +742,9 @@ void TrainConfig::check_inputs() const {
   });
   named("checkpoint.resume", [&] {
     if (!checkpoint.resume.empty() && checkpoint.resume != "auto") check_input_folder(checkpoint.resume, "checkpoint");
+  });
+  named("logging.metrics_jsonl", [&] {  // written: a FIFO would block the job, a device be replaced
+    if (!logging.metrics_jsonl.empty()) check_output_file(logging.metrics_jsonl, "metrics log");
   });
 }
 

@@ -9,6 +9,7 @@
 #include "model/eval_loss.h"
 #include "model/llama_ops.h"
 #include "runtime/collective_status.h"
+#include "runtime/failure.h"
 #include "runtime/log.h"
 #include "runtime/machine.h"
 #include "text/tokenizer_fingerprint.h"
@@ -28,7 +29,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 TrainJob::TrainJob(const TrainConfig& config, Runtime& rt, const TrainCallbacks* callbacks)
     : config_(config), rt_(rt), comm_(rt.host), callbacks_(callbacks), rank_(rt.host.rank()), world_(rt.host.size()) {}
 
-TrainJob::~TrainJob() = default;
+TrainJob::~TrainJob() {
+  if (saved_) return;
+  logger_.reset();  // closes the metrics log
+  std::error_code ec;
+  if (!fresh_resolved_.empty()) std::filesystem::remove(fresh_resolved_, ec);
+  if (!fresh_metrics_.empty() && std::filesystem::is_regular_file(fresh_metrics_, ec) &&
+      std::filesystem::file_size(fresh_metrics_, ec) == 0)
+    std::filesystem::remove(fresh_metrics_, ec);
+}
 
 // ---- open -----------------------------------------------------------------------------------
 
@@ -56,13 +65,15 @@ void TrainJob::open() {
 // The job as resolved (the file, the --set overrides, the defaults) beside its checkpoints, where a
 // later look (or `--config <dir>/config.resolved.yaml`) finds it; the screen shows it only with
 // `qshard train --print-config`.
-void TrainJob::write_resolved_config() const {
+void TrainJob::write_resolved_config() {
   if (config_.checkpoint.dir.empty()) return;
   const std::string path = config_.checkpoint.dir + "/config.resolved.yaml";
   std::error_code ec;
   std::filesystem::create_directories(config_.checkpoint.dir, ec);
   if (ec) throw InputError("checkpoint.dir " + config_.checkpoint.dir + ": cannot create the folder: " + ec.message());
+  const bool fresh = !std::filesystem::exists(path, ec);
   write_file_atomic(path, "# resolved from " + config_.source + "\n" + config_.to_yaml());
+  if (fresh) fresh_resolved_ = path;
   QS_LOG_INFO("resolved config written to {}", path);
 }
 
@@ -253,6 +264,8 @@ void TrainJob::open_logger() {
   const LlamaConfig& mc = qm_->config;
   if (rank_ == 0 && resume_ && !config_.logging.metrics_jsonl.empty())
     drop_metrics_after(config_.logging.metrics_jsonl, start_step_);
+  if (rank_ == 0 && !config_.logging.metrics_jsonl.empty() && !std::filesystem::exists(config_.logging.metrics_jsonl))
+    fresh_metrics_ = config_.logging.metrics_jsonl;
   if (rank_ == 0) logger_ = std::make_unique<MetricsLogger>(config_.logging.metrics_jsonl, max_steps_, resume_.has_value());
   if (rank_ == 0 && !config_.logging.tensorboard_dir.empty())
     QS_LOG_INFO("TensorBoard events: {} (tensorboard --logdir {})",
@@ -308,6 +321,14 @@ StepRecord TrainJob::run_step(int64_t step) {
   r.loss = st.loss;
   r.grad_norm = st.grad_norm;
   r.lr = so.adamw.lr;
+  // Both are global (all-reduced): every rank stops here together, before the step is saved.
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
+    throw JobInputError(fmt::format("{}: step {}: the loss is {} and the gradient norm {}: the training diverged and "
+                                    "was stopped before anything of this step was saved (checkpoints of earlier "
+                                    "steps are kept; no exports were written). Lower optimizer.lr (now {:g}) or "
+                                    "lora.alpha ({:g}), or set optimizer.grad_clip",
+                                    config_.source, r.step, r.loss, r.grad_norm, so.adamw.lr, config_.lora.alpha),
+                        rank_ == 0);
   r.tokens = st.tokens;
   r.input_tokens = st.input_tokens;
   summary_.perf.step_seconds.push_back(r.step_s);
@@ -392,6 +413,7 @@ void TrainJob::save(int64_t done) {
   so.trainer = trainer_state_json(config_, done, max_steps_, *loader_, sched_, {summary_.losses, summary_.eval_losses});
   const auto t0 = std::chrono::steady_clock::now();
   summary_.last_checkpoint = save_sharded_checkpoint(comm_, state_, so);
+  saved_ = true;
   if (rank_ == 0) QS_LOG_INFO("saved checkpoint {} ({:.2f} s)", summary_.last_checkpoint, seconds_since(t0));
 }
 
@@ -407,6 +429,7 @@ TrainSummary TrainJob::finish() {
     return std::move(summary_);
   }
   export_final();
+  saved_ = true;
   return std::move(summary_);
 }
 

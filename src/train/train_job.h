@@ -89,7 +89,7 @@ class TrainJob {
   // The memory plan and the model as built (the memory model is reworked in it); the data, then
   // the step's model (its packed-data attention sized by the data's pieces), on the built base.
   void build_model();
-  void write_resolved_config() const;
+  void write_resolved_config();
   void open_data();
   void build_step_model(std::optional<int64_t> runtime_bytes);
   void restore_resumed();
@@ -129,6 +129,10 @@ class TrainJob {
   PlanRates rates_;  // measured before the plan when it has a choice (GPU)
 
   TrainSummary summary_;
+  // A job that ends before it saved anything (a refusal after the start, a diverged first step)
+  // takes back what it made in checkpoint.dir: the resolved config and the metrics log it created.
+  bool saved_ = false;
+  std::string fresh_resolved_, fresh_metrics_;
 };
 
 }  // namespace qshard

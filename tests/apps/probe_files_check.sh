@@ -189,6 +189,41 @@ role "safetensors file" "$m" model.safetensors -- "$qshard" inspect --check @@
 role "safetensors index" "$hf/tiny_llama_bf16_sharded" model.safetensors.index.json -- "$qshard" inspect --check @@
 [ ! -e "$work/never" ] || { echo "FAIL: a refused command wrote $work/never"; fails=$((fails + 1)); }
 
+# ---- files a command writes: a FIFO, a folder or a device there is refused before any work, by
+# name, and left as it was (a FIFO blocked the write for ever; a device was renamed over) ----
+# out KIND LABEL WHAT -- COMMAND... (@@ the output path): exit 2 naming WHAT and the path, PATH unchanged.
+out() {
+  local kind=$1 label=$2 what=$3
+  shift 4
+  n=$((n + 1))
+  local p=$work/out$n
+  case $kind in
+    fifo) mkfifo "$p" ;;
+    folder) mkdir -p "$p" ;;
+    device) ln -s /dev/null "$p" ;;
+  esac
+  local is
+  case $kind in fifo) is="a FIFO \(named pipe\)" ;; folder) is="a folder" ;; device) is="a character device" ;; esac
+  probe "$label [$what: $kind]" 2 "$what $(ere "$p") is $is, not a regular file" -- "${@//@@/$p}"
+  case $kind in
+    fifo) [ -p "$p" ] ;;
+    folder) [ -d "$p" ] ;;
+    device) [ -L "$p" ] && [ -c "$p" ] ;;
+  esac || { echo "FAIL: $label [$kind]: $p was replaced"; fails=$((fails + 1)); }
+  rm -rf "$p"
+}
+for kind in fifo folder device; do
+  out $kind "tokenize --out" "token file" -- "$qshard" tokenize "$work/data/in.txt" --out @@
+  out $kind "eval --dump-logits" "--dump-logits" -- "$qshard" eval --model "$m" "${ev[@]}" --dump-logits @@
+  out $kind "generate --dump-logits" "--dump-logits" -- "$qshard" generate --model "$m" "${gen[@]}" --dump-logits @@
+  out $kind "generate --json" "--json" -- "$qshard" generate --model "$m" "${gen[@]}" --json @@
+  out $kind "bench --json" "bench --json" -- "$qshard" bench --preset tiny --device cpu --steps 1 --warmup 0 --seq-len 16 --json @@
+  out $kind "train logging.metrics_jsonl" "metrics log" -- "$qshard" "${tj[@]}" --set logging.metrics_jsonl=@@
+done
+# Results printed to a full device are an error, not exit 0.
+probe "eval, stdout on /dev/full" 2 "writing the standard output failed" -- \
+  sh -c "\"$qshard\" eval --model \"$m\" --data \"$work/ids.json\" --device cpu > /dev/full"
+
 # ---- records over --max-record-bytes, in bounded memory ----
 # A 300 MB file of one line: refused by file:line after reading 16 MiB of it, under 512 MiB of
 # address space beyond what the binary and its shared libraries map (a CUDA build maps cuBLASLt,

@@ -41,6 +41,12 @@ msg="nan/model.safetensors: tensor '$W' holds 1 NaN/Inf values \(the first at fl
 probe "eval, a NaN weight" 2 "$msg" -- "$qshard" eval --model "$work/nan" --data "$work/ids.json" --device cpu
 probe "generate, a NaN weight" 2 "$msg" -- "$qshard" generate --model "$work/nan" --prompt-ids 1,2 --max-new-tokens 2 --device cpu
 probe "inspect --check, a NaN weight" 3 "problem: .*$msg" -- "$qshard" inspect --check --quiet "$work/nan"
+# The same file alone, and in a folder without config.json (an adapter's form): checked as well.
+probe "inspect --check, a NaN weight's file" 3 "problem: tensor '$W' holds 1 NaN/Inf values \(the first at flat index 3\)" -- \
+  "$qshard" inspect --check --quiet "$work/nan/model.safetensors"
+mkdir -p "$work/nan_alone" && cp "$work/nan/model.safetensors" "$work/nan_alone/adapter_model.safetensors"
+probe "inspect --check, a NaN weight in a folder without config.json" 3 "problem: tensor '$W' holds 1 NaN/Inf" -- \
+  "$qshard" inspect --check --quiet "$work/nan_alone"
 probe "quantize, a NaN weight" 2 "tensor '$W' holds 1 NaN/Inf values \(the first at flat index 3\)" -- \
   "$qshard" quantize --cpu "$work/nan" "$work/nan_q"
 # The inputs are checked before the model loads, so the jobs get a token file that is there but is

@@ -156,6 +156,16 @@ TEST(ChatTemplateLimits, RunawayTemplatesHitABudget) {
   const std::string nested = "{% set r = range(100000) %}\n{% for i in r %}{% for j in r %}";
   expect_budget(nested + "{% endfor %}{% endfor %}", "iteration budget", 2, &small);
   expect_budget("{{ 1 }}\n{% for i in range(10**10) %}{% endfor %}", "range too big", 2);
+  // Steps past half the int64 range: the items Python gives, no wrapped loop.
+  for (const auto& [args, want] :
+       {std::pair<std::string, std::string>{"0, 9223372036854775807, 4611686018427387904", "[0, 4611686018427387904]"},
+        {"-9223372036854775807 - 1, 9223372036854775807, 9223372036854775807",
+         "[-9223372036854775808, -1, 9223372036854775806]"},
+        {"9223372036854775807, -9223372036854775807 - 1, -9223372036854775807 - 1", "[9223372036854775807, -1]"},
+        {"5, 1", "[]"}, {"5, 1, -2", "[5, 3]"}, {"3", "[0, 1, 2]"}}) {
+    ChatTemplate t = ChatTemplate::parse("{{ range(" + args + ") | list }}", "range.jinja");
+    EXPECT_EQ(t.render(one_message(), false), want) << args;
+  }
   ChatTemplateLimits few_instructions = small;
   few_instructions.max_iterations = 100'000'000;
   expect_budget(nested + "{% if j %}{% endif %}{% endfor %}{% endfor %}", "instruction budget", 2, &few_instructions);
@@ -191,7 +201,8 @@ TEST(ChatTemplateLimits, EnvironmentOverridesTheDefaults) {
   EXPECT_EQ(l.max_iterations, ChatTemplateLimits{}.max_iterations);
   EXPECT_NE(error_of("{{ 1 + 1 + 1 }}{{ 1 + 1 + 1 }}{{ 1 + 1 + 1 }}" + repeat("{{ 1 }}", 200)).find("instruction budget (123;"),
             std::string::npos);
-  for (const char* bad : {"instructions=-1", "instructions=", "steps=5", "bytes=12x", "output=0"}) {
+  for (const char* bad : {"instructions=-1", "instructions=", "steps=5", "bytes=12x", "output=0",
+                          "bytes=18446744073709551615", "bytes=1099511627777"}) {
     ::setenv("QSHARD_TEMPLATE_LIMITS", bad, 1);
     try {
       ChatTemplateLimits::from_env();

@@ -138,6 +138,64 @@ TEST(HfTokenizerLimits, MetaspaceReplacementIsOneCharacter) {
   EXPECT_EQ(t.decode(ids, false), "b b");
 }
 
+// A normalizer may grow a text at most 64 times plus 4 KiB: a Replace of one byte by 5000 on a
+// 64 KiB text, and 40 doublings of a 27-byte text, are InputErrors naming the tokenizer file and
+// the step before the text is built (they exhausted memory); Replace of a space by U+2581 (3 bytes
+// for 1) normalizes.
+TEST(HfTokenizerLimits, NormalizersThatGrowTheTextWithoutBoundAreRefused) {
+  auto tokenizer = [](const std::string& normalizer) {
+    TempDir d;
+    write(d.path() / "tokenizer.json", "{\"normalizer\": " + normalizer + ", " + kModel + "}");
+    return std::make_pair(HfTokenizer::load(d.path().string()), d.path().string());
+  };
+  auto replace = [](const std::string& from, const std::string& to) {
+    return R"({"type": "Replace", "pattern": {"String": ")" + from + R"("}, "content": ")" + to + R"("})";
+  };
+  auto encode_error = [](const HfTokenizer& t, const std::string& text) {
+    try {
+      t.encode(text);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  {
+    const auto [t, dir] = tokenizer(replace("a", std::string(5000, 'b')));
+    const std::string e = encode_error(t, std::string(65536, 'a'));
+    EXPECT_HAS(e, "tokenizer.json");
+    EXPECT_HAS(e, "the normalizer's a Replace would grow a text of 65536 bytes past 4198400 bytes");
+    EXPECT_EQ(encode_error(t, "a" + std::string(99, 'b')), "");  // 5099 bytes: within 64 x 100 + 4096
+  }
+  {
+    std::string seq = R"({"type": "Sequence", "normalizers": [)";
+    for (int i = 0; i < 40; ++i) seq += (i ? ", " : "") + replace("a", "aa");
+    const auto [t, dir] = tokenizer(seq + "]}");
+    EXPECT_HAS(encode_error(t, std::string(27, 'a')), "past 5824 bytes");
+  }
+  const auto [t, dir] = tokenizer(replace(" ", "\u2581"));
+  EXPECT_EQ(encode_error(t, std::string(10000, ' ')), "");
+}
+
+// A BPE model whose unk_token is not in its vocabulary: a piece that needs it is refused, as the
+// tokenizers library refuses it (UnkTokenOutOfVocabulary), instead of being dropped; without an
+// unk_token such a piece is dropped (the library's behaviour too).
+TEST(HfTokenizerLimits, AnUnkTokenOutsideTheVocabularyIsRefusedWhenNeeded) {
+  TempDir d;
+  write(d.path() / "tokenizer.json",
+        R"({"model": {"type": "BPE", "unk_token": "<zz>", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}})");
+  const HfTokenizer t = HfTokenizer::load(d.path().string());
+  EXPECT_EQ(t.encode("ab"), std::vector<uint32_t>({2}));
+  try {
+    t.encode("abc");
+    ADD_FAILURE() << "a piece outside the vocabulary was encoded without its unk_token";
+  } catch (const InputError& e) {
+    EXPECT_HAS(std::string(e.what()), "unk_token '<zz>' is not either");
+    EXPECT_HAS(std::string(e.what()), "tokenizer.json");
+  }
+  write(d.path() / "tokenizer.json", "{" + kModel + "}");
+  EXPECT_EQ(HfTokenizer::load(d.path().string()).encode("abc"), std::vector<uint32_t>({2}));
+}
+
 TEST(HfTokenizerLimits, BadIdsAreRefusedNamingTheKeyAndValue) {
   auto vocab_with = [](const std::string& id) {
     return R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": )" + id + R"(}, "merges": []}})";

@@ -90,6 +90,13 @@ TEST(TokenFile, EveryBadInputNamesTheFile) {
             p + ": bad magic: not a token file (expected the bytes \"QSTOKENS\" at offset 0)");
   EXPECT_EQ(open_err(header("QSTOKENS", 5, 258, 0, 4, 0)), p + ": unsupported token file version 5 (expected 1 to 4)");
   EXPECT_EQ(open_err(header("QSTOKENS", 1, 0, 0, 4, 0)), p + ": vocab_size is 0 in the header (expected > 0)");
+  // A masked file's ids leave its flag bits free: a vocabulary past them is a corrupt header.
+  EXPECT_EQ(open_err(header("QSTOKENS", 2, 4294967295u, 0, 4, 0)),
+            p + ": vocab_size 4294967295 in the header does not fit the 31-bit ids of a version 2 file");
+  EXPECT_EQ(open_err(header("QSTOKENS", 3, (1u << 30) + 1, 0, 4, 0)),
+            p + ": vocab_size 1073741825 in the header does not fit the 30-bit ids of a version 3 file");
+  write_bytes(p, header("QSTOKENS", 3, 1u << 30, 0, 4, 0));
+  EXPECT_NO_THROW(TokenFile::open(p));
   EXPECT_EQ(open_err(header("QSTOKENS", 1, 258, 0, 2, 0)), p + ": unsupported token dtype code 2 (expected 4 = uint32)");
   EXPECT_EQ(open_err(header("QSTOKENS", 1, 258, 0, 4, 9)), p + ": reserved header field is 9 (expected 0)");
   EXPECT_EQ(open_err(header("QSTOKENS", 1, 258, 3, 4, 0) + u32s({1, 2})),

@@ -289,6 +289,12 @@ TEST(RunLock, SecondHolderRefusedStaleTakenOver) {
         << msg;
   }
   EXPECT_FALSE(fs::exists(file)) << "released: the lock file is removed";
+  EXPECT_FALSE(fs::exists(dir)) << "released: the folder the lock made, left empty, is removed";
+  fs::create_directories(dir);
+  {
+    const RunLock held(dir);  // a folder that was there stays
+  }
+  EXPECT_TRUE(fs::exists(dir));
   // A lock file left by a process that died (kill -9: the kernel dropped its flock): taken over.
   const long dead = dead_pid();
   write_bytes(file, "{\"host\": \"" + this_host_name() + "\", \"pid\": " + std::to_string(dead) + "}\n");

@@ -84,6 +84,11 @@ TEST(TrainConfig, TypeErrorsNameKeyAndValue) {
             "x.yaml: key 'optimizer.lr': expected a number, got 'fast'");
   EXPECT_EQ(error_of([] { parse_train_config("lora:\n  r: 8.5\n", "x.yaml"); }),
             "x.yaml: key 'lora.r': expected an integer, got '8.5'");
+  // Integers in base 10, as on the command line: YAML 1.1's octal and hex are refused, not read as 8 / 16.
+  EXPECT_EQ(error_of([] { parse_train_config("lora:\n  r: 0x10\n", "x.yaml"); }),
+            "x.yaml: key 'lora.r': expected an integer, got '0x10'");
+  EXPECT_EQ(error_of([] { parse_train_config(kMinimal, "x.yaml", {"steps=010"}); }),
+            "--set steps=010: key 'steps': expected an integer without a leading 0 (YAML reads 010 as octal 8), got '010'");
   EXPECT_EQ(error_of([] { parse_train_config("model:\n  double_quant: maybe\n", "x.yaml"); }),
             "x.yaml: key 'model.double_quant': expected true or false, got 'maybe'");
   EXPECT_EQ(error_of([] { parse_train_config("schedule:\n  type: cosine\n", "x.yaml"); }),

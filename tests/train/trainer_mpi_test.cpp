@@ -216,5 +216,22 @@ TEST(Trainer, BadInputIsNamed) {
   expect_input_error(c, "lr");
 }
 
+// A learning rate that blows the LoRA weights up: the job stops at the first non-finite loss or
+// gradient norm, on every rank together, naming the step; it saved nothing, and the run folder it
+// made for itself (the resolved config, the lock) is gone again.
+TEST(Trainer, DivergedTrainingStopsBeforeSaving) {
+  TrainConfig c = small_config(make_token_file("diverge.tok", 128, 5000, 0));
+  c.optimizer.lr = 1e30;
+  c.schedule.warmup_steps = 0;
+  c.logging.eval_every_steps = 0;
+  c.checkpoint.dir = tmp_path("diverged_run");
+  c.checkpoint.every_steps = 5;
+  expect_input_error(c, "the training diverged");
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_FALSE(std::filesystem::exists(c.checkpoint.dir)) << c.checkpoint.dir << " was left behind";
+  std::error_code ec;
+  if (World::get().rank() == 0) std::filesystem::remove_all(c.checkpoint.dir, ec);
+}
+
 }  // namespace
 }  // namespace qshard
