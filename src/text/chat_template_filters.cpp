@@ -411,9 +411,15 @@ Value f_round(Evaluator& ev, const Value& v, CallArgs& args) {
   if (!v.is_number()) ev.fail("round: expected a number, got " + type_name(v));
   if (method == "common" && !v.is(Kind::kFloat)) return Value::integer(v.is(Kind::kInt) ? v.i : v.b);
   const double x = v.is(Kind::kFloat) ? v.f : static_cast<double>(v.is(Kind::kInt) ? v.i : v.b);
-  if (method == "common" && precision >= 0 && precision < 300 && std::isfinite(x)) {
+  // Past 10^+-330 no double has digits left to round: Python's round gives x (or a signed 0);
+  // Jinja2's ceil / floor multiply by 10**precision and fail (an overflow, a division by 0).
+  if (precision >= 330 || precision <= -330) {
+    if (method != "common") ev.fail("round: precision " + std::to_string(precision) + " is out of range for " + method);
+    return Value::real(precision > 0 || !std::isfinite(x) ? x : std::copysign(0.0, x));
+  }
+  if (method == "common" && precision >= 0 && std::isfinite(x)) {
     // Python's round(x, n): the decimal rounding of the exact binary value, ties to even (as printf).
-    char buf[512];
+    char buf[1024];  // at most 309 digits, the point and 329 decimals
     std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(precision), x);
     return Value::real(std::strtod(buf, nullptr));
   }

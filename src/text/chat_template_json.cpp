@@ -122,6 +122,8 @@ void json_value(Evaluator& ev, const Value& v, const JsonStyle& st, int level, s
 
 }  // namespace
 
+constexpr int64_t kMaxJsonIndent = 1 << 16;
+
 std::string json_dumps(Evaluator& ev, const Value& v, bool ensure_ascii, const Value& indent, const Value& separators, bool sort_keys) {
   JsonStyle st;
   st.ensure_ascii = ensure_ascii;
@@ -129,7 +131,13 @@ std::string json_dumps(Evaluator& ev, const Value& v, bool ensure_ascii, const V
   if (!indent.is(Kind::kNone) && !indent.is(Kind::kUndefined)) {
     st.indented = true;
     if (indent.is(Kind::kString)) st.indent = indent.str();
-    else if (indent.is(Kind::kInt) || indent.is(Kind::kBool)) st.indent = std::string(static_cast<size_t>(std::clamp<int64_t>(indent.is(Kind::kInt) ? indent.i : indent.b, 0, 1 << 16)), ' ');
+    else if (indent.is(Kind::kInt) || indent.is(Kind::kBool)) {
+      const int64_t n = indent.is(Kind::kInt) ? indent.i : indent.b;
+      if (n > kMaxJsonIndent)  // Python builds ' ' * n (a MemoryError past the host's memory)
+        ev.fail("tojson: indent " + std::to_string(n) + " is past the " + std::to_string(kMaxJsonIndent) +
+                " spaces the sandbox allows");
+      st.indent = std::string(static_cast<size_t>(std::max<int64_t>(n, 0)), ' ');  // below 0: none, as Python
+    }
     else ev.fail("tojson: indent must be an int or a str, not " + type_name(indent));
     st.item_sep = ",";
   }

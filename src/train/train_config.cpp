@@ -2,6 +2,7 @@
 
 #include "runtime/input_file.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -538,6 +539,10 @@ TrainConfig parse_as_written(const std::string& yaml_text, const std::string& la
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
+  } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's depth guard (its message is a bare "bad file")
+    throw InputError(fmt::format("{}: YAML nested more than {} levels deep (line {}, column {}); refused (a job nests "
+                                 "3 levels)",
+                                 label, e.depth(), e.mark.line + 1, e.mark.column + 1));
   } catch (const YAML::Exception& e) {
     throw InputError(fmt::format("{}: not valid YAML (line {}, column {}): {}", label, e.mark.line + 1,
                                  e.mark.column + 1, e.msg));

@@ -156,6 +156,16 @@ TEST(ChatTemplateLimits, RunawayTemplatesHitABudget) {
   const std::string nested = "{% set r = range(100000) %}\n{% for i in r %}{% for j in r %}";
   expect_budget(nested + "{% endfor %}{% endfor %}", "iteration budget", 2, &small);
   expect_budget("{{ 1 }}\n{% for i in range(10**10) %}{% endfor %}", "range too big", 2);
+  // tojson's indent past 65536 spaces and round's precision past any double's digits: refused or
+  // Python's value (was: clamped in silence, NaN).
+  EXPECT_NE(error_of("{{ [1] | tojson(indent=10**12) }}").find("indent 1000000000000 is past the 65536"), std::string::npos);
+  for (const auto& [src, want] :
+       {std::pair<std::string, std::string>{"{{ 1.5 | round(10**9) }}", "1.5"}, {"{{ -1.5 | round(-10**9) }}", "-0.0"},
+        {"{{ 1.25 | round(1) }}", "1.2"}, {"{{ 1e308 | round(320) }}", "1e+308"}}) {
+    ChatTemplate t = ChatTemplate::parse(src, "round.jinja");
+    EXPECT_EQ(t.render(one_message(), false), want) << src;
+  }
+  EXPECT_NE(error_of("{{ 1.5 | round(10**9, 'ceil') }}").find("out of range for ceil"), std::string::npos);
   // Steps past half the int64 range: the items Python gives, no wrapped loop.
   for (const auto& [args, want] :
        {std::pair<std::string, std::string>{"0, 9223372036854775807, 4611686018427387904", "[0, 4611686018427387904]"},

@@ -84,6 +84,10 @@ TEST(TrainConfig, TypeErrorsNameKeyAndValue) {
             "x.yaml: key 'optimizer.lr': expected a number, got 'fast'");
   EXPECT_EQ(error_of([] { parse_train_config("lora:\n  r: 8.5\n", "x.yaml"); }),
             "x.yaml: key 'lora.r': expected an integer, got '8.5'");
+  // YAML nested 100k deep: yaml-cpp's depth guard, named as such (its own message is "bad file").
+  EXPECT_NE(error_of([] { parse_train_config("x: " + std::string(100000, '[') + std::string(100000, ']') + "\n", "x.yaml"); })
+                .find("x.yaml: YAML nested more than"),
+            std::string::npos);
   // Integers in base 10, as on the command line: YAML 1.1's octal and hex are refused, not read as 8 / 16.
   EXPECT_EQ(error_of([] { parse_train_config("lora:\n  r: 0x10\n", "x.yaml"); }),
             "x.yaml: key 'lora.r': expected an integer, got '0x10'");
