@@ -119,6 +119,7 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   const int64_t open = std::max<int64_t>(d.L - 1 - d.kept_sets, 0);
   d.host_sets = d.NM == d.N ? std::clamp<int64_t>(o.host_keep_layers, 0, open) : 0;
   d.staging_sets = std::min<int64_t>(d.host_sets, 2);
+  d.host_checkpoints = o.host_checkpoints;
   d.kv_cache_tokens = o.kv_cache_tokens;
   d.dropout = o.lora_dropout > 0;
   d.head_rows = llama_head_rows(o.head_chunk_bytes, d.V, d.N);
@@ -176,7 +177,10 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   const BufferLife run = BufferLife::kRun;
   auto t = [&](auto* field) { return reinterpret_cast<void**>(field); };
   // ---- activations (one allocation, in this order) ----
-  p.add("xs (layer inputs)", (L + 1) * N * C * esz, run, a ? t(&a->xs) : nullptr);
+  // The checkpoints x_0..x_L, or (host_checkpoints) their device slots: the rest wait in pinned
+  // host memory (the entry at the end).
+  p.add(d.host_checkpoints ? "xs (layer inputs' device slots)" : "xs (layer inputs)",
+        (d.host_checkpoints ? std::min(kCheckpointSlots, L + 1) : L + 1) * N * C * esz, run, a ? t(&a->xs) : nullptr);
   add_internals(p, d, backend, esz, run, "", NM, a);
   p.add("m", NM * I * esz, run, a ? t(&a->m) : nullptr);
   p.add("dx", N * C * esz, run, a ? t(&a->dx) : nullptr);
@@ -228,6 +232,8 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
     for (int64_t i = 0; i < d.host_sets - d.staging_sets; ++i)
       p.add("host kept[" + std::to_string(i) + "]", set, BufferLife::kHost);
   }
+  if (d.host_checkpoints && L + 1 > kCheckpointSlots)
+    p.add("host checkpoints (layer inputs)", (L + 1 - kCheckpointSlots) * N * C * esz, BufferLife::kHost);
   // ---- workspace: the larger of a layer's and the head's scratch, in bytes ----
   // f32 scratch of the CPU kernels (a GEMM's row, attention's scores)
   const int64_t gemm_scratch = 2 * std::max({N, V, I, C, d.max_in, d.max_out}) + 2 * T;

@@ -15,7 +15,9 @@
 //               estimate, not allocated by the model;
 //   kHost       pinned host memory: one kept set's bytes per host-kept layer but the last two
 //               (LlamaModelOptions::host_keep_layers), "host kept[i]"; their device staging sets are
-//               kKept entries "host-kept staging[i].<name>". Not GPU memory: total() leaves it out.
+//               kKept entries "host-kept staging[i].<name>"; the checkpoints x_0..x_L-3
+//               (host_checkpoints; their three device slots are the xs entry). Not GPU memory:
+//               total() leaves it out.
 // The same function serves both sides, so they cannot drift apart:
 //   - LlamaModel's constructor measures its tree (LlamaBufferDims from the slots it found), asks
 //     for the plan with `bind` set, allocates kRun and kKept storage from it (each entry 256-byte
@@ -90,6 +92,7 @@ struct LlamaBufferDims {
   int64_t kept_sets = 0;             // kept layers but the last
   int64_t host_sets = 0;             // host-kept layers (pinned host sets)
   int64_t staging_sets = 0;          // their device staging sets (min(host_sets, 2))
+  bool host_checkpoints = false;     // x_l through kCheckpointSlots device slots, the rest in pinned memory
   int64_t kv_cache_tokens = 0;
   bool dropout = false;              // LoRA dropout's masked inputs in the workspace
   int64_t head_rows = 0;             // LM-head logits rows per chunk

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/offload_ring.h"
 #include "quant/params4bit.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
@@ -33,25 +34,6 @@ struct LlamaModel::Staging {
   int next = 0;
   ~Staging() {
     for (const Event& e : done) e.synchronize();
-    if (base) pinned.release(base);
-  }
-};
-
-// The host tier: `slots` device staging sets (act_->kept[first + s]) and the pinned host sets of
-// the host-kept layers but the last `slots` (those stay in their staging set from their forward to
-// their backward: forward_backward runs both). Per slot, what it holds and which copy the compute
-// stream has not yet waited for.
-struct LlamaModel::HostTier {
-  PinnedHostAllocator pinned;
-  uint8_t* base = nullptr;  // [sets - slots, set_bytes]
-  int64_t set_bytes = 0;
-  int sets = 0, slots = 0, first = 0;
-  Stream offload{stream_names::kActivationOffload};
-  std::vector<Event> written, stored, released, loaded;  // per slot
-  std::vector<int> holds;                                // per slot: the host set it holds, or -1
-  std::vector<char> storing, loading;                    // per slot: a copy out of / into it in flight
-  ~HostTier() {
-    offload.synchronize();
     if (base) pinned.release(base);
   }
 };
@@ -131,33 +113,26 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   if (d.ragged_ints > 0) ragged_host_.resize(static_cast<size_t>(d.ragged_ints));
   for (int i = 0; i < kStagingSlots; ++i) staging_->done.emplace_back();
 
-  // ---- the host tier: host-kept layers spread evenly over the recomputed ones, the last of them
-  // at the layer just before the kept sets (its staging set still holds it when the backward comes) ----
+  // ---- the host tier (model/offload_ring.h): host-kept layers spread evenly over the recomputed
+  // ones, the last of them at the layer just before the kept sets (its staging set still holds it
+  // when the backward comes); the layer inputs x_0..x_L through three slots ----
   device_kept_sets_ = d.kept_sets;
+  if (d.host_sets > 0 || d.host_checkpoints) offload_ = std::make_unique<Stream>(stream_names::kActivationOffload);
   if (d.host_sets > 0) {
-    host_ = std::make_unique<HostTier>();
-    HostTier& t = *host_;
-    t.sets = static_cast<int>(d.host_sets);
-    t.slots = static_cast<int>(d.staging_sets);
-    t.first = static_cast<int>(d.kept_sets);
-    t.set_bytes = llama_kept_set_bytes(d, ctx_.backend(), act_t);
-    QS_CHECK(a.kept_storage.nbytes() == static_cast<size_t>((d.kept_sets + d.staging_sets) * t.set_bytes),
+    const int64_t set_bytes = llama_kept_set_bytes(d, ctx_.backend(), act_t);
+    QS_CHECK(a.kept_storage.nbytes() == static_cast<size_t>((d.kept_sets + d.staging_sets) * set_bytes),
              "kept sets are not contiguous sets of one size");
-    if (t.sets > t.slots)
-      t.base = static_cast<uint8_t*>(t.pinned.allocate(static_cast<size_t>((t.sets - t.slots) * t.set_bytes)));
-    for (int s = 0; s < t.slots; ++s) {
-      t.written.emplace_back();
-      t.stored.emplace_back();
-      t.released.emplace_back();
-      t.loaded.emplace_back();
-    }
-    t.holds.assign(static_cast<size_t>(t.slots), -1);
-    t.storing.assign(static_cast<size_t>(t.slots), 0);
-    t.loading.assign(static_cast<size_t>(t.slots), 0);
+    kept_ring_ = std::make_unique<OffloadRing>(
+        static_cast<int>(d.host_sets), static_cast<int>(d.staging_sets), set_bytes,
+        static_cast<uint8_t*>(a.kept_storage.raw()) + d.kept_sets * set_bytes, ctx_.compute_device(), *offload_);
     const int64_t L = c.num_hidden_layers, open = L - 1 - d.kept_sets;
     host_index_.assign(static_cast<size_t>(L), -1);
     for (int64_t h = 0; h < d.host_sets; ++h) host_index_[static_cast<size_t>((h + 1) * open / d.host_sets - 1)] = static_cast<int>(h);
   }
+  if (d.host_checkpoints)
+    ckpt_ring_ = std::make_unique<OffloadRing>(static_cast<int>(c.num_hidden_layers + 1), static_cast<int>(kCheckpointSlots),
+                                               N * c.hidden_size * static_cast<int64_t>(dtype_size(act_t)),
+                                               static_cast<uint8_t*>(a.xs), ctx_.compute_device(), *offload_);
 }
 
 std::vector<int64_t> LlamaModel::host_kept_layers() const {
@@ -167,66 +142,14 @@ std::vector<int64_t> LlamaModel::host_kept_layers() const {
   return v;
 }
 
-int LlamaModel::staging_set(int h) const { return host_->first + h % host_->slots; }
+int LlamaModel::staging_set(int h) const { return static_cast<int>(device_kept_sets_) + h % kept_ring_->slots(); }
 
-// Host set h's internals on the device: the staging set h % slots. A copy out of that set still in
-// flight (host set h - slots') is waited for first.
-void LlamaModel::host_before_forward(int h) {
-  HostTier& t = *host_;
-  const size_t s = static_cast<size_t>(h % t.slots);
-  QS_CHECK(!t.loading[s], "host tier: a staging set is being loaded at a forward");
-  if (t.storing[s]) {
-    mark(StepPart::kWait);
-    ctx_.compute().wait(t.stored[s]);
-    mark(StepPart::kOther);
-    t.storing[s] = 0;
-  }
-}
-
-// After the forward: the set goes out to pinned memory on the offload stream, unless it is one of
-// the last `slots` (its staging set keeps it until its backward).
-void LlamaModel::host_after_forward(int h) {
-  HostTier& t = *host_;
-  const size_t s = static_cast<size_t>(h % t.slots);
-  t.holds[s] = h;
-  if (h >= t.sets - t.slots) return;
-  ctx_.compute().record(t.written[s]);
-  t.offload.wait(t.written[s]);
-  copy_bytes_async(t.base + static_cast<int64_t>(h) * t.set_bytes, Device::kCpu,
-                   static_cast<const uint8_t*>(act_->kept_storage.raw()) + (t.first + static_cast<int64_t>(s)) * t.set_bytes,
-                   ctx_.compute_device(), static_cast<size_t>(t.set_bytes), t.offload.handle());
-  t.offload.record(t.stored[s]);
-  t.storing[s] = 1;
-}
-
-void LlamaModel::host_before_backward(int h) {
-  HostTier& t = *host_;
-  const size_t s = static_cast<size_t>(h % t.slots);
-  QS_CHECK(t.holds[s] == h, "host tier: host set " + std::to_string(h) + " is not in its staging set");
-  if (t.loading[s]) {
-    mark(StepPart::kWait);
-    ctx_.compute().wait(t.loaded[s]);
-    mark(StepPart::kOther);
-    t.loading[s] = 0;
-  }
-}
-
-// After the backward: the staging set is free; host set h - slots (the next one it serves) comes in
-// on the offload stream, behind the compute of the layers between.
-void LlamaModel::host_after_backward(int h) {
-  HostTier& t = *host_;
-  const size_t s = static_cast<size_t>(h % t.slots);
-  t.holds[s] = -1;
-  const int next = h - t.slots;
-  if (next < 0) return;
-  ctx_.compute().record(t.released[s]);
-  t.offload.wait(t.released[s]);
-  copy_bytes_async(static_cast<uint8_t*>(act_->kept_storage.raw()) + (t.first + static_cast<int64_t>(s)) * t.set_bytes,
-                   ctx_.compute_device(), t.base + static_cast<int64_t>(next) * t.set_bytes, Device::kCpu,
-                   static_cast<size_t>(t.set_bytes), t.offload.handle());
-  t.offload.record(t.loaded[s]);
-  t.loading[s] = 1;
-  t.holds[s] = next;
+// A ring's wait on the compute stream, timed as a wait (the step's split).
+void LlamaModel::ring_before(OffloadRing& ring, int i, bool write) {
+  mark(StepPart::kWait);
+  if (write) ring.before_write(i, ctx_.compute());
+  else ring.before_read(i, ctx_.compute());
+  mark(StepPart::kOther);
 }
 
 LlamaModel::~LlamaModel() = default;
@@ -846,7 +769,10 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
   if (before_root) before_root(Pass::kBackward);
   mark(StepPart::kOther);
   bind_root();
+  OffloadRing* ck = ckpt_ring_.get();
+  if (ck) ring_before(*ck, static_cast<int>(L), false);
   head_forward_backward(x_final, targets, a.dx, B, T, normalizer);
+  if (ck) ck->after_read(static_cast<int>(L), ctx_.compute());
   if (after_root) after_root(Pass::kBackward);
   void* dx = a.dx;
   void* dprev = a.dprev;
@@ -856,9 +782,12 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
     mark(StepPart::kOther);
     bind_layer(l);
     const int h = host_set(l);
-    if (h >= 0) host_before_backward(h);
-    layer_backward_impl(act(a.xs, l * NC), dx, dprev, B, T, h >= 0 ? staging_set(h) : kept_set(l));
-    if (h >= 0) host_after_backward(h);
+    if (h >= 0) ring_before(*kept_ring_, h, false);
+    if (ck) ring_before(*ck, static_cast<int>(l), false);
+    layer_backward_impl(ck ? ck->slot_ptr(static_cast<int>(l)) : act(a.xs, l * NC), dx, dprev, B, T,
+                        h >= 0 ? staging_set(h) : kept_set(l));
+    if (ck) ck->after_read(static_cast<int>(l), ctx_.compute());
+    if (h >= 0) kept_ring_->after_read(h, ctx_.compute());
     if (after_layer) after_layer(l, Pass::kBackward);
     std::swap(dx, dprev);
   }
@@ -898,8 +827,14 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
   mark(StepPart::kWait);
   if (before_root) before_root(Pass::kForward);
   mark(StepPart::kOther);
+  // Training with options.host_checkpoints: x_l through the checkpoint ring's slots (x_0..x_L-3
+  // out to pinned host memory, back before their backward).
+  OffloadRing* ck = keep_checkpoints ? ckpt_ring_.get() : nullptr;
+  auto x_at = [&](int64_t l) { return ck ? ck->slot_ptr(static_cast<int>(l)) : act(a.xs, slot(l) * NC); };
   bind_root();
-  embed(ids, a.xs, B, T);
+  if (ck) ring_before(*ck, 0, true);
+  embed(ids, x_at(0), B, T);
+  if (ck) ck->after_write(0, ctx_.compute());
   if (after_root) after_root(Pass::kForward);
   for (int64_t l = 0; l < L; ++l) {
     mark(StepPart::kWait);
@@ -907,13 +842,15 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
     mark(StepPart::kOther);
     bind_layer(l);
     const int h = keep_checkpoints ? host_set(l) : -1;
-    if (h >= 0) host_before_forward(h);
-    layer_forward_kept(act(a.xs, slot(l) * NC), act(a.xs, slot(l + 1) * NC), B, T,
-                       h >= 0 ? staging_set(h) : keep_checkpoints ? kept_set(l) : -1, cache_pos);
-    if (h >= 0) host_after_forward(h);
+    if (h >= 0) ring_before(*kept_ring_, h, true);
+    if (ck) ring_before(*ck, static_cast<int>(l + 1), true);
+    layer_forward_kept(x_at(l), x_at(l + 1), B, T, h >= 0 ? staging_set(h) : keep_checkpoints ? kept_set(l) : -1,
+                       cache_pos);
+    if (ck) ck->after_write(static_cast<int>(l + 1), ctx_.compute());
+    if (h >= 0) kept_ring_->after_write(h, ctx_.compute());
     if (after_layer) after_layer(l, Pass::kForward);
   }
-  return act(a.xs, slot(L) * NC);
+  return x_at(L);
 }
 
 void LlamaModel::forward_loss(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B, int64_t T,

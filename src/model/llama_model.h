@@ -77,6 +77,9 @@
 
 namespace qshard {
 
+class OffloadRing;
+inline constexpr int64_t kCheckpointSlots = 3;  // options.host_checkpoints: x_l's device slots
+
 struct LlamaModelOptions {
   double lora_alpha = 16.0;   // scaling = alpha / r (alpha / sqrt(r) with use_rslora)
   bool use_rslora = false;
@@ -105,6 +108,12 @@ struct LlamaModelOptions {
   // copy has the compute of the layers between them to hide behind. Same arithmetic: the same bits.
   // REQUIRES the whole MLP (mlp_chunk_rows 0); more than the recomputed layers are clamped.
   int64_t host_keep_layers = 0;
+  // host_checkpoints: the layer inputs x_0..x_L (activation checkpointing's checkpoints) go
+  // through three device slots (kCheckpointSlots) instead of one buffer each: x_0..x_L-3 are
+  // copied to pinned host memory as the forward writes them and back ahead of their backward, on
+  // the same offload stream and with the same events as the host-kept layers. Long sequences: at
+  // 8B the checkpoints are 264 KB a token. Same arithmetic: the same bits.
+  bool host_checkpoints = false;
   // mlp_chunk_rows: > 0 and below max_batch * max_seq: the MLP runs over rows in chunks of this
   // many (its [rows, I] buffers and gradients chunk-sized: long sequences); the backward
   // recomputes a chunk's gate/up just before its gradients. REQUIRES keep_layers == 0 then.
@@ -255,14 +264,11 @@ class LlamaModel {
   bool chunked(int64_t N) const;
   void layer_forward_kept(const void* x_in, void* x_out, int64_t B, int64_t T, int set, int64_t cache_pos = -1);
   void layer_backward_impl(const void* x_in, const void* dout, void* dx, int64_t B, int64_t T, int set);
-  // The host tier (options.host_keep_layers): layer l's host set index (-1: not host-kept), the
-  // staging set it goes through, and the copies around its forward and backward.
+  // The host tier (options.host_keep_layers): layer l's host set index (-1: not host-kept) and the
+  // staging set it goes through; a ring's wait, timed as a wait.
   int host_set(int64_t layer) const { return host_index_.empty() ? -1 : host_index_[static_cast<size_t>(layer)]; }
   int staging_set(int h) const;
-  void host_before_forward(int h);
-  void host_after_forward(int h);
-  void host_before_backward(int h);
-  void host_after_backward(int h);
+  void ring_before(OffloadRing& ring, int i, bool write);
   void dequantize_layer();
   // x (and dx) rows ldx apart (0 = the projection's input width); a folded projection reads its
   // group's LoRA columns from the same rows.
@@ -308,8 +314,10 @@ class LlamaModel {
   void mark(StepPart part) { profiler_.mark(part); }
   struct Staging;  // pinned host slots for ids/targets uploads
   std::unique_ptr<Staging> staging_;
-  struct HostTier;  // the host-kept layers' pinned sets, offload stream and events
-  std::unique_ptr<HostTier> host_;
+  // The host tier (model/offload_ring.h): one offload stream; the host-kept layers' sets and the
+  // checkpoints x_0..x_L (options.host_checkpoints), each through its ring of device slots.
+  std::unique_ptr<Stream> offload_;
+  std::unique_ptr<OffloadRing> kept_ring_, ckpt_ring_;
   std::vector<int> host_index_;  // per layer: its host set, or -1
   int64_t device_kept_sets_ = 0;  // act_->kept's first entries (the staging sets follow)
   uint64_t step_ = 0;

@@ -24,6 +24,7 @@ LlamaModelOptions step_options(const TrainConfig& config, int64_t micro, int64_t
   mo.max_seq = config.data.max_seq_len;
   mo.lora_dropout = static_cast<float>(config.lora.dropout);
   mo.mlp_chunk_rows = chunk_rows;
+  mo.host_checkpoints = config.memory.host_checkpoints;
   return mo;
 }
 
@@ -40,6 +41,7 @@ std::string MemoryPlan::describe() const {
   else
     s += fmt::format("layers {}-{} of {} keep their activations ({} each), the rest recomputed",
                      layers - keep_layers, layers - 1, layers, human_bytes(per_kept));
+  if (host_checkpoints) s += fmt::format("; the layer inputs in pinned host memory, three on the {}", mem);
   if (host_keep_layers > 0)
     s += fmt::format("; {} more keep theirs in pinned host memory ({}, through {} staging set{} on the {})",
                      host_keep_layers, human_bytes(host_bytes()), staging_sets(), staging_sets() > 1 ? "s" : "", mem);
@@ -75,6 +77,7 @@ constexpr double kDefaultH2dBytesPerSecond = 55e9;
 // What the estimate needs besides the plan.
 struct CostInputs {
   double L = 1, T = 1, batch = 1;  // layers, tokens per sequence, sequences per rank per step
+  double C = 1;                    // hidden size (a checkpoint's row)
   double flops_per_token = 0;      // useful_flops_per_token
   double layer_bytes = 0;          // one layer's frozen bytes (what an offloaded layer copies)
   double lora_params = 0;
@@ -99,7 +102,7 @@ JobSizes job_sizes(const TrainConfig& config, const LlamaConfig& lc, int world) 
   z.lora_params = static_cast<double>(config.lora.r) * L * (7 * C + 2 * q + 2 * kv + 3 * I);
   const int64_t T = config.data.max_seq_len;
   z.cost = CostInputs{L, static_cast<double>(T),
-                      static_cast<double>(config.batch.global_batch_size / std::max(world, 1)),
+                      static_cast<double>(config.batch.global_batch_size / std::max(world, 1)), C,
                       useful_flops_per_token(lc, T, static_cast<uint64_t>(z.lora_params)), z.base.projections / L,
                       z.lora_params, world};
   return z;
@@ -128,6 +131,12 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
     // behind that layer's compute: exposed where the copy is longer (the forward at small N).
     const double fwd = N * a * (1 - kRecomputeShare) / (3 * in.L);
     micro += in.L * (std::max(0.0, copy - fwd) + std::max(0.0, copy - 3 * fwd) + kOffloadContention * 2 * copy);
+  }
+  // memory.host_checkpoints: x_0..x_L-3 cross at the pinned rate, each behind a layer's compute
+  // (67 MB against about 5 ms at 8B, 4 x 2048: hidden); what a layer's forward cannot cover shows.
+  if (p.host_checkpoints) {
+    const double x = N * in.C * 2 / h2d, fwd = N * a * (1 - kRecomputeShare) / (3 * in.L);
+    micro += in.L * (std::max(0.0, x - fwd) + kOffloadContention * 2 * x);
   }
   if (p.host_keep_layers > 2) {
     // The host tier: each stored set goes out during the forward and comes back during the
@@ -185,6 +194,7 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     p.micro_batch = micro;
     p.offload_params = offload_params;
     p.offload_optimizer = offload_opt;
+    p.host_checkpoints = m.host_checkpoints;
     const int64_t N = micro * T;
     if (m.mlp_chunk_tokens < 0) p.mlp_chunk_rows = N > kAutoChunkAbove ? kAutoChunkRows : 0;
     else p.mlp_chunk_rows = m.mlp_chunk_tokens >= N ? 0 : m.mlp_chunk_tokens;

@@ -69,6 +69,7 @@ struct MemoryPlan {
   int64_t mlp_chunk_rows = 0;    // 0: the whole micro-batch at once
   int64_t keep_layers = 0;
   int64_t host_keep_layers = 0;  // of the layers keep_layers leaves, those kept in pinned host memory
+  bool host_checkpoints = false; // memory.host_checkpoints (as configured; step_buffers count it)
   int64_t layers = 0;            // L, for the description
   bool cuda = false;             // the plan is for GPU memory (else the CPU backend's host memory)
   // Estimates, bytes on the GPU:

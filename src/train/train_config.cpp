@@ -275,6 +275,8 @@ const std::vector<Field>& fields() {
                "more layers whose activations are kept in pinned host memory instead of recomputed"),
       QS_FIELD("memory.host_budget_gb", memory.host_budget_gb, "in [0, 1e6] (0 = half the host's free memory)",
                "pinned host memory the plan may give host-kept layers (GB = 1e9 bytes)"),
+      QS_FIELD("memory.host_checkpoints", memory.host_checkpoints, "true, false",
+               "keep the layer inputs (activation checkpoints) in pinned host memory, three on the GPU"),
       checkpoint_dir_field(),
       QS_FIELD("checkpoint.every_steps", checkpoint.every_steps, ">= 0 (0 = only at the end)",
                "save a checkpoint every this many steps"),

@@ -158,6 +158,8 @@ struct MemoryConfig {
                                  // choice (0 without a budget)
   double host_budget_gb = 0;     // pinned host memory the plan may give host-kept layers (GB); 0: half
                                  // of what the host can still take at start
+  bool host_checkpoints = false; // the layer inputs x_l (activation checkpoints) in pinned host memory,
+                                 // three on the GPU (LlamaModelOptions::host_checkpoints)
 };
 
 struct CheckpointConfig {

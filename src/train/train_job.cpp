@@ -132,6 +132,7 @@ void TrainJob::build_model() {
   if (rt_.ctx.is_cuda()) plan_.est_step_s = plan_step_estimate(plan_, config_, mc, world_, rates_);
   mo_.keep_layers = plan_.keep_layers;
   mo_.host_keep_layers = plan_.host_keep_layers;
+  mo_.host_checkpoints = plan_.host_checkpoints;
   mo_.mlp_chunk_rows = plan_.mlp_chunk_rows;
   if (rank_ == 0) QS_LOG_INFO("{}", plan_.describe());
   open_data();
@@ -166,7 +167,8 @@ void TrainJob::account_memory(std::optional<int64_t> runtime_bytes) {
   const BufferPlan& bp = model_->buffer_plan();
   l.add("step activations", static_cast<uint64_t>(bp.total(BufferLife::kRun)), MemoryPlace::kDevice);
   l.add("kept layers' activations", static_cast<uint64_t>(bp.total(BufferLife::kKept)), MemoryPlace::kDevice);
-  l.add("host-kept layers' activations", static_cast<uint64_t>(bp.total(BufferLife::kHost)), MemoryPlace::kPinnedHost);
+  l.add("host-kept layers' activations and checkpoints", static_cast<uint64_t>(bp.total(BufferLife::kHost)),
+        MemoryPlace::kPinnedHost);
   l.add("step workspace", static_cast<uint64_t>(model_->allocated_bytes().workspace), MemoryPlace::kDevice);
   if (const auto lib = model_->library_bytes())  // measured: handles, kernels, attention workspace
     l.add("cuBLAS / cuDNN handles, kernels and workspace (measured)", static_cast<uint64_t>(*lib), MemoryPlace::kDevice);

@@ -246,7 +246,7 @@ struct StepResult {
   std::map<std::string, std::vector<float>> grads;
 };
 StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dropout, int64_t host = 0,
-                    std::vector<int64_t>* host_layers = nullptr) {
+                    std::vector<int64_t>* host_layers = nullptr, bool host_checkpoints = false) {
   const int64_t B = 2, T = 5;
   auto tree = random_tree(c, 33);
   LlamaModelOptions opt;
@@ -258,6 +258,7 @@ StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dro
   opt.keep_layers = keep;
   opt.mlp_chunk_rows = chunk;
   opt.host_keep_layers = host;
+  opt.host_checkpoints = host_checkpoints;
   LlamaModel model(c, *tree, ctx(), opt);
   if (host_layers) *host_layers = model.host_kept_layers();
   GradStore gs(*tree);
@@ -306,9 +307,10 @@ TEST(LlamaModel, MemoryPlansGiveTheSameStep) {
   }
 }
 
-// The host tier (options.host_keep_layers): layers whose internals go to (pinned) host memory in
-// the forward and come back through one or two staging sets before their backward give full
-// recompute's loss and LoRA gradients bit for bit, beside device-kept layers and alone, with one
+// The host tier (options.host_keep_layers, host_checkpoints): layers whose internals go to (pinned)
+// host memory in the forward and come back through one or two staging sets before their backward,
+// and the checkpoints x_l through three slots, give full recompute's loss and LoRA gradients bit
+// for bit, beside device-kept layers and alone, with one
 // staging set and two (host sets stored and kept in their staging set), over two micro-batches,
 // with and without dropout. The host-kept layers are spread over the recomputed ones, the last at
 // the layer before the kept sets; more than those are clamped. A staging set mixed up between two
@@ -322,13 +324,14 @@ TEST(LlamaModel, HostKeptLayersGiveTheSameStep) {
       int64_t keep, host;
       std::vector<int64_t> layers;
     };
-    for (const Case& k : {Case{0, 1, {6}}, Case{0, 2, {2, 6}}, Case{0, 3, {1, 3, 6}}, Case{0, 7, {0, 1, 2, 3, 4, 5, 6}},
-                          Case{3, 2, {1, 4}}, Case{3, 5, {0, 1, 2, 3, 4}}, Case{3, 9, {0, 1, 2, 3, 4}},
-                          Case{8, 4, {}}}) {
+    for (const Case& k : {Case{0, 0, {}}, Case{0, 1, {6}}, Case{0, 2, {2, 6}}, Case{0, 3, {1, 3, 6}},
+                          Case{0, 7, {0, 1, 2, 3, 4, 5, 6}}, Case{3, 2, {1, 4}}, Case{3, 5, {0, 1, 2, 3, 4}},
+                          Case{3, 9, {0, 1, 2, 3, 4}}, Case{8, 4, {}}})
+    for (const bool ckpt : {false, true}) {  // the checkpoints x_l in host memory too
       std::vector<int64_t> layers;
-      const StepResult got = run_plan(c, k.keep, 0, dropout, k.host, &layers);
+      const StepResult got = run_plan(c, k.keep, 0, dropout, k.host, &layers, ckpt);
       const std::string what = "keep " + std::to_string(k.keep) + " host " + std::to_string(k.host) + " dropout " +
-                               std::to_string(dropout);
+                               std::to_string(dropout) + " host checkpoints " + std::to_string(ckpt);
       EXPECT_EQ(layers, k.layers) << what;
       EXPECT_EQ(got.loss, ref.loss) << what;
       for (const auto& [name, g] : ref.grads) {
@@ -356,9 +359,28 @@ TEST(LlamaModel, HostKeptLayersGiveTheSameStep) {
   EXPECT_EQ(p.total(), p.total(BufferLife::kRun) + p.total(BufferLife::kKept) + p.total(BufferLife::kWorkspace) +
                            p.total(BufferLife::kLibrary));
   EXPECT_NE(p.ledger().find("pinned host (kept layers)"), std::string::npos) << p.ledger();
-  opt.mlp_chunk_rows = 8;  // chunked MLP: no kept layers of either kind
+  opt.host_checkpoints = true;  // x_0..x_8: three device slots, six in pinned memory
+  const LlamaBufferDims dc = llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4);
+  const BufferPlan pc = llama_buffer_plan(dc, Backend::kCuda, DType::kBF16);
+  const int64_t x = 2 * 16 * c.hidden_size * 2;
+  EXPECT_EQ(pc.total(BufferLife::kHost), 2 * set + 6 * x);
+  EXPECT_EQ(pc.total(BufferLife::kRun) + 6 * x, p.total(BufferLife::kRun));
+  opt.mlp_chunk_rows = 8;  // chunked MLP: no kept layers of either kind (the checkpoints may go)
   opt.keep_layers = 0;
   EXPECT_EQ(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4).host_sets, 0);
+  EXPECT_TRUE(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4).host_checkpoints);
+}
+
+// The checkpoints in host memory with the MLP in row chunks (long sequences): full recompute's
+// loss, and LoRA gradients within the chunked run's rounding (the same chunks: bit for bit).
+TEST(LlamaModel, HostCheckpointsWithMlpChunks) {
+  LlamaConfig c = small_config();
+  c.num_hidden_layers = 5;
+  const StepResult ref = run_plan(c, 0, 3, 0.0f);
+  const StepResult got = run_plan(c, 0, 3, 0.0f, 0, nullptr, true);
+  EXPECT_EQ(got.loss, ref.loss);
+  for (const auto& [name, g] : ref.grads)
+    EXPECT_EQ(0, std::memcmp(got.grads.at(name).data(), g.data(), g.size() * sizeof(float))) << name;
 }
 
 // Packed data (options.packed_positions): a sequence holding several pieces, positions restarting
