@@ -1,7 +1,10 @@
 // qshard train / export / bench: the commands that run as a job of ranks (mpirun -np N), each
 // through run_job (runtime/failure.h): an error on any rank ends the whole job (see commands.h).
+#include <mpi.h>
+
 #include <cstdint>
 #include <cstdio>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -60,6 +63,25 @@ void add_train(CLI::App& sub, TrainArgs& a) {
       "  scripts/launch/single_node.sh 2 train --config configs/tiny.yaml ...   (2 ranks)");
 }
 
+// Rank 0's keys and values go to every rank, which compares them with its own: the first key that
+// differs is an InputError naming the rank, the key and both values. Collective (every rank).
+void check_same_job(const World& world, const TrainConfig& cfg) {
+  std::string mine;
+  for (const auto& [key, value] : cfg.key_values()) mine += key + ": " + value + "\n";
+  long long n = static_cast<long long>(mine.size());
+  MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, world.comm());
+  std::string first(static_cast<size_t>(n), '\0');
+  if (world.rank() == 0) first = mine;
+  MPI_Bcast(first.data(), static_cast<int>(n), MPI_CHAR, 0, world.comm());
+  if (first == mine) return;
+  std::istringstream a(first), b(mine);
+  for (std::string x, y; std::getline(a, x) && std::getline(b, y);)
+    if (x != y)
+      throw InputError(cfg.source + ": rank " + std::to_string(world.rank()) + " was started with another job than rank 0: '" +
+                       y + "' against rank 0's '" + x + "'; every rank must run the same job (the same --config and --set)");
+  throw InputError(cfg.source + ": rank " + std::to_string(world.rank()) + " was started with another job than rank 0");
+}
+
 int run_train(TrainArgs& a, int argc, char** argv) {
   if (a.describe_config) {
     std::printf("%s", config_reference_markdown().c_str());
@@ -83,6 +105,9 @@ int run_train(TrainArgs& a, int argc, char** argv) {
       cfg.validate(world.size());
       cfg.check_inputs();
     });
+    // Every rank runs rank 0's job: another --set on one rank (another lora.r, batch, data file...)
+    // would corrupt memory, hang a collective or train shards under other settings in silence.
+    agree_on_input(world, [&] { check_same_job(world, cfg); });
     set_job_settings({cfg.runtime.collective_timeout_s, cfg.runtime.host_memory_bytes, cfg.runtime.nccl_blocking});
     JobRuntime job(world, cfg.device, cfg.source + ": device");
     const TrainSummary s = train(cfg, job.get());

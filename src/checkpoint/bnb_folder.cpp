@@ -154,10 +154,7 @@ class EmitPipeline {
 
 fs::path prepare_out_dir(const std::string& out_dir) {
   const fs::path out(out_dir);
-  if (fs::exists(out)) {
-    if (!fs::is_directory(out) || !fs::is_empty(out))
-      throw InputError("output folder " + out_dir + " already exists and is not empty; choose a new folder");
-  }
+  check_output_folder(out_dir, "output folder");
   const fs::path partial = partial_dir_for(out.string());
   std::error_code ec;
   fs::remove_all(partial, ec);

@@ -22,6 +22,7 @@
 #include "checkpoint/safetensors_index.h"
 #include "quant/blockwise.h"
 #include "runtime/collective_status.h"
+#include "runtime/input_file.h"
 #include "runtime/log.h"
 
 namespace qshard {
@@ -497,9 +498,12 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
   std::string err;
   if (root) {
     std::error_code ec;
-    if (fs::exists(o.out_dir) && (!fs::is_directory(o.out_dir) || !fs::is_empty(o.out_dir)))
-      err = "export: output folder " + o.out_dir + " already exists and is not empty; choose a new folder";
-    else {
+    try {
+      check_output_folder(o.out_dir, "export: output folder");
+    } catch (const InputError& e) {
+      err = e.what();
+    }
+    if (err.empty()) {
       fs::remove_all(partial, ec);
       fs::create_directories(partial, ec);
       if (ec) err = "export: cannot create " + partial.string() + ": " + ec.message();

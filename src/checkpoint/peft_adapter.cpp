@@ -1,5 +1,6 @@
 #include "checkpoint/peft_adapter.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -21,11 +22,14 @@ PeftLoraConfig read_peft_config(const std::string& dir) {
     throw InputError(path + ": key \"peft_type\" is " + (peft_type.empty() ? std::string("missing") : "\"" + peft_type + "\"") +
                      ", expected \"LORA\"");
   PeftLoraConfig c;
-  if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() <= 0)
-    throw InputError(path + ": key \"r\" must be a positive integer");
+  if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() <= 0 || j["r"].get<int64_t>() > kMaxLoraRank)
+    throw InputError(path + ": key \"r\" must be an integer in [1, " + std::to_string(kMaxLoraRank) + "], got " +
+                     (j.contains("r") ? j["r"].dump() : std::string("none")));
   c.r = j["r"].get<int64_t>();
-  if (!j.contains("lora_alpha") || !j["lora_alpha"].is_number())
-    throw InputError(path + ": key \"lora_alpha\" must be a number");
+  if (!j.contains("lora_alpha") || !j["lora_alpha"].is_number() || !(std::fabs(j["lora_alpha"].get<double>()) <= kMaxLoraAlpha))
+    throw InputError(path + ": key \"lora_alpha\" must be a number of magnitude at most " +
+                     std::to_string(static_cast<int64_t>(kMaxLoraAlpha)) + ", got " +
+                     (j.contains("lora_alpha") ? j["lora_alpha"].dump() : std::string("none")));
   c.lora_alpha = j["lora_alpha"].get<double>();
   c.lora_dropout = json_number(j, "lora_dropout", path, 0.0);
   c.use_rslora = json_bool(j, "use_rslora", path, false);
@@ -71,6 +75,9 @@ void load_peft_adapter(Module& root, const std::string& dir) {
     if (!r || r->kind != NodeKind::kParameter)
       throw InputError(path + ": tensor '" + e.name + "' has no LoRA slot '" + fqn + "' in the model (rank or targets differ?)");
     const Tensor t = f.get(e.name);
+    if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16 && t.dtype() != DType::kF64)
+      throw InputError(path + ": tensor '" + e.name + "' has dtype " + dtype_safetensors_name(t.dtype()) +
+                       "; LoRA weights are floating point (F32, BF16, F16)");
     if (t.shape() != r->tensor.shape())
       throw InputError(path + ": tensor '" + e.name + "' has shape " + shape_str(t.shape()) + ", the model expects " +
                        shape_str(r->tensor.shape()));

@@ -24,6 +24,10 @@ struct PeftLoraConfig {
   std::vector<std::string> target_modules;  // short names: q_proj, ..., down_proj
 };
 
+// The largest LoRA rank and |lora_alpha| qshard takes (an adapter's config, a job's lora.r / alpha):
+// far beyond any real adapter; past them shapes overflow or the scaling makes every value Inf.
+inline constexpr int64_t kMaxLoraRank = int64_t{1} << 16;
+inline constexpr double kMaxLoraAlpha = 1e6;
 PeftLoraConfig read_peft_config(const std::string& dir);
 // Copies every adapter tensor into the tree's lora_A / lora_B slots (which must exist).
 void load_peft_adapter(Module& root, const std::string& dir);

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "checkpoint/safetensors.h"
+#include "runtime/input_file.h"
 #include "runtime/machine.h"
 #include "runtime/parallel.h"
 
@@ -145,8 +146,7 @@ LlamaConfig write_random_llama_folder(const std::string& dir, const RandomLlamaO
   const nlohmann::json j = llama_config_json(o, o.dtype, o.init_std);
   const LlamaConfig cfg = LlamaConfig::from_json(j, "random llama config");
 
-  if (fs::exists(dir) && (!fs::is_directory(dir) || !fs::is_empty(dir)))
-    throw InputError("output folder " + dir + " already exists and is not empty; choose a new folder");
+  check_output_folder(dir, "output folder");
   // Before anything is built or written: the disk for the whole model, the host memory for its
   // largest tensor (drawn in f32, then converted).
   const double dsize = static_cast<double>(dtype_size(o.dtype));

@@ -240,6 +240,7 @@ SafetensorsEntry parse_entry(std::string_view label, const std::string& name, co
 // ---- atomic file writing -------------------------------------------------------------------
 
 std::string temp_path_for(const std::string& path) {
+  remove_stale_partials(path, ".tmp.");  // a killed writer's temp file
   return path + ".tmp." + std::to_string(static_cast<long>(::getpid()));
 }
 
@@ -628,23 +629,7 @@ void SafetensorsWriter::finish() {
 // ---- helpers ---------------------------------------------------------------------------------
 
 std::string partial_dir_for(const std::string& out_dir) {
-  namespace fs = std::filesystem;
-  const fs::path out = fs::path(out_dir).lexically_normal();
-  const std::string prefix = out.filename().string() + ".partial-";
-  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
-  std::error_code ec;
-  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string digits = name.substr(prefix.size());
-    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
-    const long pid = std::stol(digits);
-    if (pid == static_cast<long>(::getpid())) continue;
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
-    std::error_code rm;
-    fs::remove_all(it->path(), rm);
-    if (!rm) QS_LOG_INFO("removed {}: left by process {}, which no longer runs", it->path().string(), pid);
-  }
+  remove_stale_partials(out_dir, ".partial-");
   return out_dir + ".partial-" + std::to_string(::getpid());
 }
 

@@ -1,13 +1,17 @@
 #include "runtime/input_file.h"
 
+#include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/log.h"
 
 namespace qshard {
 using json = nlohmann::json;
@@ -49,6 +53,55 @@ void check_output_file(const std::string& path, const std::string& what) {
   if (!S_ISREG(st.st_mode))
     throw InputError(what + " " + path + " is " + file_kind(st.st_mode) +
                      ", not a regular file: qshard writes only regular files (nothing was written)");
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+    throw InputError(what + " " + path + " is a symbolic link: give the file it points to (writing here would "
+                     "replace the link and leave its target as it was; nothing was written)");
+}
+
+void remove_stale_partials(const std::string& path, const std::string& sep) {
+  namespace fs = std::filesystem;
+  const fs::path out = fs::path(path).lexically_normal();
+  const std::string prefix = out.filename().string() + sep;
+  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  std::error_code ec;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+    const long pid = std::stol(digits);
+    if (pid == static_cast<long>(::getpid())) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    std::error_code rm;
+    fs::remove_all(it->path(), rm);  // a symbolic link is removed itself, never followed
+    if (!rm) QS_LOG_INFO("removed {}: left by process {}, which no longer runs", it->path().string(), pid);
+  }
+}
+
+void check_output_folder(const std::string& path, const std::string& what) {
+  if (path.empty()) throw InputError(what + ": the path is empty");
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode))
+      throw InputError(what + " " + path + " is a symbolic link: give the folder it points to, or a new path "
+                       "(the output is renamed onto the path, which would replace the link)");
+    if (!S_ISDIR(st.st_mode)) throw InputError(what + " " + path + " is " + file_kind(st.st_mode) + ", not a folder");
+    std::error_code ec;
+    if (!std::filesystem::is_empty(path, ec) || ec)
+      throw InputError(what + " " + path + " already exists and is not empty; choose a new folder");
+    return;
+  }
+  if (errno != ENOENT && errno != ENOTDIR) throw InputError("cannot use " + what + " " + path + ": " + std::strerror(errno));
+  for (std::filesystem::path p = std::filesystem::path(path).parent_path(); !p.empty() && p != p.root_path();
+       p = p.parent_path()) {
+    if (::stat(p.c_str(), &st) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) continue;  // made with the folder, or a file further up
+      throw InputError("cannot use " + what + " " + path + ": " + p.string() + ": " + std::strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode))
+      throw InputError(what + " " + path + ": " + p.string() + " is " + file_kind(st.st_mode) + ", not a folder");
+    break;  // the nearest existing parent is a folder
+  }
 }
 
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes) {

@@ -23,7 +23,14 @@
 //   may replace. A folder, FIFO, socket or device is an InputError naming `what` and the path,
 //   raised before any work: writing a FIFO blocks for ever, and a device renamed over is gone.
 //   Every writer of such files calls it (SafetensorsWriter, write_file_atomic, TokenFileWriter,
-//   the metrics log); commands call it again before their work starts.
+//   the metrics log); commands call it again before their work starts. A symbolic link there is
+//   refused too (the file is renamed onto the path: the link would be replaced, its target left).
+// remove_stale_partials: the siblings of `path` named <its name><sep><pid> (a writer's temporary
+//   file or folder, ".tmp." or ".partial-") whose process no longer runs are removed, each logged:
+//   a command killed while writing leaves nothing that the next run of it keeps.
+// check_output_folder: `path` is a folder a command makes (quantize, dequantize, init-model,
+//   export): not empty, not a symbolic link, absent or an empty folder, and every parent that
+//   exists a folder; else an InputError naming `what`, the path and what is in the way.
 // Thread safety: free functions, no shared state.
 #pragma once
 
@@ -40,6 +47,8 @@ inline constexpr uint64_t kMaxConfigBytes = uint64_t{64} << 20;  // YAML jobs, c
 uint64_t check_input_file(const std::string& path, const std::string& what);
 void check_input_folder(const std::string& path, const std::string& what);
 void check_output_file(const std::string& path, const std::string& what);
+void check_output_folder(const std::string& path, const std::string& what);
+void remove_stale_partials(const std::string& path, const std::string& sep);
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes = kMaxConfigBytes);
 nlohmann::json parse_json_input(std::string_view text, const std::string& label);
 nlohmann::ordered_json parse_ordered_json_input(std::string_view text, const std::string& label);  // key order kept

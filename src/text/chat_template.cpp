@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <optional>
 #include <sstream>
 
@@ -214,7 +215,12 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool ad
   vars.emplace_back("tools", std::move(tools));
   vars.emplace_back("documents", std::move(documents));
   vars.emplace_back("add_generation_prompt", jinja::Value::boolean(add_generation_prompt));
-  return jinja::run_program(*program_, std::move(vars), fixed_time_, limits_, usage, trace);
+  try {
+    return jinja::run_program(*program_, std::move(vars), fixed_time_, limits_, usage, trace);
+  } catch (const std::bad_alloc&) {  // a memory budget raised past what this host holds
+    throw InputError(label_ + ": rendering needed more memory than the host could give (the memory budget is " +
+                     std::to_string(limits_.max_bytes) + " bytes; QSHARD_TEMPLATE_LIMITS=bytes=N lowers it)");
+  }
 }
 
 namespace {

@@ -177,6 +177,7 @@ TokenFileWriter::TokenFileWriter(std::string path, uint32_t vocab_size, bool los
     throw InputError(fmt::format("{}: vocab_size {} does not leave bit 30 for document starts", path_, vocab_size_));
   if (vocab_size_ == 0) throw InputError(fmt::format("{}: vocab_size must be > 0", path_));
   check_output_file(path_, "token file");
+  remove_stale_partials(path_, ".tmp.");  // a killed tokenize's temp file
   f_ = std::fopen(temp_path_.c_str(), "wb");
   if (f_ == nullptr) io_error(path_, fmt::format("creating \"{}\"", temp_path_), errno);
   const bool v4 = tokenizer_fingerprint_ != kNoTokenizerFingerprint;

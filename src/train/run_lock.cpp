@@ -75,9 +75,13 @@ RunLock::RunLock(const std::string& dir) : path_(dir + "/" + kRunLockFile) {
   const long me = static_cast<long>(::getpid());
   for (int attempt = 0;; ++attempt) {
     const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
+    if (fd < 0) {
+      const int err = errno;
+      std::error_code ec;
+      if (!made_dir_.empty()) std::filesystem::remove(made_dir_, ec);
       throw InputError(fmt::format("checkpoint.dir {}: cannot create its lock file {}: {}", dir, path_,
-                                   std::strerror(errno)));
+                                   std::strerror(err)));
+    }
     bool flock_works = true;
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
@@ -117,7 +121,10 @@ RunLock::RunLock(const std::string& dir) : path_(dir + "/" + kRunLockFile) {
     if (::ftruncate(fd, 0) != 0 ||
         ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
       const int err = errno;
+      ::unlink(path_.c_str());  // ours (flocked, or taken over): a full disk leaves no lock behind
       ::close(fd);
+      std::error_code ec;
+      if (!made_dir_.empty()) std::filesystem::remove(made_dir_, ec);
       throw InputError(fmt::format("checkpoint.dir {}: cannot write its lock file {}: {}", dir, path_,
                                    std::strerror(err)));
     }

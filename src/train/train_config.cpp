@@ -1,5 +1,6 @@
 #include "train/train_config.h"
 
+#include "checkpoint/peft_adapter.h"
 #include "runtime/input_file.h"
 
 #include <yaml-cpp/depthguard.h>
@@ -219,8 +220,8 @@ const std::vector<Field>& fields() {
                "quantize the absmax statistics too (bitsandbytes double quantization)"),
       QS_FIELD("model.allow_nonfinite", model.allow_nonfinite, "true, false",
                "load weights, adapters and checkpoints holding NaN/Inf (refused by default; --allow-nonfinite)"),
-      QS_FIELD("lora.r", lora.r, "> 0", "LoRA rank"),
-      QS_FIELD("lora.alpha", lora.alpha, "> 0", "LoRA alpha: the update is scaled by alpha / r"),
+      QS_FIELD("lora.r", lora.r, "1 to 65536", "LoRA rank"),
+      QS_FIELD("lora.alpha", lora.alpha, "> 0, at most 1e6", "LoRA alpha: the update is scaled by alpha / r"),
       QS_FIELD("lora.dropout", lora.dropout, "in [0, 1)", "dropout on the LoRA input"),
       QS_FIELD("lora.rslora", lora.rslora, "true, false", "scale by alpha / sqrt(r) instead of alpha / r"),
       QS_FIELD("lora.target_modules", lora.target_modules,
@@ -615,8 +616,8 @@ void TrainConfig::validate(int world_size) const {
   ck.require(pow2 && model.blocksize >= 32 && model.blocksize <= 4096, "model.blocksize", model.blocksize,
              "a power of two in [32, 4096]");
   // lora
-  ck.require(lora.r > 0, "lora.r", lora.r, "> 0");
-  ck.require(lora.alpha > 0, "lora.alpha", lora.alpha, "> 0");
+  ck.require(lora.r > 0 && lora.r <= kMaxLoraRank, "lora.r", lora.r, fmt::format("in [1, {}]", kMaxLoraRank));
+  ck.require(lora.alpha > 0 && lora.alpha <= kMaxLoraAlpha, "lora.alpha", lora.alpha, fmt::format("in (0, {:g}]", kMaxLoraAlpha));
   ck.require(lora.dropout >= 0 && lora.dropout < 1, "lora.dropout", lora.dropout, "in [0, 1)");
   ck.require(!lora.target_modules.empty(), "lora.target_modules", "[]", "at least one module");
   std::set<std::string> seen;
@@ -753,6 +754,16 @@ void TrainConfig::check_inputs() const {
   named("logging.metrics_jsonl", [&] {  // written: a FIFO would block the job, a device be replaced
     if (!logging.metrics_jsonl.empty()) check_output_file(logging.metrics_jsonl, "metrics log");
   });
+}
+
+std::vector<std::pair<std::string, std::string>> TrainConfig::key_values() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& f : fields()) {
+    YAML::Emitter e;
+    e << YAML::Flow << f.get(*this);
+    out.emplace_back(f.key, e.c_str());
+  }
+  return out;
 }
 
 std::string TrainConfig::to_yaml() const {

@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/random_llama.h"
@@ -238,6 +239,9 @@ struct TrainConfig {
   void check_inputs() const;
   // Every key, in to_yaml order, as a YAML document that load_train_config reads back.
   std::string to_yaml() const;
+  // Every key with its value as one line of YAML text ("lora.r", "16"), in the key table's order:
+  // what ranks compare to find out that they were started with different jobs.
+  std::vector<std::pair<std::string, std::string>> key_values() const;
   // "resolved config (from configs/tiny.yaml):\n" + to_yaml(), for rank 0's log.
   std::string describe() const;
 };

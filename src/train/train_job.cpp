@@ -327,9 +327,10 @@ StepRecord TrainJob::run_step(int64_t step) {
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
     throw JobInputError(fmt::format("{}: step {}: the loss is {} and the gradient norm {}: the training diverged and "
                                     "was stopped before anything of this step was saved (checkpoints of earlier "
-                                    "steps are kept; no exports were written). Lower optimizer.lr (now {:g}) or "
-                                    "lora.alpha ({:g}), or set optimizer.grad_clip",
-                                    config_.source, r.step, r.loss, r.grad_norm, so.adamw.lr, config_.lora.alpha),
+                                    "steps are kept; no exports were written). Lower optimizer.lr (now {:g}), "
+                                    "lora.alpha ({:g}) or optimizer.weight_decay ({:g}), or set optimizer.grad_clip",
+                                    config_.source, r.step, r.loss, r.grad_norm, so.adamw.lr, config_.lora.alpha,
+                                    config_.optimizer.weight_decay),
                         rank_ == 0);
   r.tokens = st.tokens;
   r.input_tokens = st.input_tokens;

@@ -41,6 +41,17 @@ out=$("${mpi[@]}" -q -np 2 "$qshard" "${job[@]}" --set lora.targets=[q_proj] 2>&
 expect_one_error "unknown key (np 2, -q)" "unknown key 'lora.targets' (did you mean 'lora.target_modules'?)" "$out" "$rc"
 tail -1 <<< "$out" | grep -q "^qshard: error: " || { echo "$out"; fail "the error is not the last line"; }
 
+# ... ranks started with different jobs (mpirun's MPMD form: rank 1 another lora.r / target list):
+# refused by rank 1 naming the key and both values, before anything loads (it corrupted the heap
+# or hung a collective), and no run folder is made.
+for extra in "lora.r=4" "lora.target_modules=[q_proj]" "optimizer.lr=0.5"; do
+  out=$("${mpi[@]}" -np 1 "$qshard" "${job[@]}" --set checkpoint.dir="$work/mpmd" : \
+        -np 1 "$qshard" "${job[@]}" --set checkpoint.dir="$work/mpmd" --set "$extra" 2>&1); rc=$?
+  expect_one_error "ranks with different jobs ($extra)" "rank 1 was started with another job than rank 0: '${extra%%=*}: " \
+    "$out" "$rc"
+  [ ! -e "$work/mpmd" ] || fail "ranks with different jobs: $work/mpmd was made"
+done
+
 # 2. Inputs checked before anything loads: no "model build" line, on 2 ranks and on 1.
 out=$("${mpi[@]}" -np 2 "$qshard" "${job[@]}" --set data.train="$work/none.tok" 2>&1); rc=$?
 expect_one_error "missing data file (np 2)" "data.train: cannot open token file $work/none.tok: No such file" "$out" "$rc"

@@ -220,6 +220,25 @@ for kind in fifo folder device; do
   out $kind "bench --json" "bench --json" -- "$qshard" bench --preset tiny --device cpu --steps 1 --warmup 0 --seq-len 16 --json @@
   out $kind "train logging.metrics_jsonl" "metrics log" -- "$qshard" "${tj[@]}" --set logging.metrics_jsonl=@@
 done
+# A symbolic link as an output file or folder is refused (the output is renamed onto the path: the
+# link was replaced, its target left as it was); a dangling link, a path under a file and an empty
+# path for a folder are named (init-model gave an internal error).
+echo x > "$work/target.tok" && ln -sfn "$work/target.tok" "$work/link.tok"
+probe "tokenize --out a symbolic link" 2 "token file $(ere "$work/link.tok") is a symbolic link" -- \
+  "$qshard" tokenize "$work/data/in.txt" --out "$work/link.tok"
+[ -L "$work/link.tok" ] || { echo "FAIL: the link was replaced"; fails=$((fails + 1)); }
+mkdir -p "$work/target_dir" && ln -sfn "$work/target_dir" "$work/link_dir" && ln -sfn "$work/nowhere" "$work/dangling"
+echo x > "$work/a_file"
+for cmd in "init-model --vocab-size 32 --layers 1 --hidden-size 16 --intermediate-size 32 --heads 2 --kv-heads 1 --out" \
+           "quantize --cpu $m"; do
+  name=${cmd%% *}
+  probe "$name, output a link to a folder" 2 "output folder $(ere "$work/link_dir") is a symbolic link" -- $qshard $cmd "$work/link_dir"
+  probe "$name, output a dangling link" 2 "output folder $(ere "$work/dangling") is a symbolic link" -- $qshard $cmd "$work/dangling"
+  probe "$name, output under a file" 2 "$(ere "$work/a_file") is a regular file, not a folder" -- $qshard $cmd "$work/a_file/sub"
+done
+[ -L "$work/link_dir" ] && [ -z "$(ls -A "$work/target_dir")" ] || { echo "FAIL: the folder link was replaced or written through"; fails=$((fails + 1)); }
+rm -rf "$work/link.tok" "$work/target.tok" "$work/link_dir" "$work/target_dir" "$work/dangling" "$work/a_file"
+
 # Results printed to a full device are an error, not exit 0.
 probe "eval, stdout on /dev/full" 2 "writing the standard output failed" -- \
   sh -c "\"$qshard\" eval --model \"$m\" --data \"$work/ids.json\" --device cpu > /dev/full"

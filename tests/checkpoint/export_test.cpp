@@ -230,7 +230,11 @@ TEST_F(ExportTest, PeftAdapterLoadsBackIdentically) {
                                                              {"peft_type", true},
                                                              {"use_rslora", "no"},
                                                              {"lora_dropout", "0.1"},
-                                                             {"target_modules", {"q_proj", 7}}}) {
+                                                             {"target_modules", {"q_proj", 7}},
+                                                             // past the ranges qshard takes (shapes overflow,
+                                                             // the scaling makes every value Inf)
+                                                             {"r", int64_t{1} << 40},
+                                                             {"lora_alpha", 1e308}}) {
       nlohmann::json bad = orig;
       bad[key] = value;
       std::ofstream(cfg_path) << bad.dump(2);
@@ -243,6 +247,29 @@ TEST_F(ExportTest, PeftAdapterLoadsBackIdentically) {
     }
     std::ofstream(cfg_path) << orig.dump(2);
     EXPECT_EQ(read_peft_config(out).r, kRank);
+  }
+  {  // LoRA weights stored as integers of the right byte size: refused by name (an internal error before).
+    const std::string st_path = (fs::path(out) / "adapter_model.safetensors").string();
+    const SafetensorsFile orig = SafetensorsFile::open(st_path);
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const auto& e : orig.entries()) {
+      const Tensor t = orig.get(e.name);
+      Shape u8 = t.shape();
+      u8.back() *= static_cast<int64_t>(dtype_size(t.dtype()));
+      tensors.emplace_back(e.name, t.dtype() == DType::kF32 ? Tensor::from_bytes(t.shape(), DType::kI32, t.bytes())
+                                                            : Tensor::from_bytes(u8, DType::kU8, t.bytes()));
+    }
+    const std::string bad_dir = dir("peft_int");
+    fs::create_directories(bad_dir);
+    fs::copy_file(fs::path(out) / "adapter_config.json", fs::path(bad_dir) / "adapter_config.json");
+    save_safetensors((fs::path(bad_dir) / "adapter_model.safetensors").string(), tensors);
+    auto tree = build_llama_tree(tiny_config(), tree_options());
+    try {
+      load_peft_adapter(*tree, bad_dir);
+      ADD_FAILURE() << "an I32 LoRA weight was loaded";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("; LoRA weights are floating point"), std::string::npos) << e.what();
+    }
   }
   const auto keys = [](const nlohmann::json& j) {
     std::vector<std::string> k;

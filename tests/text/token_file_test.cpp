@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -74,6 +76,23 @@ TEST(TokenFile, ValidateReportsFirstOffendingToken) {
   const TokenFile g = TokenFile::open(dir.file("w.tok"));
   EXPECT_EQ(error_of([&] { g.validate(100); }),
             dir.file("w.tok") + ": token 200 at index 1 is >= the model's vocab size 100 (the file says 258)");
+}
+
+// A tokenize killed while writing leaves PATH.tmp.PID; the next write of PATH removes it once
+// that process no longer runs (a live writer's is left alone).
+TEST(TokenFile, AKilledWritersTempFileIsRemovedByTheNext) {
+  TempDir dir;
+  const std::string p = dir.file("k.tok");
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  const std::string dead = p + ".tmp." + std::to_string(child), live = p + ".tmp.1";
+  write_bytes(dead, "partial");
+  write_bytes(live, "init's");
+  write_token_file(p, 10, std::vector<uint32_t>{1, 2});
+  EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_TRUE(std::filesystem::exists(live));
+  EXPECT_EQ(TokenFile::open(p).size(), 2);
 }
 
 TEST(TokenFile, EveryBadInputNamesTheFile) {

@@ -136,7 +136,9 @@ TEST(TrainConfig, ValidateRejectsBadValues) {
   EXPECT_NE(bad({"optimizer.lr=-0.001"}).find("optimizer.lr = -0.001: expected > 0"), std::string::npos);
   EXPECT_NE(bad({"steps=10", "schedule.warmup_steps=20"}).find("schedule.warmup_steps = 20: expected <= steps (10)"),
             std::string::npos);
-  EXPECT_NE(bad({"lora.r=0"}).find("lora.r = 0: expected > 0"), std::string::npos);
+  EXPECT_NE(bad({"lora.r=0"}).find("lora.r = 0: expected in [1, 65536]"), std::string::npos);
+  EXPECT_NE(bad({"lora.r=36028797018963968"}).find("lora.r = 36028797018963968: expected in [1, 65536]"), std::string::npos);
+  EXPECT_NE(bad({"lora.alpha=1e308"}).find("lora.alpha = 1e+308: expected in (0, 1e+06]"), std::string::npos);
   EXPECT_NE(bad({"data.max_seq_len=0"}).find("data.max_seq_len = 0"), std::string::npos);
   EXPECT_NE(bad({"data.max_seq_len=1024"}).find("<= model.init.max_position_embeddings (512)"), std::string::npos);
   EXPECT_NE(bad({"lora.target_modules=[q_proj, qkv]"}).find("lora.target_modules = qkv"), std::string::npos);
