@@ -25,6 +25,7 @@
 #include "commands/help_format.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/mapped_files.h"
 
 namespace {
 
@@ -69,6 +70,8 @@ int main(int argc, char** argv) {
   // Past a file-size limit (ulimit -f) a write fails with EFBIG, which the writers report and
   // clean up after, instead of SIGXFSZ killing the process and leaving <out>.partial-<pid> behind.
   std::signal(SIGXFSZ, SIG_IGN);
+  // A token file or safetensors file truncated while it is read: its name and exit 2, not a bare SIGBUS.
+  qshard::install_sigbus_report();
   try {
     const int rc = run(argc, argv);
     // Results printed to a full disk or a closed pipe are lost: say so instead of exiting 0.

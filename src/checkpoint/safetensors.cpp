@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "runtime/input_file.h"
+#include "runtime/mapped_files.h"
 #include "runtime/log.h"
 
 namespace qshard {
@@ -406,6 +407,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
       throw InputError(fmt::format("{}: mmap of {} bytes failed: {}", path, f.size_, std::strerror(err)));
     }
     f.map_ = static_cast<const uint8_t*>(p);
+    register_mapping(p, f.size_, path);  // a truncation while it is read: named, exit 2
   }
   ::close(fd);  // the mapping keeps the file open
   f.header_ = parse_safetensors_header(std::span<const uint8_t>(f.map_, f.size_), path);
@@ -435,7 +437,10 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
 SafetensorsFile::~SafetensorsFile() { unmap(); }
 
 void SafetensorsFile::unmap() {
-  if (map_) ::munmap(const_cast<uint8_t*>(map_), size_);
+  if (map_) {
+    unregister_mapping(map_);
+    ::munmap(const_cast<uint8_t*>(map_), size_);
+  }
   map_ = nullptr;
   size_ = 0;
 }

@@ -1,5 +1,6 @@
 #include "text/token_file.h"
 #include "runtime/input_file.h"
+#include "runtime/mapped_files.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -68,6 +69,7 @@ TokenFile TokenFile::open(const std::string& path) {
   if (p == MAP_FAILED) io_error(path, fmt::format("mmap of {} bytes", size), err);
   t.map_ = static_cast<const uint8_t*>(p);
   t.map_size_ = size;
+  register_mapping(p, size, path);  // a truncation while it is read: named, exit 2 (not a bare SIGBUS)
 
   const uint8_t* h = t.map_;
   if (std::memcmp(h, kTokenFileMagic, 8) != 0)
@@ -145,7 +147,10 @@ TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
 TokenFile::~TokenFile() { unmap(); }
 
 void TokenFile::unmap() {
-  if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), map_size_);
+  if (map_ != nullptr) {
+    unregister_mapping(map_);
+    ::munmap(const_cast<uint8_t*>(map_), map_size_);
+  }
   map_ = nullptr;
 }
 
