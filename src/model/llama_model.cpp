@@ -270,6 +270,11 @@ void LlamaModel::dequantize_layer() {
     fold_[g] = fold;
     fold_r_[g] = fold ? R : 0;
   }
+  // The 4-bit projections are dequantized by one batched launch after the loop (the LoRA packing
+  // writes other columns of the folded buffers, so it may run first).
+  std::array<Dequant4bitArgs, kLlamaProjections.size()> batch_args{};
+  std::array<void*, kLlamaProjections.size()> batch_outs{};
+  int batch = 0;
   for (size_t i = 0; i < layer_.proj.size(); ++i) {
     const ProjectionBinding& p = layer_.proj[i];
     const int g = fold_group(static_cast<int>(i));
@@ -281,7 +286,8 @@ void LlamaModel::dequantize_layer() {
         Dequant4bitArgs q = p.q;
         q.row_len = p.in;
         q.out_ld = ld;
-        ops::dequantize_4bit(w, q, ctx_);  // the forward's rule (the backward's: backward_weight)
+        batch_args[batch] = q;  // the forward's rule (the backward's: backward_weight)
+        batch_outs[batch++] = w;
       } else {
         ops::copy_2d(w, ld, p.dense, p.in, p.out, p.in, 1.0f, ctx_);
       }
@@ -296,7 +302,8 @@ void LlamaModel::dequantize_layer() {
       weights_[i] = w;
     } else if (p.quantized) {
       void* w = ws.take(static_cast<size_t>(p.in * p.out) * esz, "dequantized projection");
-      ops::dequantize_4bit(w, p.q, ctx_);  // the forward's rule (the backward's: backward_weight)
+      batch_args[batch] = p.q;  // the forward's rule (the backward's: backward_weight)
+      batch_outs[batch++] = w;
       weights_[i] = w;
     } else if (p.weight_dtype == act_t) {
       weights_[i] = p.dense;
@@ -308,6 +315,8 @@ void LlamaModel::dequantize_layer() {
       weights_[i] = w;
     }
   }
+  mark(StepPart::kDequant);
+  ops::dequantize_4bit_batch(batch_outs.data(), batch_args.data(), batch, ctx_);
 }
 
 int64_t LlamaModel::fold_ld(int g) const { return config_.hidden_size + fold_r_[static_cast<size_t>(g)]; }

@@ -348,6 +348,9 @@ void upload_async(void* dst, const void* src, size_t bytes, DeviceContext& ctx);
 // They differ where quant_dtype is neither f32 nor the activation dtype (dequant_rules_differ): a
 // bf16- or f16-made weight on the CPU, an f16-made one on CUDA.
 void dequantize_4bit(void* out, const Dequant4bitArgs& args, DeviceContext& ctx);
+// The forward's rule for `count` weights at once (outs[i] receives args[i]): one launch on CUDA for
+// up to eight (a decoder layer's projections), the same values as dequantize_4bit on each.
+void dequantize_4bit_batch(void* const* outs, const Dequant4bitArgs* args, int count, DeviceContext& ctx);
 void dequantize_4bit_rounded(void* out, const Dequant4bitArgs& args, DType quant_dtype, DeviceContext& ctx);
 bool dequant_rules_differ(const DeviceContext& ctx, DType quant_dtype);
 }  // namespace ops

@@ -181,6 +181,11 @@ void dequantize_4bit(void* out, const Dequant4bitArgs& args, DeviceContext& ctx)
   QS_DISPATCH("dequantize_4bit", cpu::dequantize_4bit(args, out, DType::kF32, ctx.stream()),
               qshard::cuda::dequantize_4bit(args, out, ctx.activation_dtype(), ctx.stream()));
 }
+void dequantize_4bit_batch(void* const* outs, const Dequant4bitArgs* args, int count, DeviceContext& ctx) {
+  if (count == 0) return;
+  QS_DISPATCH("dequantize_4bit_batch", cpu::dequantize_4bit_batch(args, outs, count, DType::kF32, ctx.stream()),
+              qshard::cuda::dequantize_4bit_batch(args, outs, count, ctx.activation_dtype(), ctx.stream()));
+}
 bool dequant_rules_differ(const DeviceContext& ctx, DType quant_dtype) {
   return quant_dtype != DType::kF32 && quant_dtype != ctx.activation_dtype();
 }

@@ -1,0 +1,191 @@
+// bench/gemm: the base GEMMs of one Llama-3-8B decoder layer (the model's exact shapes and leading
+// dimensions: q/k/v and gate/up widened by the LoRA fold) through cuBLASLt as ops::gemm calls it,
+// beside the alternatives: the heuristic's first algorithm against the fastest of its first 16,
+// q/k/v and gate/up fused into one GEMM, and the backward's dx = dy W with W stored transposed.
+// bf16 in and out, f32 accumulation. TFLOP/s = 2 M N K / time.
+// Usage: bench_gemm [--tokens N] [--iters N] [--json FILE]
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/cuda_check.h"
+
+namespace {
+
+#define LT_CHECK(x)                                                                        \
+  do {                                                                                     \
+    cublasStatus_t st_ = (x);                                                              \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                    \
+      std::fprintf(stderr, "cuBLASLt error %d at %s:%d\n", int(st_), __FILE__, __LINE__); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+__global__ void fill_kernel(__nv_bfloat16* x, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t h = (static_cast<uint64_t>(i) + seed) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 32;
+    x[i] = __float2bfloat16_rn((static_cast<float>(h & 0xffff) / 65535.0f - 0.5f) * 0.1f);
+  }
+}
+
+// Row-major C[M,N] = op(A) op(B) (+ C), the ops::gemm convention: trans_b means B is stored [N,K].
+struct Case {
+  std::string name;
+  int64_t M, N, K;
+  bool trans_a, trans_b;
+  int64_t lda, ldb, ldc;
+  bool accumulate;
+};
+
+constexpr size_t kWorkspace = size_t{32} << 20;
+cublasLtHandle_t g_lt;
+void* g_ws;
+cudaEvent_t g_e0, g_e1;
+
+struct Result {
+  double top1_ms = 0, best_ms = 0;
+  int best_index = 0, algos = 0;
+};
+
+Result run_case(const Case& c, const void* A, const void* B, void* C, int iters) {
+  cublasLtMatmulDesc_t op;
+  LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = c.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = c.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  cublasLtMatrixLayout_t la, lb, lc;
+  if (c.trans_b) LT_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, c.K, c.N, c.ldb));
+  else LT_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, c.N, c.K, c.ldb));
+  if (c.trans_a) LT_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, c.M, c.K, c.lda));
+  else LT_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, c.K, c.M, c.lda));
+  LT_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, c.N, c.M, c.ldc));
+  cublasLtMatmulPreference_t pref;
+  LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
+                                                sizeof(kWorkspace)));
+  cublasLtMatmulHeuristicResult_t heur[16];
+  int found = 0;
+  LT_CHECK(cublasLtMatmulAlgoGetHeuristic(g_lt, op, la, lb, lc, lc, pref, 16, heur, &found));
+  const float alpha = 1.0f, beta = c.accumulate ? 1.0f : 0.0f;
+  Result r;
+  r.algos = found;
+  for (int i = 0; i < found; ++i) {
+    auto launch = [&] {
+      return cublasLtMatmul(g_lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur[i].algo, g_ws, kWorkspace,
+                            nullptr);
+    };
+    if (launch() != CUBLAS_STATUS_SUCCESS) continue;
+    launch();
+    QS_CUDA_CHECK(cudaEventRecord(g_e0));
+    for (int k = 0; k < iters; ++k) launch();
+    QS_CUDA_CHECK(cudaEventRecord(g_e1));
+    QS_CUDA_CHECK(cudaEventSynchronize(g_e1));
+    float ms = 0;
+    QS_CUDA_CHECK(cudaEventElapsedTime(&ms, g_e0, g_e1));
+    const double per = ms / iters;
+    if (i == 0) r.top1_ms = per;
+    if (r.best_ms == 0 || per < r.best_ms) {
+      r.best_ms = per;
+      r.best_index = i;
+    }
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(op);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t T = 8192;
+  int iters = 20;
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) T = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+  }
+  LT_CHECK(cublasLtCreate(&g_lt));
+  QS_CUDA_CHECK(cudaMalloc(&g_ws, kWorkspace));
+  QS_CUDA_CHECK(cudaEventCreate(&g_e0));
+  QS_CUDA_CHECK(cudaEventCreate(&g_e1));
+  const int64_t C = 4096, F = 14336, KV = 1024, R1 = 48, R2 = 32;
+  const int64_t big = std::max<int64_t>(T * (2 * F + 64), 8192LL * 8192);
+  void *A, *B, *Cbuf;
+  QS_CUDA_CHECK(cudaMalloc(&A, big * 2));
+  QS_CUDA_CHECK(cudaMalloc(&B, big * 2));
+  QS_CUDA_CHECK(cudaMalloc(&Cbuf, big * 2));
+  fill_kernel<<<4096, 256>>>(static_cast<__nv_bfloat16*>(A), big, 1);
+  fill_kernel<<<4096, 256>>>(static_cast<__nv_bfloat16*>(B), big, 2);
+  fill_kernel<<<4096, 256>>>(static_cast<__nv_bfloat16*>(Cbuf), big, 3);
+  QS_CUDA_CHECK(cudaDeviceSynchronize());
+  const int64_t L1 = C + R1, L2 = C + R2;
+  // Forward: y = x W_ext^T (TN). Backward: dx (+)= dy W (NN), or dy (W^T)^T with W^T stored (TN).
+  std::vector<Case> cases = {
+      {"square 8192^3", 8192, 8192, 8192, false, true, 8192, 8192, 8192, false},
+      {"fwd q (folded)", T, C, L1, false, true, L1, L1, C, false},
+      {"fwd k (folded)", T, KV, L1, false, true, L1, L1, KV, false},
+      {"fwd v (folded)", T, KV, L1, false, true, L1, L1, KV, false},
+      {"fwd qkv fused", T, C + 2 * KV, L1, false, true, L1, L1, C + 2 * KV, false},
+      {"fwd o", T, C, C, false, true, C, C, C, false},
+      {"fwd gate (folded)", T, F, L2, false, true, L2, L2, F, false},
+      {"fwd up (folded)", T, F, L2, false, true, L2, L2, F, false},
+      {"fwd gate_up fused", T, 2 * F, L2, false, true, L2, L2, 2 * F, false},
+      {"fwd down", T, C, F, false, true, F, F, C, false},
+      {"bwd q dx (NN)", T, C, C, false, false, C, L1, L1, false},
+      {"bwd k dx (NN, +=)", T, C, KV, false, false, KV, L1, L1, true},
+      {"bwd v dx (NN, +=)", T, C, KV, false, false, KV, L1, L1, true},
+      {"bwd qkv fused dx (NN)", T, C, C + 2 * KV, false, false, C + 2 * KV, L1, L1, false},
+      {"bwd qkv fused dx (W^T, TN)", T, C, C + 2 * KV, false, true, C + 2 * KV, C + 2 * KV, L1, false},
+      {"bwd o dx (NN)", T, C, C, false, false, C, C, C, false},
+      {"bwd o dx (W^T, TN)", T, C, C, false, true, C, C, C, false},
+      {"bwd gate dx (NN)", T, C, F, false, false, F, L2, L2, false},
+      {"bwd up dx (NN, +=)", T, C, F, false, false, F, L2, L2, true},
+      {"bwd gate_up fused dx (NN)", T, C, 2 * F, false, false, 2 * F, L2, L2, false},
+      {"bwd gate_up fused dx (W^T, TN)", T, C, 2 * F, false, true, 2 * F, 2 * F, L2, false},
+      {"bwd down dx (NN)", T, F, C, false, false, C, F, F, false},
+      {"bwd down dx (W^T, TN)", T, F, C, false, true, C, C, F, false},
+      {"bwd q dx (NN, packed ld)", T, C, C, false, false, C, C, C, false},
+      {"bwd gate dx (NN, packed ld)", T, C, F, false, false, F, C, C, false},
+  };
+  cudaDeviceProp prop{};
+  QS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, tokens %lld, iters %d\n", prop.name, (long long)T, iters);
+  std::printf("| GEMM | M x N x K | heuristic #1 TFLOP/s | best of %s TFLOP/s (index) | algos |\n|---|---|---|---|---|\n",
+              "16");
+  std::string json = "{\"device\": \"" + std::string(prop.name) + "\", \"tokens\": " + std::to_string(T) + ", \"cases\": [";
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const Result r = run_case(c, A, B, Cbuf, iters);
+    const double flop = 2.0 * c.M * c.N * c.K;
+    const double t1 = flop / (r.top1_ms * 1e-3) / 1e12, tb = flop / (r.best_ms * 1e-3) / 1e12;
+    std::printf("| %s | %lld x %lld x %lld | %.0f (%.3f ms) | %.0f (%d) | %d |\n", c.name.c_str(), (long long)c.M,
+                (long long)c.N, (long long)c.K, t1, r.top1_ms, tb, r.best_index, r.algos);
+    json += std::string(i ? ", " : "") + "{\"name\": \"" + c.name + "\", \"M\": " + std::to_string(c.M) +
+            ", \"N\": " + std::to_string(c.N) + ", \"K\": " + std::to_string(c.K) +
+            ", \"top1_ms\": " + std::to_string(r.top1_ms) + ", \"best_ms\": " + std::to_string(r.best_ms) +
+            ", \"best_index\": " + std::to_string(r.best_index) + "}";
+  }
+  json += "]}\n";
+  if (!json_path.empty()) {
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (f) {
+      std::fputs(json.c_str(), f);
+      std::fclose(f);
+    }
+  }
+  return 0;
+}
