@@ -72,6 +72,20 @@ printf '\xc0\x7f' | dd of="$st" bs=1 seek=$((8 + hlen + off + 6)) conv=notrunc s
 probe "quantize, a NaN weight" 2 "tensor 'model.layers.0.mlp.up_proj.weight' holds 1 NaN/Inf values \(the first at flat index 3\)" -- \
   "$qshard" quantize "$work/nan" "$work/nan_out"
 [ ! -e "$work/nan_out" ] || { echo "FAIL: quantize left output for NaN weights"; fails=$((fails + 1)); }
+# A bitsandbytes folder whose q_proj weights lost their quant state (the key renamed in the header,
+# same length): every command names the file, the weight and the missing key - not "expected F32
+# to quantize, got U8", "a tensor and a module path" or a wrong shape.
+cp -r "$hf/tiny_llama_bnb4_nf4_dq" "$work/noqs"
+LC_ALL=C sed -i 's/q_proj\.weight\.quant_state\.bitsandbytes__nf4"/q_proj.weight.quant_state.bitsandbytes__xx4"/g' \
+  "$work/noqs/model.safetensors"
+noqs="noqs/model.safetensors: 4-bit weight 'model.layers.0.self_attn.q_proj.weight' \(U8 \[2048, 1\]\) has no quant state: neither 'model.layers.0.self_attn.q_proj.weight.quant_state.bitsandbytes__nf4' nor"
+probe "eval, 4-bit weight without quant state" 2 "$noqs" -- \
+  "$qshard" eval --model "$work/noqs" --data "$work/ids.json" --device cpu
+probe "generate, 4-bit weight without quant state" 2 "$noqs" -- \
+  "$qshard" generate --model "$work/noqs" --prompt-ids 1,2 --device cpu
+probe "dequantize, 4-bit weight without quant state" 2 "$noqs" -- "$qshard" dequantize "$work/noqs" "$work/noqs_out"
+probe "inspect --check, 4-bit weight without quant state" 3 "problem: .*$noqs" -- "$qshard" inspect --check --quiet "$work/noqs"
+[ ! -e "$work/noqs_out" ] || { echo "FAIL: dequantize left its output folder"; fails=$((fails + 1)); }
 # Valid safetensors with state-dict keys no module tree can hold ("a..b", ""): problems, not a crash.
 st_file odd.safetensors '{"a..b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}' \
   '\x00\x00\x80\x3f\x00\x00\x00\x40'
