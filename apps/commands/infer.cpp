@@ -105,6 +105,11 @@ int run_generate(GenerateArgs& a, int, char**) {
   });
   std::printf("\n");
   std::fflush(stdout);  // the text before the statistics (stderr) when both go to one file
+  if (r.stopped_at_max_positions)
+    std::fprintf(stderr,
+                 "generate: stopped after %zu of --max-new-tokens %lld new tokens: the model's max_position_embeddings "
+                 "(%lld) is reached (%zu prompt tokens)\n",
+                 r.ids.size(), (long long)go.max_new_tokens, (long long)r.max_positions, r.prompt_ids.size());
   const double n = static_cast<double>(r.ids.size());
   std::fprintf(stderr, "generate (%s): %zu prompt tokens in %.3f s (%.1f tokens/s), %zu new tokens in %.3f s (%.1f tokens/s)%s\n",
                r.device.c_str(), r.prompt_ids.size(), r.prefill_seconds,
@@ -113,7 +118,9 @@ int run_generate(GenerateArgs& a, int, char**) {
                r.stopped_at_eos ? ", stopped at an end token" : "");
   if (!a.json.empty()) {
     nlohmann::json j = {{"prompt_ids", r.prompt_ids}, {"ids", r.ids}, {"text", r.text},
-                        {"stopped_at_eos", r.stopped_at_eos}, {"prefill_seconds", r.prefill_seconds},
+                        {"stopped_at_eos", r.stopped_at_eos},
+                        {"stopped_at_max_positions", r.stopped_at_max_positions},
+                        {"prefill_seconds", r.prefill_seconds},
                         {"decode_seconds", r.decode_seconds}, {"device", r.device}};
     write_file_atomic(a.json, j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }

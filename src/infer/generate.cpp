@@ -205,6 +205,7 @@ GenerateResult generate_text(const GenerateOptions& o, const std::function<void(
   const std::string tok_dir = o.tokenizer_dir.empty() ? o.model_dir : o.tokenizer_dir;
 
   GenerateResult r;
+  r.max_positions = cfg.max_position_embeddings;
   std::optional<Codec> codec;
   std::error_code ec;
   if (!o.prompt.empty() || !o.tokenizer_dir.empty() ||
@@ -291,7 +292,11 @@ GenerateResult generate_text(const GenerateOptions& o, const std::function<void(
       break;
     }
     stream(false);
-    if (n + 1 == o.max_new_tokens || pos + 1 > total) break;  // the next step writes position pos
+    if (n + 1 == o.max_new_tokens) break;
+    if (pos + 1 > total) {  // the next step would write position pos, past the model's last
+      r.stopped_at_max_positions = true;
+      break;
+    }
     const int64_t one[1] = {tok};
     logits = model.forward_cached(one, pos);
     ++pos;

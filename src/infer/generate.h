@@ -72,6 +72,10 @@ struct GenerateResult {
   std::vector<int64_t> ids;     // the new tokens (an end token that stopped it included)
   std::string text;             // their text (the end token left out)
   bool stopped_at_eos = false;
+  // Stopped before max_new_tokens because the next token would need a position past the model's
+  // max_position_embeddings (`max_positions`): the caller says so, it is not a normal end.
+  bool stopped_at_max_positions = false;
+  int64_t max_positions = 0;    // config.json's max_position_embeddings
   double prefill_seconds = 0;   // the prompt's forward
   double decode_seconds = 0;    // every later step (sampling included)
   std::string device;           // "cpu" or "cuda"

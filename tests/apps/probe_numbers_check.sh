@@ -58,6 +58,14 @@ else
   echo "ok   --temperature 1e-39 gives the greedy ids $(ids "$work/t0.json")"
 fi
 
+# More new tokens than the model has positions: the stop is said (it was silent), naming
+# max_position_embeddings; --json records it.
+probe "generate past max_position_embeddings" 0 \
+  "stopped after 126 of --max-new-tokens 500 new tokens: the model's max_position_embeddings \(128\) is reached" -- \
+  "${gen[@]}" --max-new-tokens 500 --ignore-eos --json "$work/maxpos.json"
+grep -q '"stopped_at_max_positions": true' "$work/maxpos.json" ||
+  { echo "FAIL: --json lacks stopped_at_max_positions: true"; fails=$((fails + 1)); }
+
 # ---- --max-shard-size-gb: quantize, dequantize, export; nothing written ----
 for v in 0 -1 nan inf 1e-12 2e6 abc; do
   probe "quantize --max-shard-size-gb '$v'" 2 "--max-shard-size-gb '$v': .*expected a number in \[1e-06, 1e\+06\]" -- \

@@ -167,6 +167,30 @@ TEST(Generate, GreedyIsTheArgmaxChain) {
   }
 }
 
+// Generation stops when the next token would need a position past max_position_embeddings (64
+// here) and says so; a run that ends at --max-new-tokens or below the limit does not.
+TEST(Generate, StopAtMaxPositionsIsReported) {
+  GenerateOptions go;
+  go.device = DeviceChoice::kCpu;
+  go.model_dir = kData + "/model/tiny_llama3_tied";
+  go.prompt_ids.assign(60, 5);
+  go.max_new_tokens = 10;
+  go.ignore_eos = true;
+  GenerateResult r = generate_text(go);
+  EXPECT_TRUE(r.stopped_at_max_positions);
+  EXPECT_EQ(r.max_positions, 64);
+  EXPECT_EQ(r.ids.size(), 5u);  // positions 60..63 fed, the token after the last one sampled
+  go.max_new_tokens = 5;        // exactly what fits: an ordinary end
+  r = generate_text(go);
+  EXPECT_FALSE(r.stopped_at_max_positions);
+  EXPECT_EQ(r.ids.size(), 5u);
+  go.prompt_ids.assign(3, 5);
+  go.max_new_tokens = 4;
+  r = generate_text(go);
+  EXPECT_FALSE(r.stopped_at_max_positions);
+  EXPECT_EQ(r.ids.size(), 4u);
+}
+
 TEST(Sampler, GreedyTopKAndTopP) {
   const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f};
   Sampler greedy({});
