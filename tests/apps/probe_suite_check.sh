@@ -86,6 +86,29 @@ probe "generate, 4-bit weight without quant state" 2 "$noqs" -- \
 probe "dequantize, 4-bit weight without quant state" 2 "$noqs" -- "$qshard" dequantize "$work/noqs" "$work/noqs_out"
 probe "inspect --check, 4-bit weight without quant state" 3 "problem: .*$noqs" -- "$qshard" inspect --check --quiet "$work/noqs"
 [ ! -e "$work/noqs_out" ] || { echo "FAIL: dequantize left its output folder"; fails=$((fails + 1)); }
+# Sizes read whole (sparse files, nothing on disk): a 6 GB model.safetensors.index.json and a 70 MB
+# JSON ids file are refused by size before they are read (an internal error, std::bad_alloc, and a
+# SIGABRT); a 300M-token file (1.2 GB) is read one sequence at a time (its ids and targets were
+# copied whole: bad_alloc), so eval --dump-logits gets as far as naming the memory its logits need.
+mkdir -p "$work/bigidx"
+cp "$hf/tiny_llama_bf16/config.json" "$work/bigidx/"
+truncate -s 6G "$work/bigidx/model.safetensors.index.json"
+probe "eval, 6 GB safetensors index" 2 "safetensors index .*model.safetensors.index.json is 6442450944 bytes, more than the 67108864" -- \
+  "$qshard" eval --model "$work/bigidx" --data "$work/ids.json" --device cpu
+probe "inspect --check, 6 GB safetensors index" 3 "model.safetensors.index.json is 6442450944 bytes" -- \
+  "$qshard" inspect --check --quiet "$work/bigidx"
+truncate -s 70M "$work/big_ids.json"
+probe "eval, 70 MB JSON ids" 2 "big_ids.json: a JSON data file of 73400320 bytes, more than the 67108864 bytes .*qshard tokenize" -- \
+  "$qshard" eval --model "$hf/tiny_llama_bf16" --data "$work/big_ids.json" --device cpu
+echo "some text for a token file" > "$work/few.txt"
+"$qshard" tokenize "$work/few.txt" --out "$work/huge.tok" > /dev/null
+printf '\x80\x00\x00\x00\x00\xa3\xe1\x11\x00\x00\x00\x00' |  # vocab_size 128, 300M tokens, all 0
+  dd of="$work/huge.tok" bs=1 seek=12 conv=notrunc status=none
+truncate -s 64 "$work/huge.tok"
+truncate -s $((64 + 4 * 300000000)) "$work/huge.tok"
+probe "eval --dump-logits, 300M tokens" 2 "eval --dump-logits needs at least .* of host memory" -- \
+  "$qshard" eval --model "$hf/tiny_llama_bf16" --data "$work/huge.tok" --device cpu --dump-logits "$work/logits.st"
+[ ! -e "$work/logits.st" ] || { echo "FAIL: eval left $work/logits.st"; fails=$((fails + 1)); }
 # Valid safetensors with state-dict keys no module tree can hold ("a..b", ""): problems, not a crash.
 st_file odd.safetensors '{"a..b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}' \
   '\x00\x00\x80\x3f\x00\x00\x00\x40'
