@@ -21,7 +21,8 @@
 // [0, kMaxNewTokens] (generation stops at max_position_embeddings in any case).
 // Stops at an end token (generation_config.json's eos_token_id, else config.json's, and the
 // tokenizer's EOS; the byte tokenizer's EOS) unless ignore_eos, at max_new_tokens, or at the
-// model's max_position_embeddings.
+// model's max_position_embeddings (GenerateResult says which). An eos_token_id that is not an id
+// in [0, vocab_size) or a list of them is an InputError naming the file and the value.
 // Streaming: on_text receives the text of each new token as it comes (bytes of an incomplete
 // UTF-8 character are held until it completes); the end token is not part of the text.
 // Errors: InputError naming the folder, flag or value.
