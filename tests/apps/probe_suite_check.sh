@@ -174,5 +174,9 @@ probe "train np2, CPU attention over 65536-token sequences" 2 \
   --set batch.micro_batch_size=4
 probe "train np2, model.path config 1e9 layers" 2 "bad input: .*$liar" -- \
   "$@" -np 2 "$qshard" "${job[@]}" --set model.path="$work/liar"
+# lora.r 65536 (in range) on the tiny model: 612M LoRA parameters with AdamW's state do not fit in
+# 4 GiB; the check counts them (the build failed an allocation: exit 1 and an abort banner).
+probe "train, lora.r 65536" 2 "qshard: error: the job's model \(model.init\) needs at least .* of host memory .*LoRA r 65536 on 7 projections" -- \
+  "$qshard" "${job[@]}" --set lora.r=65536
 
 probe_summary "all probes refused cleanly"
