@@ -18,6 +18,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -46,6 +47,29 @@ int run(int argc, char** argv) {
   for (const qshard::cli::Command& c : qshard::cli::kCommands) {
     CLI::App* sub = app.add_subcommand(c.name, c.help);
     commands.emplace_back(sub, c.attach(*sub));
+  }
+
+  // The command is the first word that is not an option (nor --log-level's value): an unknown one
+  // is named (CLI11 would say only "A subcommand is required").
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--log-level") {
+      ++i;
+      continue;
+    }
+    if (a.starts_with("-")) continue;
+    bool known = false;
+    std::string names;
+    for (const qshard::cli::Command& c : qshard::cli::kCommands) {
+      known = known || a == c.name;
+      names += std::string(names.empty() ? "" : ", ") + c.name;
+    }
+    if (!known) {
+      std::fprintf(stderr, "qshard: error: unknown command '%s' (one of %s)\nRun with --help for more information.\n",
+                   argv[i], names.c_str());
+      return 2;
+    }
+    break;
   }
 
   try {

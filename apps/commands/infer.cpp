@@ -93,7 +93,7 @@ int run_generate(GenerateArgs& a, int, char**) {
   if (!go.dump_logits.empty()) check_output_file(go.dump_logits, "--dump-logits");
   if (!a.json.empty()) check_output_file(a.json, "--json");
   const std::string& ids = a.prompt_ids;
-  for (size_t at = 0; at < ids.size();) {  // "1,2,3"
+  for (size_t at = 0; !ids.empty() && at <= ids.size();) {  // "1,2,3"; "1," names its empty last id
     const size_t comma = std::min(ids.find(',', at), ids.size());
     const std::string item = ids.substr(at, comma - at);
     go.prompt_ids.push_back(parse_int("--prompt-ids (ids like 1,2,3)", item, 0, kMaxTopK - 1));

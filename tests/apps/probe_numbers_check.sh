@@ -120,6 +120,10 @@ probe "missing value" 2 "--max-new-tokens.*Run with --help" -- "${gen[@]}" --max
 probe "missing required" 2 "--model is required.*|--model.*required" -- "$qshard" generate --prompt hi
 probe "bad --device" 2 "--device.*Run with --help" -- "${gen[@]}" --device tpu
 probe "no subcommand" 2 "subcommand.*Run with --help|Run with --help" -- "$qshard"
+probe "unknown command" 2 "qshard: error: unknown command 'frobnicate' \(one of version, .*\).*Run with --help" -- \
+  "$qshard" --log-level warn frobnicate --x
+probe "--prompt-ids 1, (a trailing comma)" 2 "--prompt-ids \(ids like 1,2,3\) '': empty" -- \
+  "$qshard" generate --model "$hf/tiny_llama_bf16" --prompt-ids 1, --device cpu
 probe "--help" 0 "--max-new-tokens INT .*\[0, 1073741824\]" -- "$qshard" generate --help
 
 probe_summary "number probes ok"
