@@ -105,13 +105,24 @@ void read_value(double& out, const YAML::Node& n, const std::string& where) {
 void read_value(bool& out, const YAML::Node& n, const std::string& where) {
   out = plain_scalar_as<bool>(n, where, "true or false");
 }
+// A string without NUL: YAML's "\0" escape makes one, and every path or name reaches the system
+// as a C string, cut at the NUL ("runs/x.tok\0junk" trained on runs/x.tok in silence).
+std::string string_without_nul(const YAML::Node& n, const std::string& where, const char* expected) {
+  std::string s = scalar_as<std::string>(n, where, expected);
+  if (s.find('\0') != std::string::npos) {
+    std::string shown = s;
+    for (size_t at; (at = shown.find('\0')) != std::string::npos;) shown.replace(at, 1, "\\0");
+    throw InputError(fmt::format("{}: expected {} without a NUL character (\\0), got '{}'", where, expected, shown));
+  }
+  return s;
+}
 void read_value(std::string& out, const YAML::Node& n, const std::string& where) {
-  out = n.IsNull() ? std::string() : scalar_as<std::string>(n, where, "a string");
+  out = n.IsNull() ? std::string() : string_without_nul(n, where, "a string");
 }
 void read_value(std::vector<std::string>& out, const YAML::Node& n, const std::string& where) {
   if (!n.IsSequence()) type_error(where, "a list of strings", n);
   out.clear();
-  for (const auto& item : n) out.push_back(scalar_as<std::string>(item, where, "a list of strings"));
+  for (const auto& item : n) out.push_back(string_without_nul(item, where, "a list of strings"));
 }
 template <class E>
 void read_enum(E& out, const YAML::Node& n, const std::string& where, std::initializer_list<std::pair<const char*, E>> names) {

@@ -109,6 +109,16 @@ TEST(TrainConfig, TypeErrorsNameKeyAndValue) {
             std::string::npos);
 }
 
+// YAML's "\0" escape puts a NUL in a string; as a path it was cut there ("x.tok\0junk" read x.tok).
+TEST(TrainConfig, StringsWithNulAreRefused) {
+  EXPECT_EQ(error_of([] { parse_train_config("data:\n  train: \"x.tok\\0junk\"\n", "x.yaml"); }),
+            "x.yaml: key 'data.train': expected a string without a NUL character (\\0), got 'x.tok\\0junk'");
+  EXPECT_EQ(error_of([] { parse_train_config(kMinimal, "x.yaml", {"lora.target_modules=[\"q_proj\\0\"]"}); }),
+            "--set lora.target_modules=[\"q_proj\\0\"]: key 'lora.target_modules': expected a list of strings without a "
+            "NUL character (\\0), got 'q_proj\\0'");
+  EXPECT_EQ(parse_train_config("data:\n  train: \"x\\ty.tok\"\n", "x.yaml").data.train, "x\ty.tok");  // other escapes stay
+}
+
 // A number or a bool is a plain YAML scalar: a quoted or !!str-tagged one is a string, refused
 // naming the key and the value (yaml-cpp converted "1e-4" to a number in silence). Strings and
 // enums may be quoted; the core schema's own tags are numbers.
