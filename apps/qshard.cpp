@@ -94,6 +94,9 @@ int main(int argc, char** argv) {
   // Past a file-size limit (ulimit -f) a write fails with EFBIG, which the writers report and
   // clean up after, instead of SIGXFSZ killing the process and leaving <out>.partial-<pid> behind.
   std::signal(SIGXFSZ, SIG_IGN);
+  // Output to a pipe whose reader has gone (qshard ... | head) fails with EPIPE, reported below as
+  // an error (exit 2), instead of SIGPIPE ending the process by a signal (exit 141).
+  std::signal(SIGPIPE, SIG_IGN);
   // A token file or safetensors file truncated while it is read: its name and exit 2, not a bare SIGBUS.
   qshard::install_sigbus_report();
   try {

@@ -2,6 +2,7 @@
 // token data, or text streamed as it comes (see commands.h).
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -101,10 +102,16 @@ int run_generate(GenerateArgs& a, int, char**) {
   }
   const GenerateResult r = generate_text(go, [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
+    // A closed pipe or a full disk: stop generating text no one receives (main names it, exit 2).
+    if (std::fflush(stdout) != 0 || std::ferror(stdout))
+      throw InputError(std::string("writing the standard output failed: ") + std::strerror(errno) +
+                       "; generation stopped");
   });
   std::printf("\n");
-  std::fflush(stdout);  // the text before the statistics (stderr) when both go to one file
+  // The text before the statistics (stderr) when both go to one file; lost text is an error
+  // before --json is written.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout))
+    throw InputError(std::string("writing the standard output failed: ") + std::strerror(errno));
   if (r.stopped_at_max_positions)
     std::fprintf(stderr,
                  "generate: stopped after %zu of --max-new-tokens %lld new tokens: the model's max_position_embeddings "
