@@ -66,6 +66,13 @@ probe "generate past max_position_embeddings" 0 \
 grep -q '"stopped_at_max_positions": true' "$work/maxpos.json" ||
   { echo "FAIL: --json lacks stopped_at_max_positions: true"; fails=$((fails + 1)); }
 
+# init-model's folder loads in generate at any vocabulary: no end token (2) outside a vocabulary of
+# 2 (generate refuses an eos_token_id that is not a token id).
+"$qshard" init-model --vocab-size 2 --layers 1 --hidden-size 16 --intermediate-size 32 --heads 2 --kv-heads 1 \
+  --out "$work/vocab2" > /dev/null
+probe "generate, init-model --vocab-size 2" 0 "2 new tokens" -- \
+  "$qshard" generate --model "$work/vocab2" --prompt-ids 1 --max-new-tokens 2 --device cpu
+
 # ---- --max-shard-size-gb: quantize, dequantize, export; nothing written ----
 for v in 0 -1 nan inf 1e-12 2e6 abc; do
   probe "quantize --max-shard-size-gb '$v'" 2 "--max-shard-size-gb '$v': .*expected a number in \[1e-06, 1e\+06\]" -- \
