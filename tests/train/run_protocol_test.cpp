@@ -11,6 +11,7 @@
 //    lock left by a dead process taken over, one naming another host refused;
 //  - the end-of-job report: absolute paths of the run folder and exports, the loading commands.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -369,6 +370,25 @@ TEST(RunLock, SecondHolderRefusedStaleTakenOver) {
   const std::string msg = error_of([&] { RunLock r(dir); });
   EXPECT_NE(msg.find("in use by another job: pid 4242 on host elsewhere-node-7"), std::string::npos) << msg;
   EXPECT_NE(msg.find("if it does not, delete the lock file"), std::string::npos) << msg;
+  // A lock of binary bytes is shown printable (a NUL cut the message short).
+  write_bytes(file, std::string("\0\x01" "ab", 4));
+  EXPECT_NE(error_of([&] { RunLock r(dir); }).find("an unknown job (the lock file reads '\\x00\\x01ab') (lock file"),
+            std::string::npos);
+  // What is not a regular file there is named, and nothing is written through it: a FIFO, a
+  // symbolic link (to a file it would have truncated), a folder.
+  fs::remove(file);
+  ASSERT_EQ(::mkfifo(file.c_str(), 0644), 0);
+  EXPECT_NE(error_of([&] { RunLock r(dir); }).find("its lock file " + file + " is not a regular file"), std::string::npos);
+  fs::remove(file);
+  write_bytes(tmp.file("precious"), "keep me");
+  fs::create_symlink(tmp.file("precious"), file);
+  EXPECT_NE(error_of([&] { RunLock r(dir); }).find("its lock file " + file + " is a symbolic link"), std::string::npos);
+  EXPECT_EQ(read_bytes(tmp.file("precious")), "keep me");
+  fs::remove(file);
+  fs::create_directories(file);
+  EXPECT_NE(error_of([&] { RunLock r(dir); }).find("its lock file " + file + " cannot be created: Is a directory"),
+            std::string::npos);
+  fs::remove(file);
   // A folder that cannot be made is named.
   write_bytes(tmp.file("a_file"), "x");
   EXPECT_NE(error_of([&] { RunLock r(tmp.file("a_file") + "/ck"); }).find("cannot create it"), std::string::npos);
