@@ -18,6 +18,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -48,6 +49,29 @@ int run(int argc, char** argv) {
     commands.emplace_back(sub, c.attach(*sub));
   }
 
+  // The command is the first word that is not an option (nor --log-level's value): an unknown one
+  // is named (CLI11 would say only "A subcommand is required").
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--log-level") {
+      ++i;
+      continue;
+    }
+    if (a.starts_with("-")) continue;
+    bool known = false;
+    std::string names;
+    for (const qshard::cli::Command& c : qshard::cli::kCommands) {
+      known = known || a == c.name;
+      names += std::string(names.empty() ? "" : ", ") + c.name;
+    }
+    if (!known) {
+      std::fprintf(stderr, "qshard: error: unknown command '%s' (one of %s)\nRun with --help for more information.\n",
+                   argv[i], names.c_str());
+      return 2;
+    }
+    break;
+  }
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -70,6 +94,9 @@ int main(int argc, char** argv) {
   // Past a file-size limit (ulimit -f) a write fails with EFBIG, which the writers report and
   // clean up after, instead of SIGXFSZ killing the process and leaving <out>.partial-<pid> behind.
   std::signal(SIGXFSZ, SIG_IGN);
+  // Output to a pipe whose reader has gone (qshard ... | head) fails with EPIPE, reported below as
+  // an error (exit 2), instead of SIGPIPE ending the process by a signal (exit 141).
+  std::signal(SIGPIPE, SIG_IGN);
   // A token file or safetensors file truncated while it is read: its name and exit 2, not a bare SIGBUS.
   qshard::install_sigbus_report();
   try {

@@ -2,6 +2,7 @@
 // token data, or text streamed as it comes (see commands.h).
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -93,7 +94,7 @@ int run_generate(GenerateArgs& a, int, char**) {
   if (!go.dump_logits.empty()) check_output_file(go.dump_logits, "--dump-logits");
   if (!a.json.empty()) check_output_file(a.json, "--json");
   const std::string& ids = a.prompt_ids;
-  for (size_t at = 0; at < ids.size();) {  // "1,2,3"
+  for (size_t at = 0; !ids.empty() && at <= ids.size();) {  // "1,2,3"; "1," names its empty last id
     const size_t comma = std::min(ids.find(',', at), ids.size());
     const std::string item = ids.substr(at, comma - at);
     go.prompt_ids.push_back(parse_int("--prompt-ids (ids like 1,2,3)", item, 0, kMaxTopK - 1));
@@ -101,10 +102,21 @@ int run_generate(GenerateArgs& a, int, char**) {
   }
   const GenerateResult r = generate_text(go, [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
+    // A closed pipe or a full disk: stop generating text no one receives (main names it, exit 2).
+    if (std::fflush(stdout) != 0 || std::ferror(stdout))
+      throw InputError(std::string("writing the standard output failed: ") + std::strerror(errno) +
+                       "; generation stopped");
   });
   std::printf("\n");
-  std::fflush(stdout);  // the text before the statistics (stderr) when both go to one file
+  // The text before the statistics (stderr) when both go to one file; lost text is an error
+  // before --json is written.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout))
+    throw InputError(std::string("writing the standard output failed: ") + std::strerror(errno));
+  if (r.stopped_at_max_positions)
+    std::fprintf(stderr,
+                 "generate: stopped after %zu of --max-new-tokens %lld new tokens: the model's max_position_embeddings "
+                 "(%lld) is reached (%zu prompt tokens)\n",
+                 r.ids.size(), (long long)go.max_new_tokens, (long long)r.max_positions, r.prompt_ids.size());
   const double n = static_cast<double>(r.ids.size());
   std::fprintf(stderr, "generate (%s): %zu prompt tokens in %.3f s (%.1f tokens/s), %zu new tokens in %.3f s (%.1f tokens/s)%s\n",
                r.device.c_str(), r.prompt_ids.size(), r.prefill_seconds,
@@ -113,7 +125,9 @@ int run_generate(GenerateArgs& a, int, char**) {
                r.stopped_at_eos ? ", stopped at an end token" : "");
   if (!a.json.empty()) {
     nlohmann::json j = {{"prompt_ids", r.prompt_ids}, {"ids", r.ids}, {"text", r.text},
-                        {"stopped_at_eos", r.stopped_at_eos}, {"prefill_seconds", r.prefill_seconds},
+                        {"stopped_at_eos", r.stopped_at_eos},
+                        {"stopped_at_max_positions", r.stopped_at_max_positions},
+                        {"prefill_seconds", r.prefill_seconds},
                         {"decode_seconds", r.decode_seconds}, {"device", r.device}};
     write_file_atomic(a.json, j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }

@@ -42,8 +42,9 @@ void add_train(CLI::App& sub, TrainArgs& a) {
   sub.add_option("--config", a.config, "YAML job file (every key: docs/CONFIG.md); required")->type_name("FILE");
   sub.add_option("--set", a.set, "override a key: --set optimizer.lr=1e-4 (repeatable)")->type_name("KEY=VALUE");
   sub.add_flag("--print-config", a.print_config,
-               "print the resolved config (file + --set + defaults) and exit; a job with a checkpoint.dir also "
-               "writes it to <checkpoint.dir>/config.resolved.yaml");
+               "check the values (as for one rank; input files are checked when the job runs), print the resolved "
+               "config (file + --set + defaults) and exit; a job with a checkpoint.dir also writes it to "
+               "<checkpoint.dir>/config.resolved.yaml");
   sub.add_flag("--describe-config", a.describe_config,
                "print every config key with its type, default, allowed values and meaning (docs/CONFIG.md) and exit");
   sub.add_option("--resume", a.resume,
@@ -92,7 +93,12 @@ int run_train(TrainArgs& a, int argc, char** argv) {
   if (a.allow_schedule_change) a.set.push_back("checkpoint.allow_schedule_change=true");
   if (!a.resume.empty()) a.set.push_back("checkpoint.resume=" + a.resume);
   if (a.print_config) {
-    std::printf("%s", load_train_config(a.config, a.set).to_yaml().c_str());
+    // The values are checked before they are shown (a job printed as if valid would only fail
+    // when run): as for one rank, the most permissive world size (a multiple of micro x N is a
+    // multiple of micro x 1); input files are checked when the job runs.
+    const TrainConfig cfg = load_train_config(a.config, a.set);
+    cfg.validate(1);
+    std::printf("%s", cfg.to_yaml().c_str());
     return 0;
   }
   return run_job(argc, argv, [&](World& world) {

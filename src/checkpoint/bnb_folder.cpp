@@ -436,9 +436,15 @@ FolderReport dequantize_model_folder(const std::string& in_dir, const std::strin
   };
   for (const auto& [name, shape] : llama_expected_weights(cfg)) {
     if (!in.contains(name)) throw InputError(in_dir + ": tensor '" + name + "' required by config.json is missing");
-    if (is_4bit_weight(name, lookup)) {
+    // Packed 4-bit bytes of this shape without a quant state beside them: named as such (the
+    // shape check below would call it a wrong shape).
+    const SafetensorsEntry* e = in.find(name);
+    const bool packed = (!e->dtype || !dtype_is_float(*e->dtype)) &&
+                        e->nbytes() == static_cast<uint64_t>((shape_numel(shape) + 1) / 2);
+    if (is_4bit_weight(name, lookup) || packed) {
       // The statistics' values are checked once, here, before anything is written.
-      Params4bit p = params4bit_from_state_dict(name, lookup, label, allow_nonfinite);
+      const SafetensorsFile* file = in.file_of(name);
+      Params4bit p = params4bit_from_state_dict(name, lookup, file ? file->path() : label, allow_nonfinite);
       if (p.quant_state.shape != shape)
         throw InputError(in_dir + ": 4-bit tensor '" + name + "' has shape " + shape_str(p.quant_state.shape) +
                          ", config.json implies " + shape_str(shape));

@@ -68,7 +68,9 @@ RopeScaling parse_rope(const json& r, const std::string& key, const std::string&
     s.low_freq_factor = get_num(r, "low_freq_factor", label + " (" + key + ")", 1.0);
     s.high_freq_factor = get_num(r, "high_freq_factor", label + " (" + key + ")", 4.0);
     s.original_max_position_embeddings = get_int(r, "original_max_position_embeddings", label + " (" + key + ")", 8192);
-    if (s.factor <= 0 || s.low_freq_factor <= 0 || s.high_freq_factor <= s.low_freq_factor)
+    // original_max_position_embeddings <= 0 made every wavelength "long": all scaled, in silence.
+    if (s.factor <= 0 || s.low_freq_factor <= 0 || s.high_freq_factor <= s.low_freq_factor ||
+        s.original_max_position_embeddings <= 0)
       throw InputError(where(label, key) + " has invalid llama3 factors " + r.dump());
   }
   return s;

@@ -38,6 +38,12 @@ void visit_slots(Module& m, const std::string& prefix, const std::function<void(
 
 std::string desc(const std::string& dtype_name, const Shape& shape) { return dtype_name + " " + shape_str(shape); }
 
+// The file that holds `key`, for error messages (the folder when the key is not in one file).
+std::string file_of(const SafetensorsFolder& folder, const std::string& key) {
+  const SafetensorsFile* f = folder.file_of(key);
+  return f ? f->path() : folder.dir();
+}
+
 // One frozen slot and where its value comes from, decided from the folder's headers (a 4-bit
 // weight is read and checked here already, as its statistics decide whether it fits).
 struct SlotFill {
@@ -51,7 +57,7 @@ struct SlotFill {
 // Matches every frozen slot of `tree` with the folder's tensors: the fills to run and the problems
 // (missing, mismatched, and with `strict` the folder's tensors that no slot takes).
 LoadReport plan_fills(Module& tree, const SafetensorsFolder& folder, const LlamaConfig& config, bool strict,
-                      const std::string& dir, std::vector<SlotFill>& fills) {
+                      std::vector<SlotFill>& fills) {
   const TensorLookup lookup = [&folder](const std::string& k) -> std::optional<Tensor> {
     if (!folder.contains(k)) return std::nullopt;
     return folder.get(k);
@@ -67,11 +73,15 @@ LoadReport plan_fills(Module& tree, const SafetensorsFolder& folder, const Llama
     }
     if (s.kind == Module::SlotKind::kParams4bit) {
       const Shape& want = s.params4bit->quant_state.shape;
-      // A 4-bit folder's projections must be stored in 4-bit under strict (what its config implies).
-      if (is_4bit_weight(key, lookup) || (strict && config.quantized)) {
+      // A 4-bit folder's projections must be stored in 4-bit under strict (what its config implies);
+      // a packed (non-float) weight in a 4-bit folder, or beside 4-bit statistics, is a 4-bit
+      // weight in any mode: one without its quant state is named as such, not as a float to quantize.
+      const bool packed = !e->dtype || !dtype_is_float(*e->dtype);
+      if (is_4bit_weight(key, lookup) || (config.quantized && (strict || packed)) ||
+          (packed && folder.contains(key + ".absmax"))) {
         try {
           // Structure here (shapes, sizes, dtypes); the statistics' values are checked in run_fill.
-          Params4bit p = params4bit_from_state_dict(key, lookup, dir, /*allow_nonfinite=*/true);
+          Params4bit p = params4bit_from_state_dict(key, lookup, file_of(folder, key), /*allow_nonfinite=*/true);
           for (const auto& [k, t] : params4bit_state_dict(p, key)) consumed.insert(k);
           if (p.quant_state.shape != want)
             rep.mismatched.push_back(key + ": expected 4-bit " + shape_str(want) + ", got " + shape_str(p.quant_state.shape));
@@ -79,7 +89,8 @@ LoadReport plan_fills(Module& tree, const SafetensorsFolder& folder, const Llama
             fills.push_back({&s, key, SlotFill::How::kStored4bit, std::move(p)});
         } catch (const InputError& err) {
           rep.mismatched.push_back(key + ": " + err.what());
-          consumed.insert(key);
+          consumed.insert(key);  // and its statistics: the weight is the problem, not they
+          for (const char* stat : {".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map"}) consumed.insert(key + stat);
         }
         return;
       }
@@ -109,12 +120,6 @@ LoadReport plan_fills(Module& tree, const SafetensorsFolder& folder, const Llama
 }
 
 constexpr const char* kRefuse = "; refusing to load it (--allow-nonfinite to load anyway)";
-
-// The file that holds `key`, for error messages (the folder when the key is not in one file).
-std::string file_of(const SafetensorsFolder& folder, const std::string& key) {
-  const SafetensorsFile* f = folder.file_of(key);
-  return f ? f->path() : folder.dir();
-}
 
 // Fills one slot; unless allow_nonfinite, first refuses a source holding NaN / Inf (a float
 // tensor: count_nonfinite over its bits; a stored 4-bit weight: QuantState::check_values).
@@ -178,7 +183,7 @@ LoadedLlama load_llama_folder(const std::string& dir, const LlamaLoadOptions& o)
   out.tree = build_llama_tree(config, to);
 
   std::vector<SlotFill> fills;
-  const LoadReport rep = plan_fills(*out.tree, folder, config, o.strict, dir, fills);
+  const LoadReport rep = plan_fills(*out.tree, folder, config, o.strict, fills);
   if (!rep.ok()) throw InputError(dir + ": state dict does not match the model: " + rep.str());
   for (SlotFill& f : fills) run_fill(f, folder, quantize, o.allow_nonfinite);
   if (!o.adapter_dir.empty()) {

@@ -393,11 +393,19 @@ std::unique_ptr<Module> tree_from_keys(const std::vector<std::string>& keys, con
                                        const std::string& source) {
   auto root = std::make_unique<Module>("root");
   std::set<std::string> four_bit;
+  const std::set<std::string> all(keys.begin(), keys.end());
   for (const auto& k : keys) {
     if (!is_valid_fqn(k)) continue;
     for (const char* suffix : {".quant_state.bitsandbytes__nf4", ".quant_state.bitsandbytes__fp4"}) {
       const std::string s(suffix);
       if (k.size() > s.size() && k.compare(k.size() - s.size(), s.size(), s) == 0) four_bit.insert(k.substr(0, k.size() - s.size()));
+    }
+    // A weight with bitsandbytes' statistics beside it is 4-bit even when its quant state is
+    // missing: params4bit_from_state_dict then names that key (not "a tensor and a module path").
+    const std::string qm = ".quant_map";
+    if (k.size() > qm.size() && k.compare(k.size() - qm.size(), qm.size(), qm) == 0) {
+      const std::string w = k.substr(0, k.size() - qm.size());
+      if (all.count(w) && all.count(w + ".absmax")) four_bit.insert(w);
     }
   }
   auto module_for = [&](const std::string& path) -> Module& {

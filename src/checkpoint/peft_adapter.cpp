@@ -33,9 +33,17 @@ PeftLoraConfig read_peft_config(const std::string& dir) {
   c.lora_alpha = j["lora_alpha"].get<double>();
   c.lora_dropout = json_number(j, "lora_dropout", path, 0.0);
   c.use_rslora = json_bool(j, "use_rslora", path, false);
+  if (!j.contains("target_modules"))  // (operator[] of a const json on a missing key is undefined)
+    throw InputError(path + ": key \"target_modules\" is missing: expected a list of module names");
   const auto& t = j["target_modules"];
-  if (t.is_string()) c.target_modules.push_back(t.get<std::string>());
-  else if (t.is_array())
+  // PEFT matches a string against every module's full name as a regular expression ("all-linear":
+  // every linear layer); read as one module name it named none, and the weights were refused as
+  // belonging to no slot.
+  if (t.is_string())
+    throw InputError(path + ": key \"target_modules\" is the string " + t.dump() +
+                     " (PEFT's regular-expression or all-linear form); qshard reads a list of module names, e.g. "
+                     "[\"q_proj\", \"v_proj\"]");
+  if (t.is_array())
     for (const auto& s : t) {
       if (!s.is_string()) throw InputError(path + ": key \"target_modules\" holds " + s.dump() + ", not a module name");
       c.target_modules.push_back(s.get<std::string>());

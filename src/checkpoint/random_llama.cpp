@@ -52,8 +52,10 @@ nlohmann::json llama_config_json(const LlamaSizes& o, DType dtype, double init_s
       break;
   }
   j["initializer_range"] = init_std;
-  j["bos_token_id"] = 1;
-  j["eos_token_id"] = 2;
+  // The special ids of transformers' Llama default, where the vocabulary has them (generate
+  // refuses an end token outside it).
+  j["bos_token_id"] = o.vocab_size > 1 ? nlohmann::json(1) : nlohmann::json(nullptr);
+  j["eos_token_id"] = o.vocab_size > 2 ? nlohmann::json(2) : nlohmann::json(nullptr);
   j["torch_dtype"] = dtype_torch_name(dtype);
   return j;
 }

@@ -1,12 +1,9 @@
 #include "checkpoint/safetensors_index.h"
 #include "runtime/input_file.h"
 
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
@@ -16,16 +13,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 namespace fs = std::filesystem;
-
-std::string read_text_file(const std::string& path) {
-  check_input_file(path, "safetensors index");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw InputError(fmt::format("{}: read failed: {}", path, std::strerror(errno)));
-  return ss.str();
-}
 
 const ojson* index_member(const ojson& obj, std::string_view key) {
   for (const auto& [k, v] : obj.items())
@@ -41,7 +28,7 @@ bool is_plain_file_name(std::string_view f) {
 }  // namespace
 
 SafetensorsIndex read_safetensors_index(const std::string& path) {
-  const ojson root = parse_json_strict(read_text_file(path), path);
+  const ojson root = parse_json_strict(read_input_file(path, "safetensors index"), path);
   if (!root.is_object()) throw InputError(fmt::format("{}: expected a JSON object, got {}", path, root.type_name()));
 
   SafetensorsIndex index;

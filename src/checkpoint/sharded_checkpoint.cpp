@@ -128,13 +128,23 @@ void validate_metadata(const nlohmann::json& m, const MetaReader& r) {
            std::to_string(kCheckpointFormatVersion) + ")");
   r.integer(m, "step", "", 0);
   const int64_t world = r.integer(m, "world_size", "", 1);
+  // One file a rank (so world_size is bounded by the file's size, and products with it below).
+  const auto& files = r.field(m, "files", vt::array, "");
+  if (static_cast<int64_t>(files.size()) != world)
+    r.fail("lists " + std::to_string(files.size()) + " files for world_size " + std::to_string(world));
   for (const auto& s : r.field(m, "slices", vt::array, ""))
     if (!s.is_string()) r.fail("'slices' holds a non-string");
   for (const auto& u : r.field(m, "units", vt::array, "")) {
     const std::string name = r.field(u, "name", vt::string, "a unit ").get<std::string>();
     const std::string where = "unit '" + name + "' ";
     const int64_t numel = r.integer(u, "numel", where, 0), shard = r.integer(u, "shard_numel", where, 0);
-    if (shard * world < numel)
+    // A shard is numel / world_size rounded up to 16 bytes a rank (flat_layout.h): at most 4
+    // elements more.
+    if (shard > numel / world + 4)
+      r.fail(where + "shard_numel " + std::to_string(shard) + " is more than numel " + std::to_string(numel) +
+             " / world_size " + std::to_string(world) + " padded to 16 bytes");
+    int64_t covered = 0;
+    if (!__builtin_mul_overflow(shard, world, &covered) && covered < numel)
       r.fail(where + "shard_numel " + std::to_string(shard) + " x world_size " + std::to_string(world) +
              " does not cover numel " + std::to_string(numel));
     for (const auto& t : r.field(u, "tensors", vt::array, where)) {
@@ -144,9 +154,6 @@ void validate_metadata(const nlohmann::json& m, const MetaReader& r) {
         if (!d.is_number_integer() || d.get<int64_t>() < 0) r.fail(where + "a tensor shape holds a bad dimension");
     }
   }
-  const auto& files = r.field(m, "files", vt::array, "");
-  if (static_cast<int64_t>(files.size()) != world)
-    r.fail("lists " + std::to_string(files.size()) + " files for world_size " + std::to_string(world));
   for (int64_t i = 0; i < world; ++i) {
     const auto& f = files[static_cast<size_t>(i)];
     const std::string where = "files[" + std::to_string(i) + "] ";
@@ -395,12 +402,16 @@ void load_sharded_checkpoint(Communicator& comm, const CheckpointInfo& info, con
                          std::to_string(entries.size()) + " (another LoRA rank or target_modules?)");
       for (size_t k = 0; k < entries.size(); ++k) {
         const auto& t = st[k];
-        if (t.at("name").get<std::string>() != entries[k].name || t.at("offset").get<int64_t>() * 4 != entries[k].offset ||
-            t.at("shape").get<Shape>() != entries[k].shape)
+        if (t.at("name").get<std::string>() != entries[k].name || t.at("shape").get<Shape>() != entries[k].shape)
           throw InputError(where + ": tensor '" + t.at("name").get<std::string>() + "' " + t.at("shape").dump() +
                            " does not match this model's '" + entries[k].name + "' (another LoRA rank or model?)");
+        // Elements, compared as elements (a byte count x 4 could wrap and match).
+        if (t.at("offset").get<int64_t>() != entries[k].offset / 4)
+          throw InputError(where + ": tensors[" + std::to_string(k) + "] ('" + entries[k].name + "') offset " +
+                           t.at("offset").dump() + " differs from this model's " +
+                           std::to_string(entries[k].offset / 4) + ": the slices would be read from other elements");
       }
-      if (su.at("numel").get<int64_t>() * 4 != u.layout->total_bytes())
+      if (su.at("numel").get<int64_t>() != u.layout->total_bytes() / 4)
         throw InputError(where + ": numel " + su.at("numel").dump() + " differs from this model's " +
                          std::to_string(u.layout->total_bytes() / 4));
       for (const auto& [name, t] : u.slices)

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/llama_loader.h"
@@ -20,8 +21,15 @@
 namespace qshard {
 namespace {
 
+// A .json data file is for a few hand-made sequences: its tree of numbers takes ~16 bytes a token
+// in memory (a GB of it exhausted the host and ended the process by a signal), so it is read up to
+// kMaxConfigBytes; a token file (qshard tokenize) has no such limit.
 std::vector<std::vector<int64_t>> read_json_ids(const std::string& path, int64_t vocab) {
-  const nlohmann::json j = parse_json_input(read_input_file(path, "data file", uint64_t{1} << 30), path);
+  if (const uint64_t size = check_input_file(path, "data file"); size > kMaxConfigBytes)
+    throw InputError(path + ": a JSON data file of " + std::to_string(size) + " bytes, more than the " +
+                     std::to_string(kMaxConfigBytes) + " bytes of token-id lists eval reads from JSON; write a token "
+                     "file with `qshard tokenize` for more");
+  const nlohmann::json j = parse_json_input(read_input_file(path, "data file"), path);
   if (!j.is_array() || j.empty()) throw InputError(path + ": expected a non-empty JSON list of token-id lists");
   std::vector<std::vector<int64_t>> out;
   for (size_t s = 0; s < j.size(); ++s) {
@@ -95,47 +103,64 @@ EvalResult evaluate_model(const EvalOptions& o) {
   const double tree_bytes = im.tree_bytes;
   auto& tree = im.tree;
 
-  // Sequences and their aligned targets.
-  std::vector<std::vector<int64_t>> seqs, targets;
+  // Sequences and their aligned targets: a JSON file's lists held in memory; a token file's
+  // sequences read one at a time as the loss takes them (a GB file is never copied whole: 16 bytes
+  // a token as ids and targets exhausted the host).
+  std::vector<std::vector<int64_t>> json_seqs;
+  std::optional<TokenFile> file;
+  std::optional<PackedDataset> packed;
+  int64_t count = 0, max_len = 0;
   const bool json = o.data.size() >= 5 && o.data.compare(o.data.size() - 5, 5, ".json") == 0;
   if (json) {
-    seqs = read_json_ids(o.data, cfg.vocab_size);
-    for (const auto& s : seqs) {
-      std::vector<int64_t> t(s.begin() + 1, s.end());
-      t.push_back(kIgnoreIndex);
-      targets.push_back(std::move(t));
+    json_seqs = read_json_ids(o.data, cfg.vocab_size);
+    count = static_cast<int64_t>(json_seqs.size());
+    for (const auto& s : json_seqs) {
+      if (!o.dump_logits.empty() && s.size() != json_seqs[0].size())
+        throw InputError("--dump-logits needs sequences of one length; " + o.data + " has lengths " +
+                         std::to_string(json_seqs[0].size()) + " and " + std::to_string(s.size()));
+      max_len = std::max<int64_t>(max_len, static_cast<int64_t>(s.size()));
     }
   } else {
-    const TokenFile f = TokenFile::open(o.data);
+    file.emplace(TokenFile::open(o.data));
     // Ids made by another tokenizer than the model folder's are refused, naming both.
-    if (const std::string w = check_token_file_tokenizer(f, model_tokenizer(o.model_dir)); !w.empty())
+    if (const std::string w = check_token_file_tokenizer(*file, model_tokenizer(o.model_dir)); !w.empty())
       QS_LOG_WARN("{}", w);
-    f.validate(static_cast<uint32_t>(cfg.vocab_size));
+    file->validate(static_cast<uint32_t>(cfg.vocab_size));
     const int64_t T = o.seq_len > 0 ? o.seq_len : std::min<int64_t>(512, cfg.max_position_embeddings);
-    const PackedDataset d(f, static_cast<int>(T));
-    if (d.num_sequences() == 0) throw InputError(o.data + ": fewer than " + std::to_string(T + 1) + " tokens");
-    std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T));
-    for (int64_t i = 0; i < d.num_sequences(); ++i) {
-      d.get(i, in.data(), tg.data());
-      seqs.emplace_back(in.begin(), in.end());
-      targets.emplace_back(tg.begin(), tg.end());
-    }
+    if (T > cfg.max_position_embeddings)  // before the dataset: T is an int there
+      throw InputError("eval --seq-len " + std::to_string(T) + " is past the model's maximum of " +
+                       std::to_string(cfg.max_position_embeddings) + " positions");
+    packed.emplace(*file, static_cast<int>(T));
+    if (packed->num_sequences() == 0) throw InputError(o.data + ": fewer than " + std::to_string(T + 1) + " tokens");
+    count = packed->num_sequences();
+    max_len = T;
   }
-  for (const auto& s : seqs)
-    if (static_cast<int64_t>(s.size()) > cfg.max_position_embeddings)
-      throw InputError(o.data + ": a sequence of " + std::to_string(s.size()) + " tokens is past the model's maximum of " +
-                       std::to_string(cfg.max_position_embeddings));
-  if (!o.dump_logits.empty())
-    for (const auto& s : seqs)
-      if (s.size() != seqs[0].size())
-        throw InputError("--dump-logits needs sequences of one length; " + o.data + " has lengths " +
-                         std::to_string(seqs[0].size()) + " and " + std::to_string(s.size()));
+  if (max_len > cfg.max_position_embeddings)
+    throw InputError(o.data + ": a sequence of " + std::to_string(max_len) + " tokens is past the model's maximum of " +
+                     std::to_string(cfg.max_position_embeddings));
+  // Sequence k's ids and targets (the next id; the last one ignored in a JSON list).
+  auto sequence = [&](int64_t k, std::vector<int64_t>& ids, std::vector<int64_t>& targets) {
+    if (json) {
+      ids = json_seqs[static_cast<size_t>(k)];
+      targets.assign(ids.begin() + 1, ids.end());
+      targets.push_back(kIgnoreIndex);
+      return;
+    }
+    std::vector<int32_t> in(static_cast<size_t>(max_len)), tg(static_cast<size_t>(max_len));
+    packed->get(k, in.data(), tg.data());
+    ids.assign(in.begin(), in.end());
+    targets.assign(tg.begin(), tg.end());
+  };
+  if (!o.dump_logits.empty())  // every sequence's logits, held and then copied into the tensor written
+    require_host_memory(2.0 * static_cast<double>(count) * static_cast<double>(max_len) *
+                            static_cast<double>(cfg.vocab_size) * 4.0,
+                        "eval --dump-logits",
+                        std::to_string(count) + " sequences x " + std::to_string(max_len) + " tokens x vocab_size " +
+                            std::to_string(cfg.vocab_size) + " float32 logits");
 
   DeviceContext& ctx = *ctx_ptr;
   if (ctx.is_cuda()) require_device_memory(tree_bytes, "eval of " + o.model_dir + " on the GPU", llama_size_keys(cfg));
   move_tree_to(*tree, ctx.compute_device());
-  int64_t max_len = 0;
-  for (const auto& sq : seqs) max_len = std::max<int64_t>(max_len, static_cast<int64_t>(sq.size()));
   mo.max_seq = max_len;
   {  // the step's buffers (the CPU keeps attention probabilities: B H T^2 floats)
     const double step = llama_step_bytes(cfg, mo, ctx.backend(), ctx.activation_dtype(), ctx.activation_dtype(),
@@ -146,27 +171,27 @@ EvalResult evaluate_model(const EvalOptions& o) {
   }
   LlamaModel model(cfg, *tree, ctx, mo);
   EvalResult r;
-  const LossTotals t = sequence_losses(model, static_cast<int64_t>(seqs.size()),
-                                       [&](int64_t k, EvalSequence& s) {
-                                         s.ids = seqs[static_cast<size_t>(k)];
-                                         s.targets = targets[static_cast<size_t>(k)];
-                                         return true;
-                                       });
+  const LossTotals t = sequence_losses(model, count, [&](int64_t k, EvalSequence& s) {
+    sequence(k, s.ids, s.targets);
+    return true;
+  });
   const double loss_sum = t.loss_sum;
   r.tokens = t.tokens;
   std::vector<float> all_logits;
   if (!o.dump_logits.empty()) {
     model.set_training(false);
-    for (const auto& sq : seqs) {
-      const std::vector<float> logits = model.forward_logits(sq, 1, static_cast<int64_t>(sq.size()));
+    std::vector<int64_t> ids, targets;
+    for (int64_t k = 0; k < count; ++k) {
+      sequence(k, ids, targets);
+      const std::vector<float> logits = model.forward_logits(ids, 1, static_cast<int64_t>(ids.size()));
       all_logits.insert(all_logits.end(), logits.begin(), logits.end());
     }
   }
-  r.sequences = static_cast<int64_t>(seqs.size());
+  r.sequences = count;
   r.loss = r.tokens > 0 ? loss_sum / static_cast<double>(r.tokens) : NAN;
   r.perplexity = std::exp(r.loss);
   if (!o.dump_logits.empty()) {
-    const int64_t B = r.sequences, T = static_cast<int64_t>(seqs[0].size());
+    const int64_t B = r.sequences, T = max_len;
     save_safetensors(o.dump_logits, {{"logits", Tensor::from_f32({B, T, cfg.vocab_size}, DType::kF32, all_logits)}},
                      {{"format", "pt"}});
   }

@@ -110,14 +110,26 @@ Codec open_codec(const std::string& dir, int64_t vocab, bool chosen) {
   return c;
 }
 
-// eos_token_id of a JSON file (an id or a list of ids) into `out`; false when absent.
-bool read_eos(const nlohmann::json& j, std::set<int64_t>& out) {
-  if (!j.is_object() || !j.contains("eos_token_id")) return false;
-  const auto& e = j["eos_token_id"];
-  if (e.is_number_integer()) out.insert(e.get<int64_t>());
-  else if (e.is_array())
-    for (const auto& v : e)
-      if (v.is_number_integer()) out.insert(v.get<int64_t>());
+// eos_token_id of a JSON file (an id or a list of ids, each in [0, vocab)) into `out`; false when
+// absent or null. Anything else is an InputError naming `label` and the value: an id of the wrong
+// type or outside the vocabulary was skipped in silence, and generation ran past the end it meant.
+bool read_eos(const nlohmann::json& j, const std::string& label, int64_t vocab, std::set<int64_t>& out) {
+  if (!j.is_object()) throw InputError(label + ": expected a JSON object, got " + std::string(j.type_name()));
+  if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return false;
+  const nlohmann::json& e = j["eos_token_id"];
+  auto add = [&](const nlohmann::json& v) {
+    const bool ok = v.is_number_unsigned()  ? v.get<uint64_t>() < static_cast<uint64_t>(vocab)
+                    : v.is_number_integer() ? v.get<int64_t>() >= 0 && v.get<int64_t>() < vocab
+                                            : false;
+    if (!ok)
+      throw InputError(label + ": key \"eos_token_id\" must be a token id in [0, " + std::to_string(vocab) +
+                       ") or a list of them, got " + e.dump());
+    out.insert(v.get<int64_t>());
+  };
+  if (e.is_array())
+    for (const auto& v : e) add(v);
+  else
+    add(e);
   return !out.empty();
 }
 
@@ -205,6 +217,7 @@ GenerateResult generate_text(const GenerateOptions& o, const std::function<void(
   const std::string tok_dir = o.tokenizer_dir.empty() ? o.model_dir : o.tokenizer_dir;
 
   GenerateResult r;
+  r.max_positions = cfg.max_position_embeddings;
   std::optional<Codec> codec;
   std::error_code ec;
   if (!o.prompt.empty() || !o.tokenizer_dir.empty() ||
@@ -239,8 +252,9 @@ GenerateResult generate_text(const GenerateOptions& o, const std::function<void(
     bool found = false;
     std::error_code gen_ec;  // present of any file type: read (a FIFO or folder there is refused by name)
     if (fs::exists(fs::symlink_status(gen_cfg, gen_ec)))
-      found = read_eos(parse_json_input(read_input_file(gen_cfg.string(), "generation config", 1 << 20), gen_cfg.string()), eos);
-    if (!found) read_eos(cfg.raw, eos);
+      found = read_eos(parse_json_input(read_input_file(gen_cfg.string(), "generation config", 1 << 20), gen_cfg.string()),
+                       gen_cfg.string(), V, eos);
+    if (!found) read_eos(cfg.raw, (fs::path(o.model_dir) / "config.json").string(), V, eos);
     if (codec && codec->eos()) eos.insert(*codec->eos());
   }
 
@@ -291,7 +305,11 @@ GenerateResult generate_text(const GenerateOptions& o, const std::function<void(
       break;
     }
     stream(false);
-    if (n + 1 == o.max_new_tokens || pos + 1 > total) break;  // the next step writes position pos
+    if (n + 1 == o.max_new_tokens) break;
+    if (pos + 1 > total) {  // the next step would write position pos, past the model's last
+      r.stopped_at_max_positions = true;
+      break;
+    }
     const int64_t one[1] = {tok};
     logits = model.forward_cached(one, pos);
     ++pos;

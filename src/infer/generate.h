@@ -21,7 +21,8 @@
 // [0, kMaxNewTokens] (generation stops at max_position_embeddings in any case).
 // Stops at an end token (generation_config.json's eos_token_id, else config.json's, and the
 // tokenizer's EOS; the byte tokenizer's EOS) unless ignore_eos, at max_new_tokens, or at the
-// model's max_position_embeddings.
+// model's max_position_embeddings (GenerateResult says which). An eos_token_id that is not an id
+// in [0, vocab_size) or a list of them is an InputError naming the file and the value.
 // Streaming: on_text receives the text of each new token as it comes (bytes of an incomplete
 // UTF-8 character are held until it completes); the end token is not part of the text.
 // Errors: InputError naming the folder, flag or value.
@@ -72,6 +73,10 @@ struct GenerateResult {
   std::vector<int64_t> ids;     // the new tokens (an end token that stopped it included)
   std::string text;             // their text (the end token left out)
   bool stopped_at_eos = false;
+  // Stopped before max_new_tokens because the next token would need a position past the model's
+  // max_position_embeddings (`max_positions`): the caller says so, it is not a normal end.
+  bool stopped_at_max_positions = false;
+  int64_t max_positions = 0;    // config.json's max_position_embeddings
   double prefill_seconds = 0;   // the prompt's forward
   double decode_seconds = 0;    // every later step (sampling included)
   std::string device;           // "cpu" or "cuda"

@@ -235,8 +235,12 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   if (d.host_checkpoints && L + 1 > kCheckpointSlots)
     p.add("host checkpoints (layer inputs)", (L + 1 - kCheckpointSlots) * N * C * esz, BufferLife::kHost);
   // ---- workspace: the larger of a layer's and the head's scratch, in bytes ----
-  // f32 scratch of the CPU kernels (a GEMM's row, attention's scores)
-  const int64_t gemm_scratch = 2 * std::max({N, V, I, C, d.max_in, d.max_out}) + 2 * T;
+  // f32 scratch of the CPU kernels (a GEMM's row, attention's scores): a row is as long as a GEMM's
+  // N or K, and LoRA's GEMMs have the rank there (x A^T: N = r; a folded group: N = its ranks' sum,
+  // K = C + that sum), which lora.r past the model's widths made the longest (it overflowed the
+  // workspace: an internal error).
+  const int64_t fold_r = d.fold_r[0] + d.fold_r[1];
+  const int64_t gemm_scratch = 2 * std::max({N, V, I, C, d.max_in, d.max_out, d.max_r, C + fold_r}) + 2 * T;
   // LoRA dropout's masked input and input gradient (unfolded projections; the MLP's per chunk)
   const int64_t dropout_ws = d.dropout ? 2 * std::max(N * std::max(C, q), NM * d.max_in) : 0;
   // The layer's projections dequantized (or widened, or converted) and the LoRA intermediates are

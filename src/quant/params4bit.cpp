@@ -197,8 +197,13 @@ Params4bit params4bit_from_state_dict(const std::string& w, const TensorLookup& 
   auto nf4 = lookup(w + ".quant_state.bitsandbytes__nf4");
   auto fp4 = lookup(w + ".quant_state.bitsandbytes__fp4");
   if (nf4 && fp4) throw InputError(source + ": both '" + w + ".quant_state.bitsandbytes__nf4' and '__fp4' are present");
-  if (!nf4 && !fp4)
-    throw InputError(source + ": missing tensor '" + w + ".quant_state.bitsandbytes__nf4' (or __fp4) for 4-bit weight '" + w + "'");
+  if (!nf4 && !fp4) {
+    std::string stored;
+    if (const auto t = lookup(w)) stored = " (" + std::string(dtype_safetensors_name(t->dtype())) + " " + shape_str(t->shape()) + ")";
+    throw InputError(source + ": 4-bit weight '" + w + "'" + stored + " has no quant state: neither '" + w +
+                     ".quant_state.bitsandbytes__nf4' nor '" + w +
+                     ".quant_state.bitsandbytes__fp4' is stored (a bitsandbytes folder saves one beside each weight)");
+  }
   const std::string js_key = w + ".quant_state.bitsandbytes__" + (nf4 ? "nf4" : "fp4");
   Tensor js = to_cpu(nf4 ? *nf4 : *fp4);
   if (js.dtype() != DType::kU8 || js.ndim() != 1)

@@ -75,7 +75,8 @@ NamedTensors params4bit_state_dict(const Params4bit& p, const std::string& weigh
 // Looks a key up; returns nullopt when absent.
 using TensorLookup = std::function<std::optional<Tensor>(const std::string& key)>;
 // Rebuilds a Params4bit from a state dict. `source` names the file or folder in errors. Throws
-// InputError naming the key for: a missing key, a packed JSON that is malformed, a packed size
+// InputError naming the key for: a missing key (the quant state: both names it may have, and
+// what is stored under the weight's key), a packed JSON that is malformed, a packed size
 // that does not match the shape, statistics of the wrong dtype or size, and (unless
 // allow_nonfinite) statistics that dequantize to NaN / Inf or past the dtype's range
 // (QuantState::check_values: one pass over the n/blocksize statistics, not the packed codes).

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_set>
+#include <vector>
 
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -122,24 +124,65 @@ std::string read_input_file(const std::string& path, const std::string& what, ui
 
 namespace {
 
-// The depth-bounded parse of parse_json_input, for json and ordered_json alike.
+// Where the parser is, for naming a duplicate key: one frame per open object or array (an
+// object's keys so far and its current key; an array's current element).
+struct JsonFrame {
+  bool object = false;
+  std::unordered_set<std::string> keys;
+  std::string key;
+  int64_t index = 0;
+};
+
+// "messages[1].role": the path of `key` in the innermost open object.
+std::string json_path(const std::vector<JsonFrame>& frames, const std::string& key) {
+  std::string path;
+  for (size_t i = 0; i + 1 < frames.size(); ++i)
+    path += frames[i].object ? (path.empty() ? "" : ".") + frames[i].key : "[" + std::to_string(frames[i].index) + "]";
+  return path + (path.empty() ? "" : ".") + key;
+}
+
+// The parse of parse_json_input, for json and ordered_json alike: nesting bounded by kMaxJsonDepth
+// and duplicate keys refused (nlohmann keeps the last in silence; which one a writer meant is a
+// guess), both while parsing.
 template <class Json>
 Json parse_bounded(std::string_view text, const std::string& label) {
-  bool too_deep = false;
-  const typename Json::parser_callback_t bound = [&too_deep](int depth, json::parse_event_t event, Json&) {
-    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
-        depth >= kMaxJsonDepth) {
-      too_deep = true;
-      throw InputError("");  // stops the parser; reported below
+  std::string problem;
+  std::vector<JsonFrame> frames;
+  const typename Json::parser_callback_t check = [&](int depth, json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        if (depth >= kMaxJsonDepth) {
+          problem = "JSON nested more than " + std::to_string(kMaxJsonDepth) +
+                    " levels deep; refused (no qshard file nests that deep)";
+          throw InputError("");  // stops the parser; reported below
+        }
+        frames.emplace_back().object = event == json::parse_event_t::object_start;
+        break;
+      case json::parse_event_t::key: {
+        JsonFrame& f = frames.back();
+        f.key = parsed.template get<std::string>();
+        if (!f.keys.insert(f.key).second) {
+          problem = "duplicate key \"" + json_path(frames, f.key) +
+                    "\" in a JSON object (which of the two values counts would be a guess)";
+          throw InputError("");
+        }
+        break;
+      }
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        frames.pop_back();
+        [[fallthrough]];
+      case json::parse_event_t::value:
+        if (!frames.empty() && !frames.back().object) ++frames.back().index;  // an array's element ends
+        break;
     }
     return true;
   };
   try {
-    return Json::parse(text.begin(), text.end(), bound);
+    return Json::parse(text.begin(), text.end(), check);
   } catch (const InputError&) {
-    if (too_deep)
-      throw InputError(label + ": JSON nested more than " + std::to_string(kMaxJsonDepth) +
-                       " levels deep; refused (no qshard file nests that deep)");
+    if (!problem.empty()) throw InputError(label + ": " + problem);
     throw;
   } catch (const json::exception& e) {
     throw InputError(label + ": not valid JSON (" + e.what() + ")");

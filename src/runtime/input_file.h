@@ -13,7 +13,9 @@
 // read_input_file: check_input_file, then the whole file, refused when larger than max_bytes.
 // parse_json_input: JSON text -> json with the nesting bounded by kMaxJsonDepth (checked while
 //   parsing, before a deep document is built: deeper input is an InputError naming `label`, not a
-//   stack overflow in a later recursive copy); syntax errors are InputErrors naming `label`.
+//   stack overflow in a later recursive copy) and no key twice in one object (an InputError
+//   naming `label` and the key's path, "messages[1].role": nlohmann kept the last in silence);
+//   syntax errors are InputErrors naming `label`.
 //   parse_ordered_json_input: the same, keeping the objects' key order (chat-template side files).
 // json_string / json_bool / json_number: `obj[key]` with its type checked; absent or null gives
 //   `def`; any other type is an InputError `label: key "key" must be ..., got <value>` (never a

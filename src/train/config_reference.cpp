@@ -37,7 +37,8 @@ std::string config_reference_markdown() {
       "below may be left out (it keeps its default) and set on the command line with its dotted name\n"
       "(`--set optimizer.lr=1e-4`, `--set lora.target_modules=[q_proj,v_proj]`). An unknown key is refused\n"
       "with the nearest valid one suggested; a value outside its allowed range is refused naming the key.\n"
-      "`--print-config` prints the resolved job and exits; a job with a `checkpoint.dir` writes it to\n"
+      "`--print-config` checks the values (as for one rank; input files are checked when the job runs),\n"
+      "prints the resolved job and exits; a job with a `checkpoint.dir` writes it to\n"
       "`<checkpoint.dir>/config.resolved.yaml`.\n";
   // One table per section (by the first dotted part), the top-level keys first, then the sections
   // in the order the key table first names them.

@@ -91,15 +91,32 @@ struct JobSizes {
   double lora_params = 0;
   CostInputs cost;
 };
+}  // namespace
+
+double lora_param_count(const LlamaConfig& lc, int64_t r, const std::vector<std::string>& targets) {
+  const double C = static_cast<double>(lc.hidden_size), I = static_cast<double>(lc.intermediate_size);
+  const double q = static_cast<double>(lc.num_attention_heads * lc.head_dim);
+  const double kv = static_cast<double>(lc.num_key_value_heads * lc.head_dim);
+  double per_layer = 0;  // in + out of each target
+  for (const std::string& t : targets) {
+    if (t == "q_proj" || t == "o_proj") per_layer += C + q;
+    else if (t == "k_proj" || t == "v_proj") per_layer += C + kv;
+    else if (t == "gate_proj" || t == "up_proj" || t == "down_proj") per_layer += C + I;
+  }
+  return static_cast<double>(r) * static_cast<double>(lc.num_hidden_layers) * per_layer;
+}
+
+namespace {
+
 JobSizes job_sizes(const TrainConfig& config, const LlamaConfig& lc, int world) {
   JobSizes z;
   const double other_b = config.model.path.empty() ? static_cast<double>(dtype_size(config.model.init.dtype)) : 2.0;
   z.base = llama_4bit_bytes(lc, config.model.blocksize, config.model.double_quant, other_b);
   const double L = static_cast<double>(lc.num_hidden_layers);
-  const double C = static_cast<double>(lc.hidden_size), I = static_cast<double>(lc.intermediate_size);
-  const double q = static_cast<double>(lc.num_attention_heads * lc.head_dim);
-  const double kv = static_cast<double>(lc.num_key_value_heads * lc.head_dim);
-  z.lora_params = static_cast<double>(config.lora.r) * L * (7 * C + 2 * q + 2 * kv + 3 * I);
+  const double C = static_cast<double>(lc.hidden_size);
+  static const std::vector<std::string> kAllSeven = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                     "gate_proj", "up_proj", "down_proj"};
+  z.lora_params = lora_param_count(lc, config.lora.r, kAllSeven);  // all seven, as the model's buffers
   const int64_t T = config.data.max_seq_len;
   z.cost = CostInputs{L, static_cast<double>(T),
                       static_cast<double>(config.batch.global_batch_size / std::max(world, 1)), C,

@@ -94,6 +94,10 @@ struct MemoryPlan {
   std::string describe() const;
 };
 
+// LoRA parameters of rank `r` on `targets` (module names, e.g. "q_proj") over every layer:
+// r x (in + out) per projection.
+double lora_param_count(const LlamaConfig& model, int64_t r, const std::vector<std::string>& targets);
+
 // Stage 1: the micro-batch, offload and chunking from the config and estimates. `world`: ranks
 // sharing the base. Throws InputError when memory.keep_layers > 0 asks for kept layers with a
 // chunked MLP.

@@ -44,8 +44,16 @@ void check_job_fits(const TrainConfig& config, const LlamaConfig& lc, Runtime& r
   const std::string batch = "micro_batch_size " + std::to_string(config.batch.micro_batch_size) + " x max_seq_len " +
                             std::to_string(config.data.max_seq_len);
   const bool cuda = rt.ctx.is_cuda();
-  require_host_memory(base + largest * 4.0 + (cuda ? 0.0 : step), what,
-                      llama_size_keys(lc) + ", projections in 4-bit" +
+  // LoRA in f32: the tree's A and B (made on the host), and on the CPU backend the state the
+  // memory plan counts on the device (master, gradient and AdamW shards, two gathered units'
+  // weights and gradients). lora.r 65536 ended the build with a failed allocation (exit 1).
+  const double lora_p = lora_param_count(lc, config.lora.r, config.lora.target_modules);
+  const double units = std::max<double>(static_cast<double>(lc.num_hidden_layers), 1.0);
+  const double lora = lora_p * 4.0 * (1.0 + (cuda ? 0.0 : 4.0 / rt.data.size() + 2.0 * 2.0 / units));
+  require_host_memory(base + largest * 4.0 + lora + (cuda ? 0.0 : step), what,
+                      llama_size_keys(lc) + ", projections in 4-bit; LoRA r " + std::to_string(config.lora.r) + " on " +
+                          std::to_string(config.lora.target_modules.size()) + " projections: " +
+                          fmt::format("{:.3g}", lora_p) + " f32 parameters" + (cuda ? "" : " with AdamW's state") +
                           (cuda || !for_training ? "" : "; activations for " + batch));
   // On the GPU: the step's buffers, and without offload.params this rank's shard of the base.
   const double gpu = step + (offload ? 0.0 : base / rt.data.size());

@@ -41,7 +41,12 @@ Holder read_holder(int fd) {
 }
 
 std::string describe(const Holder& h) {
-  if (h.host.empty()) return "an unknown job (the lock file reads '" + h.text.substr(0, 80) + "')";
+  if (h.host.empty()) {  // its first 80 bytes, printable (a NUL cut the message short)
+    std::string shown;
+    for (const unsigned char c : h.text.substr(0, 80))
+      shown += c >= 0x20 && c < 0x7f ? std::string(1, static_cast<char>(c)) : fmt::format("\\x{:02x}", c);
+    return "an unknown job (the lock file reads '" + shown + "')";
+  }
   return fmt::format("pid {} on host {}", h.pid, h.host);
 }
 
@@ -74,13 +79,21 @@ RunLock::RunLock(const std::string& dir) : path_(dir + "/" + kRunLockFile) {
   const std::string host = this_host_name();
   const long me = static_cast<long>(::getpid());
   for (int attempt = 0;; ++attempt) {
-    const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      const int err = errno;
+    // Never through a symbolic link (the holder's line would be written over its target) and only
+    // a regular file (a FIFO or a device there is not a lock qshard made).
+    const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+    struct stat st {};
+    const int open_err = fd < 0 ? errno : 0;
+    if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      if (fd >= 0) ::close(fd);
       std::error_code ec;
       if (!made_dir_.empty()) std::filesystem::remove(made_dir_, ec);
-      throw InputError(fmt::format("checkpoint.dir {}: cannot create its lock file {}: {}", dir, path_,
-                                   std::strerror(err)));
+      const std::string what = open_err == ELOOP ? "is a symbolic link"
+                               : fd >= 0         ? "is not a regular file (a FIFO, socket or device)"
+                                                 : std::string("cannot be created: ") + std::strerror(open_err);
+      throw InputError(fmt::format("checkpoint.dir {}: its lock file {} {}; qshard makes it as a regular file "
+                                   "(remove what is there)",
+                                   dir, path_, what));
     }
     bool flock_works = true;
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {

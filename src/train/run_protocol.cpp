@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/export.h"
@@ -96,6 +97,7 @@ void check_checkpoint_dir(const std::string& dir, bool resuming) {
 std::optional<CheckpointInfo> agree_on_resume(const TrainConfig& config, Communicator& comm) {
   std::optional<CheckpointInfo> resume;
   std::string err, dir;
+  std::vector<std::string> changed;
   if (comm.rank() == 0) {
     try {
       dir = resume_decision(config);
@@ -109,10 +111,14 @@ std::optional<CheckpointInfo> agree_on_resume(const TrainConfig& config, Communi
     try {
       resume = read_checkpoint_metadata(dir);
       check_resume_config(config, checkpoint_train_config(*resume), resume->dir);
+      changed = check_resume_state(*resume, config);
     } catch (const std::exception& e) {
       err = e.what();
     }
     throw_if_any_failed(comm, err);
+    if (comm.rank() == 0 && !changed.empty())
+      QS_LOG_WARN("resume from {}: AdamW's settings change (checkpoint -> this job): {}", resume->dir,
+                  fmt::format("{}", fmt::join(changed, ", ")));
   }
   return resume;
 }

@@ -20,7 +20,9 @@
 //                       written is lost, and runs never mix. InputError naming the folder.
 //   agree_on_resume     collective: rank 0 decides, the choice is broadcast, every rank reads its
 //                       metadata and checks the job's config against the checkpoint's
-//                       (check_resume_config). An error on any rank ends every rank.
+//                       (check_resume_config) and the trainer's state (check_resume_state: a
+//                       change of AdamW's settings is a warning). An error on any rank ends
+//                       every rank.
 //   drop_metrics_after  a resumed run appends to logging.metrics_jsonl: the lines an interrupted run
 //                       logged after the checkpoint's step go first (rewritten atomically), so every
 //                       step appears once. Lines that are not JSON objects with an integer "step"

@@ -181,6 +181,63 @@ std::string check_resume_schedule(const CheckpointInfo& info, const LrSchedule& 
   return diff;
 }
 
+std::vector<std::string> check_resume_state(const CheckpointInfo& info, const TrainConfig& job) {
+  const std::string label = (fs::path(info.dir) / "metadata.json").string();
+  const nlohmann::json& t = info.metadata.at("trainer");
+  // The value at trainer.<section>.<key>, of the JSON type asked for, else an InputError naming it.
+  auto at = [&](const char* section, const char* key, bool text) -> const nlohmann::json& {
+    const std::string name = std::string("trainer.") + section + "." + key;
+    if (!t.contains(section) || !t.at(section).is_object() || !t.at(section).contains(key))
+      throw InputError(label + ": " + name + " is missing; not a checkpoint written by `qshard train`");
+    const nlohmann::json& v = t.at(section).at(key);
+    if (text ? !v.is_string() : !v.is_number_integer())
+      throw InputError(label + ": " + name + " is " + v.dump() + ", expected " + (text ? "a string" : "an integer"));
+    return v;
+  };
+  auto same_text = [&](const char* section, const char* key, const std::string& want, const char* what) {
+    const std::string got = at(section, key, true).get<std::string>();
+    if (got != want)
+      throw InputError(label + ": trainer." + section + "." + key + " is '" + got + "', this job's " + what + " is '" +
+                       want + "' (a checkpoint of another trainer?); refusing to resume from it");
+  };
+  auto same_int = [&](const char* section, const char* key, const nlohmann::json& want, const std::string& what) {
+    const nlohmann::json& got = at(section, key, false);
+    if (got != want)
+      throw InputError(label + ": trainer." + section + "." + key + " is " + got.dump() + ", expected " + want.dump() +
+                       " (" + what + "); refusing to resume from it");
+  };
+  same_text("optimizer", "type", "adamw", "optimizer");
+  same_text("rng", "kind", "counter", "random number scheme");
+  const nlohmann::json step = info.step;
+  same_int("optimizer", "step", step, "the checkpoint's step");
+  same_int("rng", "next_step", step, "the checkpoint's step");
+  same_int("scheduler", "next_step", step, "the checkpoint's step");
+  same_int("rng", "lora_init_seed", job.seed, "this job's seed");
+  same_int("rng", "dropout_seed", job.seed, "this job's seed");
+  same_int("rng", "data_seed", job.data.seed, "this job's data.seed");
+  if (job.model.path.empty())  // the random base is drawn from it
+    same_int("rng", "base_init_seed", job.model.init.seed, "this job's model.init.seed");
+  if (!t.contains("data") || !t.at("data").is_object())
+    throw InputError(label + ": trainer.data is missing; not a checkpoint written by `qshard train`");
+  // AdamW's hyper-parameters may change on resume (optimizer.* is not a key that fixes the model),
+  // but never in silence: the differences come back for a warning.
+  std::vector<std::string> changed;
+  const std::pair<const char*, double> hyper[] = {{"beta1", job.optimizer.beta1},
+                                                  {"beta2", job.optimizer.beta2},
+                                                  {"eps", job.optimizer.eps},
+                                                  {"weight_decay", job.optimizer.weight_decay},
+                                                  {"grad_clip", job.optimizer.grad_clip}};
+  for (const auto& [key, now] : hyper) {
+    const nlohmann::json& o = t.at("optimizer");
+    if (!o.contains(key) || !o.at(key).is_number())
+      throw InputError(label + ": trainer.optimizer." + key + " is " + (o.contains(key) ? o.at(key).dump() : "missing") +
+                       ", expected a number");
+    const double saved = o.at(key).get<double>();
+    if (saved != now) changed.push_back(fmt::format("optimizer.{} {} -> {}", key, saved, now));
+  }
+  return changed;
+}
+
 ExportReport export_checkpoint(const std::string& checkpoint, ExportOptions options, Runtime& rt) {
   Communicator& comm = rt.host;
   const CheckpointInfo info = read_checkpoint_metadata(checkpoint);

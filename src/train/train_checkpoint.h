@@ -31,6 +31,16 @@
 // --allow-schedule-change`) asks for it, e.g. to extend a run by more steps: then a warning lists
 // them. A checkpoint without trainer.scheduler (written before it existed) is not checked.
 //
+// check_resume_state: the rest of trainer.* against this job, before anything loads: the
+// optimizer and RNG kinds this trainer has (optimizer.type "adamw", rng.kind "counter"), the step
+// counters (optimizer.step, rng.next_step, scheduler.next_step) equal to the checkpoint's step, the
+// seeds in rng equal to this job's seed, data.seed and (a random base) model.init.seed, and
+// trainer.data present; a difference, a missing field or a wrong type is an InputError naming
+// metadata.json, the field and both values. AdamW's beta1, beta2, eps, weight_decay and grad_clip
+// may change on resume: the differences come back ("optimizer.beta2 0.999 -> 0.99") for a warning.
+// The data position itself is checked after the loader restores it (train_job.cpp: the step it
+// holds must be the checkpoint's).
+//
 // Export (export_checkpoint, collective): rebuilds the job's model from the checkpoint's config at
 // this world size, loads the fp32 LoRA weights ("master" slices, resharded) and runs export_model
 // (checkpoint/export.h) in the requested format; PEFT fields (r, alpha, rsLoRA, dropout, targets)
@@ -72,6 +82,8 @@ std::optional<CheckpointInfo> resolve_resume(const TrainConfig& config);
 void check_resume_config(const TrainConfig& job, const TrainConfig& saved, const std::string& checkpoint_dir);
 // Returns the differences ("steps 30 -> 40, ..."; "" when none).
 std::string check_resume_schedule(const CheckpointInfo& info, const LrSchedule& job, bool allow_change);
+// Returns AdamW's hyper-parameters that change ("optimizer.eps 1e-08 -> 1e-06"; empty when none).
+std::vector<std::string> check_resume_state(const CheckpointInfo& info, const TrainConfig& job);
 
 // Collective. `options.out_dir`, `format`, `max_shard_bytes` and (optionally)
 // `base_model_name_or_path` are taken from `options`; the LoRA fields from the checkpoint.

@@ -54,10 +54,33 @@ T scalar_as(const YAML::Node& node, const std::string& where, const char* expect
   }
 }
 
+// A number or a bool is a plain scalar: `lr: "1e-4"` or `fold: !!str false` is a string that
+// yaml-cpp would convert in silence, so it is refused naming the key and the value. yaml-cpp tags
+// a plain scalar "?" and a quoted one "!"; an explicit tag keeps its name (the core schema's
+// !!int, !!float and !!bool are numbers and bools, any other tag is not).
+void require_plain(const YAML::Node& node, const std::string& where, const char* expected) {
+  if (!node.IsScalar()) return;
+  const std::string& tag = node.Tag();
+  if (tag == "?" || tag == "tag:yaml.org,2002:int" || tag == "tag:yaml.org,2002:float" ||
+      tag == "tag:yaml.org,2002:bool")
+    return;
+  if (tag == "!")
+    throw InputError(fmt::format("{}: expected {}, got the quoted string '{}' (write it without quotes)", where,
+                                 expected, node.Scalar()));
+  throw InputError(fmt::format("{}: expected {}, got '{}' tagged {}", where, expected, node.Scalar(), tag));
+}
+
+template <class T>
+T plain_scalar_as(const YAML::Node& node, const std::string& where, const char* expected) {
+  require_plain(node, where, expected);
+  return scalar_as<T>(node, where, expected);
+}
+
 // Integers in base 10 only, the whole scalar (YAML 1.1 would read 010 as 8 and 0x10 as 16; the
 // command line's numbers, runtime/numbers.h, take neither either).
 template <class I>
 I scalar_int(const YAML::Node& node, const std::string& where, const char* expected) {
+  require_plain(node, where, expected);
   if (!node.IsScalar()) type_error(where, expected, node);
   const std::string& t = node.Scalar();
   I v{};
@@ -76,19 +99,30 @@ void read_value(uint64_t& out, const YAML::Node& n, const std::string& where) {
   out = scalar_int<uint64_t>(n, where, "a non-negative integer");
 }
 void read_value(double& out, const YAML::Node& n, const std::string& where) {
-  out = scalar_as<double>(n, where, "a number");
+  out = plain_scalar_as<double>(n, where, "a number");
   if (!std::isfinite(out)) type_error(where, "a finite number", n);
 }
 void read_value(bool& out, const YAML::Node& n, const std::string& where) {
-  out = scalar_as<bool>(n, where, "true or false");
+  out = plain_scalar_as<bool>(n, where, "true or false");
+}
+// A string without NUL: YAML's "\0" escape makes one, and every path or name reaches the system
+// as a C string, cut at the NUL ("runs/x.tok\0junk" trained on runs/x.tok in silence).
+std::string string_without_nul(const YAML::Node& n, const std::string& where, const char* expected) {
+  std::string s = scalar_as<std::string>(n, where, expected);
+  if (s.find('\0') != std::string::npos) {
+    std::string shown = s;
+    for (size_t at; (at = shown.find('\0')) != std::string::npos;) shown.replace(at, 1, "\\0");
+    throw InputError(fmt::format("{}: expected {} without a NUL character (\\0), got '{}'", where, expected, shown));
+  }
+  return s;
 }
 void read_value(std::string& out, const YAML::Node& n, const std::string& where) {
-  out = n.IsNull() ? std::string() : scalar_as<std::string>(n, where, "a string");
+  out = n.IsNull() ? std::string() : string_without_nul(n, where, "a string");
 }
 void read_value(std::vector<std::string>& out, const YAML::Node& n, const std::string& where) {
   if (!n.IsSequence()) type_error(where, "a list of strings", n);
   out.clear();
-  for (const auto& item : n) out.push_back(scalar_as<std::string>(item, where, "a list of strings"));
+  for (const auto& item : n) out.push_back(string_without_nul(item, where, "a list of strings"));
 }
 template <class E>
 void read_enum(E& out, const YAML::Node& n, const std::string& where, std::initializer_list<std::pair<const char*, E>> names) {

@@ -243,6 +243,15 @@ void TrainJob::restore_resumed() {
     try {
       history = checkpoint_history(*resume_);
       loader_->restore(resume_->metadata.at("trainer").at("data"));
+      // A checkpoint is taken between optimizer steps: its data position is the start of batch
+      // `step` (another would skip or repeat data in silence).
+      const DistributedSampler& sampler = loader_->sampler();
+      if (sampler.global_step() != resume_->step || sampler.state().offset != 0)
+        throw InputError("metadata.json: trainer.data is at batch " + std::to_string(sampler.global_step()) +
+                         " (epoch " + std::to_string(sampler.state().epoch) + ", step " +
+                         std::to_string(sampler.state().step) + ", offset " + std::to_string(sampler.state().offset) +
+                         "), expected the start of batch " + std::to_string(resume_->step) +
+                         ", the checkpoint's step; refusing to resume from it");
     } catch (const std::exception& e) {
       err = resume_->dir + ": " + e.what();
     }

@@ -8,6 +8,8 @@
 #     (merged and peft);
 #  3. a corrupted (one flipped byte) and a truncated rank file are refused naming the file, and
 #     no output folder is left;
+#     metadata.json's optimizer.type, rng.kind, optimizer.step, a tensor offset or the data
+#     position changed: the resume is refused naming the file and the field;
 #  4. an unwritable checkpoint.dir (below a regular file) fails before training with a message;
 #     a missing --resume path is named.
 # Usage: checkpoint_fault_check.sh QSHARD SOURCE_DIR WORK_DIR MPIEXEC [mpiexec flags...]
@@ -69,6 +71,26 @@ expect_fail "rank-00001-of-00002.safetensors: CRC-32" "$qshard" export "$work/ba
 truncate -s -100 "$f"
 expect_fail "truncated" "${mpi[@]}" -np 2 "$qshard" export "$work/bad" --format bnb4 --out "$work/never"
 [ ! -e "$work/never" ] || fail "a refused export left $work/never"
+
+# 3b. metadata.json fields the resume used to ignore, changed (the tensors' CRCs still match):
+# each refused naming the file and the field, before a step runs and without writing a checkpoint.
+tamper() {  # tamper NAME PYTHON-EXPR-ON-m NEEDLE
+  rm -rf "$work/t_$1" && mkdir -p "$work/t_$1" && cp -r "$work/ck/step-00000008" "$work/t_$1/"
+  python3 - "$work/t_$1/step-00000008/metadata.json" "$2" <<'PY'
+import json, sys
+p = sys.argv[1]
+m = json.load(open(p))
+exec(sys.argv[2])
+json.dump(m, open(p, "w"), indent=1)
+PY
+  expect_fail "$3" "$qshard" "${args[@]}" --set checkpoint.dir="$work/t_$1" --set logging.metrics_jsonl= --resume auto
+  [ "$(ls "$work/t_$1")" = "step-00000008" ] || fail "the refused resume ($1) wrote into $work/t_$1: $(ls "$work/t_$1")"
+}
+tamper optimizer_type 'm["trainer"]["optimizer"]["type"] = "sgd"' "trainer.optimizer.type is 'sgd', this job's optimizer is 'adamw'"
+tamper rng_kind 'm["trainer"]["rng"]["kind"] = "philox"' "trainer.rng.kind is 'philox'"
+tamper optimizer_step 'm["trainer"]["optimizer"]["step"] = 4' "trainer.optimizer.step is 4, expected 8"
+tamper offset 'm["units"][1]["tensors"][1]["offset"] += 4' "offset .* differs from this model's"
+tamper data_step 'm["trainer"]["data"]["step"] = 3' "trainer.data is at batch 3 .*expected the start of batch 8"
 
 # 4. bad destinations and paths
 echo x > "$work/a_file"

@@ -52,6 +52,14 @@ for extra in "lora.r=4" "lora.target_modules=[q_proj]" "optimizer.lr=0.5"; do
   [ ! -e "$work/mpmd" ] || fail "ranks with different jobs: $work/mpmd was made"
 done
 
+# ... --print-config checks the values before it prints them (it printed a job that could not
+# run); a number written as a quoted YAML string is refused naming the key (it was converted).
+out=$("$qshard" "${job[@]}" --set schedule.warmup_steps=10 --print-config 2>&1); rc=$?
+expect_one_error "--print-config, bad value" "schedule.warmup_steps = 10: expected <= steps (2)" "$out" "$rc"
+printf 'optimizer:\n  lr: "1e-4"\n' > "$work/quoted.yaml"
+out=$("$qshard" train --config "$work/quoted.yaml" --print-config 2>&1); rc=$?
+expect_one_error "quoted number" "quoted.yaml: key 'optimizer.lr': expected a number, got the quoted string '1e-4'" "$out" "$rc"
+
 # 2. Inputs checked before anything loads: no "model build" line, on 2 ranks and on 1.
 out=$("${mpi[@]}" -np 2 "$qshard" "${job[@]}" --set data.train="$work/none.tok" 2>&1); rc=$?
 expect_one_error "missing data file (np 2)" "data.train: cannot open token file $work/none.tok: No such file" "$out" "$rc"

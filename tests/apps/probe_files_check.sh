@@ -242,6 +242,18 @@ rm -rf "$work/link.tok" "$work/target.tok" "$work/link_dir" "$work/target_dir" "
 # Results printed to a full device are an error, not exit 0.
 probe "eval, stdout on /dev/full" 2 "writing the standard output failed" -- \
   sh -c "\"$qshard\" eval --model \"$m\" --data \"$work/ids.json\" --device cpu > /dev/full"
+# ... and so is a pipe whose reader is gone (qshard ... | head): exit 2 naming it, not SIGPIPE's
+# exit 141; generate stops at the first piece of text it cannot deliver, and writes no --json. The reader end is closed
+# before the command starts (python's os.pipe), so the failure does not depend on timing.
+# closed_pipe CMD...: runs CMD with stdout on a pipe nobody reads; exits with its code.
+closed_pipe=(python3 -c 'import os, subprocess, sys
+r, w = os.pipe(); os.close(r)
+sys.exit(subprocess.call(sys.argv[1:], stdout=w))')
+probe "eval, stdout on a closed pipe" 2 "writing the standard output failed: Broken pipe" -- \
+  "${closed_pipe[@]}" "$qshard" eval --model "$m" --data "$work/ids.json" --device cpu
+probe "generate, stdout on a closed pipe" 2 "writing the standard output failed: Broken pipe" -- \
+  "${closed_pipe[@]}" "$qshard" generate --model "$m" --prompt-ids 1,2 --max-new-tokens 5 --device cpu --json "$work/closed.json"
+[ ! -e "$work/closed.json" ] || { echo "FAIL: generate wrote --json after its output failed"; fails=$((fails + 1)); }
 
 # ---- records over --max-record-bytes, in bounded memory ----
 # A 300 MB file of one line: refused by file:line after reading 16 MiB of it, under 512 MiB of

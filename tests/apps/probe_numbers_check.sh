@@ -58,6 +58,21 @@ else
   echo "ok   --temperature 1e-39 gives the greedy ids $(ids "$work/t0.json")"
 fi
 
+# More new tokens than the model has positions: the stop is said (it was silent), naming
+# max_position_embeddings; --json records it.
+probe "generate past max_position_embeddings" 0 \
+  "stopped after 126 of --max-new-tokens 500 new tokens: the model's max_position_embeddings \(128\) is reached" -- \
+  "${gen[@]}" --max-new-tokens 500 --ignore-eos --json "$work/maxpos.json"
+grep -q '"stopped_at_max_positions": true' "$work/maxpos.json" ||
+  { echo "FAIL: --json lacks stopped_at_max_positions: true"; fails=$((fails + 1)); }
+
+# init-model's folder loads in generate at any vocabulary: no end token (2) outside a vocabulary of
+# 2 (generate refuses an eos_token_id that is not a token id).
+"$qshard" init-model --vocab-size 2 --layers 1 --hidden-size 16 --intermediate-size 32 --heads 2 --kv-heads 1 \
+  --out "$work/vocab2" > /dev/null
+probe "generate, init-model --vocab-size 2" 0 "2 new tokens" -- \
+  "$qshard" generate --model "$work/vocab2" --prompt-ids 1 --max-new-tokens 2 --device cpu
+
 # ---- --max-shard-size-gb: quantize, dequantize, export; nothing written ----
 for v in 0 -1 nan inf 1e-12 2e6 abc; do
   probe "quantize --max-shard-size-gb '$v'" 2 "--max-shard-size-gb '$v': .*expected a number in \[1e-06, 1e\+06\]" -- \
@@ -112,6 +127,10 @@ probe "missing value" 2 "--max-new-tokens.*Run with --help" -- "${gen[@]}" --max
 probe "missing required" 2 "--model is required.*|--model.*required" -- "$qshard" generate --prompt hi
 probe "bad --device" 2 "--device.*Run with --help" -- "${gen[@]}" --device tpu
 probe "no subcommand" 2 "subcommand.*Run with --help|Run with --help" -- "$qshard"
+probe "unknown command" 2 "qshard: error: unknown command 'frobnicate' \(one of version, .*\).*Run with --help" -- \
+  "$qshard" --log-level warn frobnicate --x
+probe "--prompt-ids 1, (a trailing comma)" 2 "--prompt-ids \(ids like 1,2,3\) '': empty" -- \
+  "$qshard" generate --model "$hf/tiny_llama_bf16" --prompt-ids 1, --device cpu
 probe "--help" 0 "--max-new-tokens INT .*\[0, 1073741824\]" -- "$qshard" generate --help
 
 probe_summary "number probes ok"

@@ -72,6 +72,43 @@ printf '\xc0\x7f' | dd of="$st" bs=1 seek=$((8 + hlen + off + 6)) conv=notrunc s
 probe "quantize, a NaN weight" 2 "tensor 'model.layers.0.mlp.up_proj.weight' holds 1 NaN/Inf values \(the first at flat index 3\)" -- \
   "$qshard" quantize "$work/nan" "$work/nan_out"
 [ ! -e "$work/nan_out" ] || { echo "FAIL: quantize left output for NaN weights"; fails=$((fails + 1)); }
+# A bitsandbytes folder whose q_proj weights lost their quant state (the key renamed in the header,
+# same length): every command names the file, the weight and the missing key - not "expected F32
+# to quantize, got U8", "a tensor and a module path" or a wrong shape.
+cp -r "$hf/tiny_llama_bnb4_nf4_dq" "$work/noqs"
+LC_ALL=C sed -i 's/q_proj\.weight\.quant_state\.bitsandbytes__nf4"/q_proj.weight.quant_state.bitsandbytes__xx4"/g' \
+  "$work/noqs/model.safetensors"
+noqs="noqs/model.safetensors: 4-bit weight 'model.layers.0.self_attn.q_proj.weight' \(U8 \[2048, 1\]\) has no quant state: neither 'model.layers.0.self_attn.q_proj.weight.quant_state.bitsandbytes__nf4' nor"
+probe "eval, 4-bit weight without quant state" 2 "$noqs" -- \
+  "$qshard" eval --model "$work/noqs" --data "$work/ids.json" --device cpu
+probe "generate, 4-bit weight without quant state" 2 "$noqs" -- \
+  "$qshard" generate --model "$work/noqs" --prompt-ids 1,2 --device cpu
+probe "dequantize, 4-bit weight without quant state" 2 "$noqs" -- "$qshard" dequantize "$work/noqs" "$work/noqs_out"
+probe "inspect --check, 4-bit weight without quant state" 3 "problem: .*$noqs" -- "$qshard" inspect --check --quiet "$work/noqs"
+[ ! -e "$work/noqs_out" ] || { echo "FAIL: dequantize left its output folder"; fails=$((fails + 1)); }
+# Sizes read whole (sparse files, nothing on disk): a 6 GB model.safetensors.index.json and a 70 MB
+# JSON ids file are refused by size before they are read (an internal error, std::bad_alloc, and a
+# SIGABRT); a 300M-token file (1.2 GB) is read one sequence at a time (its ids and targets were
+# copied whole: bad_alloc), so eval --dump-logits gets as far as naming the memory its logits need.
+mkdir -p "$work/bigidx"
+cp "$hf/tiny_llama_bf16/config.json" "$work/bigidx/"
+truncate -s 6G "$work/bigidx/model.safetensors.index.json"
+probe "eval, 6 GB safetensors index" 2 "safetensors index .*model.safetensors.index.json is 6442450944 bytes, more than the 67108864" -- \
+  "$qshard" eval --model "$work/bigidx" --data "$work/ids.json" --device cpu
+probe "inspect --check, 6 GB safetensors index" 3 "model.safetensors.index.json is 6442450944 bytes" -- \
+  "$qshard" inspect --check --quiet "$work/bigidx"
+truncate -s 70M "$work/big_ids.json"
+probe "eval, 70 MB JSON ids" 2 "big_ids.json: a JSON data file of 73400320 bytes, more than the 67108864 bytes .*qshard tokenize" -- \
+  "$qshard" eval --model "$hf/tiny_llama_bf16" --data "$work/big_ids.json" --device cpu
+echo "some text for a token file" > "$work/few.txt"
+"$qshard" tokenize "$work/few.txt" --out "$work/huge.tok" > /dev/null
+printf '\x80\x00\x00\x00\x00\xa3\xe1\x11\x00\x00\x00\x00' |  # vocab_size 128, 300M tokens, all 0
+  dd of="$work/huge.tok" bs=1 seek=12 conv=notrunc status=none
+truncate -s 64 "$work/huge.tok"
+truncate -s $((64 + 4 * 300000000)) "$work/huge.tok"
+probe "eval --dump-logits, 300M tokens" 2 "eval --dump-logits needs at least .* of host memory" -- \
+  "$qshard" eval --model "$hf/tiny_llama_bf16" --data "$work/huge.tok" --device cpu --dump-logits "$work/logits.st"
+[ ! -e "$work/logits.st" ] || { echo "FAIL: eval left $work/logits.st"; fails=$((fails + 1)); }
 # Valid safetensors with state-dict keys no module tree can hold ("a..b", ""): problems, not a crash.
 st_file odd.safetensors '{"a..b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}' \
   '\x00\x00\x80\x3f\x00\x00\x00\x40'
@@ -137,5 +174,9 @@ probe "train np2, CPU attention over 65536-token sequences" 2 \
   --set batch.micro_batch_size=4
 probe "train np2, model.path config 1e9 layers" 2 "bad input: .*$liar" -- \
   "$@" -np 2 "$qshard" "${job[@]}" --set model.path="$work/liar"
+# lora.r 65536 (in range) on the tiny model: 612M LoRA parameters with AdamW's state do not fit in
+# 4 GiB; the check counts them (the build failed an allocation: exit 1 and an abort banner).
+probe "train, lora.r 65536" 2 "qshard: error: the job's model \(model.init\) needs at least .* of host memory .*LoRA r 65536 on 7 projections" -- \
+  "$qshard" "${job[@]}" --set lora.r=65536
 
 probe_summary "all probes refused cleanly"

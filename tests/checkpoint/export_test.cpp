@@ -231,12 +231,16 @@ TEST_F(ExportTest, PeftAdapterLoadsBackIdentically) {
                                                              {"use_rslora", "no"},
                                                              {"lora_dropout", "0.1"},
                                                              {"target_modules", {"q_proj", 7}},
+                                                             {"target_modules", "all-linear"},  // PEFT's regex form
+                                                             {"target_modules", ".*q_proj"},
+                                                             {"target_modules", nullptr},  // left out
                                                              // past the ranges qshard takes (shapes overflow,
                                                              // the scaling makes every value Inf)
                                                              {"r", int64_t{1} << 40},
                                                              {"lora_alpha", 1e308}}) {
       nlohmann::json bad = orig;
-      bad[key] = value;
+      if (value.is_null()) bad.erase(key);  // a key left out
+      else bad[key] = value;
       std::ofstream(cfg_path) << bad.dump(2);
       try {
         read_peft_config(out);

@@ -103,6 +103,11 @@ TEST(HfConfig, BadConfigsNameTheKey) {
   bad = j;
   bad["rope_scaling"] = {{"rope_type", "yarn"}};
   expect_input_error([&] { LlamaConfig::from_json(bad, "cfg.json"); }, {"rope_scaling", "yarn"});
+  bad = j;  // original_max_position_embeddings 0 scaled every frequency in silence
+  bad["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 0}};
+  expect_input_error([&] { LlamaConfig::from_json(bad, "cfg.json"); },
+                     {"cfg.json", "rope_scaling", "invalid llama3 factors", "\"original_max_position_embeddings\":0"});
   bad = j;
   bad["model_type"] = "mamba";
   expect_input_error([&] { LlamaConfig::from_json(bad, "cfg.json"); }, {"model_type", "mamba"});

@@ -208,6 +208,33 @@ TEST(LlamaLoader, BothModesNameAMissingTensorAndAWrongShape) {
   }
 }
 
+// A 4-bit folder whose weight lacks its quant state (the packed JSON tensor) is named as such in
+// both modes, with the file and both key names it may have: not "expected F32 ... to quantize,
+// got U8" (lenient) nor an unexpected-statistics list (strict).
+TEST(LlamaLoader, AMissingQuantStateIsNamedWithItsFileAndKey) {
+  const std::string src = kHf + "/tiny_llama_bnb4_nf4_dq";
+  TempDir tmp;
+  const std::string dir = tmp.file("model");
+  fs::create_directories(dir);
+  const std::string w = "model.layers.1.self_attn.q_proj.weight";
+  NamedTensors tensors;
+  for (auto& [k, t] : all_tensors(src))
+    if (k != w + ".quant_state.bitsandbytes__nf4") tensors.emplace_back(k, t);
+  write_folder(src, dir, tensors);
+  for (bool strict : {true, false}) {
+    LlamaLoadOptions o;
+    o.strict = strict;
+    const std::string msg = error_of([&] { load_llama_folder(dir, o); });
+    EXPECT_NE(msg.find(w + ": " + dir + "/model.safetensors: 4-bit weight '" + w + "' (U8 [2048, 1]) has no quant state: "
+                       "neither '" + w + ".quant_state.bitsandbytes__nf4' nor '" + w +
+                       ".quant_state.bitsandbytes__fp4' is stored"),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(msg.find("to quantize"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("unexpected keys"), std::string::npos) << msg;
+  }
+}
+
 TEST(LlamaLoader, AdapterFolderGivesItsSettingsAndWeights) {
   TempDir tmp;
   const std::string adapter = tmp.file("adapter");

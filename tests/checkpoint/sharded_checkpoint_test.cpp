@@ -285,6 +285,25 @@ TEST(ShardedCheckpoint, CorruptedCheckpointsAreRefused) {
   }, "another save");
   // another model: LoRA rank 8 instead of 4
   expect_refused(comm, good, "other_model", [](const std::string&) {}, "does not match this model", 8);
+  // metadata that lies about where a tensor starts: named by field, also when offset x 4 wraps to
+  // the true byte offset (2^62 x 4 = 0 mod 2^64 for the first tensor)
+  auto set_offset = [](int64_t v) {
+    return [v](const std::string& d) {
+      std::ifstream in(d + "/metadata.json");
+      nlohmann::json j = nlohmann::json::parse(in);
+      j["units"][0]["tensors"][0]["offset"] = v;
+      std::ofstream(d + "/metadata.json") << j.dump();
+    };
+  };
+  expect_refused(comm, good, "offset", set_offset(16), "tensors[0] ('model.layers.0.q.lora_A.weight') offset 16 differs from this model's 0");
+  expect_refused(comm, good, "offset_wraps", set_offset(int64_t{1} << 62), "offset 4611686018427387904 differs");
+  // a shard size whose product with the world size wraps: named, not read
+  expect_refused(comm, good, "shard_wraps", [](const std::string& d) {
+    std::ifstream in(d + "/metadata.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["units"][0]["shard_numel"] = INT64_MAX;
+    std::ofstream(d + "/metadata.json") << j.dump();
+  }, "shard_numel");
   MPI_Barrier(MPI_COMM_WORLD);
   if (comm.rank() == 0) fs::remove_all(root);
 }

@@ -6,12 +6,15 @@
 #include "infer/generate.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
 #include "model/llama_model.h"
@@ -165,6 +168,64 @@ TEST(Generate, GreedyIsTheArgmaxChain) {
     EXPECT_EQ(want, best) << "at position " << seq.size();
     seq.push_back(best);
   }
+}
+
+// Generation stops when the next token would need a position past max_position_embeddings (64
+// here) and says so; a run that ends at --max-new-tokens or below the limit does not.
+TEST(Generate, StopAtMaxPositionsIsReported) {
+  GenerateOptions go;
+  go.device = DeviceChoice::kCpu;
+  go.model_dir = kData + "/model/tiny_llama3_tied";
+  go.prompt_ids.assign(60, 5);
+  go.max_new_tokens = 10;
+  go.ignore_eos = true;
+  GenerateResult r = generate_text(go);
+  EXPECT_TRUE(r.stopped_at_max_positions);
+  EXPECT_EQ(r.max_positions, 64);
+  EXPECT_EQ(r.ids.size(), 5u);  // positions 60..63 fed, the token after the last one sampled
+  go.max_new_tokens = 5;        // exactly what fits: an ordinary end
+  r = generate_text(go);
+  EXPECT_FALSE(r.stopped_at_max_positions);
+  EXPECT_EQ(r.ids.size(), 5u);
+  go.prompt_ids.assign(3, 5);
+  go.max_new_tokens = 4;
+  r = generate_text(go);
+  EXPECT_FALSE(r.stopped_at_max_positions);
+  EXPECT_EQ(r.ids.size(), 4u);
+}
+
+// eos_token_id of a wrong type or outside the vocabulary (96) was skipped in silence and
+// generation ran past the end it meant: refused naming the file and the value; null means none.
+TEST(Generate, BadEosTokenIdIsNamed) {
+  const fs::path dir = fs::temp_directory_path() / ("qshard_gen_eos_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"})
+    fs::copy_file(kData + "/model/tiny_llama3_tied/" + f, dir / f);
+  GenerateOptions go;
+  go.device = DeviceChoice::kCpu;
+  go.model_dir = dir.string();
+  go.prompt_ids = {5, 6};
+  go.max_new_tokens = 2;
+  auto with = [&](const std::string& generation_config) {
+    std::ofstream(dir / "generation_config.json") << generation_config;
+    try {
+      generate_text(go);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string file = (dir / "generation_config.json").string();
+  for (const char* bad : {"\"x\"", "1.5", "-5", "96", "[2, [3]]", "[2, 1e30]", "18446744073709551615"})
+    EXPECT_EQ(with(std::string("{\"eos_token_id\": ") + bad + "}"),
+              file + ": key \"eos_token_id\" must be a token id in [0, 96) or a list of them, got " +
+                  nlohmann::json::parse(bad).dump())
+        << bad;
+  EXPECT_EQ(with("[2]"), file + ": expected a JSON object, got array");
+  EXPECT_EQ(with("{\"eos_token_id\": null}"), "no error");  // none here: config.json's 2
+  EXPECT_EQ(with("{\"eos_token_id\": [95, 0]}"), "no error");
+  fs::remove_all(dir);
 }
 
 TEST(Sampler, GreedyTopKAndTopP) {

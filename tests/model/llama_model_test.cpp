@@ -46,11 +46,12 @@ LlamaConfig small_config() {
   return c;
 }
 
-// f32 tree with LoRA r=2 on every projection, filled with random values (norm weights near 1).
-std::unique_ptr<Module> random_tree(const LlamaConfig& c, uint32_t seed) {
+// f32 tree with LoRA (r=2 on every projection by default), filled with random values (norm
+// weights near 1).
+std::unique_ptr<Module> random_tree(const LlamaConfig& c, uint32_t seed, const LoraSpec& lora = LoraSpec{2}) {
   LlamaTreeOptions o;
   o.dtype = DType::kF32;
-  o.lora.r = 2;
+  o.lora = lora;
   auto tree = build_llama_tree(c, o);
   for (auto& [name, t] : state_dict(*tree)) {
     const bool norm = name.find("norm") != std::string::npos;
@@ -80,6 +81,7 @@ struct GradStore : LlamaWeights {
   const LayerWeights& layer(int64_t l) override {
     current = inner->layer(l);
     for (size_t i = 0; i < kLlamaProjections.size(); ++i) {
+      if (current.proj[i].r == 0) continue;  // no adapter on this projection
       const std::string p = "model.layers." + std::to_string(l) + "." + kLlamaProjections[i];
       current.proj[i].grad_A = p + ".lora_A.weight" != skip ? lookup(p + ".lora_A.weight") : nullptr;
       current.proj[i].grad_B = p + ".lora_B.weight" != skip ? lookup(p + ".lora_B.weight") : nullptr;
@@ -234,6 +236,53 @@ TEST(LlamaModel, FoldedStepEqualsSeparateLoraGemms) {
     EXPECT_GT(gmax, 0.0f) << name;
     for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(f[i], g[i], 1e-5f * std::max(1.0f, gmax)) << name << "[" << i << "]";
   }
+}
+
+// A LoRA rank far above every width of the model (8192 > hidden 16, intermediate 24, vocab 19) on
+// one 4-bit projection: its GEMMs' rows are as long as the rank, which the workspace did not count
+// (lora.r 65536 on q_proj overflowed it while the dequantized weights were held: an internal
+// error). Folded and separate, the step runs and agrees.
+TEST(LlamaModel, LoraRankAboveEveryWidthFitsTheWorkspace) {
+  const LlamaConfig c = small_config();
+  const int64_t B = 1, T = 4;
+  std::vector<int64_t> ids(B * T), targets(B * T);
+  for (int64_t i = 0; i < B * T; ++i) ids[i] = (i * 3 + 1) % c.vocab_size, targets[i] = (i * 5 + 4) % c.vocab_size;
+  double loss[2];
+  for (int k = 0; k < 2; ++k) {
+    LlamaTreeOptions o;
+    o.dtype = DType::kF32;
+    o.quant = QuantizeOptions{};
+    o.lora = LoraSpec{8192, {"q_proj"}};
+    auto tree = build_llama_tree(c, o);
+    uint32_t seed = 41;
+    for (auto& [name, t] : state_dict(*tree)) {  // random floats (norms near 1); the 4-bit projections below
+      if (t.dtype() != DType::kF32) continue;
+      const bool norm = name.find("norm") != std::string::npos;
+      const std::vector<float> v = random_vec(t.numel(), seed++, norm ? 0.1f : 0.3f);
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = v[i] + (norm ? 1.0f : 0.0f);
+    }
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+      for (const char* p : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                            "mlp.up_proj", "mlp.down_proj"}) {
+        const std::string w = "model.layers." + std::to_string(l) + "." + p + ".weight";
+        Params4bit& p4 = const_cast<Params4bit&>(*resolve(*tree, w).params4bit);
+        const Shape shape = p4.quant_state.shape;
+        p4 = quantize_4bit(Tensor::from_f32(shape, DType::kF32, random_vec(shape_numel(shape), seed++, 0.3f)));
+      }
+    LlamaModelOptions opt;
+    opt.lora_alpha = 4.0;
+    opt.max_batch = B;
+    opt.max_seq = T;
+    opt.fold_lora = k == 0;
+    LlamaModel model(c, *tree, ctx(), opt);
+    GradStore gs(*tree);
+    gs.attach(model);
+    ASSERT_NO_THROW(model.forward_backward(ids, targets, B, T, 10.0)) << (k == 0 ? "folded" : "separate");
+    loss[k] = model.take_loss_sum();
+    EXPECT_TRUE(std::isfinite(loss[k]));
+    EXPECT_EQ(gs.grads.size(), 4u);  // q_proj's A and B in both layers
+  }
+  EXPECT_NEAR(loss[0], loss[1], 1e-5 * std::fabs(loss[1]));
 }
 
 // The memory plans of the training step: kept layers (internals from the forward, no recompute)

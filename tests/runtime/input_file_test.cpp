@@ -88,5 +88,25 @@ TEST(InputFile, DeepJsonIsRefusedByName) {
   EXPECT_NE(error_of([&] { parse_json_input("{\"a\": ", "y.json"); }).find("y.json: not valid JSON"), std::string::npos);
 }
 
+// A key twice in one object (nlohmann kept the last in silence) is refused by its path, at any
+// depth, in both parses; the same key in sibling objects or in nested ones is not a duplicate.
+TEST(InputFile, DuplicateJsonKeysAreRefusedByPath) {
+  const char* suffix = "\" in a JSON object (which of the two values counts would be a guess)";
+  EXPECT_EQ(error_of([] { parse_json_input(R"({"a": 1, "a": 2})", "c.json"); }),
+            std::string("c.json: duplicate key \"a") + suffix);
+  EXPECT_EQ(error_of([] {
+              parse_ordered_json_input(R"({"messages": [{"role": "user", "content": "x"},
+                                          {"role": "assistant", "role": "user", "content": "y"}]})", "d.jsonl:3");
+            }),
+            std::string("d.jsonl:3: duplicate key \"messages[1].role") + suffix);
+  EXPECT_EQ(error_of([] { parse_json_input(R"([1, [2, {}], {"x": {"y": [0, 0, {"z": 1, "z": 1}]}}])", "e.json"); }),
+            std::string("e.json: duplicate key \"[2].x.y[2].z") + suffix);
+  EXPECT_EQ(error_of([] { parse_ordered_json_input(R"({"messages": [], "text": "t", "messages": []})", "f.jsonl:1"); }),
+            std::string("f.jsonl:1: duplicate key \"messages") + suffix);
+  const nlohmann::json ok = parse_json_input(R"({"a": {"a": 1, "b": {"a": 2}}, "b": [{"a": 3}, {"a": 4}], "c": {}})", "ok");
+  EXPECT_EQ(ok["b"][1]["a"], 4);
+  EXPECT_EQ(ok["a"]["b"]["a"], 2);
+}
+
 }  // namespace
 }  // namespace qshard

@@ -125,6 +125,21 @@ TEST(JsonArray, OversizedElementRefusedWithoutReadingTheRest) {
   EXPECT_EQ(tokenize_files({f}, o, dir.file("o.tok")).documents, 2);
 }
 
+// A record that repeats a key (two "messages", two "role"s in a message) is refused by file:line
+// (or element) and the key's path: which value counts would be a guess.
+TEST(JsonArray, DuplicateKeysAreRefusedByLine) {
+  TempDir dir;
+  const std::string f = dir.file("chat.jsonl");
+  write_bytes(f, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}\n"
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"messages\": []}\n");
+  EXPECT_EQ(error_of([&] { records_of(f); }).rfind(f + ":2: duplicate key \"messages\"", 0), 0u);
+  write_bytes(f, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\", \"role\": \"assistant\"}]}\n");
+  EXPECT_EQ(error_of([&] { records_of(f); }).rfind(f + ":1: duplicate key \"messages[0].role\"", 0), 0u);
+  const std::string a = dir.file("chat.json");
+  write_bytes(a, "[{\"text\": \"x\"},\n {\"text\": \"y\", \"text\": \"z\"}]");
+  EXPECT_EQ(error_of([&] { records_of(a); }).rfind(a + ":2 (element 1): duplicate key \"text\"", 0), 0u);
+}
+
 TEST(RecordFormats, DetectedFromTheFirstRecordsKeys) {
   const std::string w = "x.jsonl:1";
   auto detect = [&](const char* json, const std::string& field = "text") {

@@ -11,10 +11,12 @@
 //    lock left by a dead process taken over, one naming another host refused;
 //  - the end-of-job report: absolute paths of the run folder and exports, the loading commands.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fmt/format.h>
 #include <fstream>
 
 #include "checkpoint/sharded_checkpoint.h"
@@ -267,6 +269,67 @@ TEST(RunProtocol, ResumeKeepsTheScheduleUnlessAsked) {
             std::string::npos);
 }
 
+// The trainer's state beside the tensors (optimizer and RNG kinds, step counters, seeds) must be
+// this job's: each difference refused naming metadata.json, the field and both values; AdamW's
+// hyper-parameters may change and come back for the warning.
+TEST(RunProtocol, ResumeStateIsTheJobs) {
+  TrainConfig job;
+  job.seed = 3;
+  job.data.seed = 4;
+  job.model.init.seed = 5;
+  CheckpointInfo good;
+  good.dir = "ckpt/step-00000010";
+  good.step = 10;
+  good.metadata = nlohmann::json::parse(R"({"trainer": {"data": {}, "scheduler": {"next_step": 10},
+      "optimizer": {"type": "adamw", "step": 10}, "rng": {"kind": "counter", "lora_init_seed": 3,
+      "dropout_seed": 3, "data_seed": 4, "base_init_seed": 5, "next_step": 10}}})");
+  nlohmann::json& opt = good.metadata["trainer"]["optimizer"];
+  opt["beta1"] = job.optimizer.beta1;
+  opt["beta2"] = job.optimizer.beta2;
+  opt["eps"] = job.optimizer.eps;
+  opt["weight_decay"] = job.optimizer.weight_decay;
+  opt["grad_clip"] = job.optimizer.grad_clip;
+  EXPECT_TRUE(check_resume_state(good, job).empty());
+  auto refused = [&](const char* section, const char* key, const nlohmann::json& value) {
+    CheckpointInfo bad = good;
+    if (value.is_null()) bad.metadata["trainer"][section].erase(key);
+    else bad.metadata["trainer"][section][key] = value;
+    return error_of([&] { check_resume_state(bad, job); });
+  };
+  EXPECT_EQ(refused("optimizer", "type", "sgd"),
+            "ckpt/step-00000010/metadata.json: trainer.optimizer.type is 'sgd', this job's optimizer is 'adamw' (a "
+            "checkpoint of another trainer?); refusing to resume from it");
+  EXPECT_NE(refused("rng", "kind", "philox").find("trainer.rng.kind is 'philox', this job's random number scheme is 'counter'"),
+            std::string::npos);
+  EXPECT_EQ(refused("optimizer", "step", 9),
+            "ckpt/step-00000010/metadata.json: trainer.optimizer.step is 9, expected 10 (the checkpoint's step); "
+            "refusing to resume from it");
+  EXPECT_NE(refused("rng", "next_step", 11).find("trainer.rng.next_step is 11, expected 10"), std::string::npos);
+  EXPECT_NE(refused("scheduler", "next_step", 0).find("trainer.scheduler.next_step is 0, expected 10"), std::string::npos);
+  EXPECT_NE(refused("rng", "dropout_seed", 7).find("trainer.rng.dropout_seed is 7, expected 3 (this job's seed)"),
+            std::string::npos);
+  EXPECT_NE(refused("rng", "data_seed", 7).find("expected 4 (this job's data.seed)"), std::string::npos);
+  EXPECT_NE(refused("rng", "base_init_seed", 7).find("expected 5 (this job's model.init.seed)"), std::string::npos);
+  EXPECT_NE(refused("rng", "kind", nullptr).find("trainer.rng.kind is missing"), std::string::npos);
+  EXPECT_NE(refused("optimizer", "step", "10").find("trainer.optimizer.step is \"10\", expected an integer"),
+            std::string::npos);
+  EXPECT_NE(refused("optimizer", "eps", "x").find("trainer.optimizer.eps is \"x\", expected a number"), std::string::npos);
+  // A base read from model.path was not drawn from model.init.seed: not compared.
+  TrainConfig from_path = job;
+  from_path.model.path = "/models/m";
+  CheckpointInfo other_base = good;
+  other_base.metadata["trainer"]["rng"]["base_init_seed"] = 7;
+  EXPECT_NO_THROW(check_resume_state(other_base, from_path));
+  // AdamW's settings may change: listed for the warning.
+  TrainConfig new_eps = job;
+  new_eps.optimizer.eps = 1e-6;
+  new_eps.optimizer.grad_clip = 0.5;
+  const std::vector<std::string> changed = check_resume_state(good, new_eps);
+  ASSERT_EQ(changed.size(), 2u);
+  EXPECT_EQ(changed[0], fmt::format("optimizer.eps {} -> 1e-06", job.optimizer.eps));
+  EXPECT_EQ(changed[1], fmt::format("optimizer.grad_clip {} -> 0.5", job.optimizer.grad_clip));
+}
+
 // A pid that ran on this host and no longer does: a child that exited and was reaped.
 long dead_pid() {
   const pid_t child = ::fork();
@@ -307,6 +370,25 @@ TEST(RunLock, SecondHolderRefusedStaleTakenOver) {
   const std::string msg = error_of([&] { RunLock r(dir); });
   EXPECT_NE(msg.find("in use by another job: pid 4242 on host elsewhere-node-7"), std::string::npos) << msg;
   EXPECT_NE(msg.find("if it does not, delete the lock file"), std::string::npos) << msg;
+  // A lock of binary bytes is shown printable (a NUL cut the message short).
+  write_bytes(file, std::string("\0\x01" "ab", 4));
+  EXPECT_NE(error_of([&] { RunLock r(dir); }).find("an unknown job (the lock file reads '\\x00\\x01ab') (lock file"),
+            std::string::npos);
+  // What is not a regular file there is named, and nothing is written through it: a FIFO, a
+  // symbolic link (to a file it would have truncated), a folder.
+  fs::remove(file);
+  ASSERT_EQ(::mkfifo(file.c_str(), 0644), 0);
+  EXPECT_NE(error_of([&] { RunLock r(dir); }).find("its lock file " + file + " is not a regular file"), std::string::npos);
+  fs::remove(file);
+  write_bytes(tmp.file("precious"), "keep me");
+  fs::create_symlink(tmp.file("precious"), file);
+  EXPECT_NE(error_of([&] { RunLock r(dir); }).find("its lock file " + file + " is a symbolic link"), std::string::npos);
+  EXPECT_EQ(read_bytes(tmp.file("precious")), "keep me");
+  fs::remove(file);
+  fs::create_directories(file);
+  EXPECT_NE(error_of([&] { RunLock r(dir); }).find("its lock file " + file + " cannot be created: Is a directory"),
+            std::string::npos);
+  fs::remove(file);
   // A folder that cannot be made is named.
   write_bytes(tmp.file("a_file"), "x");
   EXPECT_NE(error_of([&] { RunLock r(tmp.file("a_file") + "/ck"); }).find("cannot create it"), std::string::npos);

@@ -109,6 +109,43 @@ TEST(TrainConfig, TypeErrorsNameKeyAndValue) {
             std::string::npos);
 }
 
+// YAML's "\0" escape puts a NUL in a string; as a path it was cut there ("x.tok\0junk" read x.tok).
+TEST(TrainConfig, StringsWithNulAreRefused) {
+  EXPECT_EQ(error_of([] { parse_train_config("data:\n  train: \"x.tok\\0junk\"\n", "x.yaml"); }),
+            "x.yaml: key 'data.train': expected a string without a NUL character (\\0), got 'x.tok\\0junk'");
+  EXPECT_EQ(error_of([] { parse_train_config(kMinimal, "x.yaml", {"lora.target_modules=[\"q_proj\\0\"]"}); }),
+            "--set lora.target_modules=[\"q_proj\\0\"]: key 'lora.target_modules': expected a list of strings without a "
+            "NUL character (\\0), got 'q_proj\\0'");
+  EXPECT_EQ(parse_train_config("data:\n  train: \"x\\ty.tok\"\n", "x.yaml").data.train, "x\ty.tok");  // other escapes stay
+}
+
+// A number or a bool is a plain YAML scalar: a quoted or !!str-tagged one is a string, refused
+// naming the key and the value (yaml-cpp converted "1e-4" to a number in silence). Strings and
+// enums may be quoted; the core schema's own tags are numbers.
+TEST(TrainConfig, QuotedNumbersAndBoolsAreRefused) {
+  EXPECT_EQ(error_of([] { parse_train_config("optimizer:\n  lr: \"1e-4\"\n", "x.yaml"); }),
+            "x.yaml: key 'optimizer.lr': expected a number, got the quoted string '1e-4' (write it without quotes)");
+  EXPECT_EQ(error_of([] { parse_train_config("steps: '10'\n", "x.yaml"); }),
+            "x.yaml: key 'steps': expected an integer, got the quoted string '10' (write it without quotes)");
+  EXPECT_EQ(error_of([] { parse_train_config("seed: \"7\"\n", "x.yaml"); }),
+            "x.yaml: key 'seed': expected a non-negative integer, got the quoted string '7' (write it without quotes)");
+  EXPECT_EQ(error_of([] { parse_train_config("model:\n  double_quant: \"false\"\n", "x.yaml"); }),
+            "x.yaml: key 'model.double_quant': expected true or false, got the quoted string 'false' (write it without "
+            "quotes)");
+  EXPECT_EQ(error_of([] { parse_train_config("lora:\n  r: !!str 8\n", "x.yaml"); }),
+            "x.yaml: key 'lora.r': expected an integer, got '8' tagged tag:yaml.org,2002:str");
+  EXPECT_EQ(error_of([] { parse_train_config(kMinimal, "x.yaml", {"optimizer.lr='5e-4'"}); }),
+            "--set optimizer.lr='5e-4': key 'optimizer.lr': expected a number, got the quoted string '5e-4' (write it "
+            "without quotes)");
+  // Plain scalars and the core schema's tags are numbers; strings and enums may be quoted.
+  const TrainConfig c = parse_train_config(
+      "steps: !!int 12\noptimizer:\n  lr: !!float 2e-4\nmodel:\n  path: \"10\"\n  quant_type: 'fp4'\n", "x.yaml");
+  EXPECT_EQ(c.steps, 12);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 2e-4);
+  EXPECT_EQ(c.model.path, "10");
+  EXPECT_EQ(c.model.quant_type, QuantType::kFp4);
+}
+
 // Values whose products would wrap int64 (micro_batch_size 2^62 at 4 ranks used to wrap to 0 and
 // divide by zero on every rank; huge epochs overflowed the step count): clear errors naming the key.
 TEST(TrainConfig, HugeValuesAreRefusedNotWrapped) {
