@@ -1,6 +1,7 @@
 #include "checkpoint/sharded_tree.h"
 
 #include <functional>
+#include <set>
 
 #include "runtime/error.h"
 
@@ -24,7 +25,8 @@ void collect_slots(Module& m, const std::string& prefix, std::vector<SlotRef>& o
   for (auto& [name, child] : m.children()) collect_slots(*child, prefix + name + ".", out, skip);
 }
 
-void register_unit(ShardedParameterManager& mgr, int unit, const std::vector<SlotRef>& refs, ShardedTree& tree) {
+void register_unit(ShardedParameterManager& mgr, int unit, const std::vector<SlotRef>& refs, ShardedTree& tree,
+                   const std::set<std::string>& host_fqns) {
   std::vector<SlotEntries> slots;
   for (const SlotRef& r : refs) {
     Module::Slot& s = *r.slot;
@@ -45,6 +47,10 @@ void register_unit(ShardedParameterManager& mgr, int unit, const std::vector<Slo
       }
     } else {
       e.kind = s.trainable ? BufferKind::kTrainable : BufferKind::kFrozenFloat;
+      if (host_fqns.count(r.fqn)) {
+        if (s.trainable) throw Error("shard_module_tree: '" + r.fqn + "' is trainable; only frozen tensors stay in host memory");
+        e.kind = BufferKind::kFrozenHost;
+      }
       e.data = mgr.add_tensor(unit, e.kind, r.fqn, s.tensor);
     }
     slots.push_back(e);
@@ -106,20 +112,28 @@ const ShardedSlot& ShardedTree::slot(const Module::Slot* s) const {
   return it->second;
 }
 
-ShardedTree shard_module_tree(Module& root, ShardedParameterManager& mgr, const std::string& layers_path) {
+ShardedTree shard_module_tree(Module& root, ShardedParameterManager& mgr, const std::string& layers_path,
+                              const std::set<std::string>& host_fqns) {
   ShardedTree out;
+  for (const std::string& fqn : host_fqns) {
+    const size_t dot = fqn.rfind('.');
+    Module* owner = dot == std::string::npos ? &root : root.find_module(fqn.substr(0, dot));
+    const Module::Slot* s = owner ? owner->slot(dot == std::string::npos ? fqn : fqn.substr(dot + 1)) : nullptr;
+    if (!s || s->kind == Module::SlotKind::kParams4bit)
+      throw Error("shard_module_tree: no frozen float tensor '" + fqn + "' to keep in host memory");
+  }
   Module* layers = root.find_module(layers_path);
   if (!layers) throw Error("shard_module_tree: no module at '" + layers_path + "'");
   for (auto& [name, child] : layers->children()) {
     const std::string path = layers_path + "." + name;
     std::vector<SlotRef> slots;
     collect_slots(*child, path + ".", slots, nullptr);
-    register_unit(mgr, mgr.add_unit(path), slots, out);
+    register_unit(mgr, mgr.add_unit(path), slots, out, host_fqns);
     out.unit_paths.push_back(path);
   }
   std::vector<SlotRef> rest;
   collect_slots(root, "", rest, layers);
-  register_unit(mgr, mgr.add_unit("root", /*own_slot=*/true), rest, out);
+  register_unit(mgr, mgr.add_unit("root", /*own_slot=*/true), rest, out, host_fqns);
   out.unit_paths.push_back("");
   return out;
 }

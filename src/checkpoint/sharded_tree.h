@@ -20,6 +20,7 @@
 #pragma once
 
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -59,6 +60,9 @@ class TreeViews {
 
 // REQUIRES: the manager is not finalized; the caller finalizes after this returns. The tree's
 // current tensors are the full values every rank passes in.
-ShardedTree shard_module_tree(Module& root, ShardedParameterManager& manager, const std::string& layers_path);
+// host_fqns: frozen float tensors (by FQN) registered as kFrozenHost: kept whole in pinned host
+// memory on every rank, read in place (the embedding table, memory.embedding: host).
+ShardedTree shard_module_tree(Module& root, ShardedParameterManager& manager, const std::string& layers_path,
+                              const std::set<std::string>& host_fqns = {});
 
 }  // namespace qshard

@@ -654,10 +654,33 @@ void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceConte
 // ---- elementwise --------------------------------------------------------------------------------
 
 
+// A bf16 table: rows copied 8 values (16 bytes) per access, the same bits as the scalar kernel's
+// widening and rounding. The table may be pinned host memory (memory.embedding: host): the wide
+// accesses keep the PCIe reads at 512 bytes a warp.
+__global__ void embedding_kernel_v8(Bf16x8* out, const int64_t* ids, const Bf16x8* w, int64_t N, int64_t C8,
+                                    int64_t V) {
+  QS_GRID_STRIDE(i, N * C8) {
+    const int64_t n = i / C8, c = i % C8, id = ids[n];
+    if (id < 0 || id >= V) {
+      Bf16x8 z;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) z.v[k] = __float2bfloat16_rn(0.0f);
+      out[i] = z;
+      continue;
+    }
+    out[i] = w[id * C8 + c];
+  }
+}
+
 void embedding_fwd(uint16_t* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
                    int64_t V, DeviceContext& ctx) {
   if (N * C == 0) return;
-  embedding_kernel<<<grid_for(N * C), 256, 0, st(ctx)>>>(B16(out), ids, weight, dtype_code(weight_type), N, C, V);
+  if (weight_type == DType::kBF16 && vec8_ok(C, {out, weight})) {
+    embedding_kernel_v8<<<grid_for(N * C / 8), 256, 0, st(ctx)>>>(reinterpret_cast<Bf16x8*>(out), ids,
+                                                                   static_cast<const Bf16x8*>(weight), N, C / 8, V);
+  } else {
+    embedding_kernel<<<grid_for(N * C), 256, 0, st(ctx)>>>(B16(out), ids, weight, dtype_code(weight_type), N, C, V);
+  }
   QS_CUDA_CHECK_LAUNCH();
 }
 

@@ -234,7 +234,19 @@ PinnedHostAllocator::PinnedHostAllocator()
               std::free(p);
             }
           }) {}
+
+bool device_reads_at_host_address(const void* p) {
+  if (!cuda_available()) return false;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();  // not sticky
+    return false;
+  }
+  return attr.type == cudaMemoryTypeHost && attr.devicePointer == p;
+}
 #else
+bool device_reads_at_host_address(const void*) { return false; }
+
 DevicePool::DevicePool()
     : pool_([](size_t) -> void* { return nullptr; }, [](void*) {}) {
   throw_error(__FILE__, __LINE__, "DevicePool needs a CUDA build (this is a CPU-only build)");

@@ -114,6 +114,11 @@ class PinnedHostAllocator {
 int64_t pinned_host_bytes();
 int64_t pinned_host_peak_bytes();
 
+// True when the GPU reads the page-locked host memory at `p` through the address `p` itself
+// (unified addressing: a kernel may take the host pointer); false without a GPU or for memory
+// that is not page-locked.
+bool device_reads_at_host_address(const void* p);
+
 class HostAllocator {
  public:
   static constexpr size_t kAlignment = 64;

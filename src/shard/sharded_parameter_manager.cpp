@@ -16,6 +16,7 @@ const char* buffer_kind_name(BufferKind k) {
     case BufferKind::kFrozen4bit: return "frozen-4bit";
     case BufferKind::kFrozenFloat: return "frozen-float";
     case BufferKind::kTrainable: return "trainable";
+    case BufferKind::kFrozenHost: return "frozen-host";
   }
   return "?";
 }
@@ -35,6 +36,7 @@ struct ShardedParameterManager::Unit {
   FlatLayout layout[kNumBufferKinds];
   std::vector<Tensor> pending[kNumBufferKinds];  // full tensors until finalize()
   Tensor shard[kNumBufferKinds];                 // u8 [shard_bytes]; host when offloaded
+                                                 // (kFrozenHost: the whole buffer, pinned)
   Tensor grad_shard;                             // f32 [shard_bytes / 4] of kTrainable
   int slot = -1;
   bool own_slot = false;
@@ -67,6 +69,8 @@ namespace {
 void copy_async(void* dst, const void* src, size_t n, void* stream) { copy_bytes_anywhere_async(dst, src, n, stream); }
 
 void zero_async(Tensor& t, void* stream) { zero_bytes_async(t.raw(), t.device(), t.nbytes(), stream); }
+
+constexpr int kHostKind = static_cast<int>(BufferKind::kFrozenHost);
 
 }  // namespace
 
@@ -138,12 +142,13 @@ size_t ShardedParameterManager::add_tensor(int unit, BufferKind kind, const std:
 }
 
 bool ShardedParameterManager::host_side(const Unit& u, int kind) const {
+  if (kind == kHostKind) return options_.compute_device != Device::kCpu;
   if (kind == static_cast<int>(BufferKind::kTrainable)) return options_.offload_optimizer;
   return options_.offload_params && !u.frozen_on_device;
 }
 
 bool ShardedParameterManager::resident(const Unit& u, int kind) const {
-  return comm_.size() == 1 && !host_side(u, kind);
+  return kind == kHostKind || (comm_.size() == 1 && !host_side(u, kind));
 }
 
 const Tensor& ShardedParameterManager::flat_of(const Unit& u, int kind) const {
@@ -192,7 +197,11 @@ void ShardedParameterManager::finalize() {
     uint64_t unit_bytes = 0;
     for (int k = 0; k < kNumBufferKinds; ++k) {
       FlatLayout& l = u.layout[k];
-      l.set_world(world);
+      l.set_world(k == kHostKind ? 1 : world);  // kFrozenHost: whole on every rank
+      if (k == kHostKind) {  // never gathered: its shard is the whole buffer
+        shard_bytes_ += l.padded_bytes();
+        continue;
+      }
       if (!u.own_slot) {
         if (!resident(u, k)) shared.flat[k] = std::max(shared.flat[k], l.padded_bytes());
         if (host_side(u, k) && world > 1) shared.staging[k] = std::max(shared.staging[k], l.shard_bytes());
@@ -220,6 +229,13 @@ void ShardedParameterManager::finalize() {
                        .view_as(DType::kF32, {u.layout[t].shard_bytes() / 4});
   }
   alloc_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // kFrozenHost is read by the kernels at its host address: the GPU must map pinned memory there.
+  if (options_.compute_device == Device::kCuda)
+    for (const auto& up : units_)
+      if (!up->layout[kHostKind].empty() && !device_reads_at_host_address(up->shard[kHostKind].raw()))
+        throw Error("FSDP unit '" + up->name + "': this GPU does not read pinned host memory at its host address " +
+                    "(no unified addressing), so '" + up->layout[kHostKind].entries()[0].name +
+                    "' cannot stay in host memory (memory.embedding: gpu)");
   auto on_host = [](const std::vector<Tensor>& ts) {
     for (const Tensor& x : ts)
       if (x.device() != Device::kCpu) return false;
@@ -233,7 +249,7 @@ void ShardedParameterManager::finalize() {
       Unit& u = *units_[b + j];
       for (int k = 0; k < kNumBufferKinds; ++k) {
         if (!on_host(u.pending[k])) continue;  // packed below, on this thread
-        if (world == 1 && u.shard[k].device() == Device::kCpu)
+        if ((world == 1 || k == kHostKind) && u.shard[k].device() == Device::kCpu)
           u.layout[k].pack_into(static_cast<uint8_t*>(u.shard[k].raw()), u.pending[k]);
         else
           packed[j][k] = u.layout[k].pack(u.pending[k]);
@@ -244,10 +260,10 @@ void ShardedParameterManager::finalize() {
       for (int k = 0; k < kNumBufferKinds; ++k) {
         const FlatLayout& l = u.layout[k];
         if (!on_host(u.pending[k])) packed[j][k] = l.pack(u.pending[k]);
+        const int64_t from = k == kHostKind ? 0 : rank * l.shard_bytes();  // kFrozenHost: the whole buffer
         if (packed[j][k].defined())
-          copy_bytes(u.shard[k].raw(), u.shard[k].device(),
-                     static_cast<const uint8_t*>(packed[j][k].raw()) + rank * l.shard_bytes(), Device::kCpu,
-                     static_cast<size_t>(l.shard_bytes()));
+          copy_bytes(u.shard[k].raw(), u.shard[k].device(), static_cast<const uint8_t*>(packed[j][k].raw()) + from,
+                     Device::kCpu, static_cast<size_t>(l.shard_bytes()));
         u.pending[k].clear();
       }
     }
@@ -271,7 +287,7 @@ void ShardedParameterManager::finalize() {
     SlotSizes own;
     for (int k = 0; k < kNumBufferKinds; ++k) {
       own.flat[k] = resident(u, k) ? 0 : u.layout[k].padded_bytes();
-      own.staging[k] = host_side(u, k) && world > 1 ? u.layout[k].shard_bytes() : 0;
+      own.staging[k] = host_side(u, k) && !resident(u, k) && world > 1 ? u.layout[k].shard_bytes() : 0;
     }
     own.train = u.layout[t].padded_bytes();
     slot_bound_ += slot_cost(own);
@@ -315,6 +331,7 @@ void ShardedParameterManager::prefetch(int unit) {
   const void* src[kNumBufferKinds];
   for (int k = 0; k < kNumBufferKinds; ++k) {
     src[k] = u.shard[k].raw();
+    if (k == kHostKind) continue;  // read in place from pinned host memory
     if (host_side(u, k)) {
       // Offloaded: the pinned host shard goes to the device (h2d): at world size 1 straight into
       // the slot (the shard is the whole buffer: nothing to gather), else into the staging copy
@@ -503,16 +520,16 @@ void ShardedParameterManager::wait_for_gradients() {
 void ShardedParameterManager::account(MemoryLedger& ledger) const {
   QS_CHECK(finalized_, "account before finalize");
   static const char* const kShardNames[kNumBufferKinds] = {"base shards (4-bit)", "frozen float shards",
-                                                           "LoRA master shards"};
+                                                           "LoRA master shards", "host-read tensors (whole)"};
   static const char* const kSlotNames[kNumBufferKinds] = {"gathered slots (4-bit)", "gathered slots (float)",
-                                                          "gathered slots (LoRA)"};
+                                                          "gathered slots (LoRA)", "gathered slots (host)"};
   for (const auto& up : units_) {
     const Unit& u = *up;
     for (int k = 0; k < kNumBufferKinds; ++k) {
       const MemoryPlace p = host_side(u, k) && options_.compute_device != Device::kCpu ? MemoryPlace::kPinnedHost
                                                                                       : MemoryPlace::kDevice;
-      std::string name = kShardNames[k];
-      if (u.own_slot && k != static_cast<int>(BufferKind::kTrainable)) name = u.name + " unit shards";
+      std::string name = kShardNames[k];  // kFrozenHost: one line for every unit's
+      if (u.own_slot && k != static_cast<int>(BufferKind::kTrainable) && k != kHostKind) name = u.name + " unit shards";
       ledger.add(name + (resident(u, k) ? " (read in place)" : ""), static_cast<uint64_t>(u.shard[k].nbytes()), p);
     }
     ledger.add("LoRA gradient shards", static_cast<uint64_t>(u.grad_shard.nbytes()), MemoryPlace::kDevice);

@@ -5,6 +5,10 @@
 //   kFrozen4bit   packed NF4/FP4 bytes and quantization statistics of its Linear4bit weights
 //   kFrozenFloat  norms, embeddings, LM head (never quantized)
 //   kTrainable    LoRA A/B, fp32 master form
+//   kFrozenHost   frozen tensors kept whole, not sharded, in pinned host memory on every rank and
+//                 read in place by the kernels through unified addressing (the embedding table:
+//                 a lookup reads only the step's rows). A gather copies nothing of it and no slot
+//                 holds it; it needs no collective at any world size.
 // Each buffer is padded to a multiple of the world size (flat_layout.h); rank r keeps shard r.
 // Offload: with offload_params the frozen shards, with offload_optimizer the trainable (master)
 // shards live in pinned host memory and are copied to the device (h2d stream) before the gather.
@@ -54,8 +58,8 @@
 
 namespace qshard {
 
-enum class BufferKind : int { kFrozen4bit = 0, kFrozenFloat = 1, kTrainable = 2 };
-inline constexpr int kNumBufferKinds = 3;
+enum class BufferKind : int { kFrozen4bit = 0, kFrozenFloat = 1, kTrainable = 2, kFrozenHost = 3 };
+inline constexpr int kNumBufferKinds = 4;
 const char* buffer_kind_name(BufferKind k);
 
 enum class UnitState { kSharded, kGathering, kGathered };
@@ -100,6 +104,8 @@ class ShardedParameterManager {
   // own_slot: the unit gets a gathered slot of its own (the root unit).
   int add_unit(const std::string& name, bool own_slot = false);
   // `full` is the whole tensor (every rank passes the same values); kTrainable must be f32.
+  // kFrozenHost: on a GPU, finalize() checks that the device reads pinned host memory at its host
+  // address (unified addressing) and refuses otherwise.
   // Returns the entry's index in layout(unit, kind).entries() (stable: entries are laid out in
   // the order added), so a caller binds views later without looking the name up.
   size_t add_tensor(int unit, BufferKind kind, const std::string& name, const Tensor& full);

@@ -42,6 +42,7 @@ std::string MemoryPlan::describe() const {
     s += fmt::format("layers {}-{} of {} keep their activations ({} each), the rest recomputed",
                      layers - keep_layers, layers - 1, layers, human_bytes(per_kept));
   if (host_checkpoints) s += fmt::format("; the layer inputs in pinned host memory, three on the {}", mem);
+  if (embedding_on_host) s += cuda ? "; the embedding table in pinned host memory" : "; the embedding table whole on every rank";
   if (host_keep_layers > 0)
     s += fmt::format("; {} more keep theirs in pinned host memory ({}, through {} staging set{} on the {})",
                      host_keep_layers, human_bytes(host_bytes()), staging_sets(), staging_sets() > 1 ? "s" : "", mem);
@@ -73,6 +74,9 @@ constexpr double kOffloadContention = 0.06;
 constexpr double kHostAdamBytesPerSecond = 10e9;
 constexpr double kDefaultGemmFlops = 790e12;
 constexpr double kDefaultH2dBytesPerSecond = 55e9;
+// The lookup's read of its rows from pinned host memory (in place, through unified addressing) as
+// a share of the pinned copy rate.
+constexpr double kHostReadShare = 0.5;
 
 // What the estimate needs besides the plan.
 struct CostInputs {
@@ -81,6 +85,7 @@ struct CostInputs {
   double flops_per_token = 0;      // useful_flops_per_token
   double layer_bytes = 0;          // one layer's frozen bytes (what an offloaded layer copies)
   double lora_params = 0;
+  double embed_row_bytes = 0;      // one row of the embedding table
   int world = 1;
 };
 
@@ -121,7 +126,7 @@ JobSizes job_sizes(const TrainConfig& config, const LlamaConfig& lc, int world) 
   z.cost = CostInputs{L, static_cast<double>(T),
                       static_cast<double>(config.batch.global_batch_size / std::max(world, 1)), C,
                       useful_flops_per_token(lc, T, static_cast<uint64_t>(z.lora_params)), z.base.projections / L,
-                      z.lora_params, world};
+                      z.lora_params, C * other_b, world};
   return z;
 }
 
@@ -169,6 +174,8 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
                        (p.offload_params ? open * copy : 0.0);
     micro += std::max(0.0, sets - fwd) + std::max(0.0, sets - bwd) + kOffloadContention * 2 * sets;
   }
+  // The embedding in pinned host memory: the lookup reads its N rows over PCIe, on the compute stream.
+  if (p.embedding_on_host) micro += N * in.embed_row_bytes / (kHostReadShare * h2d);
   double step = micro * (in.batch / static_cast<double>(p.micro_batch));
   if (p.offload_optimizer) step += in.lora_params / in.world * 32 / kHostAdamBytesPerSecond;
   return step;
@@ -191,19 +198,25 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
   const double root = sizes.base.other;  // embeddings, head, norms: gathered whole at the head
   const double unit = proj_b / L;        // one decoder layer, gathered (two in flight)
   const double lora_p = sizes.lora_params;
-  auto resident = [&](bool offload_params, bool offload_opt) {
+  // The embedding table (whole, on every rank) when it lives in pinned host memory.
+  const double embed_b = sizes.cost.embed_row_bytes * static_cast<double>(lc.vocab_size);
+  if (config.memory.embedding == "host" && lc.tie_word_embeddings)
+    throw InputError(config.source + ": memory.embedding = host, but the model ties its embedding to the LM head "
+                     "(tie_word_embeddings), which every micro-batch reads whole: set memory.embedding: gpu or auto");
+  auto resident = [&](bool offload_params, bool offload_opt, bool embed_host) {
     double b = cuda ? kRuntimeBytes : 0.0;
+    const double root_d = root - (embed_host ? embed_b : 0.0);  // the root unit on the device
     if (world == 1)  // the base read in place, or offloaded through two layer slots; the root on the device
-      b += (offload_params ? 2 * unit : proj_b) + root;
+      b += (offload_params ? 2 * unit : proj_b) + root_d;
     else  // two gathered layer slots and the root's own slot, beside this rank's shards unless offloaded
-      b += 2 * unit + root + (offload_params ? 0.0 : (proj_b + root) / world);
+      b += 2 * unit + root_d + (offload_params ? 0.0 : (proj_b + root_d) / world);
     b += lora_p * 4 * (offload_opt ? 1.0 : 4.0) / world;  // gradient shards; master + moments unless offloaded
     b += 2 * (lora_p / L) * (2 + 4);                       // two units' compute copies and full gradients
     return b;
   };
 
   // One candidate: the step's buffers for micro-batch `micro`, the kept layers the budget holds.
-  auto candidate = [&](int64_t micro, bool offload_params, bool offload_opt) {
+  auto candidate = [&](int64_t micro, bool offload_params, bool offload_opt, bool embed_host) {
     MemoryPlan p;
     p.budget = budget;
     p.layers = lc.num_hidden_layers;
@@ -212,6 +225,7 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     p.offload_params = offload_params;
     p.offload_optimizer = offload_opt;
     p.host_checkpoints = m.host_checkpoints;
+    p.embedding_on_host = embed_host;
     const int64_t N = micro * T;
     if (m.mlp_chunk_tokens < 0) p.mlp_chunk_rows = N > kAutoChunkAbove ? kAutoChunkRows : 0;
     else p.mlp_chunk_rows = m.mlp_chunk_tokens >= N ? 0 : m.mlp_chunk_tokens;
@@ -220,7 +234,7 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
         backend, act_t);
     p.step = static_cast<double>(p.step_buffers.total());
     p.per_kept = llama_kept_layer_bytes(lc, step_options(config, micro, 0), backend, act_t, config.lora.r);
-    p.resident = resident(offload_params, offload_opt);
+    p.resident = resident(offload_params, offload_opt, embed_host);
     p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
     const bool whole = p.mlp_chunk_rows == 0 && p.per_kept > 0;
     auto fill = [&](MemoryPlan& q) {  // the device-kept layers the budget holds beside q's staging sets
@@ -276,12 +290,15 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
   // The optimizer on the host as the config asks, else on the GPU first; on the host only when no
   // candidate fits with it on the GPU (and the plan may choose: a budget on the GPU).
   const bool opt_fixed = config.offload.optimizer;
+  // The embedding: as configured; auto weighs both with a budget on the GPU (an untied table).
+  std::vector<bool> embed_places = {m.embedding == "host"};
+  if (m.embedding == "auto" && cuda && budget > 0 && !lc.tie_word_embeddings) embed_places.push_back(true);
   for (bool opt : {opt_fixed, true}) {
     for (int64_t micro : micros)
       for (bool off : {false, true}) {
         if (!off && config.offload.params) continue;
         if (off && !config.offload.params && !choose_offload) continue;
-        all.push_back(candidate(micro, off, opt));
+        for (bool embed_host : embed_places) all.push_back(candidate(micro, off, opt, embed_host));
       }
     // Without host room the base is offloaded only when nothing fits on the GPU.
     if (choose_offload && !host_room) {
@@ -325,9 +342,10 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
   for (const MemoryPlan& p : all)
     if (&p != best && fits(p) && (chosen.runner_up_s <= 0 || p.est_step_s < chosen.runner_up_s)) {
       chosen.runner_up_s = p.est_step_s;
-      chosen.runner_up = fmt::format("micro-batch {}{}{}{}", p.micro_batch, p.offload_params ? ", base offloaded" : "",
+      chosen.runner_up = fmt::format("micro-batch {}{}{}{}{}", p.micro_batch, p.offload_params ? ", base offloaded" : "",
                                      p.offload_optimizer ? ", optimizer on the host" : "",
-                                     p.host_keep_layers > 0 ? fmt::format(", {} host-kept", p.host_keep_layers) : "");
+                                     p.host_keep_layers > 0 ? fmt::format(", {} host-kept", p.host_keep_layers) : "",
+                                     p.embedding_on_host ? ", embedding on the host" : "");
     }
   if (m.keep_layers > 0 && chosen.mlp_chunk_rows > 0)
     throw InputError(fmt::format("{}: memory.keep_layers = {} keeps whole layers, but the MLP runs in chunks of {} rows "

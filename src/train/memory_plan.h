@@ -7,6 +7,9 @@
 //   - whether the frozen base's shards live on the GPU or in pinned host memory (offload.params;
 //     a config that asks for it keeps it); whether the LoRA optimizer state goes to the host too
 //     (offload.optimizer: AdamW on the host), only when no plan fits with it on the GPU;
+//   - whether the embedding table (frozen, untied) stays on the GPU or in pinned host memory, read
+//     in place by the lookup (memory.embedding; auto: the plan weighs both: the host saves V x C
+//     bytes of the GPU, 1.05 GB at 8B, for a read of the step's rows over PCIe);
 //   - whether the MLP runs in chunks of rows (long sequences: memory.mlp_chunk_tokens, auto past
 //     kAutoChunkAbove tokens per micro-batch, in chunks of kAutoChunkRows);
 //   - how many decoder layers keep their activations from the forward instead of recomputing them
@@ -70,6 +73,7 @@ struct MemoryPlan {
   int64_t keep_layers = 0;
   int64_t host_keep_layers = 0;  // of the layers keep_layers leaves, those kept in pinned host memory
   bool host_checkpoints = false; // memory.host_checkpoints (as configured; step_buffers count it)
+  bool embedding_on_host = false; // the embedding table in pinned host memory (memory.embedding)
   int64_t layers = 0;            // L, for the description
   bool cuda = false;             // the plan is for GPU memory (else the CPU backend's host memory)
   // Estimates, bytes on the GPU:

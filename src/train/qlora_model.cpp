@@ -1,6 +1,7 @@
 #include "train/qlora_model.h"
 
 #include <chrono>
+#include <set>
 
 #include <algorithm>
 
@@ -152,7 +153,17 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
   // The GEMMs read LoRA A/B in the activation dtype: bf16 compute copies on CUDA, none on the CPU.
   so.trainable_compute_dtype = rt.ctx.activation_dtype();
   m->mgr = std::make_unique<ShardedParameterManager>(rt.data, rt.ctx.compute(), so);
-  m->units = shard_module_tree(*m->tree, *m->mgr, "model.layers");
+  // memory.embedding (the plan's choice): the embedding table whole in pinned host memory, read in
+  // place by the lookup. Not for a tied table (the LM head reads it whole every micro-batch).
+  std::set<std::string> host_fqns;
+  if (for_training && plan->embedding_on_host) {
+    const Module* head = m->tree->find_module("lm_head");
+    if (m->config.tie_word_embeddings || !head || !head->slot("weight"))
+      throw InputError(config.source + ": memory.embedding = host, but the model's LM head is its embedding table "
+                       "(tied), which every micro-batch reads whole: set memory.embedding: gpu or auto");
+    host_fqns.insert("model.embed_tokens.weight");
+  }
+  m->units = shard_module_tree(*m->tree, *m->mgr, "model.layers", host_fqns);
   m->mgr->finalize();
   m->mgr->release_all_views();  // the full tensors go; each rank keeps its shards
   phase("shards");

@@ -312,6 +312,9 @@ const std::vector<Field>& fields() {
                "pinned host memory the plan may give host-kept layers (GB = 1e9 bytes)"),
       QS_FIELD("memory.host_checkpoints", memory.host_checkpoints, "true, false",
                "keep the layer inputs (activation checkpoints) in pinned host memory, three on the GPU"),
+      QS_FIELD("memory.embedding", memory.embedding, "auto, gpu, host",
+               "where the embedding table lives: the GPU, pinned host memory (the step's rows read in place), or "
+               "the memory plan's choice (auto; the GPU without a budget)"),
       checkpoint_dir_field(),
       QS_FIELD("checkpoint.every_steps", checkpoint.every_steps, ">= 0 (0 = only at the end)",
                "save a checkpoint every this many steps"),
@@ -708,6 +711,8 @@ void TrainConfig::validate(int world_size) const {
              fmt::format("a multiple of batch.micro_batch_size x world size = {} x {} = {}", batch.micro_batch_size,
                          world_size, per_step));
   // memory
+  ck.require(memory.embedding == "auto" || memory.embedding == "gpu" || memory.embedding == "host", "memory.embedding",
+             memory.embedding, "auto, gpu or host");
   ck.require(memory.gpu_budget_gb >= 0 && memory.gpu_budget_gb <= 1e6, "memory.gpu_budget_gb", memory.gpu_budget_gb,
              "a number of GB in [0, 1e6] (0 = no plan)");
   ck.require(memory.keep_layers >= -1, "memory.keep_layers", memory.keep_layers, ">= -1 (-1 = the plan's choice)");

@@ -161,6 +161,9 @@ struct MemoryConfig {
                                  // of what the host can still take at start
   bool host_checkpoints = false; // the layer inputs x_l (activation checkpoints) in pinned host memory,
                                  // three on the GPU (LlamaModelOptions::host_checkpoints)
+  std::string embedding = "auto"; // where the (frozen, untied) embedding table lives: "gpu", "host"
+                                  // (pinned host memory, the step's rows read in place by the GPU),
+                                  // or "auto": the memory plan's choice (the GPU without a budget)
 };
 
 struct CheckpointConfig {

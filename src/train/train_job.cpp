@@ -102,6 +102,9 @@ void TrainJob::build_model() {
   if (rank_ == 0 && plan_.offload_optimizer && !config_.offload.optimizer)
     QS_LOG_INFO("memory.gpu_budget_gb = {}: the LoRA optimizer state goes to host memory, AdamW on the host "
                 "(offload.optimizer on)", config_.memory.gpu_budget_gb);
+  if (rank_ == 0 && plan_.embedding_on_host && config_.memory.embedding == "auto")
+    QS_LOG_INFO("memory.gpu_budget_gb = {}: the embedding table goes to pinned host memory, its rows read in place "
+                "(memory.embedding: host)", config_.memory.gpu_budget_gb);
   qm_ = build_qlora_model(config_, rt_, &plan_);  // the plan, made once, decides offload
   if (rank_ == 0) {
     std::string split;
@@ -307,6 +310,7 @@ void TrainJob::open_logger() {
   summary_.perf.mlp_chunk_rows = plan_.mlp_chunk_rows;
   summary_.perf.offload_params = plan_.offload_params;
   summary_.perf.offload_optimizer = plan_.offload_optimizer;
+  summary_.perf.embedding_on_host = plan_.embedding_on_host;
 }
 
 // ---- steps ----------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ struct TrainPerf {
   double est_step_s = 0;              // the memory plan's cost model (GPU)
   double first_step_done_s = 0;       // seconds from the launch to the end of the first step run here
   bool offload_params = false, offload_optimizer = false;
+  bool embedding_on_host = false;     // the plan's memory.embedding
   // Summed over the steps run here: what each step did between its first gather and the optimizer
   // (train_step's StepStats::inside): host syncs and device allocations (0 on CUDA with NCCL) and
   // lookups by name (0 on every backend: the step binds through slots and entries found once).

@@ -20,6 +20,7 @@
 
 #include "model/llama_ops.h"
 #include "model/op_harness.h"
+#include "runtime/allocator.h"
 #include "runtime/tensor.h"
 
 namespace qshard {
@@ -484,23 +485,41 @@ TEST(OpHarness, CrossEntropy) {
   });
 }
 
-// Embedding (a bf16 table, widened) and dropout: exact rules, tolerance 0.
+// Embedding (a bf16 table, widened) and dropout: exact rules, tolerance 0. The table 24 wide (CUDA:
+// 16-byte rows) and 20 wide (element by element), on the device and, on CUDA, in pinned host memory
+// read in place (memory.embedding: host).
 TEST(OpHarness, EmbeddingAndDropoutAreExact) {
   for_each_case([](DeviceContext& ctx, Inputs& in) {
-    const int64_t V = 50, C = 24, N = 9;
-    const auto Wf = in.vec(V * C);
-    const Tensor table = Tensor::from_f32({V, C}, DType::kBF16, Wf).to(ctx.compute_device());
-    std::vector<int64_t> ids(N);
-    for (int64_t n = 0; n < N; ++n) ids[n] = (n * 13 + 5) % V;
-    Tensor idt = Tensor::from_vector({N}, DType::kI64, ids).to(ctx.compute_device());
-    Tensor out = to_act(ctx, std::vector<float>(N * C));
-    ops::embedding_fwd(out.raw(), idt.data<int64_t>(), table.raw(), DType::kBF16, N, C, V, ctx);
-    const std::vector<float> th = table.to(Device::kCpu).to_f32_vector();
-    std::vector<double> want(N * C);
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t c = 0; c < C; ++c) want[n * C + c] = th[ids[n] * C + c];
-    report(ctx, "embedding_fwd", in.adversarial, back(ctx, out), want, 0.0);
+    const int64_t V = 50, N = 9;
+    static PinnedHostAllocator pinned;
+    for (const int64_t C : {int64_t{24}, int64_t{20}})
+      for (const bool host_table : {false, true}) {
+        if (host_table && !ctx.is_cuda()) continue;
+        const auto Wf = in.vec(V * C);
+        const Tensor made = Tensor::from_f32({V, C}, DType::kBF16, Wf);
+        Tensor table = made.to(ctx.compute_device());
+        if (host_table) {
+          void* p = pinned.allocate(made.nbytes());
+          std::memcpy(p, made.raw(), made.nbytes());
+          table = Tensor::adopt(p, {V, C}, DType::kBF16, Device::kCpu, [](void* q) { pinned.release(q); });
+        }
+        std::vector<int64_t> ids(N);
+        for (int64_t n = 0; n < N; ++n) ids[n] = (n * 13 + 5) % V;
+        // CUDA: an id out of range (validated on the host before a real step) reads a zero row; the
+        // CPU refuses it (LlamaOps.EmbeddingGathersRowsAndRejectsBadIds).
+        if (ctx.is_cuda()) ids[3] = V;
+        Tensor idt = Tensor::from_vector({N}, DType::kI64, ids).to(ctx.compute_device());
+        Tensor out = to_act(ctx, std::vector<float>(N * C));
+        ops::embedding_fwd(out.raw(), idt.data<int64_t>(), table.raw(), DType::kBF16, N, C, V, ctx);
+        const std::vector<float> th = made.to_f32_vector();
+        std::vector<double> want(N * C);
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t c = 0; c < C; ++c) want[n * C + c] = ids[n] < V ? th[ids[n] * C + c] : 0.0;
+        report(ctx, host_table ? "embedding_fwd (pinned host table)" : "embedding_fwd", in.adversarial, back(ctx, out),
+               want, 0.0);
+      }
 
+    const int64_t C = 24;
     const auto X = in.vec(N * C);
     const DropoutKey key{0.3f, 11, 2, 5, 40};
     Tensor x = to_act(ctx, X), y = to_act(ctx, std::vector<float>(N * C));

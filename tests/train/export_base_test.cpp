@@ -105,11 +105,13 @@ TEST(ExportBase, BuildAndExportGivesTheFolderBack) {
   DeviceContext ctx(Backend::kCpu, -1);
   Runtime rt{ctx, comm, comm};
   for (const char* folder : kFolders) {
-    for (const bool offload : {false, true}) {
-      SCOPED_TRACE(std::string(folder) + (offload ? " offload" : ""));
+    for (const int mode : {0, 1, 2}) {  // as is; the base offloaded; the embedding whole in host memory
+      const bool offload = mode == 1;
+      SCOPED_TRACE(std::string(folder) + (offload ? " offload" : mode == 2 ? " embedding on the host" : ""));
       TrainConfig cfg = job_on(folder, "");
       cfg.offload.params = offload;
-      const std::string out = tmp_path(std::string("base_") + folder + (offload ? "_off" : ""));
+      if (mode == 2) cfg.memory.embedding = "host";
+      const std::string out = tmp_path(std::string("base_") + folder + "_" + std::to_string(mode));
       std::unique_ptr<QloraModel> m = build_qlora_model(cfg, rt);
       // The frozen float tensors are held in the folder's dtype (before any export).
       const std::string dtype = std::string(folder).find("_f32_") != std::string::npos ? "float32" : "bfloat16";

@@ -16,10 +16,7 @@
 namespace qshard {
 namespace {
 
-TEST(LedgerCuda, AddsUpToTheMemoryInUse) {
-  World& world = World::get();
-  if (world.device() < 0) GTEST_SKIP() << "no GPU";
-  const std::string data = make_token_file("ledger.tok", 32000, 40000, 0);
+TrainConfig ledger_job(const std::string& data) {
   TrainConfig c = small_config(data);
   c.model.init.vocab_size = 32000;
   c.model.init.hidden_size = 1024;
@@ -37,6 +34,13 @@ TEST(LedgerCuda, AddsUpToTheMemoryInUse) {
   c.data.eval_fraction = 0;
   c.checkpoint.dir.clear();  // no checkpoints, no export: the ledger is made at start-up
   c.logging.gemm_tflops = 0;
+  return c;
+}
+
+TEST(LedgerCuda, AddsUpToTheMemoryInUse) {
+  World& world = World::get();
+  if (world.device() < 0) GTEST_SKIP() << "no GPU";
+  const TrainConfig c = ledger_job(make_token_file("ledger.tok", 32000, 40000, 0));
   JobRuntime jr(world, DeviceChoice::kCuda, "device");
   const TrainSummary s = train(c, jr.get());
   const MemoryLedger& l = s.perf.ledger;
@@ -47,6 +51,34 @@ TEST(LedgerCuda, AddsUpToTheMemoryInUse) {
   EXPECT_LE(std::abs(static_cast<double>(*l.unaccounted())), margin) << l.describe();
   for (const LedgerLine& line : l.lines())
     EXPECT_NE(line.name.rfind("gathered slots", 0), 0u) << "world size 1 keeps no gathered copy: " << line.name;
+}
+
+// memory.embedding: host: the table (32000 x 1024 bf16, 65.5 MB) lives whole in pinned host memory
+// and the lookup reads its rows there in place: the same losses, bit for bit; the ledger has the
+// table as pinned host memory and that much less on the device.
+TEST(LedgerCuda, EmbeddingInHostMemoryKeepsTheLosses) {
+  World& world = World::get();
+  if (world.device() < 0) GTEST_SKIP() << "no GPU";
+  TrainConfig c = ledger_job(make_token_file("ledger_embed.tok", 32000, 40000, 0));
+  c.steps = 3;
+  c.memory.embedding = "gpu";
+  JobRuntime jr(world, DeviceChoice::kCuda, "device");
+  const TrainSummary on_gpu = train(c, jr.get());
+  c.memory.embedding = "host";
+  const TrainSummary on_host = train(c, jr.get());
+  EXPECT_FALSE(on_gpu.perf.embedding_on_host);
+  EXPECT_TRUE(on_host.perf.embedding_on_host);
+  ASSERT_EQ(on_host.losses.size(), 3u);
+  EXPECT_EQ(on_host.losses, on_gpu.losses) << "the table's place must not change the numbers";
+  const double table = 32000.0 * 1024 * 2;
+  const MemoryLedger& g = on_gpu.perf.ledger;
+  const MemoryLedger& h = on_host.perf.ledger;
+  std::printf("%s\n", h.describe().c_str());
+  EXPECT_GE(static_cast<double>(h.total(MemoryPlace::kPinnedHost)) - static_cast<double>(g.total(MemoryPlace::kPinnedHost)),
+            table);
+  EXPECT_GE(static_cast<double>(g.total(MemoryPlace::kDevice)) - static_cast<double>(h.total(MemoryPlace::kDevice)),
+            table * 0.99);
+  EXPECT_NE(on_host.perf.plan.find("embedding table in pinned host memory"), std::string::npos) << on_host.perf.plan;
 }
 
 }  // namespace

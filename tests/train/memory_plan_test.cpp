@@ -80,9 +80,14 @@ TEST(MemoryPlan, BudgetBecomesKeptLayers) {
 TEST(MemoryPlan, SmallBudgetOffloadsTheBase) {
   TrainConfig c = job_8b(1, 2048);
   c.memory.gpu_budget_gb = 5.5;
-  const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  c.memory.embedding = "gpu";
+  MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
   EXPECT_TRUE(p.offload_params);
   EXPECT_TRUE(p.offload_optimizer);
+  c.memory.embedding = "auto";  // the table in host memory makes room for the optimizer on the GPU
+  p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  EXPECT_TRUE(p.offload_params && p.embedding_on_host) << p.describe();
+  EXPECT_FALSE(p.offload_optimizer) << p.describe();
   EXPECT_NE(p.describe().find("offloaded to pinned host memory"), std::string::npos);
   c.memory.gpu_budget_gb = 30;
   EXPECT_FALSE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1).offload_params);
@@ -184,6 +189,7 @@ TEST(MemoryPlan, CostModelFollowsSessionTwelve) {
   TrainConfig c = job_8b(8, 2048);
   c.batch.micro_batch_size = 0;
   c.memory.gpu_budget_gb = 15;
+  c.memory.embedding = "gpu";  // as it was then
   const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
   EXPECT_EQ(p.micro_batch, 1) << p.describe();
   EXPECT_FALSE(p.offload_params) << p.describe();
@@ -195,7 +201,8 @@ TEST(MemoryPlan, CostModelFollowsSessionTwelve) {
 TEST(MemoryPlan, TheFastestCandidateWithinTheBudget) {
   TrainConfig c = job_8b(4, 2048);
   c.memory.gpu_budget_gb = 20;
-  const std::vector<MemoryPlan> all = plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  c.memory.embedding = "gpu";
+  std::vector<MemoryPlan> all = plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1);
   ASSERT_EQ(all.size(), 2u);  // the base on the GPU or offloaded; the optimizer stays on the GPU
   const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
   EXPECT_EQ(p.candidates, 2);
@@ -208,6 +215,11 @@ TEST(MemoryPlan, TheFastestCandidateWithinTheBudget) {
   EXPECT_GT(offloaded.keep_layers, resident.keep_layers);
   EXPECT_TRUE(p.offload_params) << p.describe();
   EXPECT_NE(p.describe().find("fastest of 2 plans"), std::string::npos) << p.describe();
+  // memory.embedding auto: each of them with the embedding on the GPU and in host memory.
+  c.memory.embedding = "auto";
+  all = plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  EXPECT_EQ(all.size(), 4u);
+  EXPECT_EQ(std::count_if(all.begin(), all.end(), [](const MemoryPlan& q) { return q.embedding_on_host; }), 2);
   // A budget that holds every layer with the base on the GPU: nothing to gain from offloading.
   c.memory.gpu_budget_gb = 60;
   EXPECT_FALSE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1).offload_params);
@@ -313,7 +325,8 @@ TEST(MemoryPlan, OffloadsByChoiceOnlyWhenTheHostHasRoom) {
   c.memory.gpu_budget_gb = 20;
   PlanRates small_host;
   small_host.host_available_bytes = 4e9;  // less than three 8B bases' 3.6 GB
-  EXPECT_EQ(plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1, small_host).size(), 1u);
+  for (const MemoryPlan& q : plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1, small_host))
+    EXPECT_FALSE(q.offload_params) << q.describe();
   EXPECT_FALSE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, small_host).offload_params);
   c.memory.gpu_budget_gb = 5.5;  // the base cannot stay: offloaded whatever the host says
   EXPECT_TRUE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, small_host).offload_params);
@@ -346,6 +359,63 @@ TEST(MemoryPlan, ChoosesTheMicroBatch) {
   const MemoryPlan tiny = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
   EXPECT_EQ(tiny.micro_batch, 1);
   EXPECT_TRUE(tiny.offload_params && tiny.offload_optimizer);
+}
+
+// memory.embedding: where the GPU is short (8B, 8 sequences of 2048 within 10 GB) the plan keeps
+// the embedding table in pinned host memory: the 1.05 GB it frees go to kept layers, worth more
+// than the read of the step's rows over PCIe; where every layer fits anyway it stays on the GPU (the
+// read would cost and buy nothing); without a budget it stays as configured. A tied table (the LM
+// head reads it whole) never moves, and asking for it is refused by name.
+TEST(MemoryPlan, EmbeddingInHostMemoryWhereTheGpuIsShort) {
+  PlanRates h200{795e12, 55.3e9};
+  h200.host_available_bytes = 100e9;
+  TrainConfig c = job_8b(0, 2048);
+  c.batch.global_batch_size = 8;
+  c.memory.gpu_budget_gb = 10;
+  const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+  EXPECT_TRUE(p.embedding_on_host) << p.describe();
+  EXPECT_LE(p.total(), 10e9) << p.describe();
+  EXPECT_NE(p.describe().find("embedding table in pinned host memory"), std::string::npos) << p.describe();
+  TrainConfig gpu = c;
+  gpu.memory.embedding = "gpu";
+  const MemoryPlan q = plan_memory(gpu, llama(gpu), Backend::kCuda, DType::kBF16, 1, h200);
+  EXPECT_FALSE(q.embedding_on_host);
+  EXPECT_LT(p.est_step_s, q.est_step_s) << p.describe() << " vs " << q.describe();
+  // The same candidate both ways: 128256 x 4096 bf16 fewer bytes resident, a read of 2 x 2048 rows.
+  for (const MemoryPlan& a : plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200))
+    for (const MemoryPlan& b : plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200))
+      if (a.embedding_on_host && !b.embedding_on_host && a.micro_batch == b.micro_batch &&
+          a.offload_params == b.offload_params && a.offload_optimizer == b.offload_optimizer) {
+        EXPECT_NEAR(b.resident - a.resident, 128256.0 * 4096 * 2, 1.0);
+        MemoryPlan same = b;
+        same.embedding_on_host = true;
+        const double read = plan_step_estimate(same, c, llama(c), 1, h200) - plan_step_estimate(b, c, llama(c), 1, h200);
+        EXPECT_GT(read, 0.0);
+        EXPECT_LT(read, 8 * 2048 * 4096 * 2 / 20e9) << "eight sequences' rows at 20 GB/s at most";
+      }
+  // Every layer fits the GPU: the table stays there.
+  c.batch.micro_batch_size = 4;
+  c.batch.global_batch_size = 4;
+  c.memory.gpu_budget_gb = 60;
+  EXPECT_FALSE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200).embedding_on_host);
+  c.memory.gpu_budget_gb = 0;  // no budget: as configured
+  EXPECT_FALSE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200).embedding_on_host);
+  c.memory.embedding = "host";
+  EXPECT_TRUE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200).embedding_on_host);
+  // Tied: auto keeps it on the GPU; host is refused naming the key.
+  TrainConfig tied = job_8b(1, 2048);
+  tied.model.init.tie_word_embeddings = true;
+  tied.memory.gpu_budget_gb = 10;
+  for (const MemoryPlan& t : plan_candidates(tied, llama(tied), Backend::kCuda, DType::kBF16, 1, h200))
+    EXPECT_FALSE(t.embedding_on_host) << t.describe();
+  tied.memory.embedding = "host";
+  try {
+    plan_memory(tied, llama(tied), Backend::kCuda, DType::kBF16, 1, h200);
+    ADD_FAILURE() << "a tied table in host memory must be refused";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("memory.embedding"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tie_word_embeddings"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

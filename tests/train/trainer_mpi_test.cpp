@@ -168,6 +168,11 @@ TEST(Trainer, MemoryPlansKeepTheLossCurve) {
   const TrainSummary hosted = train(host, all);
   EXPECT_EQ(hosted.perf.host_keep_layers, 1);
   EXPECT_EQ(hosted.losses, ref.losses) << "host-kept layers must not change the numbers";
+  TrainConfig emb = cfg;  // the embedding table whole on every rank, read in place
+  emb.memory.embedding = "host";
+  const TrainSummary embedded = train(emb, all);
+  EXPECT_TRUE(embedded.perf.embedding_on_host);
+  EXPECT_EQ(embedded.losses, ref.losses) << "the table's place must not change the numbers";
   TrainConfig chunk = cfg;
   chunk.memory.mlp_chunk_tokens = 24;  // 64 rows per micro-batch: chunks of 24, 24, 16
   const TrainSummary chunked = train(chunk, all);
@@ -186,7 +191,7 @@ TEST(Trainer, MemoryPlansKeepTheLossCurve) {
   off.offload.params = off.offload.optimizer = true;
   off.lora.dropout = 0.1;
   const TrainSummary offloaded = train(off, all);
-  for (const TrainSummary* s : {&ref, &kept, &planned, &chunked, &offloaded}) {
+  for (const TrainSummary* s : {&ref, &kept, &planned, &chunked, &offloaded, &embedded}) {
     EXPECT_EQ(s->perf.inside.name_lookups, 0u) << s->perf.plan;
     EXPECT_EQ(s->perf.inside.device_allocs, 0u) << s->perf.plan;  // the CPU backend counts none
   }
