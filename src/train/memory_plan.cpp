@@ -15,7 +15,7 @@ namespace {
 
 // The runtime's own device memory beyond the plan's buffers (CUDA context, cuBLAS / cuDNN
 // workspaces, NCCL): an estimate used before anything is measured.
-constexpr double kRuntimeBytes = 1.0e9;
+constexpr double kRuntimeBytes = 1.25e9;
 constexpr double kLibraryBytes = 0.5e9;
 
 LlamaModelOptions step_options(const TrainConfig& config, int64_t micro, int64_t chunk_rows) {
@@ -370,6 +370,11 @@ void plan_kept_layers(MemoryPlan& p, const TrainConfig& config, double in_use_by
     p.resident = in_use_bytes + optimizer_bytes + kLibraryBytes;
     p.measured = true;
   }
+  // The host tier's staging sets were sized against the estimate: with more in use than estimated
+  // they give way (one set, then none) rather than take the plan past its budget.
+  if (config.memory.host_keep_layers < 0 && p.budget > 0)
+    while (p.host_keep_layers > 0 && p.resident + p.step + p.per_kept * p.staging_sets() > p.budget)
+      p.host_keep_layers = p.host_keep_layers > 1 ? 1 : 0;
   if (config.memory.keep_layers < 0 && p.budget > 0 && p.mlp_chunk_rows == 0 && p.per_kept > 0)
     p.keep_layers = kept_for_room(p.budget - p.resident - p.step - p.per_kept * p.staging_sets(), p.per_kept, p.layers);
   p.host_keep_layers = std::min(p.host_keep_layers, p.mlp_chunk_rows == 0 ? open_layers(p) : int64_t{0});

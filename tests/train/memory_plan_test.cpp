@@ -291,6 +291,13 @@ TEST(MemoryPlan, HostTierWhereTheGpuIsShort) {
   EXPECT_LE(s2.total(), 12e9) << s2.describe();
   EXPECT_LE(s2.host_keep_layers + std::max<int64_t>(s2.keep_layers, 1), 32) << s2.describe();
   EXPECT_GE(s2.staging_sets(), 1);
+  // More in use than estimated: the staging sets give way (one, then none) within the budget.
+  for (const double more : {0.2e9, 0.6e9, 1.5e9}) {
+    MemoryPlan over = p;
+    plan_kept_layers(over, c, p.resident + more, 0);
+    EXPECT_LE(over.resident + over.step + over.per_kept * over.staging_sets(), 12e9) << more << " " << over.describe();
+    EXPECT_LE(over.host_keep_layers, p.host_keep_layers);
+  }
   // The host's room: memory.host_budget_gb caps the host sets (two staging sets need none).
   c.memory.host_budget_gb = 1;
   p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
