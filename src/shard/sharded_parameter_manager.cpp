@@ -324,7 +324,10 @@ void ShardedParameterManager::prefetch(int unit) {
   gather_->wait(slot.released);
   // The optimizer's writes of the masters this gather reads: the h2d copy of offloaded masters,
   // the gather (and its LoRA compute copy) of every kind.
-  if (host_side(u, static_cast<int>(BufferKind::kTrainable))) h2d_->wait(masters_written_);
+  if (host_side(u, static_cast<int>(BufferKind::kTrainable))) {
+    if (master_fence_) master_fence_(unit);  // a host optimizer's writes of these masters are done
+    h2d_->wait(masters_written_);
+  }
   gather_->wait(masters_written_);
   gather_->wait(slot.grads_read);
   const bool alone = comm_.size() == 1;
@@ -504,6 +507,7 @@ void ShardedParameterManager::release_all_views() {
 
 Tensor ShardedParameterManager::master_shard(int unit) const {
   const Unit& u = unit_at(unit);
+  if (master_fence_) master_fence_(unit);
   const Tensor& s = u.shard[static_cast<int>(BufferKind::kTrainable)];
   return s.view_as(DType::kF32, {static_cast<int64_t>(s.nbytes() / 4)});
 }

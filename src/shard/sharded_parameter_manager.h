@@ -156,6 +156,11 @@ class ShardedParameterManager {
   // The optimizer enqueued its writes of the master shards on the compute stream: every later
   // gather's copies wait for them (an event, no host wait).
   void masters_written();
+  // An optimizer that writes master shards in pinned host memory on a thread of its own (AdamW
+  // on the host overlapping the next forward, train/host_adamw.h): fence(u) returns once unit u's
+  // masters are final. A gather calls it before it copies those masters, master_shard() before
+  // it hands them out. Null: none.
+  void set_master_fence(std::function<void(int)> fence) { master_fence_ = std::move(fence); }
 
   Stream& compute_stream() { return compute_; }
   const ShardOptions& options() const { return options_; }
@@ -196,6 +201,7 @@ class ShardedParameterManager {
   std::unique_ptr<Stream> h2d_, gather_, reduce_;
   Event grads_done_;  // on the reduce stream: every reduce-scatter so far is done
   Event masters_written_;  // on the compute stream: the last optimizer step's writes
+  std::function<void(int)> master_fence_;  // set_master_fence
   int gathered_now_ = 0, gathered_peak_ = 0;
   uint64_t shard_bytes_ = 0, slot_bytes_ = 0, slot_bound_ = 0, unit_bytes_max_ = 0;
   uint64_t gathered_bytes_now_ = 0, gathered_bytes_peak_ = 0;

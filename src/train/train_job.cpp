@@ -167,6 +167,8 @@ void TrainJob::account_memory(std::optional<int64_t> runtime_bytes) {
       l.add("AdamW moments", opt_.exp_avg[u].nbytes() + opt_.exp_avg_sq[u].nbytes(), *p);
   if (const auto p = place(opt_.norm_scratch))
     l.add("gradient-norm scratch", opt_.norm_scratch.nbytes() + opt_.clip_scale.nbytes(), *p);
+  if (opt_.host && rt_.ctx.is_cuda())
+    l.add("gradient shards staged for the host AdamW", opt_.host->staging_bytes(), MemoryPlace::kPinnedHost);
   const BufferPlan& bp = model_->buffer_plan();
   l.add("step activations", static_cast<uint64_t>(bp.total(BufferLife::kRun)), MemoryPlace::kDevice);
   l.add("kept layers' activations", static_cast<uint64_t>(bp.total(BufferLife::kKept)), MemoryPlace::kDevice);
@@ -428,6 +430,7 @@ void TrainJob::save(int64_t done) {
   so.keep_last = config_.checkpoint.keep_last;
   so.trainer = trainer_state_json(config_, done, max_steps_, *loader_, sched_, {summary_.losses, summary_.eval_losses});
   const auto t0 = std::chrono::steady_clock::now();
+  opt_.finish();  // a host optimizer's last step is in the moments
   summary_.last_checkpoint = save_sharded_checkpoint(comm_, state_, so);
   saved_ = true;
   if (rank_ == 0) QS_LOG_INFO("saved checkpoint {} ({:.2f} s)", summary_.last_checkpoint, seconds_since(t0));

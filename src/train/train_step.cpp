@@ -45,6 +45,13 @@ OptimizerState make_optimizer_state(const QloraModel& qm) {
   const Device grads = qm.mgr->num_units() > 0 ? qm.mgr->grad_shard(0).device() : Device::kCpu;
   s.norm_scratch = Tensor::zeros({2 + kSumSquaresBlocks}, DType::kF64, grads);
   s.clip_scale = Tensor::zeros({1}, DType::kF32, grads);
+  if (qm.mgr->options().offload_optimizer && qm.mgr->num_units() > 0) {
+    // The next forward gathers the root unit (the embedding) first, then the layers in order.
+    std::vector<int> order = {qm.root_unit()};
+    for (int u = 0; u < qm.mgr->num_units(); ++u)
+      if (u != qm.root_unit()) order.push_back(u);
+    s.host = std::make_shared<HostAdamW>(*qm.mgr, std::move(order));
+  }
   return s;
 }
 
@@ -95,21 +102,16 @@ StepStats train_step(Runtime& rt, QloraModel& qm, LlamaModel& model, FsdpDriver&
   }
   rt.data.all_reduce(acc, acc, 1, DType::kF64, ReduceOp::kSum, cs);
   optim::clip_from_sum_squares(gdev, acc, o.grad_clip, norm, scale, cs);
-  float host_scale = 1.0f;  // for masters on the host while the gradients are on the device
-  bool host_scale_read = false;
-  for (int u = 0; u < mgr.num_units(); ++u) {
-    Tensor p = mgr.master_shard(u);
-    const float* sp = scale;
-    if (p.device() == Device::kCpu && gdev != Device::kCpu) {
-      if (!host_scale_read) {
-        rt.ctx.compute().synchronize();
-        copy_bytes(&host_scale, Device::kCpu, scale, gdev, sizeof(float));
-        host_scale_read = true;
-      }
-      sp = &host_scale;
+  if (opt.host) {
+    // Masters on the host: the gradients and the coefficient go to pinned memory on the compute
+    // stream, AdamW runs on the optimizer's thread, each unit's next gather waits for its update.
+    opt.host->submit(opt.exp_avg, opt.exp_avg_sq, scale, o.adamw, o.step + 1, rt.ctx.compute());
+  } else {
+    for (int u = 0; u < mgr.num_units(); ++u) {
+      Tensor p = mgr.master_shard(u);
+      optim::adamw_step(p, mgr.grad_shard(u), opt.exp_avg[u], opt.exp_avg_sq[u], o.adamw, o.step + 1,
+                        rt.ctx.compute().handle(), scale);
     }
-    optim::adamw_step(p, mgr.grad_shard(u), opt.exp_avg[u], opt.exp_avg_sq[u], o.adamw, o.step + 1,
-                      rt.ctx.compute().handle(), sp);
   }
   mgr.masters_written();  // the next step's gathers read the updated masters after these writes
   st.loss = sum_over_ranks(rt.host, model.take_loss_sum()) / std::max<double>(static_cast<double>(st.tokens), 1.0);

@@ -31,6 +31,7 @@
 #include "runtime/runtime.h"
 #include "optim/adamw.h"
 #include "text/data_loader.h"
+#include "train/host_adamw.h"
 #include "train/qlora_model.h"
 
 namespace qshard {
@@ -54,6 +55,13 @@ struct OptimizerState {
   std::vector<Tensor> exp_avg, exp_avg_sq;  // f32, the master shard's size
   Tensor norm_scratch;  // f64 [2 + kSumSquaresBlocks]: sum of squares, norm, partial sums
   Tensor clip_scale;    // f32 [1]: the clip coefficient AdamW reads
+  // Masters in host memory (offload.optimizer): AdamW on a thread of its own, overlapping the next
+  // forward (train/host_adamw.h); null when the masters live where the compute is.
+  std::shared_ptr<HostAdamW> host;
+  // Every unit's update is final (before the moments are read: a checkpoint).
+  void finish() const {
+    if (host) host->finish();
+  }
 };
 OptimizerState make_optimizer_state(const QloraModel& qm);
 

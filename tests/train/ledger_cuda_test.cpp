@@ -88,5 +88,31 @@ TEST(LedgerCuda, EmbeddingInHostMemoryKeepsTheLosses) {
   EXPECT_NE(on_host.perf.plan.find("embedding table in pinned host memory"), std::string::npos) << on_host.perf.plan;
 }
 
+// offload.optimizer on the GPU: the gradient shards go to pinned memory on the compute stream and
+// AdamW runs on the host optimizer's own thread while the next forward starts (train/host_adamw.h).
+// The losses follow the GPU optimizer's (CPU and CUDA AdamW round alike: 1e-6 allowed); the step
+// makes no more host synchronizations than with the optimizer on the GPU; the staging is a pinned
+// ledger line.
+TEST(LedgerCuda, HostOptimizerKeepsTheLosses) {
+  World& world = World::get();
+  if (world.device() < 0) GTEST_SKIP() << "no GPU";
+  TrainConfig c = ledger_job(make_token_file("ledger_hostopt.tok", 32000, 40000, 0));
+  c.steps = 4;
+  JobRuntime jr(world, DeviceChoice::kCuda, "device");
+  const TrainSummary on_gpu = train(c, jr.get());
+  c.offload.optimizer = true;
+  const TrainSummary on_host = train(c, jr.get());
+  EXPECT_TRUE(on_host.perf.offload_optimizer);
+  ASSERT_EQ(on_host.losses.size(), on_gpu.losses.size());
+  for (size_t i = 0; i < on_gpu.losses.size(); ++i)
+    EXPECT_NEAR(on_host.losses[i], on_gpu.losses[i], 1e-6 * std::fabs(on_gpu.losses[i])) << "step " << i + 1;
+  EXPECT_LE(on_host.perf.inside.host_syncs, on_gpu.perf.inside.host_syncs);
+  EXPECT_EQ(on_host.perf.inside.device_allocs, 0u);
+  bool staged = false;
+  for (const LedgerLine& x : on_host.perf.ledger.lines())
+    staged |= x.name == "gradient shards staged for the host AdamW" && x.place == MemoryPlace::kPinnedHost;
+  EXPECT_TRUE(staged) << on_host.perf.ledger.describe();
+}
+
 }  // namespace
 }  // namespace qshard

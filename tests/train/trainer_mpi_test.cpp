@@ -39,6 +39,7 @@ TEST(Trainer, DataParallelEquivalenceAndOffload) {
   const TrainSummary got = train(cfg, all);
   TrainConfig off = cfg;
   off.offload.params = true;
+  off.offload.optimizer = true;  // AdamW on the host's own thread, overlapping the next forward
   const TrainSummary got_off = train(off, all);
   EXPECT_EQ(got.losses.size(), 20u);
   EXPECT_EQ(ref.losses.size(), got.losses.size());
