@@ -18,13 +18,13 @@ namespace {
 constexpr double kRuntimeBytes = 1.25e9;
 constexpr double kLibraryBytes = 0.5e9;
 
-LlamaModelOptions step_options(const TrainConfig& config, int64_t micro, int64_t chunk_rows) {
+LlamaModelOptions step_options(const TrainConfig& config, int64_t micro, int64_t chunk_rows, bool host_checkpoints) {
   LlamaModelOptions mo;
   mo.max_batch = micro;
   mo.max_seq = config.data.max_seq_len;
   mo.lora_dropout = static_cast<float>(config.lora.dropout);
   mo.mlp_chunk_rows = chunk_rows;
-  mo.host_checkpoints = config.memory.host_checkpoints;
+  mo.host_checkpoints = host_checkpoints;
   return mo;
 }
 
@@ -216,7 +216,7 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
   };
 
   // One candidate: the step's buffers for micro-batch `micro`, the kept layers the budget holds.
-  auto candidate = [&](int64_t micro, bool offload_params, bool offload_opt, bool embed_host) {
+  auto candidate = [&](int64_t micro, bool offload_params, bool offload_opt, bool embed_host, bool host_ck) {
     MemoryPlan p;
     p.budget = budget;
     p.layers = lc.num_hidden_layers;
@@ -224,16 +224,17 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     p.micro_batch = micro;
     p.offload_params = offload_params;
     p.offload_optimizer = offload_opt;
-    p.host_checkpoints = m.host_checkpoints;
+    p.host_checkpoints = host_ck;
     p.embedding_on_host = embed_host;
     const int64_t N = micro * T;
     if (m.mlp_chunk_tokens < 0) p.mlp_chunk_rows = N > kAutoChunkAbove ? kAutoChunkRows : 0;
     else p.mlp_chunk_rows = m.mlp_chunk_tokens >= N ? 0 : m.mlp_chunk_tokens;
     p.step_buffers = llama_buffer_plan(
-        llama_buffer_dims(lc, step_options(config, micro, p.mlp_chunk_rows), backend, act_t, act_t, config.lora.r),
+        llama_buffer_dims(lc, step_options(config, micro, p.mlp_chunk_rows, host_ck), backend, act_t, act_t,
+                          config.lora.r),
         backend, act_t);
     p.step = static_cast<double>(p.step_buffers.total());
-    p.per_kept = llama_kept_layer_bytes(lc, step_options(config, micro, 0), backend, act_t, config.lora.r);
+    p.per_kept = llama_kept_layer_bytes(lc, step_options(config, micro, 0, host_ck), backend, act_t, config.lora.r);
     p.resident = resident(offload_params, offload_opt, embed_host);
     p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
     const bool whole = p.mlp_chunk_rows == 0 && p.per_kept > 0;
@@ -293,12 +294,16 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
   // The embedding: as configured; auto weighs both with a budget on the GPU (an untied table).
   std::vector<bool> embed_places = {m.embedding == "host"};
   if (m.embedding == "auto" && cuda && budget > 0 && !lc.tie_word_embeddings) embed_places.push_back(true);
+  // The checkpoints: as configured; auto weighs both with a budget on the GPU.
+  std::vector<bool> checkpoint_places = {m.host_checkpoints == "true"};
+  if (m.host_checkpoints == "auto" && cuda && budget > 0) checkpoint_places.push_back(true);
   for (bool opt : {opt_fixed, true}) {
     for (int64_t micro : micros)
       for (bool off : {false, true}) {
         if (!off && config.offload.params) continue;
         if (off && !config.offload.params && !choose_offload) continue;
-        for (bool embed_host : embed_places) all.push_back(candidate(micro, off, opt, embed_host));
+        for (bool embed_host : embed_places)
+          for (bool host_ck : checkpoint_places) all.push_back(candidate(micro, off, opt, embed_host, host_ck));
       }
     // Without host room the base is offloaded only when nothing fits on the GPU.
     if (choose_offload && !host_room) {
@@ -342,10 +347,11 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
   for (const MemoryPlan& p : all)
     if (&p != best && fits(p) && (chosen.runner_up_s <= 0 || p.est_step_s < chosen.runner_up_s)) {
       chosen.runner_up_s = p.est_step_s;
-      chosen.runner_up = fmt::format("micro-batch {}{}{}{}{}", p.micro_batch, p.offload_params ? ", base offloaded" : "",
+      chosen.runner_up = fmt::format("micro-batch {}{}{}{}{}{}", p.micro_batch, p.offload_params ? ", base offloaded" : "",
                                      p.offload_optimizer ? ", optimizer on the host" : "",
                                      p.host_keep_layers > 0 ? fmt::format(", {} host-kept", p.host_keep_layers) : "",
-                                     p.embedding_on_host ? ", embedding on the host" : "");
+                                     p.embedding_on_host ? ", embedding on the host" : "",
+                                     p.host_checkpoints ? ", checkpoints on the host" : "");
     }
   if (m.keep_layers > 0 && chosen.mlp_chunk_rows > 0)
     throw InputError(fmt::format("{}: memory.keep_layers = {} keeps whole layers, but the MLP runs in chunks of {} rows "

@@ -310,8 +310,9 @@ const std::vector<Field>& fields() {
                "more layers whose activations are kept in pinned host memory instead of recomputed"),
       QS_FIELD("memory.host_budget_gb", memory.host_budget_gb, "in [0, 1e6] (0 = half the host's free memory)",
                "pinned host memory the plan may give host-kept layers (GB = 1e9 bytes)"),
-      QS_FIELD("memory.host_checkpoints", memory.host_checkpoints, "true, false",
-               "keep the layer inputs (activation checkpoints) in pinned host memory, three on the GPU"),
+      QS_FIELD("memory.host_checkpoints", memory.host_checkpoints, "auto, true, false",
+               "keep the layer inputs (activation checkpoints) in pinned host memory, three on the GPU (auto: the "
+               "memory plan's choice; off without a budget)"),
       QS_FIELD("memory.embedding", memory.embedding, "auto, gpu, host",
                "where the embedding table lives: the GPU, pinned host memory (the step's rows read in place), or "
                "the memory plan's choice (auto; the GPU without a budget)"),
@@ -713,6 +714,9 @@ void TrainConfig::validate(int world_size) const {
   // memory
   ck.require(memory.embedding == "auto" || memory.embedding == "gpu" || memory.embedding == "host", "memory.embedding",
              memory.embedding, "auto, gpu or host");
+  ck.require(memory.host_checkpoints == "auto" || memory.host_checkpoints == "true" ||
+                 memory.host_checkpoints == "false",
+             "memory.host_checkpoints", memory.host_checkpoints, "auto, true or false");
   ck.require(memory.gpu_budget_gb >= 0 && memory.gpu_budget_gb <= 1e6, "memory.gpu_budget_gb", memory.gpu_budget_gb,
              "a number of GB in [0, 1e6] (0 = no plan)");
   ck.require(memory.keep_layers >= -1, "memory.keep_layers", memory.keep_layers, ">= -1 (-1 = the plan's choice)");

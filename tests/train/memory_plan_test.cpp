@@ -81,6 +81,7 @@ TEST(MemoryPlan, SmallBudgetOffloadsTheBase) {
   TrainConfig c = job_8b(1, 2048);
   c.memory.gpu_budget_gb = 5.5;
   c.memory.embedding = "gpu";
+  c.memory.host_checkpoints = "false";
   MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
   EXPECT_TRUE(p.offload_params);
   EXPECT_TRUE(p.offload_optimizer);
@@ -190,6 +191,7 @@ TEST(MemoryPlan, CostModelFollowsSessionTwelve) {
   c.batch.micro_batch_size = 0;
   c.memory.gpu_budget_gb = 15;
   c.memory.embedding = "gpu";  // as it was then
+  c.memory.host_checkpoints = "false";
   const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
   EXPECT_EQ(p.micro_batch, 1) << p.describe();
   EXPECT_FALSE(p.offload_params) << p.describe();
@@ -202,6 +204,7 @@ TEST(MemoryPlan, TheFastestCandidateWithinTheBudget) {
   TrainConfig c = job_8b(4, 2048);
   c.memory.gpu_budget_gb = 20;
   c.memory.embedding = "gpu";
+  c.memory.host_checkpoints = "false";
   std::vector<MemoryPlan> all = plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1);
   ASSERT_EQ(all.size(), 2u);  // the base on the GPU or offloaded; the optimizer stays on the GPU
   const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
@@ -423,6 +426,47 @@ TEST(MemoryPlan, EmbeddingInHostMemoryWhereTheGpuIsShort) {
     EXPECT_NE(std::string(e.what()).find("memory.embedding"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("tie_word_embeddings"), std::string::npos) << e.what();
   }
+}
+
+// memory.host_checkpoints auto: at Unsloth's 4 x 2048 memory (9.39 GiB, 10.08 GB) the plan sends
+// the layer inputs to pinned host memory (2 GB at micro-batch 4) when the room buys more kept layers
+// than the copies cost; with every layer on the GPU anyway it does not; without a budget it stays
+// as configured.
+TEST(MemoryPlan, HostCheckpointsWhereTheGpuIsShort) {
+  PlanRates h200{803e12, 55.4e9};
+  h200.host_available_bytes = 100e9;
+  TrainConfig c = job_8b(0, 2048);
+  c.batch.global_batch_size = 8;
+  c.memory.gpu_budget_gb = 10.08;
+  const std::vector<MemoryPlan> all = plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+  EXPECT_EQ(std::count_if(all.begin(), all.end(), [](const MemoryPlan& q) { return q.host_checkpoints; }) * 2,
+            static_cast<long>(all.size()));
+  for (const MemoryPlan& a : all)  // the same plan both ways: the checkpoints leave the step buffers
+    for (const MemoryPlan& b : all)
+      if (a.host_checkpoints && !b.host_checkpoints && a.micro_batch == b.micro_batch &&
+          a.offload_params == b.offload_params && a.offload_optimizer == b.offload_optimizer &&
+          a.embedding_on_host == b.embedding_on_host) {
+        // 32 layers' inputs of micro x 2048 x 4096 bf16 (three stay on the GPU), the rest of the step alike
+        EXPECT_NEAR(b.step - a.step, 30.0 * static_cast<double>(a.micro_batch) * 2048 * 4096 * 2,
+                    0.05 * 30.0 * static_cast<double>(a.micro_batch) * 2048 * 4096 * 2)
+            << a.describe();
+      }
+  TrainConfig off = c;
+  off.memory.host_checkpoints = "false";
+  const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+  const MemoryPlan q = plan_memory(off, llama(off), Backend::kCuda, DType::kBF16, 1, h200);
+  EXPECT_FALSE(q.host_checkpoints);
+  EXPECT_LE(p.est_step_s, q.est_step_s) << p.describe() << " vs " << q.describe();
+  EXPECT_TRUE(p.host_checkpoints) << p.describe();
+  EXPECT_NE(p.describe().find("layer inputs in pinned host memory"), std::string::npos) << p.describe();
+  c.memory.gpu_budget_gb = 80;  // every layer kept at micro-batch 4: no checkpoints to move
+  c.batch.micro_batch_size = 4;
+  c.batch.global_batch_size = 4;
+  EXPECT_FALSE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200).host_checkpoints);
+  c.memory.gpu_budget_gb = 0;
+  EXPECT_FALSE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200).host_checkpoints);
+  c.memory.host_checkpoints = "true";
+  EXPECT_TRUE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200).host_checkpoints);
 }
 
 }  // namespace

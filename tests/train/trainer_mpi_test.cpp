@@ -165,7 +165,7 @@ TEST(Trainer, MemoryPlansKeepTheLossCurve) {
   EXPECT_EQ(planned.losses, ref.losses);
   TrainConfig host = cfg;  // the first layer's internals in (pinned) host memory and back
   host.memory.host_keep_layers = 1;
-  host.memory.host_checkpoints = true;  // and the layer inputs
+  host.memory.host_checkpoints = "true";  // and the layer inputs
   const TrainSummary hosted = train(host, all);
   EXPECT_EQ(hosted.perf.host_keep_layers, 1);
   EXPECT_EQ(hosted.losses, ref.losses) << "host-kept layers must not change the numbers";
