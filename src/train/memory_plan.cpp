@@ -13,10 +13,13 @@
 namespace qshard {
 namespace {
 
-// The runtime's own device memory beyond the plan's buffers (CUDA context, cuBLAS / cuDNN
-// workspaces, NCCL): an estimate used before anything is measured.
-constexpr double kRuntimeBytes = 1.25e9;
-constexpr double kLibraryBytes = 0.5e9;
+// The runtime's own device memory beyond the plan's buffers: the CUDA context, communicators and
+// what the build leaves in the pools (an estimate used before anything is measured), and the
+// libraries' handles and workspaces, taken at their first use in the step. cuDNN's attention
+// workspace grows with the micro-batch's tokens: measured on the H200 at the 8B shape (hidden 4096),
+// 0.35 GB at 2048 tokens and 1.25-1.3 GB at 8192, about 36 bytes per token per hidden unit.
+constexpr double kRuntimeBytes = 0.75e9;
+double library_bytes(double tokens, double hidden) { return 0.1e9 + 36.0 * tokens * hidden; }
 
 LlamaModelOptions step_options(const TrainConfig& config, int64_t micro, int64_t chunk_rows, bool host_checkpoints) {
   LlamaModelOptions mo;
@@ -235,7 +238,8 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
         backend, act_t);
     p.step = static_cast<double>(p.step_buffers.total());
     p.per_kept = llama_kept_layer_bytes(lc, step_options(config, micro, 0, host_ck), backend, act_t, config.lora.r);
-    p.resident = resident(offload_params, offload_opt, embed_host);
+    p.library = cuda ? library_bytes(static_cast<double>(N), static_cast<double>(lc.hidden_size)) : 0.0;
+    p.resident = resident(offload_params, offload_opt, embed_host) + p.library;
     p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
     const bool whole = p.mlp_chunk_rows == 0 && p.per_kept > 0;
     auto fill = [&](MemoryPlan& q) {  // the device-kept layers the budget holds beside q's staging sets
@@ -256,7 +260,9 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     // and on the H200 the two tiers together stalled the step (8B, 8 sequences: 11,613 tokens/s at
     // 10 GB and 11,396 at 15 GB with the base offloaded and 15 / 11 host-kept layers, against
     // 12,034 and 13,070 without them; the cost model had them 5-20% faster).
-    if (cuda && budget > 0 && whole && m.host_keep_layers < 0 && !offload_params) {
+    // Nor beside checkpoints in host memory: their copies queue with the tier's (H200, 8B, 8
+    // sequences: 47-72 ms of waits at 10-12.5 GB with both, where the model counted none).
+    if (cuda && budget > 0 && whole && m.host_keep_layers < 0 && !offload_params && !host_ck) {
       for (int64_t h = 1; h < p.layers; ++h) {
         MemoryPlan q = p;
         q.host_keep_layers = h;
@@ -373,7 +379,7 @@ double plan_step_estimate(const MemoryPlan& p, const TrainConfig& config, const 
 void plan_kept_layers(MemoryPlan& p, const TrainConfig& config, double in_use_bytes, double optimizer_bytes) {
   if (in_use_bytes > 0) {
     // + what the step's libraries take at their first use (cuBLAS / cuDNN workspaces and plans)
-    p.resident = in_use_bytes + optimizer_bytes + kLibraryBytes;
+    p.resident = in_use_bytes + optimizer_bytes + p.library;
     p.measured = true;
   }
   // The host tier's staging sets were sized against the estimate: with more in use than estimated

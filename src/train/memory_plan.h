@@ -80,7 +80,9 @@ struct MemoryPlan {
   int64_t layers = 0;            // L, for the description
   bool cuda = false;             // the plan is for GPU memory (else the CPU backend's host memory)
   // Estimates, bytes on the GPU:
-  double resident = 0;  // base shards (unless offloaded), gathered units, LoRA and optimizer state, runtime
+  double resident = 0;  // base shards (unless offloaded), gathered units, LoRA and optimizer state, runtime,
+                        // libraries
+  double library = 0;   // of which the libraries' workspaces at this micro-batch (cuDNN's grows with it)
   bool measured = false;  // resident is the device memory in use after the build, not an estimate
   double step = 0;      // LlamaModel's activation buffers and workspace at keep_layers 0 (step_buffers' total)
   BufferPlan step_buffers;  // those buffers, entry by entry (model/llama_buffers.h; ledger() prints them)

@@ -272,6 +272,7 @@ TEST(MemoryPlan, HostTierWhereTheGpuIsShort) {
   TrainConfig c = job_8b(0, 2048);  // the plan chooses the micro-batch too
   c.batch.global_batch_size = 8;
   c.memory.gpu_budget_gb = 12;
+  c.memory.host_checkpoints = "false";  // the tier alone (never beside checkpoints in host memory)
   MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
   EXPECT_FALSE(p.offload_params) << p.describe();
   for (const MemoryPlan& q : plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200))
@@ -451,6 +452,13 @@ TEST(MemoryPlan, HostCheckpointsWhereTheGpuIsShort) {
                     0.05 * 30.0 * static_cast<double>(a.micro_batch) * 2048 * 4096 * 2)
             << a.describe();
       }
+  for (const MemoryPlan& q : all) {
+    // Never beside the host tier (their copies queued together on the H200).
+    EXPECT_FALSE(q.host_checkpoints && q.host_keep_layers > 0) << q.describe();
+    // cuDNN's attention workspace grows with the micro-batch: 1.3 GB at 4 x 2048 (measured 1.25-1.3).
+    if (q.micro_batch == 4) EXPECT_NEAR(q.library, 1.3e9, 0.1e9);
+    if (q.micro_batch == 1) EXPECT_NEAR(q.library, 0.4e9, 0.1e9);
+  }
   TrainConfig off = c;
   off.memory.host_checkpoints = "false";
   const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
