@@ -87,13 +87,18 @@ ChatTemplateLimits ChatTemplateLimits::from_env() {
   const char* env = std::getenv("QSHARD_TEMPLATE_LIMITS");
   if (env == nullptr || *env == '\0') return l;
   const std::string text = env;
+  std::vector<std::string> seen;
   size_t pos = 0;
   while (pos <= text.size()) {
     size_t end = text.find(',', pos);
     if (end == std::string::npos) end = text.size();
     const std::string item = text.substr(pos, end - pos);
     pos = end + 1;
-    if (item.empty()) continue;
+    // Strict: an empty entry (",," or a trailing comma) and a budget given twice (which one counts
+    // would be a guess: the last won in silence) are refused, naming the variable and the entry.
+    if (item.empty())
+      throw InputError("environment variable QSHARD_TEMPLATE_LIMITS='" + text +
+                       "': an empty entry (expected NAME=N[,NAME=N...])");
     const size_t eq = item.find('=');
     const std::string key = item.substr(0, eq);
     uint64_t* slot = key == "instructions" ? &l.max_instructions
@@ -105,6 +110,10 @@ ChatTemplateLimits ChatTemplateLimits::from_env() {
     if (slot == nullptr) {
       throw InputError("QSHARD_TEMPLATE_LIMITS: unknown budget '" + key + "' (expected instructions, iterations, output, bytes or spans)");
     }
+    if (std::find(seen.begin(), seen.end(), key) != seen.end())
+      throw InputError("environment variable QSHARD_TEMPLATE_LIMITS='" + text + "': budget '" + key +
+                       "' given twice (entry '" + item + "'); give each once");
+    seen.push_back(key);
     const std::string num = eq == std::string::npos ? std::string() : item.substr(eq + 1);
     // At most 2^40 (a budget, not a way around one: a larger one could not be met by the host).
     *slot = static_cast<uint64_t>(parse_int("QSHARD_TEMPLATE_LIMITS " + key, num, 1, kMaxTemplateBudget));
