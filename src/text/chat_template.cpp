@@ -17,7 +17,7 @@
 #include "runtime/input_file.h"
 #include "runtime/numbers.h"
 #include "text/chat_template_ast.h"
-#include "text/hf_tokenizer.h"
+#include "text/special_token.h"
 
 namespace qshard {
 namespace jinja {

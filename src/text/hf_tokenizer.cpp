@@ -25,6 +25,7 @@
 #include "runtime/input_file.h"
 #include "runtime/json_field.h"
 #include "text/hf_tokenizer_pipeline.h"
+#include "text/special_token.h"
 
 namespace qshard {
 
@@ -597,15 +598,6 @@ std::string HfTokenizer::decode(std::span<const uint32_t> ids, bool skip_special
   for (const std::string& x : toks) s += x;
   return s;
 }
-
-template <class Json>
-std::string special_token_text(const BasicJsonField<Json>& f) {
-  if (f.json().is_object()) return f.at("content", "a string").string();
-  if (!f.json().is_string()) f.expected("a token: a string or {\"content\": \"...\"}");
-  return f.string();
-}
-template std::string special_token_text(const JsonField&);
-template std::string special_token_text(const OrderedJsonField&);
 
 uint32_t HfTokenizer::vocab_size() const { return static_cast<uint32_t>(impl_->id_to_token.size()); }
 

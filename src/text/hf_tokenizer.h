@@ -39,8 +39,6 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/json_field.h"
-
 namespace qshard {
 
 // Bounds on hostile tokenizer files (each an InputError naming the file, the key and the value).
@@ -93,11 +91,5 @@ class HfTokenizer {
 // Python's bytes.decode("utf-8", errors="replace"): every maximal ill-formed subsequence becomes
 // U+FFFD; valid text comes back unchanged.
 std::string utf8_replace_invalid(std::string_view bytes);
-
-// A special token (bos_token, eos_token, ...) of tokenizer_config.json or special_tokens_map.json
-// as transformers reads it: a string, or an AddedToken object's string "content"; another type is an
-// InputError naming the file and f's path. Json: nlohmann::json or nlohmann::ordered_json.
-template <class Json>
-std::string special_token_text(const BasicJsonField<Json>& f);
 
 }  // namespace qshard
