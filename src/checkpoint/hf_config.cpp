@@ -311,6 +311,26 @@ bool is_llama_projection_weight(const std::string& name) {
   return std::regex_match(name, re);
 }
 
+void check_stored_layers(const LlamaConfig& c, const std::vector<std::string>& names, const std::string& dir) {
+  static constexpr std::string_view kPrefix = "model.layers.";
+  int64_t top = -1;
+  std::string example;
+  for (const std::string& name : names) {
+    if (name.compare(0, kPrefix.size(), kPrefix) != 0) continue;
+    int64_t layer = 0;
+    size_t i = kPrefix.size();
+    for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && layer < (int64_t{1} << 40); ++i)
+      layer = layer * 10 + (name[i] - '0');
+    if (i == kPrefix.size() || i >= name.size() || name[i] != '.') continue;  // not a layer's tensor
+    if (layer > top) top = layer, example = name;
+  }
+  if (top >= c.num_hidden_layers)
+    throw InputError(dir + ": the weights hold decoder layer " + std::to_string(top) + " ('" + example +
+                     "'), but config.json's num_hidden_layers is " + std::to_string(c.num_hidden_layers) +
+                     ": config.json does not describe these weights (layers " + std::to_string(c.num_hidden_layers) + " to " +
+                     std::to_string(top) + " would be dropped in silence)");
+}
+
 std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_weights(const LlamaConfig& c) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> w;
   w.push_back({"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}});
