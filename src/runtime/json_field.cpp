@@ -24,6 +24,15 @@ std::string range_text(int64_t min, int64_t max) {
 
 }  // namespace
 
+std::string json_error_text(const std::exception& e) {
+  std::string s = e.what();
+  if (s.rfind("[json.exception.", 0) == 0) {
+    const size_t end = s.find("] ");
+    if (end != std::string::npos) s.erase(0, end + 2);
+  }
+  return s;
+}
+
 template <class Json>
 std::string json_shown(const Json& v, size_t max_chars) {
   // Parsed values hold valid UTF-8, so the strict dump never throws; replace keeps it so for

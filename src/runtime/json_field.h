@@ -86,6 +86,11 @@ class BasicJsonField {
 using JsonField = BasicJsonField<nlohmann::json>;
 using OrderedJsonField = BasicJsonField<nlohmann::ordered_json>;
 
+// nlohmann's message for a parse error without its tag: "parse error at line 1, column 18: syntax
+// error while parsing value - unexpected end of input; ..." (the "[json.exception.parse_error.101] "
+// before it is the library's, and means nothing to the user whose file it is).
+std::string json_error_text(const std::exception& e);
+
 // A JSON value as a message shows it: its dump, cut to `max_chars` with "..." past them.
 template <class Json>
 std::string json_shown(const Json& v, size_t max_chars = 60);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 
 namespace qshard {
 namespace {
@@ -61,6 +62,13 @@ TEST(JsonField, MissingAndMistypedValuesAreNamed) {
   EXPECT_EQ(error_of([&] { m.at("n").fail("is odd"); }), "t.json: model.n: is odd");
   const nlohmann::json inf = {{"x", HUGE_VAL}};  // a program's value (the parse refuses 1e999)
   EXPECT_EQ(error_of([&] { JsonField(inf, "t.json").at("x").number(); }), "t.json: x: expected a finite number, got null");
+}
+
+// A syntax error names the file, the line and the column, without nlohmann's tag.
+TEST(JsonField, SyntaxErrorsNameTheFileWithoutTheLibraryTag) {
+  const std::string e = error_of([] { parse_json_input("{\"a\": ", "dir/generation_config.json"); });
+  EXPECT_EQ(e.rfind("dir/generation_config.json: not valid JSON (parse error at line 1, column 7: syntax error", 0), 0u) << e;
+  EXPECT_EQ(e.find("json.exception"), std::string::npos) << e;
 }
 
 TEST(JsonField, OptionalMembersTakeTheDefaultWhenAbsentOrNull) {
