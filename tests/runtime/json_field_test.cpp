@@ -7,21 +7,14 @@
 #include <cmath>
 #include <string>
 
+#include "common/test_util.h"
 #include "runtime/error.h"
 #include "runtime/input_file.h"
 
 namespace qshard {
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing_util::error_of;
 
 const nlohmann::json kDoc = nlohmann::json::parse(R"({
   "model": {"vocab": {"a b": 0, "c": 1}, "merges": ["a b", 7], "n": 3, "big": 18446744073709551615,
