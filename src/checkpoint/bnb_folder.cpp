@@ -316,6 +316,7 @@ FolderReport quantize_model_folder(const std::string& in_dir, const std::string&
   if (cfg.quantized)
     throw InputError(in_dir + "/config.json: the model is already quantized (quantization_config present)");
   const SafetensorsFolder in = SafetensorsFolder::open(in_dir);
+  check_stored_layers(cfg, in.names(), in_dir);
   for (const auto& [name, shape] : llama_expected_weights(cfg)) {
     const SafetensorsEntry* e = in.find(name);
     if (!e) throw InputError(in_dir + ": tensor '" + name + "' required by config.json is missing");
@@ -429,6 +430,7 @@ FolderReport dequantize_model_folder(const std::string& in_dir, const std::strin
   const LlamaConfig cfg = LlamaConfig::load(in_dir);
   if (!cfg.quantized) throw InputError(in_dir + "/config.json: no bitsandbytes quantization_config; nothing to dequantize");
   const SafetensorsFolder in = SafetensorsFolder::open(in_dir);
+  check_stored_layers(cfg, in.names(), in_dir);
   const std::string label = in_dir;
   TensorLookup lookup = [&in](const std::string& k) -> std::optional<Tensor> {
     if (!in.contains(k)) return std::nullopt;

@@ -434,9 +434,20 @@ std::string status_of(const std::exception_ptr& e) {
 }
 
 // QSHARD_TEST_KILL_DURING_EXPORT=<format>: rank 0 dies (SIGKILL) once `written` of `total` tensors
-// of an export of that format are written: a job killed in the middle of its final export.
+// of an export of that format are written: a job killed in the middle of its final export. Another
+// value than a format's name is an InputError (export_model checks it first): a typo would never
+// fire, and the test that set it would pass for the wrong reason.
+const char* kill_during_export_for_test() {
+  const char* k = std::getenv("QSHARD_TEST_KILL_DURING_EXPORT");
+  if (k == nullptr || *k == '\0') return nullptr;
+  for (ExportFormat f : {ExportFormat::kBnb4, ExportFormat::kPeft, ExportFormat::kMerged})
+    if (std::strcmp(k, export_format_name(f)) == 0) return k;
+  throw InputError(std::string("environment variable QSHARD_TEST_KILL_DURING_EXPORT='") + k +
+                   "': expected bnb4, peft or merged");
+}
+
 void maybe_kill_for_test(ExportFormat f, size_t written, size_t total) {
-  static const char* k = std::getenv("QSHARD_TEST_KILL_DURING_EXPORT");
+  const char* k = kill_during_export_for_test();
   if (!k || std::strcmp(k, export_format_name(f)) != 0 || written != total / 2) return;
   QS_LOG_WARN("QSHARD_TEST_KILL_DURING_EXPORT: rank 0 kills itself during the {} export ({} of {} tensors written)",
               k, written, total);
@@ -478,6 +489,7 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
   const std::string label = std::string("export ") + export_format_name(o.format) + " to " + o.out_dir;
   // ---- deterministic checks and layout, identical on every rank ----
   if (o.out_dir.empty()) throw InputError("export: options.out_dir is empty");
+  kill_during_export_for_test();  // a bad value is refused before anything is written
   if (o.format != ExportFormat::kBnb4) check_lora(tree, o, label);
   const Layout L = plan_layout(tree, units, o);
   const nlohmann::json model_config = o.format == ExportFormat::kPeft ? nlohmann::json() : model_config_json(tree, config, o);

@@ -57,8 +57,12 @@ RopeScaling parse_rope(const json& r, const std::string& key, const std::string&
   RopeScaling s;
   if (!r.is_object()) throw InputError(where(label, key) + " must be an object, got " + r.dump());
   std::string type = "default";
-  if (r.contains("rope_type") && r["rope_type"].is_string()) type = r["rope_type"];
-  else if (r.contains("type") && r["type"].is_string()) type = r["type"];
+  // rope_type (or the older "type"), a string when given: another type was read as "default".
+  for (const char* k : {"type", "rope_type"})
+    if (r.contains(k) && !r[k].is_null()) {
+      if (!r[k].is_string()) throw InputError(where(label, key) + "." + k + " must be a string, got " + r[k].dump());
+      type = r[k].get<std::string>();
+    }
   if (type != "default" && type != "llama3")
     throw InputError(where(label, key) + " has rope_type \"" + type + "\"; qshard supports \"default\" and \"llama3\"");
   s.rope_type = type;
@@ -178,15 +182,25 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
       }
       break;
   }
-  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int64_t>();
-  if (j.contains("eos_token_id")) {
+  // Token ids, dtype and quantization_config of another type than the one transformers writes are
+  // refused by key (they were skipped in silence: a quantization_config of the wrong type left a
+  // 4-bit folder read as a plain one).
+  if (j.contains("bos_token_id") && !j["bos_token_id"].is_null())
+    c.bos_token_id = get_int(j, "bos_token_id", label, std::nullopt);
+  if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
     const json& e = j["eos_token_id"];
     if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int64_t>());
     else if (e.is_array())
-      for (const auto& v : e)
-        if (v.is_number_integer()) c.eos_token_ids.push_back(v.get<int64_t>());
+      for (const auto& v : e) {
+        if (!v.is_number_integer())
+          throw InputError(where(label, "eos_token_id") + " must be an integer or a list of integers, got " + e.dump());
+        c.eos_token_ids.push_back(v.get<int64_t>());
+      }
+    else throw InputError(where(label, "eos_token_id") + " must be an integer or a list of integers, got " + e.dump());
   }
   for (const char* k : {"torch_dtype", "dtype"}) {
+    if (j.contains(k) && !j[k].is_null() && !j[k].is_string())
+      throw InputError(where(label, k) + " must be a string, got " + j[k].dump());
     if (j.contains(k) && j[k].is_string()) {
       auto d = parse_dtype(j[k].get<std::string>());
       if (!d || !dtype_is_float(*d))
@@ -194,8 +208,9 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
       c.dtype = d;
     }
   }
-  if (j.contains("quantization_config") && j["quantization_config"].is_object()) {
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
     const json& q = j["quantization_config"];
+    if (!q.is_object()) throw InputError(where(label, "quantization_config") + " must be an object, got " + q.dump());
     const std::string ql = label + " (quantization_config)";
     if (json_string(q, "quant_method", ql, "") != "bitsandbytes" || !json_bool(q, "load_in_4bit", ql, false))
       throw InputError(where(label, "quantization_config") + " is not a bitsandbytes 4-bit config: " + q.dump());
@@ -294,6 +309,26 @@ std::vector<int64_t> llama_projection_shape(const LlamaConfig& c, const std::str
 bool is_llama_projection_weight(const std::string& name) {
   static const std::regex re(R"(model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)\.weight)");
   return std::regex_match(name, re);
+}
+
+void check_stored_layers(const LlamaConfig& c, const std::vector<std::string>& names, const std::string& dir) {
+  static constexpr std::string_view kPrefix = "model.layers.";
+  int64_t top = -1;
+  std::string example;
+  for (const std::string& name : names) {
+    if (name.compare(0, kPrefix.size(), kPrefix) != 0) continue;
+    int64_t layer = 0;
+    size_t i = kPrefix.size();
+    for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && layer < (int64_t{1} << 40); ++i)
+      layer = layer * 10 + (name[i] - '0');
+    if (i == kPrefix.size() || i >= name.size() || name[i] != '.') continue;  // not a layer's tensor
+    if (layer > top) top = layer, example = name;
+  }
+  if (top >= c.num_hidden_layers)
+    throw InputError(dir + ": the weights hold decoder layer " + std::to_string(top) + " ('" + example +
+                     "'), but config.json's num_hidden_layers is " + std::to_string(c.num_hidden_layers) +
+                     ": config.json does not describe these weights (layers " + std::to_string(c.num_hidden_layers) + " to " +
+                     std::to_string(top) + " would be dropped in silence)");
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_weights(const LlamaConfig& c) {

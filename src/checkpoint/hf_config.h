@@ -112,5 +112,10 @@ std::vector<int64_t> llama_projection_shape(const LlamaConfig& c, const std::str
 bool is_llama_projection_weight(const std::string& name);
 // Every weight name the config implies with its shape, in HF order (embed, layers, norm, lm_head).
 std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_weights(const LlamaConfig& c);
+// A folder whose tensors (`names`) hold a decoder layer "model.layers.<N>." with N >= the config's
+// num_hidden_layers is an InputError naming `dir`, the layer and num_hidden_layers: config.json does
+// not describe these weights, and a loader that ignores tensors it has no slot for (eval, generate,
+// train) would drop those layers in silence.
+void check_stored_layers(const LlamaConfig& c, const std::vector<std::string>& names, const std::string& dir);
 
 }  // namespace qshard

@@ -174,6 +174,7 @@ LoadedLlama load_llama_folder(const std::string& dir, const LlamaLoadOptions& o)
   if (o.check_host_memory) require_host_memory(out.tree_bytes, "loading " + dir, llama_size_keys(config));
 
   const SafetensorsFolder folder = SafetensorsFolder::open(dir);
+  check_stored_layers(config, folder.names(), dir);
   // Float weights f32 unless stored otherwise and kept as stored; the 4-bit placeholders are
   // replaced by the stored or quantized weights.
   to.dtype = DType::kF32;

@@ -7,6 +7,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "runtime/input_file.h"
+#include "runtime/json_field.h"
 
 namespace qshard {
 namespace fs = std::filesystem;
@@ -16,39 +17,33 @@ PeftLoraConfig read_peft_config(const std::string& dir) {
   check_input_folder(dir, "adapter folder");
   if (!fs::exists(path)) throw InputError("adapter folder " + dir + " has no adapter_config.json");
   const nlohmann::json j = parse_json_input(read_input_file(path, "adapter config"), path);
-  if (!j.is_object()) throw InputError(path + ": must be a JSON object");
-  const std::string peft_type = json_string(j, "peft_type", path, "");
-  if (peft_type != "LORA")
-    throw InputError(path + ": key \"peft_type\" is " + (peft_type.empty() ? std::string("missing") : "\"" + peft_type + "\"") +
-                     ", expected \"LORA\"");
+  // Every field through a JsonField: a missing one or one of the wrong type names the file and key.
+  const JsonField f(j, path);
+  const std::string peft_type = f.object().at("peft_type", "\"LORA\"").string();
+  if (peft_type != "LORA") f.at("peft_type").expected("\"LORA\"");
   PeftLoraConfig c;
-  if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() <= 0 || j["r"].get<int64_t>() > kMaxLoraRank)
-    throw InputError(path + ": key \"r\" must be an integer in [1, " + std::to_string(kMaxLoraRank) + "], got " +
-                     (j.contains("r") ? j["r"].dump() : std::string("none")));
-  c.r = j["r"].get<int64_t>();
-  if (!j.contains("lora_alpha") || !j["lora_alpha"].is_number() || !(std::fabs(j["lora_alpha"].get<double>()) <= kMaxLoraAlpha))
-    throw InputError(path + ": key \"lora_alpha\" must be a number of magnitude at most " +
-                     std::to_string(static_cast<int64_t>(kMaxLoraAlpha)) + ", got " +
-                     (j.contains("lora_alpha") ? j["lora_alpha"].dump() : std::string("none")));
-  c.lora_alpha = j["lora_alpha"].get<double>();
-  c.lora_dropout = json_number(j, "lora_dropout", path, 0.0);
-  c.use_rslora = json_bool(j, "use_rslora", path, false);
-  if (!j.contains("target_modules"))  // (operator[] of a const json on a missing key is undefined)
-    throw InputError(path + ": key \"target_modules\" is missing: expected a list of module names");
-  const auto& t = j["target_modules"];
+  c.r = f.at("r", "the LoRA rank").integer(1, kMaxLoraRank);
+  // alpha scales every update (alpha / r): 0 silences the adapter, a negative one flips it; PEFT
+  // writes a positive one.
+  const std::string alpha_range = "a number in (0, " + std::to_string(static_cast<int64_t>(kMaxLoraAlpha)) + "]";
+  const JsonField alpha = f.at("lora_alpha", alpha_range.c_str());
+  c.lora_alpha = alpha.json().is_number() ? alpha.json().get<double>() : NAN;  // 1e999 parses as inf
+  if (!(c.lora_alpha > 0 && c.lora_alpha <= kMaxLoraAlpha)) alpha.expected(alpha_range);
+  if (const auto dropout = f.find("lora_dropout")) {
+    c.lora_dropout = dropout->json().is_number() ? dropout->json().get<double>() : NAN;
+    if (!(c.lora_dropout >= 0 && c.lora_dropout < 1)) dropout->expected("a number in [0, 1)");
+  }
+  c.use_rslora = f.bool_or("use_rslora", false);
+  const JsonField t = f.at("target_modules", "a list of module names");
   // PEFT matches a string against every module's full name as a regular expression ("all-linear":
   // every linear layer); read as one module name it named none, and the weights were refused as
   // belonging to no slot.
-  if (t.is_string())
-    throw InputError(path + ": key \"target_modules\" is the string " + t.dump() +
+  if (t.json().is_string())
+    throw InputError(path + ": key \"target_modules\" is the string " + t.json().dump() +
                      " (PEFT's regular-expression or all-linear form); qshard reads a list of module names, e.g. "
                      "[\"q_proj\", \"v_proj\"]");
-  if (t.is_array())
-    for (const auto& s : t) {
-      if (!s.is_string()) throw InputError(path + ": key \"target_modules\" holds " + s.dump() + ", not a module name");
-      c.target_modules.push_back(s.get<std::string>());
-    }
-  else throw InputError(path + ": key \"target_modules\" must be a list of module names");
+  if (!t.json().is_array()) t.expected("a list of module names");
+  for (const JsonField& m : t.elements()) c.target_modules.push_back(m.string());
   // LoRA features qshard does not implement are refused, never ignored (an ignored alpha_pattern
   // would silently compute another model than PEFT does).
   auto refuse = [&](const char* key, const std::string& why) {

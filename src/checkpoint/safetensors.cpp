@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "runtime/input_file.h"
+#include "runtime/json_field.h"
 #include "runtime/mapped_files.h"
 #include "runtime/log.h"
 
@@ -140,7 +141,7 @@ class StrictJsonBuilder {
     return true;
   }
   bool parse_error(size_t, const std::string&, const nlohmann::detail::exception& ex) {
-    throw InputError(fmt::format("{}: not valid JSON: {}", label_, ex.what()));
+    throw InputError(fmt::format("{}: not valid JSON: {}", label_, json_error_text(ex)));
   }
 
   ojson take() { return std::move(root_); }

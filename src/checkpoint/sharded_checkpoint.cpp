@@ -21,6 +21,7 @@
 #include "runtime/error.h"
 #include "runtime/input_file.h"
 #include "runtime/log.h"
+#include "runtime/numbers.h"
 
 namespace qshard {
 namespace fs = std::filesystem;
@@ -168,6 +169,20 @@ void validate_metadata(const nlohmann::json& m, const MetaReader& r) {
   r.field(m, "trainer", vt::object, "");
 }
 
+// Test hook: QSHARD_TEST_KILL_DURING_SAVE=RANK:STEP makes that rank die (SIGKILL) halfway through
+// writing its file of that step's save; (-1, -1) when unset. Read strictly (numbers.h): a value that
+// is not two integers would never fire, and the test that set it would pass for the wrong reason.
+std::pair<int64_t, int64_t> kill_during_save_for_test() {
+  const char* k = std::getenv("QSHARD_TEST_KILL_DURING_SAVE");
+  if (k == nullptr || *k == '\0') return {-1, -1};
+  const std::string_view text(k);
+  const size_t colon = text.find(':');
+  if (colon == std::string_view::npos)
+    throw InputError("environment variable QSHARD_TEST_KILL_DURING_SAVE='" + std::string(text) + "': expected RANK:STEP");
+  return {parse_int("environment variable QSHARD_TEST_KILL_DURING_SAVE (rank)", text.substr(0, colon), 0, INT32_MAX),
+          parse_int("environment variable QSHARD_TEST_KILL_DURING_SAVE (step)", text.substr(colon + 1), 0, INT64_MAX)};
+}
+
 // The save's first half on this rank: write the file, checksum it. Returns (bytes, crc32).
 std::pair<int64_t, int64_t> write_rank_file(const fs::path& path, const std::vector<UnitStateShard>& units, int rank,
                                             int world, int64_t step) {
@@ -183,8 +198,7 @@ std::pair<int64_t, int64_t> write_rank_file(const fs::path& path, const std::vec
            {"rank", std::to_string(rank)},
            {"world_size", std::to_string(world)},
            {"step", std::to_string(step)}});
-  int kill_step = -1, kill_rank = -1;
-  if (const char* k = std::getenv("QSHARD_TEST_KILL_DURING_SAVE")) std::sscanf(k, "%d:%d", &kill_rank, &kill_step);
+  const auto [kill_rank, kill_step] = kill_during_save_for_test();
   size_t written = 0;
   for (const auto& u : units)
     for (const auto& [name, t] : u.slices) {

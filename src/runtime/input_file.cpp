@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/json_field.h"
 #include "runtime/log.h"
 
 namespace qshard {
@@ -185,7 +186,7 @@ Json parse_bounded(std::string_view text, const std::string& label) {
     if (!problem.empty()) throw InputError(label + ": " + problem);
     throw;
   } catch (const json::exception& e) {
-    throw InputError(label + ": not valid JSON (" + e.what() + ")");
+    throw InputError(label + ": not valid JSON (" + json_error_text(e) + ")");
   }
 }
 

@@ -17,6 +17,7 @@
 #include "runtime/input_file.h"
 #include "runtime/numbers.h"
 #include "text/chat_template_ast.h"
+#include "text/special_token.h"
 
 namespace qshard {
 namespace jinja {
@@ -34,12 +35,6 @@ nlohmann::ordered_json read_json(const std::filesystem::path& path, const std::s
   return parse_ordered_json_input(read_file(path, what), what + " " + path.string());
 }
 
-// A special token as transformers reads it: a string, or an AddedToken object's "content".
-std::optional<std::string> token_text(const nlohmann::ordered_json& v) {
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
-  return std::nullopt;
-}
 
 // What apply_chat_template does to each message before rendering: keys whose value is null are
 // dropped; reasoning found under reasoning_content, thinking or reasoning (first non-null) is
@@ -92,13 +87,18 @@ ChatTemplateLimits ChatTemplateLimits::from_env() {
   const char* env = std::getenv("QSHARD_TEMPLATE_LIMITS");
   if (env == nullptr || *env == '\0') return l;
   const std::string text = env;
+  std::vector<std::string> seen;
   size_t pos = 0;
   while (pos <= text.size()) {
     size_t end = text.find(',', pos);
     if (end == std::string::npos) end = text.size();
     const std::string item = text.substr(pos, end - pos);
     pos = end + 1;
-    if (item.empty()) continue;
+    // Strict: an empty entry (",," or a trailing comma) and a budget given twice (which one counts
+    // would be a guess: the last won in silence) are refused, naming the variable and the entry.
+    if (item.empty())
+      throw InputError("environment variable QSHARD_TEMPLATE_LIMITS='" + text +
+                       "': an empty entry (expected NAME=N[,NAME=N...])");
     const size_t eq = item.find('=');
     const std::string key = item.substr(0, eq);
     uint64_t* slot = key == "instructions" ? &l.max_instructions
@@ -110,6 +110,10 @@ ChatTemplateLimits ChatTemplateLimits::from_env() {
     if (slot == nullptr) {
       throw InputError("QSHARD_TEMPLATE_LIMITS: unknown budget '" + key + "' (expected instructions, iterations, output, bytes or spans)");
     }
+    if (std::find(seen.begin(), seen.end(), key) != seen.end())
+      throw InputError("environment variable QSHARD_TEMPLATE_LIMITS='" + text + "': budget '" + key +
+                       "' given twice (entry '" + item + "'); give each once");
+    seen.push_back(key);
     const std::string num = eq == std::string::npos ? std::string() : item.substr(eq + 1);
     // At most 2^40 (a budget, not a way around one: a larger one could not be met by the host).
     *slot = static_cast<uint64_t>(parse_int("QSHARD_TEMPLATE_LIMITS " + key, num, 1, kMaxTemplateBudget));
@@ -172,15 +176,15 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
   static const char* const kSpecial[] = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"};
   nlohmann::ordered_json legacy = nlohmann::ordered_json::object();
   const fs::path map_file = root / "special_tokens_map.json";
-  if (fs::exists(map_file)) {
-    legacy = jinja::read_json(map_file, "special tokens map");
-    if (!legacy.is_object()) legacy = nlohmann::ordered_json::object();
-  }
+  if (fs::exists(map_file)) legacy = jinja::read_json(map_file, "special tokens map");
+  // A token the config sets (null: unset) hides the legacy map's; a value of another type than a
+  // string or {"content": ...} is an InputError naming the file and the key (special_token_text).
+  const OrderedJsonField config_field(config, config_file.string()), legacy_field(legacy, map_file.string());
+  legacy_field.object();
   for (const char* key : kSpecial) {
-    std::optional<std::string> v;
-    if (config.contains(key)) v = jinja::token_text(config[key]);
-    if (!v && !config.contains(key) && legacy.contains(key)) v = jinja::token_text(legacy[key]);
-    if (v) t.special_tokens_[key] = *v;
+    std::optional<OrderedJsonField> v = config_field.find(key);
+    if (!v && !config.contains(key)) v = legacy_field.find(key);
+    if (v) t.special_tokens_[key] = special_token_text(*v);
   }
   return t;
 }

@@ -63,7 +63,8 @@ struct RenderTrace;
 // margins of 145000x, 63000x, 138000x and 52000x, and a 100k-message conversation renders under
 // them (~0.35 s, linear); a hostile template ends within seconds and under ~2 GB.
 // The environment variable QSHARD_TEMPLATE_LIMITS overrides them:
-// "instructions=N,iterations=N,output=N,bytes=N,spans=N" (any subset; N a positive integer).
+// "instructions=N,iterations=N,output=N,bytes=N,spans=N" (any subset, each name at most once; N a
+// positive integer; no empty entry).
 inline constexpr int64_t kMaxTemplateBudget = int64_t{1} << 40;  // QSHARD_TEMPLATE_LIMITS' largest value
 
 struct ChatTemplateLimits {

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "runtime/error.h"
+#include "runtime/json_field.h"
 
 namespace qshard {
 namespace {
@@ -249,20 +250,20 @@ nlohmann::json DistributedSampler::state_json() const {
           {"seed", seed_},           {"num_sequences", n_}, {"global_batch", G_}};
 }
 
-void DistributedSampler::restore(const nlohmann::json& j) {
+void DistributedSampler::restore(const nlohmann::json& j, const std::string& label) {
+  const JsonField state = JsonField(j, label).object();
   SamplerState s;
-  uint64_t seed = 0;
-  int64_t n = 0, g = 0;
-  try {
-    s.epoch = j.at("epoch").get<int64_t>();
-    s.step = j.at("step").get<int64_t>();
-    s.offset = j.at("offset").get<int64_t>();
-    seed = j.at("seed").get<uint64_t>();
-    n = j.at("num_sequences").get<int64_t>();
-    g = j.at("global_batch").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("data loader state {}: {}", j.dump(), e.what()));
-  }
+  s.epoch = state.at("epoch", "an integer").integer(0);
+  s.step = state.at("step", "an integer").integer(0);
+  s.offset = state.at("offset", "an integer").integer(0);
+  // The seed is a uint64 (data.seed): any JSON integer from 0 to 2^64 - 1.
+  const JsonField seed_field = state.at("seed", "an integer");
+  if (!seed_field.json().is_number_unsigned() &&
+      !(seed_field.json().is_number_integer() && seed_field.json().get<int64_t>() >= 0))
+    seed_field.expected("an integer from 0 to 2^64 - 1");
+  const uint64_t seed = seed_field.json().get<uint64_t>();
+  const int64_t n = state.at("num_sequences", "an integer").integer(0);
+  const int64_t g = state.at("global_batch", "an integer").integer(1);
   if (seed != seed_ || n != n_ || g != G_)
     throw InputError(fmt::format("data loader state (seed {}, {} sequences, global batch {}) does not match this run "
                                  "(seed {}, {} sequences, global batch {}): data, data.packing, data.seed, data.max_seq_len "

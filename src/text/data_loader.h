@@ -140,8 +140,9 @@ class DistributedSampler {
   // {"epoch", "step", "offset", "seed", "num_sequences", "global_batch"}
   nlohmann::json state_json() const;
   // Throws InputError when seed, num_sequences or global_batch differ from this sampler's, or
-  // when offset != 0 and does not fit this world size.
-  void restore(const nlohmann::json& state);
+  // when offset != 0 and does not fit this world size; a missing or mistyped field is an InputError
+  // naming `label` (where the state was read: a checkpoint's metadata.json) and the field.
+  void restore(const nlohmann::json& state, const std::string& label = "data loader state");
 
   // The epoch's permutation of [0, n) (world independent).
   static std::vector<int64_t> permutation(int64_t n, uint64_t seed, int64_t epoch);
@@ -180,7 +181,9 @@ class DataLoader {
   Batch next_batch(int micro_batch_size) { return make_batch(data_, sampler_.next(micro_batch_size)); }
   const DistributedSampler& sampler() const { return sampler_; }
   nlohmann::json state() const { return sampler_.state_json(); }
-  void restore(const nlohmann::json& state) { sampler_.restore(state); }
+  void restore(const nlohmann::json& state, const std::string& label = "data loader state") {
+    sampler_.restore(state, label);
+  }
 
  private:
   PackedDataset data_;

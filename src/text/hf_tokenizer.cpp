@@ -23,7 +23,9 @@
 
 #include "runtime/error.h"
 #include "runtime/input_file.h"
+#include "runtime/json_field.h"
 #include "text/hf_tokenizer_pipeline.h"
+#include "text/special_token.h"
 
 namespace qshard {
 
@@ -196,15 +198,23 @@ struct AddedSet {
   }
 };
 
-// v as a token id: an integer in [0, kMaxVocabSize); otherwise an InputError naming the file, the
-// key and the value.
-uint32_t token_id(const json& v, const std::string& path, const std::string& key) {
+// What a token id must be, in messages: an integer in [0, kMaxVocabSize).
+const std::string kTokenIdWhat = "a token id (an integer from 0 to " + std::to_string(kMaxVocabSize - 1) +
+                                 ", kMaxVocabSize: 16x the largest real vocabulary)";
+
+// v as a token id, or nullopt when it is none.
+std::optional<uint32_t> as_token_id(const json& v) {
   const bool ok = (v.is_number_unsigned() && v.get<uint64_t>() < kMaxVocabSize) ||
                   (v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < int64_t{kMaxVocabSize});
-  if (!ok)
-    throw InputError(path + ": " + key + " = " + v.dump().substr(0, 40) + ": a token id must be an integer from 0 to " +
-                     std::to_string(kMaxVocabSize - 1) + " (kMaxVocabSize, 16x the largest real vocabulary)");
+  if (!ok) return std::nullopt;
   return static_cast<uint32_t>(v.get<uint64_t>());
+}
+
+// f as a token id; otherwise an InputError naming the file, f's path and the value.
+uint32_t token_id(const JsonField& f) {
+  const std::optional<uint32_t> i = as_token_id(f.json());
+  if (!i) f.expected(kTokenIdWhat);
+  return *i;
 }
 
 // A token as a key in a message: quoted, cut to 40 bytes.
@@ -391,172 +401,159 @@ HfTokenizer HfTokenizer::load(const std::string& path_in) {
 
 HfTokenizer HfTokenizer::from_json(std::string_view text, const std::string& path) {
   namespace fs = std::filesystem;
-  const json j = parse_json_input(text, path);
+  const json doc = parse_json_input(text, path);
+  // Every field is read through a JsonField: a missing one or one of the wrong type is an InputError
+  // naming the file and its path in the document (runtime/json_field.h).
+  const JsonField j(doc, path);
   auto impl = std::make_unique<Impl>();
   Impl& t = *impl;
   t.path = path;
-  try {
-    if (!j.is_object()) throw InputError(path + ": must be a JSON object with a \"model\"");
-    const json& m = j.at("model");
-    if (!m.is_object()) throw InputError(path + ": model must be an object");
-    const std::string type = m.value("type", "BPE");
-    if (type != "BPE")
-      throw InputError(path + ": model type '" + type + "' is not supported (BPE is: byte-level and SentencePiece style)");
-    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
-      if (m.contains(key) && !m[key].is_null() && m[key] != "")
-        throw InputError(path + ": model." + key + " is not supported");
-    if (m.contains("dropout") && m["dropout"].is_number() && m["dropout"].get<double>() > 0)
-      throw InputError(path + ": model.dropout > 0 (BPE dropout) is not supported for encoding");
-    const json& vocab = m.at("vocab");
-    if (!vocab.is_object()) throw InputError(path + ": model.vocab must be an object {token: id}");
-    for (auto& [tok, id] : vocab.items()) {
-      const uint32_t i = token_id(id, path, "model.vocab[" + shown(tok) + "]");
-      if (t.id_to_token.size() <= i) t.id_to_token.resize(i + 1);
-      if (!t.id_to_token[i].empty())
-        throw InputError(path + ": model.vocab gives id " + std::to_string(i) + " to both " +
-                         shown(t.id_to_token[i]) + " and " + shown(tok));
-      t.vocab.emplace(tok, i);
-      t.id_to_token[i] = tok;
-    }
-    t.fuse_unk = m.value("fuse_unk", false);
-    t.byte_fallback = m.value("byte_fallback", false);
-    t.ignore_merges = m.value("ignore_merges", false);
-    if (m.contains("unk_token") && m["unk_token"].is_string()) {
-      auto it = t.vocab.find(m["unk_token"].get<std::string>());
-      if (it != t.vocab.end()) t.unk = it->second;
-      else t.missing_unk = m["unk_token"].get<std::string>();
-    }
-    char name[8];
-    for (int b = 0; b < 256; ++b) {
-      std::snprintf(name, sizeof(name), "<0x%02X>", b);
-      if (auto it = t.vocab.find(name); it != t.vocab.end()) t.byte_ids[static_cast<size_t>(b)] = it->second;
-    }
-    uint32_t rank = 0;
-    for (const json& mg : hf_tok::array_at(m, "merges", path + ": model")) {
-      std::string a, b;
-      if (mg.is_string()) {
-        const std::string s = mg.get<std::string>();
-        const size_t sp = s.find(' ', 1);
-        if (sp == std::string::npos) throw InputError(path + ": merge '" + s + "' is not two tokens");
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
-      } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {
-        a = mg[0].get<std::string>();
-        b = mg[1].get<std::string>();
-      } else {
-        throw InputError(path + ": merges[" + std::to_string(rank) + "] is neither \"a b\" nor [a, b]");
-      }
-      auto ia = t.vocab.find(a), ib = t.vocab.find(b), ic = t.vocab.find(a + b);
-      if (ia == t.vocab.end() || ib == t.vocab.end() || ic == t.vocab.end())
-        throw InputError(path + ": merges[" + std::to_string(rank) + "] ('" + a + "' '" + b +
-                         "') names a token missing from the vocabulary");
-      t.merges.emplace((static_cast<uint64_t>(ia->second) << 32) | ib->second, std::make_pair(rank, ic->second));
-      ++rank;
-    }
-    if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
-      std::unordered_map<uint32_t, std::string> added_ids;
-      uint64_t added_bytes = 0;
-      size_t k = 0;
-      for (const json& a : hf_tok::array_at(j, "added_tokens", path)) {
-        const std::string key = "added_tokens[" + std::to_string(k++) + "]";
-        if (!a.is_object() || !a.contains("content") || !a["content"].is_string())
-          throw InputError(path + ": " + key + " must be an object with a string \"content\"");
-        AddedToken at;
-        at.content = a["content"].get<std::string>();
-        at.id = token_id(a.contains("id") ? a["id"] : json(), path, key + ".id");
-        at.special = a.value("special", false);
-        at.lstrip = a.value("lstrip", false);
-        at.rstrip = a.value("rstrip", false);
-        at.single_word = a.value("single_word", false);
-        at.normalized = a.value("normalized", !at.special);  // the library's AddedToken::from(content, special)
-        if (auto [it, fresh] = added_ids.emplace(at.id, at.content); !fresh && it->second != at.content)
-          throw InputError(path + ": " + key + ".id " + std::to_string(at.id) + " is also the id of added token " +
-                           shown(it->second) + " (not " + shown(at.content) + ")");
-        if ((added_bytes += at.content.size()) > kMaxAddedTokenBytes)
-          throw InputError(path + ": added_tokens hold more than " + std::to_string(kMaxAddedTokenBytes) +
-                           " bytes of content (at " + key + "); refused");
-        if (at.content.empty()) continue;
-        if (t.id_to_token.size() <= at.id) t.id_to_token.resize(at.id + 1);
-        t.id_to_token[at.id] = at.content;
-        t.added.push_back(at);
-      }
-    }
-    t.special.assign(t.id_to_token.size(), false);
-    for (const AddedToken& a : t.added) t.special[a.id] = a.special;
-    if (j.contains("normalizer") && !j["normalizer"].is_null()) t.normalizer = parse_normalizer(j["normalizer"], path);
-    // The two matching passes; a normalized token is matched by its normalized content (the
-    // library's AddedVocabulary::refresh_added_tokens), and one that normalizes to nothing never.
-    for (const AddedToken& a : t.added) {
-      if (!a.normalized) {
-        t.raw_added.tokens.push_back(a);
-        continue;
-      }
-      AddedToken n = a;
-      if (t.normalizer) {
-        try {
-          t.normalizer->apply(n.content, hf_tok::normalized_limit(n.content.size()));
-        } catch (const InputError& e) {
-          throw InputError(path + ": added token " + std::to_string(a.id) + ": " + e.what());
-        }
-      }
-      if (!n.content.empty()) t.norm_added.tokens.push_back(std::move(n));
-    }
-    t.raw_added.build();
-    t.norm_added.build();
-    if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null())
-      t.pre_tokenizer = parse_pre_tokenizer(j["pre_tokenizer"], path);
-    if (j.contains("decoder") && !j["decoder"].is_null()) t.decoder = parse_decoder(j["decoder"], path);
-    // Post-processor: a TemplateProcessing's single template (possibly inside a Sequence).
-    std::function<void(const json&, int)> post = [&](const json& p, int depth) {
-      hf_tok::check_sequence_depth(depth, path, "post_processor");
-      const std::string type = hf_tok::component(p, path + " post_processor").value("type", "");
-      const std::string w = path + " post_processor " + type;
-      if (type == "Sequence") {
-        for (const json& c : hf_tok::array_at(p, "processors", w)) post(c, depth + 1);
-      } else if (type == "TemplateProcessing") {
-        bool seen_a = false;
-        for (const json& item : hf_tok::array_at(p, "single", w)) {
-          if (item.contains("Sequence")) {
-            seen_a = true;
-            continue;
-          }
-          const std::string tok = item.at("SpecialToken").at("id").get<std::string>();
-          const std::string key = "post_processor.special_tokens[" + shown(tok) + "].ids";
-          for (const json& id : hf_tok::array_at(p.at("special_tokens").at(tok), "ids", w + " " + shown(tok))) {
-            const uint32_t i = token_id(id, path, key);
-            if (i >= t.id_to_token.size() || t.id_to_token[i].empty())
-              throw InputError(path + ": " + key + " holds id " + std::to_string(i) +
-                               ", which names no token of the vocabulary or the added tokens");
-            (seen_a ? t.suffix_ids : t.prefix_ids).push_back(i);
-          }
-        }
-      } else if (type != "ByteLevel") {
-        throw InputError(path + ": post_processor type '" + type +
-                         "' is not supported (TemplateProcessing, ByteLevel and Sequence are)");
-      }
-    };
-    if (j.contains("post_processor") && !j["post_processor"].is_null()) post(j["post_processor"], 0);
-  } catch (const json::exception& e) {
-    throw InputError(path + ": " + e.what());
+  const JsonField m = j.object().at("model", "an object: the BPE model").object();
+  const std::string type = m.string_or("type", "BPE");
+  if (type != "BPE")
+    throw InputError(path + ": model type '" + type + "' is not supported (BPE is: byte-level and SentencePiece style)");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (m.string_or(key, "") != "") throw InputError(path + ": model." + key + " is not supported");
+  if (m.number_or("dropout", 0) > 0)
+    throw InputError(path + ": model.dropout > 0 (BPE dropout) is not supported for encoding");
+  const JsonField vocab = m.at("vocab", "an object {token: id}").object();
+  for (auto& [tok, id] : vocab.json().items()) {
+    const std::optional<uint32_t> i = as_token_id(id);
+    if (!i) token_id(vocab.entry(tok, kTokenIdWhat.c_str()));  // throws, naming model.vocab["tok"]
+    if (t.id_to_token.size() <= *i) t.id_to_token.resize(*i + 1);
+    if (!t.id_to_token[*i].empty())
+      throw InputError(path + ": model.vocab gives id " + std::to_string(*i) + " to both " +
+                       shown(t.id_to_token[*i]) + " and " + shown(tok));
+    t.vocab.emplace(tok, *i);
+    t.id_to_token[*i] = tok;
   }
+  t.fuse_unk = m.bool_or("fuse_unk", false);
+  t.byte_fallback = m.bool_or("byte_fallback", false);
+  t.ignore_merges = m.bool_or("ignore_merges", false);
+  if (const auto unk = m.find("unk_token")) {
+    const std::string name = unk->string();
+    auto it = t.vocab.find(name);
+    if (it != t.vocab.end()) t.unk = it->second;
+    else t.missing_unk = name;
+  }
+  char name[8];
+  for (int b = 0; b < 256; ++b) {
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    if (auto it = t.vocab.find(name); it != t.vocab.end()) t.byte_ids[static_cast<size_t>(b)] = it->second;
+  }
+  uint32_t rank = 0;
+  for (const JsonField& mg : m.at("merges", "an array of merges").elements()) {
+    std::string a, b;
+    const json& v = mg.json();
+    if (v.is_string()) {
+      const std::string s = v.get<std::string>();
+      const size_t sp = s.find(' ', 1);
+      if (sp == std::string::npos) mg.fail("merge '" + s + "' is not two tokens");
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else if (v.is_array() && v.size() == 2 && v[0].is_string() && v[1].is_string()) {
+      a = v[0].get<std::string>();
+      b = v[1].get<std::string>();
+    } else {
+      mg.expected("a merge: \"a b\" or [\"a\", \"b\"]");
+    }
+    auto ia = t.vocab.find(a), ib = t.vocab.find(b), ic = t.vocab.find(a + b);
+    if (ia == t.vocab.end() || ib == t.vocab.end() || ic == t.vocab.end())
+      throw InputError(mg.where() + " ('" + a + "' '" + b + "') names a token missing from the vocabulary");
+    t.merges.emplace((static_cast<uint64_t>(ia->second) << 32) | ib->second, std::make_pair(rank, ic->second));
+    ++rank;
+  }
+  if (const auto added = j.find("added_tokens")) {
+    std::unordered_map<uint32_t, std::string> added_ids;
+    uint64_t added_bytes = 0;
+    for (const JsonField& a : added->elements()) {
+      AddedToken at;
+      at.content = a.object().at("content", "a string").string();
+      at.id = token_id(a.at("id", kTokenIdWhat.c_str()));
+      at.special = a.bool_or("special", false);
+      at.lstrip = a.bool_or("lstrip", false);
+      at.rstrip = a.bool_or("rstrip", false);
+      at.single_word = a.bool_or("single_word", false);
+      at.normalized = a.bool_or("normalized", !at.special);  // the library's AddedToken::from(content, special)
+      if (auto [it, fresh] = added_ids.emplace(at.id, at.content); !fresh && it->second != at.content)
+        throw InputError(a.where() + ".id " + std::to_string(at.id) + " is also the id of added token " +
+                         shown(it->second) + " (not " + shown(at.content) + ")");
+      if ((added_bytes += at.content.size()) > kMaxAddedTokenBytes)
+        throw InputError(path + ": added_tokens hold more than " + std::to_string(kMaxAddedTokenBytes) +
+                         " bytes of content (at " + a.path() + "); refused");
+      if (at.content.empty()) continue;
+      if (t.id_to_token.size() <= at.id) t.id_to_token.resize(at.id + 1);
+      t.id_to_token[at.id] = at.content;
+      t.added.push_back(at);
+    }
+  }
+  t.special.assign(t.id_to_token.size(), false);
+  for (const AddedToken& a : t.added) t.special[a.id] = a.special;
+  if (const auto f = j.find("normalizer")) t.normalizer = parse_normalizer(*f, path);
+  // The two matching passes; a normalized token is matched by its normalized content (the
+  // library's AddedVocabulary::refresh_added_tokens), and one that normalizes to nothing never.
+  for (const AddedToken& a : t.added) {
+    if (!a.normalized) {
+      t.raw_added.tokens.push_back(a);
+      continue;
+    }
+    AddedToken n = a;
+    if (t.normalizer) {
+      try {
+        t.normalizer->apply(n.content, hf_tok::normalized_limit(n.content.size()));
+      } catch (const InputError& e) {
+        throw InputError(path + ": added token " + std::to_string(a.id) + ": " + e.what());
+      }
+    }
+    if (!n.content.empty()) t.norm_added.tokens.push_back(std::move(n));
+  }
+  t.raw_added.build();
+  t.norm_added.build();
+  if (const auto f = j.find("pre_tokenizer")) t.pre_tokenizer = parse_pre_tokenizer(*f, path);
+  if (const auto f = j.find("decoder")) t.decoder = parse_decoder(*f, path);
+  // Post-processor: a TemplateProcessing's single template (possibly inside a Sequence).
+  std::function<void(const JsonField&, int)> post = [&](const JsonField& p, int depth) {
+    hf_tok::check_sequence_depth(depth, path, "post_processor");
+    const std::string type = hf_tok::component_type(p);
+    if (type == "Sequence") {
+      for (const JsonField& c : p.at("processors", "an array").elements()) post(c, depth + 1);
+    } else if (type == "TemplateProcessing") {
+      bool seen_a = false;
+      for (const JsonField& item : p.at("single", "an array").elements()) {
+        if (item.object().has("Sequence")) {
+          seen_a = true;
+          continue;
+        }
+        const std::string tok = item.at("SpecialToken", "an object").at("id", "a string").string();
+        const JsonField ids = p.at("special_tokens", "an object").entry(tok, "an object").at("ids", "an array");
+        for (const JsonField& id : ids.elements()) {
+          const uint32_t i = token_id(id);
+          if (i >= t.id_to_token.size() || t.id_to_token[i].empty())
+            id.fail("holds id " + std::to_string(i) + ", which names no token of the vocabulary or the added tokens");
+          (seen_a ? t.suffix_ids : t.prefix_ids).push_back(i);
+        }
+      }
+    } else if (type != "ByteLevel") {
+      throw InputError(path + ": post_processor type '" + type +
+                       "' is not supported (TemplateProcessing, ByteLevel and Sequence are)");
+    }
+  };
+  if (const auto f = j.find("post_processor")) post(*f, 0);
   // bos / eos from tokenizer_config.json (a string, or {"content": ...}), when the folder has one.
   const fs::path cfg_path = fs::path(path).parent_path() / "tokenizer_config.json";
   std::error_code ec;
   if (fs::exists(fs::status(cfg_path, ec))) {
     const std::string cfg = cfg_path.string();
     const json c = parse_json_input(read_input_file(cfg, "tokenizer config"), cfg);
-    if (!c.is_object()) throw InputError(cfg + ": must be a JSON object");
+    const JsonField config(c, cfg);
+    config.object();
     auto named = [&](const char* key) -> std::optional<uint32_t> {
-      auto it = c.find(key);
-      if (it == c.end()) return std::nullopt;
-      const json& v = *it;
-      std::string name;
-      if (v.is_string()) name = v.get<std::string>();
-      else if (v.is_object() && v.contains("content") && v["content"].is_string()) name = v["content"].get<std::string>();
-      else return std::nullopt;
+      const auto f = config.find(key);
+      if (!f) return std::nullopt;
+      const std::string token = special_token_text(*f);
       for (const AddedToken& a : t.added)
-        if (a.content == name) return a.id;
-      if (auto vt = t.vocab.find(name); vt != t.vocab.end()) return vt->second;
+        if (a.content == token) return a.id;
+      if (auto vt = t.vocab.find(token); vt != t.vocab.end()) return vt->second;
       return std::nullopt;
     };
     t.bos = named("bos_token");

@@ -110,33 +110,33 @@ void Decoder::apply(std::vector<std::string>& t) const {
   }
 }
 
-Decoder parse_decoder(const json& j, const std::string& where, int depth) {
+Decoder parse_decoder(const JsonField& j, const std::string& where, int depth) {
   Decoder d;
   check_sequence_depth(depth, where, "decoder");
-  const std::string type = component(j, where + " decoder").value("type", "");
+  const std::string type = component_type(j);
   const std::string w = where + " decoder " + type;
   if (type == "Sequence") {
-    for (const json& c : array_at(j, "decoders", w)) d.children.push_back(parse_decoder(c, where, depth + 1));
+    for (const JsonField& c : j.at("decoders", "an array").elements())
+      d.children.push_back(parse_decoder(c, where, depth + 1));
   } else if (type == "ByteLevel") {
     d.kind = Decoder::kByteLevel;
   } else if (type == "Metaspace") {
     d.kind = Decoder::kMetaspace;
-    d.replacement = metaspace_replacement(j, w);
-    if (j.contains("prepend_scheme") && j["prepend_scheme"].is_string()) d.prepend_scheme = j["prepend_scheme"];
-    else if (j.contains("add_prefix_space")) d.prepend_scheme = j.value("add_prefix_space", true) ? "always" : "never";
+    d.replacement = metaspace_replacement(j);
+    d.prepend_scheme = prepend_scheme_of(j);
   } else if (type == "Replace") {
     d.kind = Decoder::kReplace;
-    d.re = std::make_shared<Regex>(pattern_of(j.at("pattern"), w), w);
-    d.content = j.at("content").get<std::string>();
+    d.re = std::make_shared<Regex>(pattern_of(j.at("pattern", "a pattern")), w);
+    d.content = j.at("content", "a string").string();
   } else if (type == "ByteFallback") {
     d.kind = Decoder::kByteFallback;
   } else if (type == "Fuse") {
     d.kind = Decoder::kFuse;
   } else if (type == "Strip") {
     d.kind = Decoder::kStrip;
-    d.content = j.at("content").get<std::string>();
-    d.start = j.value("start", size_t{0});
-    d.stop = j.value("stop", size_t{0});
+    d.content = j.at("content", "a string").string();
+    d.start = static_cast<size_t>(j.integer_or("start", 0, 0));
+    d.stop = static_cast<size_t>(j.integer_or("stop", 0, 0));
   } else {
     throw InputError(where + ": decoder type '" + type +
                      "' is not supported (Sequence, ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip are)");

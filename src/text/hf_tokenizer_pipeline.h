@@ -13,8 +13,10 @@
 //                                 post-processor and the public API (load, encode, decode)
 // Strings are UTF-8 bytes and offsets byte offsets; text reaching a stage is valid UTF-8
 // (encode runs utf8_replace_invalid first).
-// Errors: a parse_* function throws InputError naming `where` (the tokenizer.json path), the stage
-// and the type or pattern it cannot read.
+// Errors: a parse_* function reads its JSON through a JsonField (runtime/json_field.h): a missing
+// field or one of the wrong type is an InputError naming the file and the field's path
+// ("tokenizer.json: pre_tokenizer.pretokenizers[1].behavior: expected a string, got 3"); a type or
+// pattern it cannot use names `where` (the tokenizer.json path), the stage and the value.
 // Ownership: a stage owns its children by value and shares its compiled regular expressions through
 // shared_ptr, so a copy is cheap.
 // Thread safety: stages are immutable after parsing; apply() is const and safe from several threads.
@@ -34,6 +36,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "runtime/json_field.h"
 
 namespace qshard::hf_tok {
 
@@ -112,10 +116,8 @@ inline constexpr int kMaxSequenceDepth = 32;
 // Throws InputError "`where`: <what> Sequence nested more than kMaxSequenceDepth deep" when depth
 // exceeds it.
 void check_sequence_depth(int depth, const std::string& where, const char* what);
-// j[key], which must be an array: InputError naming `where` and the key otherwise.
-const json& array_at(const json& j, const char* key, const std::string& where);
-// j, which must be an object (a component): InputError naming `where` otherwise.
-const json& component(const json& j, const std::string& where);
+// A component's "type" (j must be an object; a missing type reads as ""): the JsonField errors.
+std::string component_type(const JsonField& j);
 
 // Every match of `re` in s replaced by `content`.
 // Every match of `re` in `s` replaced by `content`; past max_bytes of output an InputError
@@ -129,14 +131,19 @@ inline constexpr size_t kMaxNormalizedGrowth = 64;
 inline constexpr size_t kNormalizedSlack = 4096;
 size_t normalized_limit(size_t input_bytes);
 [[noreturn]] void throw_text_growth(size_t from, size_t max_bytes, const char* what);
+// Metaspace's prepend_scheme ("always", "first" or "never"), or, in older files, add_prefix_space
+// (true: "always", false: "never"); "always" when neither is given. Another value is an InputError
+// naming its path.
+std::string prepend_scheme_of(const JsonField& j);
 // s as a pattern that matches it literally.
 std::string regex_escape(std::string_view s);
-// A tokenizer.json pattern: {"Regex": "..."} or {"String": "..."} (a literal).
-std::string pattern_of(const json& p, const std::string& where);
+// A tokenizer.json pattern: {"Regex": "..."} or {"String": "..."} (a literal); anything else is an
+// InputError naming p's path.
+std::string pattern_of(const JsonField& p);
 // Metaspace's "replacement" (default U+2581): one character, as the tokenizers library requires (it
 // is a char there). An empty string (which would never advance a decode loop), several characters
-// or invalid UTF-8 is an InputError naming `where` and the value.
-std::string metaspace_replacement(const json& j, const std::string& where);
+// or invalid UTF-8 is an InputError naming the file, the field's path and the value.
+std::string metaspace_replacement(const JsonField& j);
 
 // ---- normalizers and pre-tokenizers (hf_tokenizer_pretokenize.cpp) --------------------------------
 
@@ -180,7 +187,7 @@ struct Normalizer {
   // outermost call) an InputError.
   void apply(std::string& s, size_t max_bytes = SIZE_MAX) const;
 };
-Normalizer parse_normalizer(const json& j, const std::string& where, int depth = 0);
+Normalizer parse_normalizer(const JsonField& j, const std::string& where, int depth = 0);
 
 struct PreTokenizer {
   enum Kind { kSequence, kByteLevel, kSplit, kMetaspace } kind = kSequence;
@@ -193,7 +200,7 @@ struct PreTokenizer {
 
   void apply(std::vector<Piece>& pieces) const;
 };
-PreTokenizer parse_pre_tokenizer(const json& j, const std::string& where, int depth = 0);
+PreTokenizer parse_pre_tokenizer(const JsonField& j, const std::string& where, int depth = 0);
 
 // ---- decoders (hf_tokenizer_decode.cpp) ------------------------------------------------------------
 
@@ -208,6 +215,6 @@ struct Decoder {
 
   void apply(std::vector<std::string>& t) const;
 };
-Decoder parse_decoder(const json& j, const std::string& where, int depth = 0);
+Decoder parse_decoder(const JsonField& j, const std::string& where, int depth = 0);
 
 }  // namespace qshard::hf_tok

@@ -130,24 +130,25 @@ std::string unicode_normalize(std::string_view, NormalForm) {
 std::string unicode_normalizer_version() { return ""; }
 #endif
 
-Normalizer parse_normalizer(const json& j, const std::string& where, int depth) {
+Normalizer parse_normalizer(const JsonField& j, const std::string& where, int depth) {
   Normalizer n;
   check_sequence_depth(depth, where, "normalizer");
-  const std::string type = component(j, where + " normalizer").value("type", "");
+  const std::string type = component_type(j);
   const std::string w = where + " normalizer " + type;
   if (type == "Sequence") {
-    for (const json& c : array_at(j, "normalizers", w)) n.children.push_back(parse_normalizer(c, where, depth + 1));
+    for (const JsonField& c : j.at("normalizers", "an array").elements())
+      n.children.push_back(parse_normalizer(c, where, depth + 1));
   } else if (type == "Prepend") {
     n.kind = Normalizer::kPrepend;
-    n.text = j.at("prepend").get<std::string>();
+    n.text = j.at("prepend", "a string").string();
   } else if (type == "Replace") {
     n.kind = Normalizer::kReplace;
-    n.re = std::make_shared<Regex>(pattern_of(j.at("pattern"), w), w);
-    n.content = j.at("content").get<std::string>();
+    n.re = std::make_shared<Regex>(pattern_of(j.at("pattern", "a pattern")), w);
+    n.content = j.at("content", "a string").string();
   } else if (type == "Strip") {
     n.kind = Normalizer::kStrip;
-    n.left = j.value("strip_left", false);
-    n.right = j.value("strip_right", false);
+    n.left = j.bool_or("strip_left", false);
+    n.right = j.bool_or("strip_right", false);
     n.re = std::make_shared<Regex>("^\\s+", w);
     n.trail = std::make_shared<Regex>("\\s+$", w);
   } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
@@ -210,26 +211,26 @@ void PreTokenizer::apply(std::vector<Piece>& pieces) const {
   }
 }
 
-PreTokenizer parse_pre_tokenizer(const json& j, const std::string& where, int depth) {
+PreTokenizer parse_pre_tokenizer(const JsonField& j, const std::string& where, int depth) {
   PreTokenizer p;
   check_sequence_depth(depth, where, "pre_tokenizer");
-  const std::string type = component(j, where + " pre_tokenizer").value("type", "");
+  const std::string type = component_type(j);
   const std::string w = where + " pre_tokenizer " + type;
   if (type == "Sequence") {
-    for (const json& c : array_at(j, "pretokenizers", w))
+    for (const JsonField& c : j.at("pretokenizers", "an array").elements())
       p.children.push_back(parse_pre_tokenizer(c, where, depth + 1));
   } else if (type == "ByteLevel") {
     p.kind = PreTokenizer::kByteLevel;
-    p.add_prefix_space = j.value("add_prefix_space", true);
-    if (j.value("use_regex", true)) p.re = std::make_shared<Regex>(kGpt2Pattern, w);
+    p.add_prefix_space = j.bool_or("add_prefix_space", true);
+    if (j.bool_or("use_regex", true)) p.re = std::make_shared<Regex>(kGpt2Pattern, w);
   } else if (type == "Split") {
     p.kind = PreTokenizer::kSplit;
-    p.re = std::make_shared<Regex>(pattern_of(j.at("pattern"), w), w);
-    p.behavior = behavior_of(j.at("behavior").get<std::string>(), w);
-    p.invert = j.value("invert", false);
+    p.re = std::make_shared<Regex>(pattern_of(j.at("pattern", "a pattern")), w);
+    p.behavior = behavior_of(j.at("behavior", "a split behavior").string(), w);
+    p.invert = j.bool_or("invert", false);
   } else if (type == "Digits") {
     p.kind = PreTokenizer::kSplit;
-    const bool individual = j.value("individual_digits", false);
+    const bool individual = j.bool_or("individual_digits", false);
     p.re = std::make_shared<Regex>("\\p{N}", w);
     p.behavior = individual ? Behavior::kIsolated : Behavior::kContiguous;
   } else if (type == "Whitespace") {
@@ -243,10 +244,9 @@ PreTokenizer parse_pre_tokenizer(const json& j, const std::string& where, int de
     p.behavior = Behavior::kRemoved;
   } else if (type == "Metaspace") {
     p.kind = PreTokenizer::kMetaspace;
-    p.replacement = metaspace_replacement(j, w);
-    if (j.contains("prepend_scheme") && j["prepend_scheme"].is_string()) p.prepend_scheme = j["prepend_scheme"];
-    else if (j.contains("add_prefix_space")) p.prepend_scheme = j.value("add_prefix_space", true) ? "always" : "never";
-    p.split = j.value("split", true);
+    p.replacement = metaspace_replacement(j);
+    p.prepend_scheme = prepend_scheme_of(j);
+    p.split = j.bool_or("split", true);
     p.re = std::make_shared<Regex>(regex_escape(p.replacement), w);
   } else {
     throw InputError(where + ": pre_tokenizer type '" + type +

@@ -192,34 +192,31 @@ void check_sequence_depth(int depth, const std::string& where, const char* what)
                      " deep; refused (real tokenizers nest at most 2)");
 }
 
-const json& array_at(const json& j, const char* key, const std::string& where) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_array())
-    throw InputError(where + ": key \"" + key + "\" must be an array" +
-                     (it == j.end() ? std::string(" (it is missing)") : ", got " + shorten(it->dump(), 60)));
-  return *it;
-}
+std::string component_type(const JsonField& j) { return j.object().string_or("type", ""); }
 
-const json& component(const json& j, const std::string& where) {
-  if (!j.is_object()) throw InputError(where + " must be an object with a \"type\", got " + shorten(j.dump(), 60));
-  return j;
-}
-
-std::string metaspace_replacement(const json& j, const std::string& where) {
-  auto it = j.find("replacement");
-  if (it == j.end()) return "\xE2\x96\x81";
-  if (!it->is_string()) throw InputError(where + ": \"replacement\" must be a string, got " + shorten(it->dump(), 60));
-  const std::string r = it->get<std::string>();
+std::string metaspace_replacement(const JsonField& j) {
+  const auto f = j.find("replacement");
+  if (!f) return "\xE2\x96\x81";
+  const std::string r = f->string();
   if (r.empty() || utf8_replace_invalid(r) != r || utf8_len(static_cast<unsigned char>(r[0])) != r.size())
-    throw InputError(where + ": \"replacement\" must be exactly one character, got " + shorten(it->dump(), 60));
+    f->expected("exactly one character");
   return r;
 }
 
-// A tokenizer.json pattern: {"Regex": "..."} or {"String": "..."} (a literal).
-std::string pattern_of(const json& p, const std::string& where) {
-  if (p.is_object() && p.contains("Regex") && p["Regex"].is_string()) return p["Regex"].get<std::string>();
-  if (p.is_object() && p.contains("String") && p["String"].is_string()) return regex_escape(p["String"].get<std::string>());
-  throw InputError(where + ": pattern must be {\"Regex\": ...} or {\"String\": ...}");
+std::string prepend_scheme_of(const JsonField& j) {
+  if (const auto f = j.find("prepend_scheme")) {
+    const std::string s = f->string();
+    if (s != "always" && s != "first" && s != "never") f->expected("\"always\", \"first\" or \"never\"");
+    return s;
+  }
+  return j.bool_or("add_prefix_space", true) ? "always" : "never";
+}
+
+std::string pattern_of(const JsonField& p) {
+  const std::optional<JsonField> re = p.object().find("Regex"), str = p.find("String");
+  if (re && !str) return re->string();
+  if (str && !re) return regex_escape(str->string());
+  p.expected("{\"Regex\": ...} or {\"String\": ...}");
 }
 
 }  // namespace qshard::hf_tok

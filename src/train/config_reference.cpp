@@ -66,9 +66,12 @@ std::string config_reference_markdown() {
       "| `QSHARD_NCCL_BLOCKING` | `runtime.nccl_blocking` | 1: NCCL communicators in blocking mode |\n"
       "| `QSHARD_TEMPLATE_LIMITS` | none: read by `qshard tokenize --format chat` and `generate --chat`, which "
       "render chat templates (a job does not) | the chat-template budgets, `name=N,...` over `instructions`, "
-      "`iterations`, `output`, `bytes` and `spans` (text/chat_template.h) |\n"
+      "`iterations`, `output`, `bytes` and `spans`, each at most once (text/chat_template.h) |\n"
       "\n"
-      "A variable that is set wins over its key. `QSHARD_TEST_*` variables are test hooks, not settings.\n";
+      "A variable that is set wins over its key. Each is read strictly where it is read: a value that is not a\n"
+      "number of the kind it takes (the whole text), is out of its range, or holds an unknown, empty or\n"
+      "repeated entry is refused (exit 2) naming the variable and the value. `QSHARD_TEST_*` variables are\n"
+      "test hooks, not settings (read as strictly).\n";
   return md;
 }
 

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/json_field.h"
 #include "runtime/log.h"
 #include "train/qlora_model.h"
 
@@ -113,13 +114,11 @@ TrainConfig checkpoint_train_config(const CheckpointInfo& info) {
 TrainHistory checkpoint_history(const CheckpointInfo& info) {
   const std::string label = (fs::path(info.dir) / "metadata.json").string();
   TrainHistory h;
-  const nlohmann::json& t = info.metadata.at("trainer");
-  try {
-    for (const auto& v : t.at("history").at("loss")) h.losses.push_back(number_or_nan(v));
-    for (const auto& e : t.at("history").at("eval_loss"))
-      h.eval_losses.emplace_back(e.at(0).get<int64_t>(), number_or_nan(e.at(1)));
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(label + ": trainer.history is malformed: " + e.what());
+  const JsonField history = JsonField(info.metadata, label).at("trainer").at("history", "an object");
+  for (const JsonField& v : history.at("loss", "an array").elements()) h.losses.push_back(number_or_nan(v.json()));
+  for (const JsonField& e : history.at("eval_loss", "an array").elements()) {
+    if (e.array().json().size() != 2) e.expected("[step, loss]");
+    h.eval_losses.emplace_back(e.elements()[0].integer(0), number_or_nan(e.json()[1]));
   }
   if (static_cast<int64_t>(h.losses.size()) != info.step)
     throw InputError(label + ": trainer.history.loss holds " + std::to_string(h.losses.size()) + " steps, the checkpoint " +
@@ -157,21 +156,17 @@ std::string check_resume_schedule(const CheckpointInfo& info, const LrSchedule& 
   if (!t.contains("scheduler")) return "";
   const std::string label = (fs::path(info.dir) / "metadata.json").string();
   std::string diff;
-  try {
-    const nlohmann::json& s = t.at("scheduler");
-    auto differs = [&](const char* key, const std::string& saved, const std::string& now) {
-      if (saved != now) diff += fmt::format("{}{} {} -> {}", diff.empty() ? "" : ", ", key, saved, now);
-    };
-    differs("schedule.type", s.at("type").get<std::string>(), schedule_type_name(job.type));
-    differs("optimizer.lr", fmt::format("{}", s.at("lr").get<double>()), fmt::format("{}", job.lr));
-    differs("schedule.warmup_steps", std::to_string(s.at("warmup_steps").get<int64_t>()),
-            std::to_string(job.warmup_steps));
-    differs("steps", std::to_string(s.at("max_steps").get<int64_t>()), std::to_string(job.max_steps));
-    differs("schedule.min_lr_ratio", fmt::format("{}", s.at("min_lr_ratio").get<double>()),
-            fmt::format("{}", job.min_lr_ratio));
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(label + ": trainer.scheduler is malformed: " + e.what());
-  }
+  const JsonField s = JsonField(info.metadata, label).at("trainer").at("scheduler").object();
+  auto differs = [&](const char* key, const std::string& saved, const std::string& now) {
+    if (saved != now) diff += fmt::format("{}{} {} -> {}", diff.empty() ? "" : ", ", key, saved, now);
+  };
+  differs("schedule.type", s.at("type", "a string").string(), schedule_type_name(job.type));
+  differs("optimizer.lr", fmt::format("{}", s.at("lr", "a number").number()), fmt::format("{}", job.lr));
+  differs("schedule.warmup_steps", std::to_string(s.at("warmup_steps", "an integer").integer()),
+          std::to_string(job.warmup_steps));
+  differs("steps", std::to_string(s.at("max_steps", "an integer").integer()), std::to_string(job.max_steps));
+  differs("schedule.min_lr_ratio", fmt::format("{}", s.at("min_lr_ratio", "a number").number()),
+          fmt::format("{}", job.min_lr_ratio));
   if (diff.empty()) return diff;
   if (!allow_change)
     throw InputError("resume from " + info.dir + ": the LR schedule differs from the checkpoint's (checkpoint -> " +

@@ -247,7 +247,8 @@ void TrainJob::restore_resumed() {
     err.clear();
     try {
       history = checkpoint_history(*resume_);
-      loader_->restore(resume_->metadata.at("trainer").at("data"));
+      loader_->restore(resume_->metadata.at("trainer").at("data"),
+                       (std::filesystem::path(resume_->dir) / "metadata.json").string() + " (trainer.data)");
       // A checkpoint is taken between optimizer steps: its data position is the start of batch
       // `step` (another would skip or repeat data in silence).
       const DistributedSampler& sampler = loader_->sampler();

@@ -98,4 +98,11 @@ expect_fail "cannot create" "${mpi[@]}" -np 2 "$qshard" train --config "$src/con
   --set data.train="$work/t.tok" --set steps=2 --set schedule.warmup_steps=0 --set data.max_seq_len=32 \
   --set checkpoint.dir="$work/a_file/ck"
 expect_fail "no_such_ckpt: no such" "$qshard" export "$work/no_such_ckpt" --format peft --out "$work/never"
+# 5. the test hooks read strictly (issue 25): a value that could never fire is refused by name
+expect_fail "QSHARD_TEST_KILL_DURING_SAVE='1-8': expected RANK:STEP" env QSHARD_TEST_KILL_DURING_SAVE=1-8 \
+  "$qshard" train --config "$src/configs/tiny.yaml" --set device=cpu --set data.train="$work/t.tok" --set steps=2 \
+  --set schedule.warmup_steps=0 --set data.max_seq_len=32 --set checkpoint.every_steps=1 --set checkpoint.dir="$work/hook"
+expect_fail "QSHARD_TEST_KILL_DURING_EXPORT='bnb-4': expected bnb4, peft or merged" env QSHARD_TEST_KILL_DURING_EXPORT=bnb-4 \
+  "$qshard" export "$work/ck" --format peft --out "$work/never"
+[ ! -e "$work/never" ] || fail "the refused export wrote $work/never"
 echo "checkpoint faults: ok"

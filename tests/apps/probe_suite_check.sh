@@ -56,6 +56,21 @@ cp -r "$src/tests/data/model/nf4_adapter" "$work/adapter"
 sed -i 's/"alpha_pattern": {}/"alpha_pattern": {"q_proj": 3}/' "$work/adapter/adapter_config.json"
 probe "eval --adapter with alpha_pattern" 2 "adapter_config.json: key \"alpha_pattern\"" -- \
   "$qshard" eval --model "$hf/tiny_llama_bnb4_nf4_dq" --adapter "$work/adapter" --data "$work/ids.json" --device cpu
+# lora_alpha 0 silences an adapter and a negative one flips it (issue 25: both were taken).
+for alpha in 0 -16; do
+  cp -r "$src/tests/data/model/nf4_adapter" "$work/adapter_alpha$alpha"
+  sed -i "s/\"lora_alpha\": [0-9.]*/\"lora_alpha\": $alpha/" "$work/adapter_alpha$alpha/adapter_config.json"
+  probe "eval --adapter with lora_alpha $alpha" 2 "adapter_config.json: lora_alpha: expected a number in \\(0, 1000000\\], got $alpha" -- \
+    "$qshard" eval --model "$hf/tiny_llama_bnb4_nf4_dq" --adapter "$work/adapter_alpha$alpha" --data "$work/ids.json" --device cpu
+done
+# A config.json with fewer layers than the weights: eval and generate dropped layer 1 in silence.
+cp -r "$hf/tiny_llama_bf16" "$work/one_layer"
+sed -i 's/"num_hidden_layers": 2/"num_hidden_layers": 1/' "$work/one_layer/config.json"
+probe "eval of weights with more layers than config.json" 2 "one_layer: the weights hold decoder layer 1 .*num_hidden_layers is 1" -- \
+  "$qshard" eval --model "$work/one_layer" --data "$work/ids.json" --device cpu
+probe "quantize of weights with more layers than config.json" 2 "one_layer: the weights hold decoder layer 1" -- \
+  "$qshard" quantize "$work/one_layer" "$work/one_layer_q"
+[ ! -e "$work/one_layer_q" ] || { echo "FAIL: the refused quantize left $work/one_layer_q"; fails=$((fails + 1)); }
 mkdir -p "$work/trunc"
 cp "$hf/tiny_llama_bf16/config.json" "$work/trunc/"
 cp "$src/tests/data/safetensors/truncated.safetensors" "$work/trunc/model.safetensors"

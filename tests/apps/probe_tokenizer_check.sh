@@ -49,9 +49,9 @@ done
 # ---- ids ----
 for id in -1 4294967295 4194304 1.5; do
   tok "vocab_$id" "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": $id}, \"merges\": []}}"
-  tprobe "vocab id $id" 2 "vocab_$id/tokenizer.json: model.vocab\[\"b\"\] = $id: a token id must be an integer" -- run_tok "vocab_$id"
+  tprobe "vocab id $id" 2 "vocab_$id/tokenizer.json: model.vocab\[\"b\"\]: expected a token id \(an integer from 0 to 4194303.*got $id" -- run_tok "vocab_$id"
   tok "added_$id" "{\"added_tokens\": [{\"content\": \"<x>\", \"id\": $id}], $model}"
-  tprobe "added token id $id" 2 "added_$id/tokenizer.json: added_tokens\[0\].id = $id" -- run_tok "added_$id"
+  tprobe "added token id $id" 2 "added_$id/tokenizer.json: added_tokens\[0\].id: expected a token id.*got $id" -- run_tok "added_$id"
 done
 tok vocab_dup '{"model": {"type": "BPE", "vocab": {"a": 0, "b": 0}, "merges": []}}'
 tprobe "vocab id given twice" 2 'vocab_dup/tokenizer.json: model.vocab gives id 0 to both "a" and "b"' -- run_tok vocab_dup
@@ -59,10 +59,24 @@ tok added_dup "{\"added_tokens\": [{\"content\": \"<x>\", \"id\": 9}, {\"content
 tprobe "added token id given twice" 2 'added_dup/tokenizer.json: added_tokens\[1\].id 9 is also the id of added token "<x>"' -- \
   run_tok added_dup
 tok merge_unknown '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a zz"]}}'
-tprobe "merge naming an unknown token" 2 "merge_unknown/tokenizer.json: merges\[0\] \('a' 'zz'\) names a token missing" -- \
+tprobe "merge naming an unknown token" 2 "merge_unknown/tokenizer.json: model.merges\[0\] \('a' 'zz'\) names a token missing" -- \
   run_tok merge_unknown
 tok post_id "{\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\"}}, {\"Sequence\": {\"id\": \"A\"}}], \"special_tokens\": {\"<s>\": {\"ids\": [4294967295]}}}, $model}"
-tprobe "post-processor id 2^32-1" 2 'post_id/tokenizer.json: post_processor.special_tokens\["<s>"\].ids = 4294967295' -- run_tok post_id
+tprobe "post-processor id 2^32-1" 2 'post_id/tokenizer.json: post_processor.special_tokens\["<s>"\].ids\[0\]: expected a token id.*got 4294967295' -- run_tok post_id
+
+# ---- missing or mistyped fields: named by their path in the file (nlohmann's own text before) ----
+tok no_model '{"added_tokens": []}'
+tprobe "no model" 2 'no_model/tokenizer.json: model: missing \(expected an object' -- run_tok no_model
+tok model_string '{"model": "BPE"}'
+tprobe "model a string" 2 'model_string/tokenizer.json: model: expected an object, got "BPE"' -- run_tok model_string
+tok merges_object '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": {"a": "b"}}}'
+tprobe "merges an object" 2 'merges_object/tokenizer.json: model.merges: expected an array' -- run_tok merges_object
+tok split_behavior "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"a\"}, \"behavior\": 1}, $model}"
+tprobe "Split behavior a number" 2 'split_behavior/tokenizer.json: pre_tokenizer.behavior: expected a string, got 1' -- \
+  run_tok split_behavior
+tok bos_number "$(cat "$work/no_model/tokenizer.json" | sed "s/\"added_tokens\": \[\]/$model/")"
+printf '{"bos_token": 5}' > "$work/bos_number/tokenizer_config.json"
+tprobe "tokenizer_config bos_token a number" 2 'bos_number/tokenizer_config.json: bos_token: expected a token' -- run_tok bos_number
 
 # ---- a catastrophic Split pattern on 28 characters ----
 tok regex "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(a+)+\$\"}, \"behavior\": \"Isolated\"}, $model}"

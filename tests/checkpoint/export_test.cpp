@@ -237,7 +237,19 @@ TEST_F(ExportTest, PeftAdapterLoadsBackIdentically) {
                                                              // past the ranges qshard takes (shapes overflow,
                                                              // the scaling makes every value Inf)
                                                              {"r", int64_t{1} << 40},
-                                                             {"lora_alpha", 1e308}}) {
+                                                             {"lora_alpha", 1e308},
+                                                             // issue 25: a scaling that silences or
+                                                             // flips the adapter, a rank that is none
+                                                             {"lora_alpha", 0},
+                                                             {"lora_alpha", -16},
+                                                             {"lora_alpha", "16"},
+                                                             {"r", 0},
+                                                             {"r", -4},
+                                                             {"r", 4.0},
+                                                             {"r", "4"},
+                                                             {"lora_dropout", 1.5},
+                                                             {"lora_dropout", -0.1},
+                                                             {"peft_type", nullptr}}) {
       nlohmann::json bad = orig;
       if (value.is_null()) bad.erase(key);  // a key left out
       else bad[key] = value;
@@ -246,7 +258,15 @@ TEST_F(ExportTest, PeftAdapterLoadsBackIdentically) {
         read_peft_config(out);
         ADD_FAILURE() << key << " was accepted";
       } catch (const InputError& e) {
-        EXPECT_NE(std::string(e.what()).find("\"" + key + "\""), std::string::npos) << e.what();
+        // Named by file and key: `adapter_config.json: key "bias" ...` or `adapter_config.json: r: ...`.
+        const std::string m = e.what();
+        EXPECT_TRUE(m.find("adapter_config.json: key \"" + key + "\"") != std::string::npos ||
+                    m.find("adapter_config.json: " + key + ":") != std::string::npos ||
+                    m.find("adapter_config.json: " + key + "[") != std::string::npos)
+            << m;
+        if (key == "lora_alpha" || key == "r") {
+          EXPECT_NE(m.find(", got " + value.dump()), std::string::npos) << m;  // and the value
+        }
       }
     }
     std::ofstream(cfg_path) << orig.dump(2);

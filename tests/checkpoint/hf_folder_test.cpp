@@ -10,6 +10,7 @@
 #include <iterator>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/bnb_folder.h"
@@ -17,6 +18,7 @@
 #include "checkpoint/random_llama.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_index.h"
+#include "common/json_mutations.h"
 
 namespace qshard {
 namespace {
@@ -63,6 +65,62 @@ TEST(HfConfig, ParsesTransformersConfig) {
   EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
   EXPECT_FALSE(c.quantized);
   EXPECT_TRUE(LlamaConfig::load(kHf + "/tiny_llama_bnb4_nf4_dq").quantized);
+}
+
+// Every one-node damage of a config.json with every field qshard reads (issue 25): parses, or is an
+// InputError naming the file; never a nlohmann exception or its text.
+TEST(HfConfig, EveryDamagedFieldIsRefusedByName) {
+  for (const char* family : {"llama", "mistral", "qwen3"}) {
+    nlohmann::json rich = nlohmann::json::parse(R"({
+      "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 128,
+      "rms_norm_eps": 1e-5, "hidden_act": "silu", "rope_theta": 500000.0, "tie_word_embeddings": false,
+      "attention_bias": false, "mlp_bias": false, "use_sliding_window": false, "sliding_window": 64,
+      "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 64},
+      "bos_token_id": 1, "eos_token_id": [2, 3], "torch_dtype": "bfloat16",
+      "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4",
+                              "bnb_4bit_use_double_quant": true}})");
+    rich["model_type"] = family;
+    if (std::string(family) != "llama") rich.erase("rope_scaling");
+    ASSERT_NO_THROW(LlamaConfig::from_json(rich, "m/config.json")) << family;
+    size_t refused = 0;
+    test::for_each_mutation<nlohmann::json>(rich, [&](const nlohmann::json& damaged, const std::string& what) {
+      try {
+        LlamaConfig::from_json(damaged, "m/config.json");
+      } catch (const InputError& e) {
+        ++refused;
+        const std::string m = e.what();
+        EXPECT_EQ(m.rfind("m/config.json", 0), 0u) << family << " " << what << ": " << m;
+        EXPECT_EQ(m.find("json.exception"), std::string::npos) << family << " " << what << ": " << m;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << family << " " << what << ": not an InputError: " << e.what();
+      }
+    });
+    EXPECT_GT(refused, 100u) << family;
+  }
+  // Fields of the wrong type that were skipped in silence.
+  const nlohmann::json base = nlohmann::json::parse(R"({"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+      "num_hidden_layers": 2, "num_attention_heads": 4})");
+  for (const auto& [key, value, message] : std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+           {"bos_token_id", "1", R"(key "bos_token_id" must be an integer, got "1")"},
+           {"eos_token_id", "2", R"(key "eos_token_id" must be an integer or a list of integers, got "2")"},
+           {"eos_token_id", {2, "3"}, R"(key "eos_token_id" must be an integer or a list of integers, got [2,"3"])"},
+           {"torch_dtype", 5, R"(key "torch_dtype" must be a string, got 5)"},
+           {"quantization_config", "bnb", R"(key "quantization_config" must be an object, got "bnb")"},
+           {"rope_scaling", {{"rope_type", 3}}, R"(key "rope_scaling".rope_type must be a string, got 3)"}}) {
+    nlohmann::json bad = base;
+    bad[key] = value;
+    try {
+      LlamaConfig::from_json(bad, "m/config.json");
+      ADD_FAILURE() << key << " = " << value.dump() << " was accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("m/config.json: " + message), std::string::npos) << e.what();
+    }
+  }
+  nlohmann::json nulls = base;
+  for (const char* k : {"bos_token_id", "eos_token_id", "torch_dtype", "quantization_config"}) nulls[k] = nullptr;
+  EXPECT_NO_THROW(LlamaConfig::from_json(nulls, "m/config.json"));
 }
 
 TEST(HfConfig, BothRopeForms) {

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/bnb_folder.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_index.h"
 #include "common/test_util.h"
@@ -181,6 +182,36 @@ TEST(LlamaLoader, StrictRejectsAnExtraTensorLenientIgnoresIt) {
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_EQ(got[i].first, want[i].first);
     EXPECT_TRUE(same_bytes(got[i].second, want[i].second)) << got[i].first;
+  }
+}
+
+// Issue 25: a folder holding more decoder layers than config.json's num_hidden_layers is refused in
+// both modes, naming the layer (lenient loads, eval / generate / train, dropped them in silence); so
+// do quantize and dequantize (which copied them beside a config that does not describe them).
+TEST(LlamaLoader, LayersBeyondTheConfigAreRefusedInBothModes) {
+  for (const char* base : {"tiny_llama_bf16", "tiny_llama_bnb4_nf4_dq"}) {
+    const std::string src = kHf + "/" + base;
+    TempDir tmp;
+    const std::string dir = tmp.file("model");
+    fs::create_directories(dir);
+    write_folder(src, dir, all_tensors(src));
+    nlohmann::json config = nlohmann::json::parse(testing_util::read_bytes((fs::path(src) / "config.json").string()));
+    config["num_hidden_layers"] = 1;
+    std::ofstream((fs::path(dir) / "config.json").string()) << config.dump();
+    LlamaLoadOptions lenient;
+    lenient.strict = false;
+    for (const LlamaLoadOptions& o : {LlamaLoadOptions{}, lenient}) {
+      const std::string msg = error_of([&] { load_llama_folder(dir, o); });
+      EXPECT_NE(msg.find(dir + ": the weights hold decoder layer 1 ('model.layers.1."), std::string::npos) << msg;
+      EXPECT_NE(msg.find("config.json's num_hidden_layers is 1"), std::string::npos) << msg;
+    }
+    const std::string out = tmp.file("out");
+    const std::string msg = error_of([&] {
+      if (config.contains("quantization_config")) dequantize_model_folder(dir, out);
+      else quantize_model_folder(dir, out, QuantizeFolderOptions{});
+    });
+    EXPECT_NE(msg.find("the weights hold decoder layer 1"), std::string::npos) << msg;
+    EXPECT_FALSE(fs::exists(out));
   }
 }
 

@@ -211,16 +211,37 @@ TEST(ChatTemplateLimits, EnvironmentOverridesTheDefaults) {
   EXPECT_EQ(l.max_iterations, ChatTemplateLimits{}.max_iterations);
   EXPECT_NE(error_of("{{ 1 + 1 + 1 }}{{ 1 + 1 + 1 }}{{ 1 + 1 + 1 }}" + repeat("{{ 1 }}", 200)).find("instruction budget (123;"),
             std::string::npos);
-  for (const char* bad : {"instructions=-1", "instructions=", "steps=5", "bytes=12x", "output=0",
-                          "bytes=18446744073709551615", "bytes=1099511627777"}) {
+  // Each refusal names the variable and the entry (or what is wrong with the whole text).
+  for (auto [bad, names] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"instructions=-1", "instructions"},
+           {"instructions=", "instructions"},
+           {"instructions", "instructions"},
+           {"steps=5", "unknown budget 'steps'"},
+           {"=5", "unknown budget ''"},
+           {"bytes=12x", "bytes"},
+           {"bytes= 12", "bytes"},
+           {"output=0", "output"},
+           {"bytes=18446744073709551615", "bytes"},
+           {"bytes=1099511627777", "bytes"},
+           {"bytes=5,bytes=6", "budget 'bytes' given twice (entry 'bytes=6')"},
+           {"bytes=5,output=7,bytes=5", "budget 'bytes' given twice"},
+           {"bytes=5,", "an empty entry"},
+           {",bytes=5", "an empty entry"},
+           {"bytes=5,,output=7", "an empty entry"},
+           {",", "an empty entry"}}) {
     ::setenv("QSHARD_TEMPLATE_LIMITS", bad, 1);
     try {
       ChatTemplateLimits::from_env();
       ADD_FAILURE() << bad << " was accepted";
     } catch (const InputError& e) {
       EXPECT_NE(std::string(e.what()).find("QSHARD_TEMPLATE_LIMITS"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(names), std::string::npos) << bad << ": " << e.what();
     }
   }
+  ::setenv("QSHARD_TEMPLATE_LIMITS", "instructions=7,iterations=8,output=9,bytes=10,spans=11", 1);
+  const ChatTemplateLimits all = ChatTemplateLimits::from_env();
+  EXPECT_EQ(all.max_instructions + all.max_iterations + all.max_output_bytes + all.max_bytes + all.max_spans_bytes,
+            45u);
   ::unsetenv("QSHARD_TEMPLATE_LIMITS");
 }
 

@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "common/json_mutations.h"
 #include "common/test_util.h"
 
 namespace qshard {
@@ -343,6 +344,44 @@ TEST(ChatTemplateModelDir, DeepSideFilesAreRefusedByName) {
       EXPECT_NE(m.find(name), std::string::npos) << m;
       EXPECT_NE(m.find("nested more than"), std::string::npos) << m;
     }
+  }
+}
+
+// Every one-node damage of tokenizer_config.json (the template list, the special tokens) and of
+// special_tokens_map.json: loads, or is an InputError naming the file; a special token of another
+// type than a string or {"content": ...} was taken as unset in silence.
+TEST(ChatTemplateModelDir, DamagedSideFilesAreRefusedByName) {
+  const ojson config = ojson::parse(R"({"chat_template": [{"name": "default", "template": "{{ bos_token }}"},
+      {"name": "rag", "template": "x"}], "bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>"})");
+  const ojson map = ojson::parse(R"({"unk_token": {"content": "<unk>"}, "pad_token": "<pad>"})");
+  size_t refused = 0;
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
+    test::for_each_mutation<ojson>(name[0] == 't' ? config : map, [&](const ojson& damaged, const std::string& what) {
+      testing_util::TempDir dir;
+      const fs::path root = fs::path(dir.file("model"));
+      fs::create_directories(root);
+      testing_util::write_bytes((root / "tokenizer_config.json").string(), (name[0] == 't' ? damaged : config).dump());
+      testing_util::write_bytes((root / "special_tokens_map.json").string(), (name[0] == 't' ? map : damaged).dump());
+      try {
+        ChatTemplate::from_model_dir(root.string());
+      } catch (const InputError& e) {
+        ++refused;
+        const std::string m = e.what();
+        EXPECT_NE(m.find(name), std::string::npos) << what << ": " << m;  // no template at all: the folder
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << name << " " << what << ": not an InputError: " << e.what();
+      }
+    });
+  }
+  EXPECT_GT(refused, 50u);
+  testing_util::TempDir dir;
+  testing_util::write_bytes(dir.file("tokenizer_config.json"), R"({"chat_template": "x", "eos_token": 5})");
+  try {
+    ChatTemplate::from_model_dir(dir.file(""));
+    ADD_FAILURE() << "eos_token 5 was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(R"(tokenizer_config.json: eos_token: expected a token: a string or {"content": "..."}, got 5)"),
+              std::string::npos) << e.what();
   }
 }
 

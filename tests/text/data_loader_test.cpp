@@ -378,6 +378,26 @@ TEST(DistributedSampler, RestoreRejectsMismatch) {
   EXPECT_THROW(a.restore(s), InputError);
   EXPECT_THROW(a.restore(nlohmann::json{{"epoch", 0}}), InputError);
   EXPECT_THROW(DistributedSampler(7, 8, 0, 0, 1), InputError);  // fewer sequences than a batch
+  // A missing or mistyped field is named with where the state came from (nlohmann's text before).
+  auto error_of = [&](const nlohmann::json& state) {
+    try {
+      a.restore(state, "ck/metadata.json (trainer.data)");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  nlohmann::json bad = a.state_json();
+  bad["epoch"] = "0";
+  EXPECT_EQ(error_of(bad), R"(ck/metadata.json (trainer.data): epoch: expected an integer >= 0, got "0")");
+  bad = a.state_json();
+  bad.erase("global_batch");
+  EXPECT_EQ(error_of(bad), "ck/metadata.json (trainer.data): global_batch: missing (expected an integer)");
+  bad = a.state_json();
+  bad["seed"] = -3;
+  EXPECT_EQ(error_of(bad), "ck/metadata.json (trainer.data): seed: expected an integer from 0 to 2^64 - 1, got -3");
+  EXPECT_EQ(error_of(nlohmann::json::array()), "ck/metadata.json (trainer.data): expected an object, got []");
+  EXPECT_EQ(error_of(a.state_json()), "");
 }
 
 TEST(DataLoader, BatchesAreRowMajorInputsAndTargets) {

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/json_mutations.h"
 #include "runtime/error.h"
 #include "text/hf_tokenizer.h"
 #include "text/hf_tokenizer_pipeline.h"
@@ -120,12 +121,12 @@ TEST(HfTokenizerLimits, MetaspaceReplacementIsOneCharacter) {
     auto with = [&](const std::string& r) {
       return std::string("{\"") + key + R"(": {"type": "Metaspace", "replacement": )" + r + "}, " + kModel + "}";
     };
-    EXPECT_HAS(load_error(with(R"("")")), R"("replacement" must be exactly one character, got "")");
-    EXPECT_HAS(load_error(with(R"("")")), std::string(key) + " Metaspace");
-    EXPECT_HAS(load_error(with(R"("ab")")), R"(must be exactly one character, got "ab")");
-    EXPECT_HAS(load_error(with(R"("e\u0301")")), "must be exactly one character");  // two code points
+    EXPECT_HAS(load_error(with(R"("")")), std::string("tokenizer.json: ") + key +
+                                               R"(.replacement: expected exactly one character, got "")");
+    EXPECT_HAS(load_error(with(R"("ab")")), R"(.replacement: expected exactly one character, got "ab")");
+    EXPECT_HAS(load_error(with(R"("e\u0301")")), "expected exactly one character");  // two code points
     EXPECT_HAS(load_error(with("\"\xE2\x96\"")), "not valid JSON");  // a cut U+2581: the JSON parse refuses it
-    EXPECT_HAS(load_error(with("7")), R"("replacement" must be a string, got 7)");
+    EXPECT_HAS(load_error(with("7")), std::string(key) + R"(.replacement: expected a string, got 7)");
     EXPECT_EQ(load_error(with("\"\xE2\x96\x81\"")), "") << key;
     EXPECT_EQ(load_error(with(R"("_")")), "") << key;
   }
@@ -200,27 +201,27 @@ TEST(HfTokenizerLimits, BadIdsAreRefusedNamingTheKeyAndValue) {
   auto vocab_with = [](const std::string& id) {
     return R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": )" + id + R"(}, "merges": []}})";
   };
-  EXPECT_HAS(load_error(vocab_with("-1")), R"(model.vocab["b"] = -1: a token id must be an integer)");
-  EXPECT_HAS(load_error(vocab_with("4294967295")), R"(model.vocab["b"] = 4294967295)");
-  EXPECT_HAS(load_error(vocab_with("4194304")), R"(model.vocab["b"] = 4194304)");
-  EXPECT_HAS(load_error(vocab_with("1.5")), R"(model.vocab["b"] = 1.5)");
-  EXPECT_HAS(load_error(vocab_with("\"1\"")), R"(model.vocab["b"] = "1")");
+  EXPECT_HAS(load_error(vocab_with("-1")), R"(tokenizer.json: model.vocab["b"]: expected a token id (an integer from 0 to 4194303, kMaxVocabSize: 16x the largest real vocabulary), got -1)");
+  EXPECT_HAS(load_error(vocab_with("4294967295")), R"(model.vocab["b"]: expected a token id (an integer from 0 to 4194303, kMaxVocabSize: 16x the largest real vocabulary), got 4294967295)");
+  EXPECT_HAS(load_error(vocab_with("4194304")), R"(model.vocab["b"]: expected a token id (an integer from 0 to 4194303, kMaxVocabSize: 16x the largest real vocabulary), got 4194304)");
+  EXPECT_HAS(load_error(vocab_with("1.5")), R"(model.vocab["b"]: expected a token id (an integer from 0 to 4194303, kMaxVocabSize: 16x the largest real vocabulary), got 1.5)");
+  EXPECT_HAS(load_error(vocab_with("\"1\"")), R"(model.vocab["b"]: expected a token id (an integer from 0 to 4194303, kMaxVocabSize: 16x the largest real vocabulary), got "1")");
   EXPECT_EQ(load_error(vocab_with("4194303")), "");  // the largest id allowed
   EXPECT_HAS(load_error(vocab_with("0")), R"(model.vocab gives id 0 to both "a" and "b")");
   EXPECT_HAS(load_error(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a zz"]}})"),
-             "merges[0] ('a' 'zz') names a token missing from the vocabulary");
+             "tokenizer.json: model.merges[0] ('a' 'zz') names a token missing from the vocabulary");
   auto added = [](const std::string& list) { return R"({"added_tokens": )" + list + ", " + kModel + "}"; };
-  EXPECT_HAS(load_error(added(R"([{"content": "<x>", "id": -1}])")), "added_tokens[0].id = -1");
-  EXPECT_HAS(load_error(added(R"([{"content": "<x>", "id": 4294967295}])")), "added_tokens[0].id = 4294967295");
-  EXPECT_HAS(load_error(added(R"([{"content": "<x>"}])")), "added_tokens[0].id = null");
+  EXPECT_HAS(load_error(added(R"([{"content": "<x>", "id": -1}])")), "tokenizer.json: added_tokens[0].id: expected a token id (an integer from 0 to 4194303, kMaxVocabSize: 16x the largest real vocabulary), got -1");
+  EXPECT_HAS(load_error(added(R"([{"content": "<x>", "id": 4294967295}])")), "added_tokens[0].id: expected a token id (an integer from 0 to 4194303, kMaxVocabSize: 16x the largest real vocabulary), got 4294967295");
+  EXPECT_HAS(load_error(added(R"([{"content": "<x>"}])")), "tokenizer.json: added_tokens[0].id: missing (expected a token id");
   EXPECT_HAS(load_error(added(R"([{"content": "<x>", "id": 5}, {"content": "<y>", "id": 5}])")),
              R"(added_tokens[1].id 5 is also the id of added token "<x>")");
   EXPECT_EQ(load_error(added(R"([{"content": "<x>", "id": 5}, {"content": "<x>", "id": 5}])")), "");
   const std::string tp = R"({"post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}},
       {"Sequence": {"id": "A"}}], "special_tokens": {"<s>": {"ids": [IDS]}}}, )" + kModel + "}";
   auto with_ids = [&](const std::string& ids) { return std::string(tp).replace(tp.find("IDS"), 3, ids); };
-  EXPECT_HAS(load_error(with_ids("-1")), R"(post_processor.special_tokens["<s>"].ids = -1)");
-  EXPECT_HAS(load_error(with_ids("7")), "holds id 7, which names no token");
+  EXPECT_HAS(load_error(with_ids("-1")), R"(tokenizer.json: post_processor.special_tokens["<s>"].ids[0]: expected a token id (an integer from 0 to 4194303, kMaxVocabSize: 16x the largest real vocabulary), got -1)");
+  EXPECT_HAS(load_error(with_ids("7")), R"(post_processor.special_tokens["<s>"].ids[0]: holds id 7, which names no token)");
   EXPECT_EQ(load_error(with_ids("2")), "");
 }
 
@@ -383,10 +384,151 @@ TEST(HfTokenizerLimits, FoldersMissingPathsAndFifosAreNamed) {
   fs::remove(d.path() / "cfg" / "tokenizer_config.json");
   write(d.path() / "cfg" / "tokenizer_config.json", std::string(1000, '[') + std::string(1000, ']'));
   EXPECT_HAS(error_of((d.path() / "cfg").string()), "tokenizer_config.json: JSON nested more than 256 levels");
+  // A special token of another type than a string or {"content": ...} is refused by name (it was
+  // taken as unset, in silence); null is unset.
   write(d.path() / "cfg" / "tokenizer_config.json", R"({"bos_token": {"content": "ab"}, "eos_token": 5})");
+  EXPECT_HAS(error_of((d.path() / "cfg").string()),
+             R"(tokenizer_config.json: eos_token: expected a token: a string or {"content": "..."}, got 5)");
+  write(d.path() / "cfg" / "tokenizer_config.json", R"({"bos_token": {"content": "ab"}, "eos_token": {"content": 5}})");
+  EXPECT_HAS(error_of((d.path() / "cfg").string()), "tokenizer_config.json: eos_token.content: expected a string, got 5");
+  write(d.path() / "cfg" / "tokenizer_config.json", R"({"bos_token": {"content": "ab"}, "eos_token": null})");
   const HfTokenizer t = HfTokenizer::load((d.path() / "cfg").string());
   EXPECT_EQ(t.bos_id(), 2u);
   EXPECT_FALSE(t.eos_id().has_value());
+}
+
+// A tokenizer.json with every component qshard reads and every optional field set: the document
+// the mutation test damages node by node.
+const char* const kRichTokenizer = R"({
+  "added_tokens": [{"id": 3, "content": "<s>", "special": true, "lstrip": false, "rstrip": false,
+                    "single_word": false, "normalized": false},
+                   {"id": 4, "content": "<x>", "special": false, "normalized": true}],
+  "normalizer": {"type": "Sequence", "normalizers": [
+      {"type": "Prepend", "prepend": "_"},
+      {"type": "Replace", "pattern": {"String": " "}, "content": "_"},
+      {"type": "Strip", "strip_left": true, "strip_right": false}]},
+  "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+      {"type": "Split", "pattern": {"Regex": "\\d"}, "behavior": "Isolated", "invert": false},
+      {"type": "Digits", "individual_digits": true},
+      {"type": "Metaspace", "replacement": "_", "prepend_scheme": "first", "split": true},
+      {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}]},
+  "post_processor": {"type": "Sequence", "processors": [
+      {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                {"Sequence": {"id": "A", "type_id": 0}}],
+       "special_tokens": {"<s>": {"id": "<s>", "ids": [3], "tokens": ["<s>"]}}},
+      {"type": "ByteLevel"}]},
+  "decoder": {"type": "Sequence", "decoders": [
+      {"type": "Replace", "pattern": {"String": "_"}, "content": " "},
+      {"type": "ByteFallback"}, {"type": "Fuse"},
+      {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+      {"type": "Metaspace", "replacement": "_", "add_prefix_space": true},
+      {"type": "ByteLevel"}]},
+  "model": {"type": "BPE", "dropout": null, "unk_token": "a", "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b", ["a", "b"]]}
+})";
+
+// Issue 25: every field of tokenizer.json (and of tokenizer_config.json) is read with its type
+// checked: a missing or mistyped one was refused with nlohmann's own text ("key 'model' not found",
+// "type must be string, but is number"), naming neither the field nor, at times, the file.
+TEST(HfTokenizerLimits, MissingOrMistypedFieldsAreNamedByPath) {
+  const std::string minimal = "{" + kModel + "}";
+  EXPECT_EQ(load_error(kRichTokenizer), "");
+  EXPECT_HAS(load_error("{}"), "tokenizer.json: model: missing (expected an object: the BPE model)");
+  EXPECT_HAS(load_error(R"({"model": 5})"), "tokenizer.json: model: expected an object, got 5");
+  EXPECT_HAS(load_error(R"({"model": []})"), "tokenizer.json: model: expected an object, got []");
+  EXPECT_HAS(load_error("[]"), "tokenizer.json: expected an object, got []");
+  EXPECT_HAS(load_error(R"({"model": {"merges": []}})"), "tokenizer.json: model.vocab: missing (expected an object {token: id})");
+  EXPECT_HAS(load_error(R"({"model": {"vocab": {}}})"), "tokenizer.json: model.merges: missing");
+  EXPECT_HAS(load_error(R"({"model": {"type": 5, "vocab": {}, "merges": []}})"), "tokenizer.json: model.type: expected a string, got 5");
+  EXPECT_HAS(load_error(R"({"model": {"vocab": {"x": "1"}, "merges": []}})"), R"(tokenizer.json: model.vocab["x"]: expected a token id)");
+  EXPECT_HAS(load_error(R"({"model": {"vocab": {}, "merges": [], "fuse_unk": "yes"}})"),
+             R"(tokenizer.json: model.fuse_unk: expected true or false, got "yes")");
+  EXPECT_HAS(load_error(R"({"model": {"vocab": {}, "merges": [], "unk_token": 0}})"),
+             "tokenizer.json: model.unk_token: expected a string, got 0");
+  EXPECT_HAS(load_error(R"({"model": {"vocab": {}, "merges": [], "dropout": "0.1"}})"),
+             R"(tokenizer.json: model.dropout: expected a finite number, got "0.1")");
+  EXPECT_HAS(load_error(R"({"model": {"vocab": {}, "merges": [], "end_of_word_suffix": 1}})"),
+             "tokenizer.json: model.end_of_word_suffix: expected a string, got 1");
+  EXPECT_HAS(load_error(R"({"model": {"vocab": {"a": 0}, "merges": [7]}})"),
+             R"(tokenizer.json: model.merges[0]: expected a merge: "a b" or ["a", "b"], got 7)");
+  EXPECT_HAS(load_error(R"({"added_tokens": [{"id": 3}], )" + kModel + "}"),
+             "tokenizer.json: added_tokens[0].content: missing (expected a string)");
+  EXPECT_HAS(load_error(R"({"added_tokens": [{"id": 3, "content": "<s>", "special": 1}], )" + kModel + "}"),
+             "tokenizer.json: added_tokens[0].special: expected true or false, got 1");
+  EXPECT_HAS(load_error(R"({"added_tokens": {"id": 3}, )" + kModel + "}"), "tokenizer.json: added_tokens: expected an array");
+  EXPECT_HAS(load_error(R"({"normalizer": {"type": "Prepend"}, )" + kModel + "}"),
+             "tokenizer.json: normalizer.prepend: missing (expected a string)");
+  EXPECT_HAS(load_error(R"({"normalizer": {"type": "Sequence", "normalizers": [{"type": "Replace", "pattern": {"String": "a"}, "content": 1}]}, )" + kModel + "}"),
+             "tokenizer.json: normalizer.normalizers[0].content: expected a string, got 1");
+  EXPECT_HAS(load_error(R"({"normalizer": {"type": 3}, )" + kModel + "}"), "tokenizer.json: normalizer.type: expected a string, got 3");
+  EXPECT_HAS(load_error(R"({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "a"}, "behavior": 3}, )" + kModel + "}"),
+             "tokenizer.json: pre_tokenizer.behavior: expected a string, got 3");
+  EXPECT_HAS(load_error(R"({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": 1}, "behavior": "Isolated"}, )" + kModel + "}"),
+             "tokenizer.json: pre_tokenizer.pattern.Regex: expected a string, got 1");
+  EXPECT_HAS(load_error(R"({"pre_tokenizer": {"type": "Split", "pattern": "a", "behavior": "Isolated"}, )" + kModel + "}"),
+             R"(tokenizer.json: pre_tokenizer.pattern: expected an object, got "a")");
+  EXPECT_HAS(load_error(R"({"pre_tokenizer": {"type": "ByteLevel", "use_regex": "no"}, )" + kModel + "}"),
+             R"(tokenizer.json: pre_tokenizer.use_regex: expected true or false, got "no")");
+  EXPECT_HAS(load_error(R"({"pre_tokenizer": {"type": "Metaspace", "prepend_scheme": "sometimes"}, )" + kModel + "}"),
+             R"(tokenizer.json: pre_tokenizer.prepend_scheme: expected "always", "first" or "never", got "sometimes")");
+  EXPECT_HAS(load_error(R"({"decoder": {"type": "Strip", "content": " ", "start": -1}, )" + kModel + "}"),
+             "tokenizer.json: decoder.start: expected an integer >= 0, got -1");
+  EXPECT_HAS(load_error(R"({"decoder": {"type": "Replace", "pattern": {"String": "a"}}, )" + kModel + "}"),
+             "tokenizer.json: decoder.content: missing (expected a string)");
+  const std::string tp = R"({"post_processor": {"type": "TemplateProcessing", "single": [SINGLE], "special_tokens": SPECIAL}, )" + kModel + "}";
+  auto post = [&](const std::string& single, const std::string& special) {
+    std::string t = tp;
+    t.replace(t.find("SINGLE"), 6, single);
+    return t.replace(t.find("SPECIAL"), 7, special);
+  };
+  EXPECT_HAS(load_error(post(R"({"SpecialToken": {"id": 5}})", "{}")),
+             "tokenizer.json: post_processor.single[0].SpecialToken.id: expected a string, got 5");
+  EXPECT_HAS(load_error(post(R"({"SpecialToken": {"id": "<s>"}})", "{}")),
+             R"(tokenizer.json: post_processor.special_tokens["<s>"]: missing (expected an object))");
+  EXPECT_HAS(load_error(post(R"({"SpecialToken": {"id": "<s>"}})", R"({"<s>": {"ids": 2}})")),
+             R"(tokenizer.json: post_processor.special_tokens["<s>"].ids: expected an array, got 2)");
+  EXPECT_HAS(load_error(post("7", "{}")), "tokenizer.json: post_processor.single[0]: expected an object, got 7");
+  EXPECT_EQ(load_error(post(R"({"SpecialToken": {"id": "<s>"}})", R"({"<s>": {"ids": [2]}})")), "");
+
+  // Every one-node damage of the rich file: loads, or is an InputError naming the file; never a
+  // nlohmann exception or its text.
+  const nlohmann::json rich = nlohmann::json::parse(kRichTokenizer);
+  size_t refused = 0, loaded = 0;
+  test::for_each_mutation<nlohmann::json>(rich, [&](const nlohmann::json& damaged, const std::string& what) {
+    TempDir d;
+    write(d.path() / "tokenizer.json", damaged.dump());
+    try {
+      const HfTokenizer t = HfTokenizer::load(d.path().string());
+      t.decode(t.encode("ab 1 <s> <x> a"));
+      ++loaded;
+    } catch (const InputError& e) {
+      ++refused;
+      const std::string m = e.what();
+      EXPECT_EQ(m.rfind((d.path() / "tokenizer.json").string(), 0), 0u) << what << ": " << m;
+      EXPECT_EQ(m.find("json.exception"), std::string::npos) << what << ": " << m;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << what << ": not an InputError: " << e.what();
+    }
+  });
+  std::printf("tokenizer.json damaged one node at a time: %zu loaded, %zu refused by name\n", loaded, refused);
+  EXPECT_GT(refused, 200u);
+
+  // tokenizer_config.json's special tokens, damaged the same way.
+  const nlohmann::json config = nlohmann::json::parse(R"({"bos_token": {"content": "a", "lstrip": false}, "eos_token": "b"})");
+  test::for_each_mutation<nlohmann::json>(config, [&](const nlohmann::json& damaged, const std::string& what) {
+    TempDir d;
+    write(d.path() / "tokenizer.json", minimal);
+    write(d.path() / "tokenizer_config.json", damaged.dump());
+    try {
+      HfTokenizer::load(d.path().string());
+    } catch (const InputError& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.rfind((d.path() / "tokenizer_config.json").string(), 0), 0u) << what << ": " << m;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << what << ": not an InputError: " << e.what();
+    }
+  });
 }
 
 }  // namespace

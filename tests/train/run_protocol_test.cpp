@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fmt/format.h>
 #include <fstream>
@@ -265,7 +266,45 @@ TEST(RunProtocol, ResumeKeepsTheScheduleUnlessAsked) {
                 .find("schedule.type warmup_cosine -> linear, schedule.warmup_steps 3 -> 0, schedule.min_lr_ratio 0.1 -> 0"),
             std::string::npos);
   info.metadata["trainer"]["scheduler"]["lr"] = "fast";
-  EXPECT_NE(error_of([&] { check_resume_schedule(info, same, true); }).find("trainer.scheduler is malformed"),
+  EXPECT_NE(error_of([&] { check_resume_schedule(info, same, true); })
+                .find(R"(metadata.json: trainer.scheduler.lr: expected a finite number, got "fast")"),
+            std::string::npos);
+  info.metadata["trainer"]["scheduler"].erase("lr");
+  EXPECT_NE(error_of([&] { check_resume_schedule(info, same, true); })
+                .find("metadata.json: trainer.scheduler.lr: missing (expected a number)"),
+            std::string::npos);
+  info.metadata["trainer"]["scheduler"] = 5;
+  EXPECT_NE(error_of([&] { check_resume_schedule(info, same, true); })
+                .find("metadata.json: trainer.scheduler: expected an object, got 5"),
+            std::string::npos);
+}
+
+// trainer.history (the losses a resumed run's log and summary continue): a missing or mistyped
+// field is named by its path in metadata.json (nlohmann's text before).
+TEST(RunProtocol, MalformedHistoryIsNamedByPath) {
+  CheckpointInfo info;
+  info.dir = "ckpt/step-00000002";
+  info.step = 2;
+  info.metadata = nlohmann::json::parse(R"({"trainer": {"history": {"loss": [2.5, null], "eval_loss": [[2, 2.25]]}}})");
+  const TrainHistory h = checkpoint_history(info);
+  ASSERT_EQ(h.losses.size(), 2u);
+  EXPECT_TRUE(std::isnan(h.losses[1]));
+  ASSERT_EQ(h.eval_losses.size(), 1u);
+  EXPECT_EQ(h.eval_losses[0].first, 2);
+  auto error_with = [&](const char* history) {
+    CheckpointInfo bad = info;
+    bad.metadata["trainer"]["history"] = nlohmann::json::parse(history);
+    return error_of([&] { checkpoint_history(bad); });
+  };
+  EXPECT_NE(error_with(R"({"loss": [1, 2]})").find("metadata.json: trainer.history.eval_loss: missing (expected an array)"),
+            std::string::npos);
+  EXPECT_NE(error_with(R"({"loss": 5, "eval_loss": []})").find("metadata.json: trainer.history.loss: expected an array, got 5"),
+            std::string::npos);
+  EXPECT_NE(error_with(R"({"loss": [1, 2], "eval_loss": [[2]]})")
+                .find("metadata.json: trainer.history.eval_loss[0]: expected [step, loss], got [2]"),
+            std::string::npos);
+  EXPECT_NE(error_with(R"({"loss": [1, 2], "eval_loss": [["2", 1.0]]})")
+                .find(R"(metadata.json: trainer.history.eval_loss[0][0]: expected an integer >= 0, got "2")"),
             std::string::npos);
 }
 
