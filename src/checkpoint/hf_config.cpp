@@ -1,5 +1,9 @@
 #include "checkpoint/hf_config.h"
 
+#include <cmath>
+
+#include <fmt/format.h>
+
 #include "runtime/input_file.h"
 
 #include <cstdio>
@@ -143,7 +147,11 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
   c.max_position_embeddings = get_int(j, "max_position_embeddings", label, 2048);
   positive(c.max_position_embeddings, "max_position_embeddings", label);
   c.rms_norm_eps = get_num(j, "rms_norm_eps", label, 1e-6);
-  if (!(c.rms_norm_eps > 0)) throw InputError(where(label, "rms_norm_eps") + " must be positive");
+  // A stabilizer far below the mean square (1e-6 to 1e-5 in every family): at 1 or more it replaces
+  // the normalization, and 1e308 is infinite in f32 (eval printed a NaN loss with exit 0).
+  if (!(c.rms_norm_eps > 0 && c.rms_norm_eps < 1))
+    throw InputError(where(label, "rms_norm_eps") + " is " + fmt::format("{}", c.rms_norm_eps) +
+                     "; expected a small positive number below 1 (1e-6 or 1e-5 in Llama-style models)");
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
     throw InputError(where(label, "hidden_act") + " is " + j["hidden_act"].dump() + "; qshard's families use \"silu\"");
   // RoPE: the newer single rope_parameters field, or rope_theta + rope_scaling.
@@ -156,7 +164,11 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
     if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
       c.rope_scaling = parse_rope(j["rope_scaling"], "rope_scaling", label);
   }
-  if (!(c.rope_theta > 0)) throw InputError(where(label, "rope_theta") + " must be positive");
+  // RoPE's base: the frequencies are theta^(-2i/d), so a base below 1 turns them into powers of
+  // 1/theta that overflow f32 (1e-300 gave NaN logits); real models use 1e4 to 1e6 and more.
+  if (!(c.rope_theta >= 1 && std::isfinite(c.rope_theta)))
+    throw InputError(where(label, "rope_theta") + " is " + fmt::format("{}", c.rope_theta) +
+                     "; expected a finite number of at least 1 (10000 to 1000000 in practice)");
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", label, false);
   // Biases by family (transformers' *Attention / *MLP): Llama reads attention_bias (all four
   // attention projections) and mlp_bias; Qwen2 has q/k/v biases and none else (no such keys);
@@ -198,6 +210,15 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
       }
     else throw InputError(where(label, "eos_token_id") + " must be an integer or a list of integers, got " + e.dump());
   }
+  // Ids the vocabulary does not have: generation would wait for an end it cannot emit, training
+  // data would carry a token the embedding cannot look up.
+  if (c.bos_token_id && (*c.bos_token_id < 0 || *c.bos_token_id >= c.vocab_size))
+    throw InputError(where(label, "bos_token_id") + " is " + std::to_string(*c.bos_token_id) +
+                     ", outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  for (int64_t e : c.eos_token_ids)
+    if (e < 0 || e >= c.vocab_size)
+      throw InputError(where(label, "eos_token_id") + " holds " + std::to_string(e) + ", outside the vocabulary [0, " +
+                       std::to_string(c.vocab_size) + ")");
   for (const char* k : {"torch_dtype", "dtype"}) {
     if (j.contains(k) && !j[k].is_null() && !j[k].is_string())
       throw InputError(where(label, k) + " must be a string, got " + j[k].dump());

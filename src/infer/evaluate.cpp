@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/llama_loader.h"
@@ -190,6 +191,13 @@ EvalResult evaluate_model(const EvalOptions& o) {
   r.sequences = count;
   r.loss = r.tokens > 0 ? loss_sum / static_cast<double>(r.tokens) : NAN;
   r.perplexity = std::exp(r.loss);
+  // The weights were checked finite on load: a non-finite loss comes from the model's numbers
+  // (its config, or weights so large the logits overflow), never a result to print with exit 0.
+  // With --allow-nonfinite the user asked for NaN / Inf weights: their loss is printed as it is.
+  if (r.tokens > 0 && !std::isfinite(r.loss) && !o.allow_nonfinite)
+    throw InputError(fmt::format("{}: the evaluation loss over {} tokens of {} is {}: this model gives non-finite "
+                                 "logits (its config.json's values or its weights' magnitudes)",
+                                 o.model_dir, r.tokens, o.data, r.loss));
   if (!o.dump_logits.empty()) {
     const int64_t B = r.sequences, T = max_len;
     save_safetensors(o.dump_logits, {{"logits", Tensor::from_f32({B, T, cfg.vocab_size}, DType::kF32, all_logits)}},

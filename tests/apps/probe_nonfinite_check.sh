@@ -108,4 +108,19 @@ probe "eval, shape [2^40, 2^40]" 2 "$msg" -- "$qshard" eval --model "$work/shape
 probe "dequantize, shape [2^40, 2^40]" 2 "$msg" -- "$qshard" dequantize "$work/shape" "$work/shape_d"
 probe "inspect --check, shape [2^40, 2^40]" 3 "problem: .*$msg" -- "$qshard" inspect --check --quiet "$work/shape"
 
+# ---- finite weights and config values whose numbers overflow: refused, not a NaN loss with exit 0 ----
+cp -r "$hf/tiny_llama_bf16" "$work/huge"
+poke "$work/huge/model.safetensors" model.norm.weight 0 '\x7f\x7f'  # 3.39e38 in the last norm and the head:
+poke "$work/huge/model.safetensors" lm_head.weight 0 '\x7f\x7f'     # finite, and their product overflows f32
+probe "eval, finite weights giving a non-finite loss" 2 "the evaluation loss over 3 tokens .* is -?(nan|inf).*non-finite logits" -- \
+  "$qshard" eval --model "$work/huge" --data "$work/ids.json" --device cpu
+cp -r "$hf/tiny_llama_bf16" "$work/theta"
+sed -i 's/"rope_theta": 10000.0/"rope_theta": 1e-300/' "$work/theta/config.json"
+probe "eval, rope_theta 1e-300" 2 "config.json.*rope_theta.* is 1e-300; expected a finite number of at least 1" -- \
+  "$qshard" eval --model "$work/theta" --data "$work/ids.json" --device cpu
+cp -r "$hf/tiny_llama_bf16" "$work/eos"
+sed -i 's/"eos_token_id": [0-9]*/"eos_token_id": 1099511627776/' "$work/eos/config.json"
+probe "generate, eos_token_id outside the vocabulary" 2 "eos_token_id.* holds 1099511627776, outside the vocabulary" -- \
+  "$qshard" generate --model "$work/eos" --prompt-ids 1,2 --max-new-tokens 2 --device cpu
+
 probe_summary "nonfinite probes ok"

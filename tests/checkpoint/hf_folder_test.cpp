@@ -169,6 +169,22 @@ TEST(HfConfig, BadConfigsNameTheKey) {
   bad = j;
   bad["model_type"] = "mamba";
   expect_input_error([&] { LlamaConfig::from_json(bad, "cfg.json"); }, {"model_type", "mamba"});
+  // Numbers that give non-finite logits (eval printed a NaN loss with exit 0) and token ids the
+  // vocabulary does not have are refused naming the key and the value.
+  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"rope_theta", 1e-300}, {"rope_theta", 0.5}, {"rope_theta", 0}, {"rms_norm_eps", 1e308}, {"rms_norm_eps", 1},
+           {"rms_norm_eps", -1e-6}, {"bos_token_id", -1}, {"bos_token_id", 10}, {"eos_token_id", 1099511627776LL},
+           {"eos_token_id", nlohmann::json::array({2, 10})}}) {
+    bad = j;
+    bad[key] = value;
+    expect_input_error([&] { LlamaConfig::from_json(bad, "cfg.json"); }, {"cfg.json", key});
+  }
+  bad = j;
+  bad["rope_theta"] = 1.0;  // the edges are taken
+  bad["rms_norm_eps"] = 0.5;
+  bad["bos_token_id"] = 0;
+  bad["eos_token_id"] = nlohmann::json::array({9, 1});
+  EXPECT_EQ(LlamaConfig::from_json(bad, "cfg.json").eos_token_ids, (std::vector<int64_t>{9, 1}));
   // quantization_config's fields are type-checked (a fuzzer found a boolean quant_method escaping
   // as a nlohmann type_error instead of an InputError).
   const nlohmann::json q = {{"quant_method", "bitsandbytes"}, {"load_in_4bit", true}};
