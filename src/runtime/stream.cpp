@@ -18,6 +18,25 @@ bool have_gpu() {
 #endif
 }  // namespace
 
+int current_device() {
+#if QSHARD_WITH_CUDA
+  if (have_gpu()) {
+    int d = -1;
+    QS_CUDA_CHECK(cudaGetDevice(&d));
+    return d;
+  }
+#endif
+  return -1;
+}
+
+void use_device_on_this_thread(int device) {
+#if QSHARD_WITH_CUDA
+  if (device >= 0 && have_gpu()) QS_CUDA_CHECK(cudaSetDevice(device));
+#else
+  (void)device;
+#endif
+}
+
 // ---- Event -------------------------------------------------------------------------------------
 
 Event::Event(bool timing) {

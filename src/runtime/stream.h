@@ -59,6 +59,12 @@ class Event {
   void* event_ = nullptr;
 };
 
+// The CUDA device current on this thread (-1 without a GPU), and making `device` current on a
+// thread the caller started (a new thread starts on device 0: a CUDA call there would open a
+// context on GPU 0 for every rank). No-ops without a GPU.
+int current_device();
+void use_device_on_this_thread(int device);
+
 class Stream {
  public:
   explicit Stream(std::string name);

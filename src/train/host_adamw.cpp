@@ -36,7 +36,17 @@ HostAdamW::HostAdamW(ShardedParameterManager& mgr, std::vector<int> order) : mgr
   copied_.resize(static_cast<size_t>(units));
   jobs_.resize(static_cast<size_t>(units));
   done_.assign(static_cast<size_t>(units), 0);
-  worker_ = std::thread([this] { run(); });
+  // The worker queries this thread's events: on this thread's device (a new thread starts on
+  // device 0, where a query would open a context on GPU 0 for every rank).
+  worker_ = std::thread([this, device = current_device()] {
+    try {
+      use_device_on_this_thread(device);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = std::current_exception();
+    }
+    run();
+  });
   mgr_.set_master_fence([this](int u) { wait_unit(u); });
 }
 
