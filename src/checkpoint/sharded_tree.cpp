@@ -116,10 +116,8 @@ ShardedTree shard_module_tree(Module& root, ShardedParameterManager& mgr, const 
                               const std::set<std::string>& host_fqns) {
   ShardedTree out;
   for (const std::string& fqn : host_fqns) {
-    const size_t dot = fqn.rfind('.');
-    Module* owner = dot == std::string::npos ? &root : root.find_module(fqn.substr(0, dot));
-    const Module::Slot* s = owner ? owner->slot(dot == std::string::npos ? fqn : fqn.substr(dot + 1)) : nullptr;
-    if (!s || s->kind == Module::SlotKind::kParams4bit)
+    const std::optional<Resolved> r = try_resolve(root, fqn);
+    if (!r || (r->kind != NodeKind::kParameter && r->kind != NodeKind::kBuffer))
       throw Error("shard_module_tree: no frozen float tensor '" + fqn + "' to keep in host memory");
   }
   Module* layers = root.find_module(layers_path);

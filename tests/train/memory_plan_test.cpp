@@ -377,12 +377,22 @@ TEST(MemoryPlan, ChoosesTheMicroBatch) {
 // than the read of the step's rows over PCIe; where every layer fits anyway it stays on the GPU (the
 // read would cost and buy nothing); without a budget it stays as configured. A tied table (the LM
 // head reads it whole) never moves, and asking for it is refused by name.
-TEST(MemoryPlan, EmbeddingInHostMemoryWhereTheGpuIsShort) {
-  PlanRates h200{795e12, 55.3e9};
-  h200.host_available_bytes = 100e9;
+// 8 sequences of 2048 a step within `gb`, the plan choosing the micro-batch; an H200's rates.
+TrainConfig eight_within(double gb) {
   TrainConfig c = job_8b(0, 2048);
   c.batch.global_batch_size = 8;
-  c.memory.gpu_budget_gb = 10;
+  c.memory.gpu_budget_gb = gb;
+  return c;
+}
+PlanRates h200_rates(double gemm, double h2d) {
+  PlanRates r{gemm, h2d};
+  r.host_available_bytes = 100e9;
+  return r;
+}
+
+TEST(MemoryPlan, EmbeddingInHostMemoryWhereTheGpuIsShort) {
+  const PlanRates h200 = h200_rates(795e12, 55.3e9);
+  TrainConfig c = eight_within(10);
   const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
   EXPECT_TRUE(p.embedding_on_host) << p.describe();
   EXPECT_LE(p.total(), 10e9) << p.describe();
@@ -434,11 +444,8 @@ TEST(MemoryPlan, EmbeddingInHostMemoryWhereTheGpuIsShort) {
 // than the copies cost; with every layer on the GPU anyway it does not; without a budget it stays
 // as configured.
 TEST(MemoryPlan, HostCheckpointsWhereTheGpuIsShort) {
-  PlanRates h200{803e12, 55.4e9};
-  h200.host_available_bytes = 100e9;
-  TrainConfig c = job_8b(0, 2048);
-  c.batch.global_batch_size = 8;
-  c.memory.gpu_budget_gb = 10.08;
+  const PlanRates h200 = h200_rates(803e12, 55.4e9);
+  TrainConfig c = eight_within(10.08);
   const std::vector<MemoryPlan> all = plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
   EXPECT_EQ(std::count_if(all.begin(), all.end(), [](const MemoryPlan& q) { return q.host_checkpoints; }) * 2,
             static_cast<long>(all.size()));
