@@ -48,8 +48,9 @@ struct Graphs {
 struct CudnnState {
   cudnnHandle_t handle = nullptr;
   std::mutex mu;
-  // (B, T, H, Hkv, D, window, P): P > 0 the packed graphs of up to P pieces
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>, Graphs> graphs;
+  // (B, T, H, Hkv, D, window, P, deterministic): P > 0 the packed graphs of up to P pieces
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>, Graphs> graphs;
+  bool deterministic = true;  // the backward's algorithm (set_attention_deterministic)
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
   ~CudnnState() {
@@ -121,7 +122,7 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
   std::lock_guard<std::mutex> lock(s.mu);
   if (window <= 0 || window >= T) window = 0;
   QS_CHECK(window <= std::numeric_limits<int>::max(), "attention: sliding window too large");
-  const auto key = std::make_tuple(B, T, H, Hkv, D, window, P);
+  const auto key = std::make_tuple(B, T, H, Hkv, D, window, P, s.deterministic);
   auto it = s.graphs.find(key);
   if (it != s.graphs.end()) return it->second;
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
@@ -196,12 +197,12 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
     finish(*g, s.handle, ws, "backward graph");
     return g;
   };
-  gr.bwd = backward_graph(true, gr.bwd_ws);
+  gr.bwd = backward_graph(s.deterministic, gr.bwd_ws);
   // The deterministic backward's workspace grows with the sequence (it failed to allocate at
   // 131072 tokens next to the step's 65 GB on an H200): past attention_workspace_limit() the
   // non-deterministic algorithm (an f32 dQ accumulator, ~B*H*T*D*4 bytes) takes over. The same
   // run is then not bitwise repeatable in its attention gradients; a note says so once.
-  if (gr.bwd_ws > attention_workspace_limit()) {
+  if (s.deterministic && gr.bwd_ws > attention_workspace_limit()) {
     const int64_t det_ws = gr.bwd_ws;
     gr.bwd = backward_graph(false, gr.bwd_ws);
     static std::once_flag noted;
@@ -253,6 +254,12 @@ int64_t pieces_of(const AttentionPieces* pieces) {
 }
 
 }  // namespace
+
+void set_attention_deterministic(DeviceContext& ctx, bool deterministic) {
+  CudnnState& s = state(ctx);
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.deterministic = deterministic;
+}
 
 void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
                        int64_t max_pieces) {

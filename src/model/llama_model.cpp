@@ -726,10 +726,11 @@ void LlamaModel::head_chunks(const void* x, const int64_t* targets, void* dx, in
       copy_bytes(logits_out + r0 * V, Device::kCpu, logits, ctx_.compute_device(), static_cast<size_t>(rows * V) * 4);
       continue;
     }
-    ops::cross_entropy_fwd_bwd(logits, a.loss_sum, targets + r0, rows, V, grad_scale, ctx_);
+    // The gradient straight into the GEMM's dtype when it is not f32 (one read of the f32 logits
+    // less than converting afterwards; the same bits).
+    const DType dl_t = dlogits_cvt ? act_t : DType::kF32;
+    ops::cross_entropy_fwd_bwd(logits, a.loss_sum, targets + r0, rows, V, grad_scale, ctx_, dlogits, dl_t);
     if (grad_scale != 0.0f) {
-      const DType dl_t = dlogits_cvt ? act_t : DType::kF32;
-      if (dlogits_cvt) ops::convert(dlogits, act_t, logits, DType::kF32, rows * V, ctx_);
       ops::gemm(act(a.dxf, r0 * C), dlogits, head, typed({rows, C, V, false, false}, dl_t, head_t, act_t),
                 ctx_);  // dxf = dlogits W (the head is frozen)
     }

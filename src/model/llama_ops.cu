@@ -48,19 +48,6 @@ __device__ float block_sum(float v) {
   return t;
 }
 
-__device__ float block_max(float v) {
-  __shared__ float part[32];
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  const int warps = blockDim.x >> 5;
-  float t = lane < warps ? part[lane] : -INFINITY;
-  for (int o = 16; o > 0; o >>= 1) t = fmaxf(t, __shfl_xor_sync(0xffffffffu, t, o));
-  return t;
-}
-
 __device__ float load_any(const void* p, int dtype, int64_t i) {
   switch (dtype) {
     case 0: return static_cast<const float*>(p)[i];
@@ -498,33 +485,103 @@ __global__ void dropout_kernel(bf16* out, const bf16* x, DropoutKey key, int64_t
   }
 }
 
-// One block per row: max, sum of exp, log-sum-exp; the loss into *loss_sum (f64 atomics), the
-// gradient over the logits.
+// One block per row. Pass 1 reads the row once: each thread keeps a running (max, sum of exp)
+// pair over its elements (the sum rescaled when the max grows), the pairs merged over the block;
+// log-sum-exp from the merged pair. The loss into *loss_sum (f64 atomics). Pass 2 reads the row
+// again and writes the gradient (softmax - onehot) * grad_scale: over the logits in place (Out =
+// float, dl == logits), or rounded once into dl in the GEMM's dtype (bf16 / f16): the bits the
+// f32 gradient converted afterwards would have, without that pass over [rows, V] f32.
 // Targets are validated on the host like ids; one outside [0, V) that got here is skipped.
-__global__ void cross_entropy_kernel(float* logits, double* loss_sum, const int64_t* targets, int64_t V,
-                                     float grad_scale) {
+__device__ void merge_max_sum(float& m, float& s, float m2, float s2) {
+  if (m2 == -INFINITY) return;
+  if (m == -INFINITY) {
+    m = m2, s = s2;
+    return;
+  }
+  const float mx = fmaxf(m, m2);
+  s = s * expf(m - mx) + s2 * expf(m2 - mx);
+  m = mx;
+}
+
+__device__ void add_to_max_sum(float& m, float& s, float x) {
+  if (x > m) {
+    s = (m == -INFINITY ? 0.0f : s * expf(m - x)) + 1.0f;
+    m = x;
+  } else {
+    s += expf(x - m);
+  }
+}
+
+template <typename Out>
+__device__ Out from_f32(float v);
+template <>
+__device__ float from_f32<float>(float v) { return v; }
+template <>
+__device__ bf16 from_f32<bf16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+
+template <typename Out>
+__global__ void cross_entropy_kernel(const float* logits, Out* dlogits, double* loss_sum, const int64_t* targets,
+                                     int64_t V, float grad_scale) {
+  __shared__ float part_m[32], part_s[32];
   const int64_t row = blockIdx.x;
-  float* l = logits + row * V;
+  const float* l = logits + row * V;
+  Out* dl = dlogits + row * V;
   const int64_t y = targets[row];
   if (y == kIgnoreIndex) {
     if (grad_scale != 0.0f)
-      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) l[v] = 0.0f;
+      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) dl[v] = from_f32<Out>(0.0f);
     return;
   }
   if (y < 0 || y >= V) return;
-  float mx = -INFINITY;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
-  mx = block_max(mx);
-  float sum = 0.0f;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) sum += expf(l[v] - mx);
-  sum = block_sum(sum);
-  const float lse = mx + logf(sum);
+  float m = -INFINITY, s = 0.0f;
+  const bool vec = (V & 3) == 0 && (reinterpret_cast<uintptr_t>(l) & 15) == 0;
+  if (vec) {
+    const float4* l4 = reinterpret_cast<const float4*>(l);
+    for (int64_t i = threadIdx.x; i < V / 4; i += blockDim.x) {
+      const float4 x = l4[i];
+      add_to_max_sum(m, s, x.x);
+      add_to_max_sum(m, s, x.y);
+      add_to_max_sum(m, s, x.z);
+      add_to_max_sum(m, s, x.w);
+    }
+  } else {
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) add_to_max_sum(m, s, l[v]);
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    merge_max_sum(m, s, m2, s2);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if (lane == 0) part_m[warp] = m, part_s[warp] = s;
+  __syncthreads();
+  m = lane < warps ? part_m[lane] : -INFINITY;
+  s = lane < warps ? part_s[lane] : 0.0f;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    merge_max_sum(m, s, m2, s2);
+  }
+  const float lse = m + logf(s);
   const float ly = l[y];
-  __syncthreads();  // every thread read l[y] before any overwrites it
+  // In place (dl == l): every thread read l[y] before any overwrites it.
+  if (static_cast<const void*>(dl) == static_cast<const void*>(l)) __syncthreads();
   if (threadIdx.x == 0) atomicAdd(loss_sum, static_cast<double>(lse - ly));
-  if (grad_scale != 0.0f)
+  if (grad_scale == 0.0f) return;
+  if (vec) {
+    const float4* l4 = reinterpret_cast<const float4*>(l);
+    for (int64_t i = threadIdx.x; i < V / 4; i += blockDim.x) {
+      const float4 x = l4[i];
+      const int64_t v = 4 * i;
+      dl[v] = from_f32<Out>((expf(x.x - lse) - (v == y ? 1.0f : 0.0f)) * grad_scale);
+      dl[v + 1] = from_f32<Out>((expf(x.y - lse) - (v + 1 == y ? 1.0f : 0.0f)) * grad_scale);
+      dl[v + 2] = from_f32<Out>((expf(x.z - lse) - (v + 2 == y ? 1.0f : 0.0f)) * grad_scale);
+      dl[v + 3] = from_f32<Out>((expf(x.w - lse) - (v + 3 == y ? 1.0f : 0.0f)) * grad_scale);
+    }
+  } else {
     for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-      l[v] = (expf(l[v] - lse) - (v == y ? 1.0f : 0.0f)) * grad_scale;
+      dl[v] = from_f32<Out>((expf(l[v] - lse) - (v == y ? 1.0f : 0.0f)) * grad_scale);
+  }
 }
 
 __global__ void convert_kernel(void* out, int out_dt, const void* x, int dt, int64_t n) {
@@ -842,9 +899,21 @@ void dropout_fwd(uint16_t* out, const uint16_t* x, const DropoutKey& key, int64_
 }
 
 void cross_entropy_fwd_bwd(float* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
-                           float grad_scale, DeviceContext& ctx) {
+                           float grad_scale, DeviceContext& ctx, void* dlogits, DType dlogits_type) {
   if (n == 0) return;
-  cross_entropy_kernel<<<static_cast<unsigned>(n), 512, 0, st(ctx)>>>(logits, loss_sum, targets, V, grad_scale);
+  const unsigned rows = static_cast<unsigned>(n);
+  if (!dlogits || dlogits_type == DType::kF32) {
+    float* out = dlogits ? static_cast<float*>(dlogits) : logits;
+    if (out != logits && grad_scale == 0.0f) out = logits;  // nothing written
+    cross_entropy_kernel<float><<<rows, 512, 0, st(ctx)>>>(logits, out, loss_sum, targets, V, grad_scale);
+  } else if (dlogits_type == DType::kBF16) {
+    cross_entropy_kernel<bf16><<<rows, 512, 0, st(ctx)>>>(logits, static_cast<bf16*>(dlogits), loss_sum, targets, V,
+                                                          grad_scale);
+  } else {
+    QS_CHECK(dlogits_type == DType::kF16, "cross_entropy_fwd_bwd: the gradient's dtype must be f32, bf16 or f16");
+    cross_entropy_kernel<__half><<<rows, 512, 0, st(ctx)>>>(logits, static_cast<__half*>(dlogits), loss_sum, targets,
+                                                            V, grad_scale);
+  }
   QS_CUDA_CHECK_LAUNCH();
 }
 

@@ -260,7 +260,8 @@ void swiglu_bwd(uint16_t* dgate, uint16_t* dup, const uint16_t* dh, const uint16
                 int64_t n, DeviceContext& ctx);
 void dropout_fwd(uint16_t* out, const uint16_t* x, const DropoutKey& key, int64_t N, int64_t W, DeviceContext& ctx);
 void cross_entropy_fwd_bwd(float* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
-                           float grad_scale, DeviceContext& ctx);
+                           float grad_scale, DeviceContext& ctx, void* dlogits = nullptr,
+                           DType dlogits_type = DType::kF32);
 void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx);
 void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, DeviceContext& ctx);
 // Fused attention (cuDNN SDPA, builds with QSHARD_WITH_CUDNN): saved = row statistics
@@ -273,6 +274,10 @@ void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, 
 // builds them); the row statistics then per row [B*T, H].
 void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                        int64_t window = 0, int64_t max_pieces = 0);
+// The backward's algorithm for graphs built from now on: cuDNN's deterministic one (the default:
+// bitwise repeatable gradients; past 2 GiB of workspace the other regardless) or its
+// non-deterministic one (dQ accumulated by atomics in f32).
+void set_attention_deterministic(DeviceContext& ctx, bool deterministic);
 void attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
                    int64_t T, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
                    const AttentionPieces* pieces = nullptr);
@@ -328,8 +333,12 @@ void swiglu_fwd(void* h, const void* gate, const void* up, int64_t n, DeviceCont
 void swiglu_bwd(void* dgate, void* dup, const void* dh, const void* gate, const void* up, int64_t n,
                 DeviceContext& ctx);
 void dropout_fwd(void* out, const void* x, const DropoutKey& key, int64_t N, int64_t W, DeviceContext& ctx);
+// dlogits (optional): the gradient written there in dlogits_type (f32, bf16, f16) instead of over
+// the logits (whose contents are then unspecified): the bits convert() of the in-place f32
+// gradient would give.
 void cross_entropy_fwd_bwd(void* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
-                           float grad_scale, DeviceContext& ctx);
+                           float grad_scale, DeviceContext& ctx, void* dlogits = nullptr,
+                           DType dlogits_type = DType::kF32);
 void round_to_dtype(void* x, int64_t n, DType dtype, DeviceContext& ctx);
 // out[i] = x[i] converted between f32, bf16 and f16 (device memory on CUDA).
 void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, DeviceContext& ctx);

@@ -151,9 +151,14 @@ void dropout_fwd(void* out, const void* x, const DropoutKey& key, int64_t N, int
               cuda::dropout_fwd(h(out), h(x), key, N, W, ctx));
 }
 void cross_entropy_fwd_bwd(void* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
-                           float grad_scale, DeviceContext& ctx) {
-  QS_DISPATCH("cross_entropy_fwd_bwd", cpu::cross_entropy_fwd_bwd(f(logits), loss_sum, targets, n, V, grad_scale, ctx),
-              cuda::cross_entropy_fwd_bwd(f(logits), loss_sum, targets, n, V, grad_scale, ctx));
+                           float grad_scale, DeviceContext& ctx, void* dlogits, DType dlogits_type) {
+  // The CPU: the gradient in place, then converted (or copied) where it was asked for.
+  QS_DISPATCH("cross_entropy_fwd_bwd",
+              (cpu::cross_entropy_fwd_bwd(f(logits), loss_sum, targets, n, V, grad_scale, ctx),
+               dlogits && dlogits != logits && grad_scale != 0.0f
+                   ? cpu::convert(dlogits, dlogits_type, logits, DType::kF32, n * V, ctx)
+                   : (void)0),
+              cuda::cross_entropy_fwd_bwd(f(logits), loss_sum, targets, n, V, grad_scale, ctx, dlogits, dlogits_type));
 }
 void round_to_dtype(void* x, int64_t n, DType dtype, DeviceContext& ctx) {
   QS_DISPATCH("round_to_dtype", cpu::round_to_dtype(f(x), n, dtype, ctx),

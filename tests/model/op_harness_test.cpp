@@ -482,6 +482,28 @@ TEST(OpHarness, CrossEntropy) {
     std::copy(gh.data<float>(), gh.data<float>() + N * V, g.begin());
     // CUDA: expf / logf are within 2 ulp of the correctly rounded results.
     report(ctx, "cross_entropy dlogits", in.adversarial, g, gwant, tol(ctx, 1e-5, 2e-5));
+
+    // The gradient written in the activation dtype (the LM head's bf16 dx GEMM on CUDA) instead of
+    // over the logits: the bits convert() gives of the in-place f32 gradient, and the same loss.
+    const DType act_t = ctx.activation_dtype();
+    Tensor logits2 = Tensor::from_vector({N * V}, DType::kF32, L).to(ctx.compute_device());
+    Tensor loss2 = Tensor::zeros({1}, DType::kF64, ctx.compute_device());
+    Tensor dl = Tensor::zeros({N * V}, act_t, ctx.compute_device());
+    Tensor dl_ref = Tensor::zeros({N * V}, act_t, ctx.compute_device());
+    // Poison: every element must be written (ignored rows with zeros).
+    ops::convert(dl.raw(), act_t, Tensor::from_vector({N * V}, DType::kF32, std::vector<float>(N * V, 7.0f))
+                                      .to(ctx.compute_device()).raw(), DType::kF32, N * V, ctx);
+    for (int64_t r0 = 0; r0 < N; r0 += 4)
+      ops::cross_entropy_fwd_bwd(static_cast<float*>(logits2.raw()) + r0 * V, loss2.data<double>(),
+                                 targets.data<int64_t>() + r0, std::min<int64_t>(4, N - r0), V, scale, ctx,
+                                 static_cast<char*>(dl.raw()) + r0 * V * dtype_size(act_t), act_t);
+    ops::convert(dl_ref.raw(), act_t, logits.raw(), DType::kF32, N * V, ctx);
+    ctx.compute().synchronize();
+    EXPECT_EQ(loss2.to(Device::kCpu).data<double>()[0], lgot) << "the loss with the gradient written apart";
+    const Tensor a = dl.to(Device::kCpu), b = dl_ref.to(Device::kCpu);
+    EXPECT_EQ(0, std::memcmp(a.raw(), b.raw(), static_cast<size_t>(N * V) * dtype_size(act_t)))
+        << "cross_entropy's gradient in " << dtype_torch_name(act_t) << " on " << backend_name(ctx.backend())
+        << " is not convert() of the in-place f32 gradient";
   });
 }
 
