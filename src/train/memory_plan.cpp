@@ -16,10 +16,19 @@ namespace {
 // The runtime's own device memory beyond the plan's buffers: the CUDA context, communicators and
 // what the build leaves in the pools (an estimate used before anything is measured), and the
 // libraries' handles and workspaces, taken at their first use in the step. cuDNN's attention
-// workspace grows with the micro-batch's tokens: measured on the H200 at the 8B shape (hidden 4096),
-// 0.35 GB at 2048 tokens and 1.25-1.3 GB at 8192, about 36 bytes per token per hidden unit.
+// workspace grows with the micro-batch's tokens: its deterministic backward, measured on the H200
+// at the 8B shape (hidden 4096), 0.35 GB at 2048 tokens and 1.25-1.3 GB at 8192, about 36 bytes per
+// token per hidden unit. Past 2 GiB (attention_cudnn.cpp: from ~14.6k tokens at the 8B shape) the
+// non-deterministic backward takes over, whose workspace is its f32 accumulators of dQ, dK and dV,
+// 4 bytes per token per q and kv width (0.5 GB at 16384 tokens, bench_attention's note); the
+// step's buffers already count the dQ part (llama_buffers.cpp: "attention workspace (cuDNN)").
 constexpr double kRuntimeBytes = 0.75e9;
-double library_bytes(double tokens, double hidden) { return 0.1e9 + 36.0 * tokens * hidden; }
+constexpr double kAttentionWorkspaceLimit = 2.0 * (1 << 30);  // attention_workspace_limit()
+double library_bytes(double tokens, double hidden, double q_width, double kv_width) {
+  const double deterministic = 36.0 * tokens * hidden;
+  if (deterministic <= kAttentionWorkspaceLimit) return 0.1e9 + deterministic;
+  return 0.1e9 + 4.0 * tokens * 2.0 * kv_width;  // dK and dV beside the step's dQ
+}
 
 LlamaModelOptions step_options(const TrainConfig& config, int64_t micro, int64_t chunk_rows, bool host_checkpoints) {
   LlamaModelOptions mo;
@@ -238,7 +247,10 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
         backend, act_t);
     p.step = static_cast<double>(p.step_buffers.total());
     p.per_kept = llama_kept_layer_bytes(lc, step_options(config, micro, 0, host_ck), backend, act_t, config.lora.r);
-    p.library = cuda ? library_bytes(static_cast<double>(N), static_cast<double>(lc.hidden_size)) : 0.0;
+    p.library = cuda ? library_bytes(static_cast<double>(N), static_cast<double>(lc.hidden_size),
+                                     static_cast<double>(lc.num_attention_heads * lc.head_dim),
+                                     static_cast<double>(lc.num_key_value_heads * lc.head_dim))
+                     : 0.0;
     p.resident = resident(offload_params, offload_opt, embed_host) + p.library;
     p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
     const bool whole = p.mlp_chunk_rows == 0 && p.per_kept > 0;
@@ -347,6 +359,16 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
   if (!best) {
     for (const MemoryPlan& p : all)
       if (!best || p.resident + p.step < best->resident + best->step) best = &p;
+    // On the GPU a budget is a limit: a job that cannot keep to it is refused before anything is
+    // built (the CPU's plans have no GPU to keep to one; they take the smallest).
+    if (backend == Backend::kCuda)
+      throw InputError(fmt::format(
+          "{}: memory.gpu_budget_gb = {}: no plan of this job fits {} of GPU memory; the smallest of the {} plans "
+          "needs {} ({}). Raise memory.gpu_budget_gb, or make the step smaller (data.max_seq_len {}, "
+          "batch.micro_batch_size {})",
+          config.source, m.gpu_budget_gb, human_bytes(budget), all.size(),
+          human_bytes(best->resident + best->step + best->per_kept * best->staging_sets()), best->describe(), T,
+          config.batch.micro_batch_size == 0 ? std::string("0: the plan's choice") : std::to_string(config.batch.micro_batch_size)));
   }
   MemoryPlan chosen = *best;
   chosen.candidates = static_cast<int>(all.size());
