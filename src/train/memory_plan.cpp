@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -314,6 +315,10 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
   if (m.embedding == "auto" && cuda && budget > 0 && !lc.tie_word_embeddings) embed_places.push_back(true);
   // The checkpoints: as configured; auto weighs both with a budget on the GPU.
   std::vector<bool> checkpoint_places = {m.host_checkpoints == "true"};
+  // Host memory for them: memory.host_budget_gb, else half of what the host has free.
+  const double host_ck_room = m.host_budget_gb > 0               ? m.host_budget_gb * 1e9
+                              : rates.host_available_bytes > 0 ? 0.5 * rates.host_available_bytes
+                                                               : std::numeric_limits<double>::infinity();
   if (m.host_checkpoints == "auto" && cuda && budget > 0) checkpoint_places.push_back(true);
   for (bool opt : {opt_fixed, true}) {
     for (int64_t micro : micros)
@@ -321,7 +326,14 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
         if (!off && config.offload.params) continue;
         if (off && !config.offload.params && !choose_offload) continue;
         for (bool embed_host : embed_places)
-          for (bool host_ck : checkpoint_places) all.push_back(candidate(micro, off, opt, embed_host, host_ck));
+          for (bool host_ck : checkpoint_places) {
+            MemoryPlan p = candidate(micro, off, opt, embed_host, host_ck);
+            // auto weighs the layer inputs in pinned host memory only where the host holds them
+            if (host_ck && m.host_checkpoints == "auto" &&
+                static_cast<double>(p.step_buffers.total(BufferLife::kHost)) > host_ck_room)
+              continue;
+            all.push_back(std::move(p));
+          }
       }
     // Without host room the base is offloaded only when nothing fits on the GPU.
     if (choose_offload && !host_room) {

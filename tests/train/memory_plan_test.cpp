@@ -339,7 +339,7 @@ TEST(MemoryPlan, OffloadsByChoiceOnlyWhenTheHostHasRoom) {
   for (const MemoryPlan& q : plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1, small_host))
     EXPECT_FALSE(q.offload_params) << q.describe();
   EXPECT_FALSE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, small_host).offload_params);
-  c.memory.gpu_budget_gb = 7.5;  // the base cannot stay: offloaded whatever the host says
+  c.memory.gpu_budget_gb = 9.5;  // the base cannot stay: offloaded whatever the host says
   EXPECT_TRUE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, small_host).offload_params);
 }
 
@@ -499,13 +499,15 @@ TEST(MemoryPlan, HostCheckpointsWhereTheGpuIsShort) {
 // one, whose workspace is its f32 dK/dV accumulators beside the step's dQ, not the deterministic
 // one's 36 bytes per token per hidden unit (which would count 60 GB at 409,600 tokens and refuse
 // every long plan). 409,600 tokens of the 8B shape then plan within 80 GiB (the layer inputs in host
-// memory) and 524,288 within the H200.
+// memory, as memory.host_budget_gb allows: 97 GB at 409,600 tokens; by default half of what the host
+// has free, and where that is short the plan is refused) and 524,288 within the H200 (125 GB of them).
 TEST(MemoryPlan, LongContextLibrariesAndBudgets) {
   const PlanRates h200 = h200_rates(795e12, 55.3e9);
   auto job = [](int64_t T, double gb) {
     TrainConfig c = job_8b(1, T);
     c.model.init.max_position_embeddings = T;
     c.memory.gpu_budget_gb = gb;
+    c.memory.host_budget_gb = 120;
     return c;
   };
   TrainConfig c = job(8192, 0);
@@ -516,7 +518,15 @@ TEST(MemoryPlan, LongContextLibrariesAndBudgets) {
   EXPECT_LE(p.total(), 80 * 1.073741824e9) << p.describe();
   EXPECT_TRUE(p.host_checkpoints) << p.describe();
   EXPECT_GT(p.mlp_chunk_rows, 0) << p.describe();
+  c.memory.host_budget_gb = 0;  // half of the 100 GB free: 50 GB, short of the 97 GB of layer inputs
+  try {
+    plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+    ADD_FAILURE() << "409,600 tokens within 80 GiB planned with 50 GB of host memory";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("memory.gpu_budget_gb = 85.8993"), std::string::npos) << e.what();
+  }
   c = job(524288, 140);
+  c.memory.host_budget_gb = 130;  // 125 GB of layer inputs
   const MemoryPlan q = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
   EXPECT_LE(q.total(), 140e9) << q.describe();
   std::printf("409,600 tokens: %s (%.1f KB a token)\n524,288 tokens: %s (%.1f KB a token)\n", p.describe().c_str(),
