@@ -31,8 +31,8 @@ Files (tests/data/family/):
      "phi3", "phi3_odd"            the float32 models
      "phi3_bnb4", "phi3_odd_bnb4"  the 4-bit folders by bitsandbytes 0.50.2's forward rule in float32
                                    (gemm_4bit: each weight code4 * absmax in float32, unrounded, then
-                                   F.linear): Phi3ForCausalLM holding bnb_reference.dequantize_folder's
-                                   float32 products (bitsandbytes' flat _dequantize_4bit_compute).
+                                   F.linear): bnb_reference.forward_rule_model, a Phi3ForCausalLM
+                                   holding bitsandbytes' flat _dequantize_4bit_compute products.
                                    Not the CPU Linear4bit itself: on this AVX-512 CPU its native
                                    dequant indexes absmax per row of shape[-1] and is wrong for rows
                                    shorter than or not a multiple of 64 (all of these; FORMATS_NOTES 8).
@@ -83,21 +83,6 @@ def drop_extras(folder):
             os.remove(os.path.join(folder, f))
 
 
-def emulated_bnb4(folder, case):
-    """Phi3ForCausalLM in float32 holding the folder's 4-bit weights as bitsandbytes' forward multiplies
-    with them (float32 products, unrounded) and its other weights widened (exact)."""
-    from safetensors import safe_open
-    model = Phi3ForCausalLM(config(case)).float().eval()
-    sd = {}
-    with safe_open(os.path.join(folder, "model.safetensors"), "pt") as f:
-        for k in f.keys():
-            if k in model.state_dict():
-                sd[k] = f.get_tensor(k).float()
-    sd.update(bnb_reference.dequantize_folder(folder, dtype=torch.float32))
-    model.load_state_dict(sd, strict=True)
-    return model
-
-
 def check_cuda():
     worst = 0.0
     for case in CASES:
@@ -143,7 +128,7 @@ def main():
         m4.save_pretrained(q, safe_serialization=True)
         drop_extras(q)
         with torch.no_grad():
-            out[case + "_bnb4"] = emulated_bnb4(q, case)(input_ids=ids).logits.float().contiguous()
+            out[case + "_bnb4"] = bnb_reference.forward_rule_model(q)(input_ids=ids).logits.float().contiguous()
 
     # PEFT's adapter on the fused projections of phi3.
     from peft import LoraConfig, PeftModel, get_peft_model
