@@ -144,3 +144,26 @@ def emulated_model(folder, dtype=torch.float32, forward_rounded=False, backward_
     for p in model.parameters():
         p.requires_grad_(False)
     return model
+
+
+def forward_rule_model(folder):
+    """The folder's model class (AutoModelForCausalLM from its config.json, any family: Phi-3's fused
+    qkv_proj / gate_up_proj included) in float32, eager attention, holding the 4-bit weights as
+    bitsandbytes' forward multiplies with them (float32 products, unrounded) and every other weight
+    widened (exact). For shapes where the CPU Linear4bit itself is not the release's rule (an AVX-512
+    CPU and rows that are not a multiple of 64: see the module docstring)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    cfg.pop("quantization_config")
+    cfg["dtype"] = "float32"
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    config._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config).float().eval()
+    sd = {}
+    with safe_open(os.path.join(folder, "model.safetensors"), "pt") as f:
+        for k in f.keys():
+            if k in model.state_dict():
+                sd[k] = f.get_tensor(k).float()
+    sd.update(dequantize_folder(folder, dtype=torch.float32))
+    model.load_state_dict(sd, strict=True)
+    return model

@@ -17,6 +17,7 @@
 #include <set>
 
 #include "checkpoint/bnb_folder.h"
+#include "checkpoint/fused_projections.h"
 #include "checkpoint/peft_adapter.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_index.h"
@@ -35,15 +36,23 @@ constexpr const char* kAdapterFile = "adapter_model.safetensors";
 // written by real PEFT); peft_version names the version whose format this is.
 constexpr const char* kPeftVersion = "0.21.2";
 
-// One tensor of the output: where it comes from and how it is produced on rank 0.
-enum class Op { kCopy, kCastBf16, kMerge };
+// One tensor of the output: where it comes from and how it is produced on rank 0. A fused Phi-3
+// output (checkpoint/fused_projections.h) comes from its parts' tensors:
+//   kFuse4bit   one entry of the fused weight's bitsandbytes state dict (fuse_params4bit of the parts)
+//   kFuseRows   the parts' float tensors stacked by rows (an unquantized tree's bnb4 export)
+//   kFuseMerge  the parts' merged bf16 weights (kMerge / kCastBf16 each) stacked by rows
+//   kFuseLoraA  the parts' lora_A stacked: [n r, C]
+//   kFuseLoraB  the parts' lora_B block-diagonal: [rows, n r]
+enum class Op { kCopy, kCastBf16, kMerge, kFuse4bit, kFuseRows, kFuseMerge, kFuseLoraA, kFuseLoraB };
 struct OutTensor {
   std::string name;    // key in the output file
-  std::string source;  // FQN in the tree (kMerge: the projection's weight)
+  std::string source;  // FQN in the tree (kMerge: the projection's weight; fused: part 0's)
   DType dtype;
   Shape shape;
   int unit = 0;        // FSDP unit that holds the source
   Op op = Op::kCopy;
+  std::vector<std::string> parts;  // fused: the parts' sources, in row order
+  std::string fused_weight;        // kFuse4bit: the fused weight's key (its state dict holds `name`)
   uint64_t nbytes() const { return static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype); }
 };
 
@@ -69,8 +78,10 @@ std::string module_short_name(const std::string& path) {
   return dot == std::string::npos ? path : path.substr(dot + 1);
 }
 
-// Validates the LoRA slots against the options (every rank, before any collective).
-void check_lora(const Module& tree, const ExportOptions& o, const std::string& label) {
+// Validates the LoRA slots against the options (every rank, before any collective). The options'
+// targets are PEFT's names for the family (Phi-3: qkv_proj for the tree's q/k/v_proj, ...).
+void check_lora(const Module& tree, const LlamaConfig& config, const ExportOptions& o, const std::string& label) {
+  const std::vector<std::string> targets = tree_lora_targets(config, o.target_modules, label + ": options.target_modules");
   size_t n = 0;
   for (const auto& [key, t] : state_dict(tree, {true, false, true})) {
     const size_t at = key.find(".lora_A.weight");
@@ -79,23 +90,95 @@ void check_lora(const Module& tree, const ExportOptions& o, const std::string& l
     if (t.dim(0) != o.r)
       throw InputError(label + ": options.r is " + std::to_string(o.r) + " but '" + key + "' has rank " + std::to_string(t.dim(0)));
     const std::string name = module_short_name(key.substr(0, at));
-    if (std::find(o.target_modules.begin(), o.target_modules.end(), name) == o.target_modules.end())
+    if (std::find(targets.begin(), targets.end(), name) == targets.end())
       throw InputError(label + ": '" + key + "' adapts module '" + name + "', which options.target_modules does not list");
   }
   if (n == 0 && o.format == ExportFormat::kPeft) throw InputError(label + ": the model has no LoRA adapters to export");
 }
 
-Layout plan_layout(const Module& tree, const ShardedTree& units, const ExportOptions& o) {
+// The outputs of a fused Phi-3 module for the tree key `key` of its first part (`part`): their
+// names, dtypes and shapes from the tree's slots and QuantStates, without gathering. Empty for the
+// keys that an output listed here already covers (part 0's 4-bit statistics, its merged weight's).
+std::vector<OutTensor> fused_outputs(const Module& tree, const std::string& key, const FusedPartRef& part,
+                                     const ExportOptions& o, int unit) {
+  const FusedProjection& f = *part.proj;
+  const std::string layer = part.fused_path.substr(0, part.fused_path.size() - f.fused.size());
+  std::vector<std::string> sources;
+  for (const std::string& p : f.parts) sources.push_back(layer + p + part.rest);
+  const Resolved r = resolve(tree, key);
+  OutTensor out{part.fused_path + part.rest, key, r.tensor.dtype(), {}, unit, Op::kCopy, sources, {}};
+  if (o.format == ExportFormat::kPeft) {
+    const int64_t n = static_cast<int64_t>(f.parts.size()), rank = part.rest == ".lora_A.weight" ? r.tensor.dim(0) : r.tensor.dim(1);
+    out.name = kPeftPrefix + out.name;
+    out.dtype = DType::kF32;
+    out.op = part.rest == ".lora_A.weight" ? Op::kFuseLoraA : Op::kFuseLoraB;
+    out.shape = out.op == Op::kFuseLoraA ? Shape{n * rank, r.tensor.dim(1)} : Shape{f.total_rows(), n * rank};
+    return {out};
+  }
+  if (part.rest != ".weight") return {};  // 4-bit statistics: with the weight; biases: Phi-3 has none
+  if (r.kind == NodeKind::kParams4bit && o.format == ExportFormat::kBnb4) {
+    // The fused weight's state dict, planned from the parts' scalars (meta tensors, no bytes).
+    std::vector<const QuantState*> states;
+    for (const std::string& s : sources) states.push_back(&resolve(tree, s).params4bit->quant_state);
+    Params4bit meta;
+    meta.quant_state = fused_quant_state_scalars(states, "export of '" + part.fused_path + ".weight'");
+    QuantState& st = meta.quant_state;
+    const int64_t n = st.numel(), nb = st.num_blocks();
+    meta.data = Tensor::meta({(n + 1) / 2, 1}, DType::kU8);
+    st.absmax = Tensor::meta({nb}, st.nested() ? DType::kU8 : DType::kF32);
+    st.code = Tensor::meta({16}, DType::kF32);
+    if (st.nested()) {
+      st.state2->absmax = Tensor::meta({(nb + st.state2->blocksize - 1) / st.state2->blocksize}, DType::kF32);
+      st.state2->code = Tensor::meta({256}, DType::kF32);
+    }
+    std::vector<OutTensor> outs;
+    for (const auto& [name, t] : params4bit_state_dict(meta, out.name)) {
+      OutTensor e = out;
+      e.name = name;
+      e.dtype = t.dtype();
+      e.shape = t.shape();
+      e.op = Op::kFuse4bit;
+      e.fused_weight = out.name;
+      outs.push_back(std::move(e));
+    }
+    return outs;
+  }
+  const int64_t cols = r.kind == NodeKind::kParams4bit ? r.params4bit->quant_state.shape[1] : r.tensor.dim(1);
+  out.shape = {f.total_rows(), cols};
+  if (o.format == ExportFormat::kMerged) {
+    out.op = Op::kFuseMerge;
+    out.dtype = DType::kBF16;
+  } else {
+    out.op = Op::kFuseRows;
+  }
+  return {out};
+}
+
+Layout plan_layout(const Module& tree, const LlamaConfig& config, const ShardedTree& units, const ExportOptions& o) {
   Layout L;
   std::vector<std::pair<std::string, uint64_t>> groups;  // shard planning: a weight with its statistics
   std::vector<size_t> group_of;
   std::set<std::string> trainable;
   for (const auto& [k, t] : state_dict(tree, {true, false, true})) trainable.insert(k);
+  const std::vector<FusedProjection> fused = fused_projections(config);
   for (const auto& [key, t] : state_dict(tree)) {
     const bool is_lora = trainable.count(key) > 0;
     if ((o.format == ExportFormat::kPeft) != is_lora) continue;
+    if (const auto part = fused_part_of(fused, key)) {
+      // Phi-3: the parts' tensors leave as the fused module's, in part 0's place.
+      if (part->index != 0) continue;
+      bool first = true;
+      for (OutTensor& out : fused_outputs(tree, key, *part, o, unit_of(units, key))) {
+        if (first || groups.empty()) groups.emplace_back(out.name, 0);
+        first = false;
+        groups.back().second += out.nbytes();
+        group_of.push_back(groups.size() - 1);
+        L.tensors.push_back(std::move(out));
+      }
+      continue;
+    }
     const Resolved r = resolve(tree, key);
-    OutTensor out{key, key, t.dtype(), t.shape(), unit_of(units, key), Op::kCopy};
+    OutTensor out{key, key, t.dtype(), t.shape(), unit_of(units, key), Op::kCopy, {}, {}};
     bool new_group = true;
     if (o.format == ExportFormat::kPeft) {
       out.name = kPeftPrefix + key;
@@ -131,8 +214,77 @@ Layout plan_layout(const Module& tree, const ShardedTree& units, const ExportOpt
   return L;
 }
 
+// The last fused 4-bit weight produced (its state dict's entries are written one after another).
+struct FuseCache {
+  std::string key;
+  NamedTensors entries;
+};
+
+Tensor produce(const Module& tree, const OutTensor& t, const ExportOptions& o, FuseCache& cache);
+
+// A fused Phi-3 output from its parts (unit gathered, rank 0).
+Tensor produce_fused(const Module& tree, const OutTensor& t, const ExportOptions& o, FuseCache& cache) {
+  switch (t.op) {
+    case Op::kFuse4bit: {
+      if (cache.key != t.fused_weight) {
+        std::vector<Params4bit> parts;
+        for (const std::string& s : t.parts) parts.push_back(resolve(tree, s).params4bit->to(Device::kCpu));
+        cache.entries = params4bit_state_dict(fuse_params4bit(parts, "export of '" + t.fused_weight + "'"), t.fused_weight);
+        cache.key = t.fused_weight;
+      }
+      for (const auto& [name, tensor] : cache.entries)
+        if (name == t.name) return tensor;
+      throw Error("export: the fused 4-bit weight " + t.fused_weight + " has no entry " + t.name);
+    }
+    case Op::kFuseRows:
+    case Op::kFuseMerge: {
+      std::vector<Tensor> rows;
+      for (const std::string& s : t.parts) {
+        const Resolved r = resolve(tree, s);
+        if (t.op == Op::kFuseRows) {
+          rows.push_back(r.tensor.to(Device::kCpu));
+          continue;
+        }
+        // Each part as kMerged would write it on its own: 4-bit or with LoRA merged, else cast.
+        const bool merge = r.kind == NodeKind::kParams4bit || try_resolve(tree, s.substr(0, s.rfind('.')) + ".lora_A.weight");
+        const Shape shape = r.kind == NodeKind::kParams4bit ? r.params4bit->quant_state.shape : r.tensor.shape();
+        const OutTensor pt{s, s, DType::kBF16, shape, t.unit, merge ? Op::kMerge : Op::kCastBf16, {}, {}};
+        rows.push_back(produce(tree, pt, o, cache));
+      }
+      Tensor out = concat_rows(rows);
+      if (out.dtype() != t.dtype) out = Tensor::from_f32(out.shape(), t.dtype, out.to_f32_vector());
+      return out;
+    }
+    case Op::kFuseLoraA:
+    case Op::kFuseLoraB: {
+      std::vector<Tensor> parts;
+      for (const std::string& s : t.parts) {
+        const Tensor h = resolve(tree, s).tensor.to(Device::kCpu);
+        parts.push_back(h.dtype() == DType::kF32 ? h : Tensor::from_f32(h.shape(), DType::kF32, h.to_f32_vector()));
+      }
+      if (t.op == Op::kFuseLoraA) return concat_rows(parts);
+      // Block-diagonal: part i's rows read columns [i r, (i + 1) r) and zeros elsewhere.
+      Tensor out = Tensor::zeros(t.shape, DType::kF32);
+      float* dst = out.data<float>();
+      const int64_t R = t.shape[1];
+      int64_t row0 = 0, col0 = 0;
+      for (const Tensor& b : parts) {
+        const float* src = b.data<float>();
+        for (int64_t i = 0; i < b.dim(0); ++i)
+          for (int64_t k = 0; k < b.dim(1); ++k) dst[(row0 + i) * R + col0 + k] = src[i * b.dim(1) + k];
+        row0 += b.dim(0);
+        col0 += b.dim(1);
+      }
+      return out;
+    }
+    default:
+      throw Error("export: " + t.name + " is not a fused output");
+  }
+}
+
 // Rank 0, unit gathered: the output tensor in host memory.
-Tensor produce(const Module& tree, const OutTensor& t, const ExportOptions& o) {
+Tensor produce(const Module& tree, const OutTensor& t, const ExportOptions& o, FuseCache& cache) {
+  if (!t.parts.empty()) return produce_fused(tree, t, o, cache);
   const Resolved r = resolve(tree, t.source);
   if (t.op == Op::kCopy) {
     // Already on the host (CPU backend, or an offloaded shard's gathered view): written from the
@@ -240,7 +392,7 @@ Tensor produce(const Module& tree, const OutTensor& t, const ExportOptions& o) {
   return result;
 }
 
-nlohmann::json peft_config_json(const ExportOptions& o) {
+nlohmann::json peft_config_json(const ExportOptions& o, const LlamaConfig& config) {
   nlohmann::json j;  // sorted keys, as PEFT writes them
   for (const char* k : {"alora_invocation_tokens", "arrow_config", "auto_mapping", "corda_config", "eva_config",
                         "exclude_modules", "kasa_config", "layer_replication", "layers_pattern", "layers_to_transform",
@@ -249,6 +401,18 @@ nlohmann::json peft_config_json(const ExportOptions& o) {
     j[k] = nullptr;
   j["alpha_pattern"] = nlohmann::json::object();
   j["rank_pattern"] = nlohmann::json::object();
+  // Phi-3: each fused target is one adapter of rank n*r over its n parts (block-diagonal lora_B),
+  // with the alpha that keeps PEFT's scaling at alpha / r (rsLoRA: alpha / sqrt(r)).
+  auto number = [](double v) {
+    return v == std::floor(v) && std::fabs(v) < 1e15 ? nlohmann::json(static_cast<int64_t>(v)) : nlohmann::json(v);
+  };
+  for (const FusedProjection& f : fused_projections(config)) {
+    const std::string name = f.short_name();
+    if (std::find(o.target_modules.begin(), o.target_modules.end(), name) == o.target_modules.end()) continue;
+    const double n = static_cast<double>(f.parts.size());
+    j["rank_pattern"][name] = static_cast<int64_t>(f.parts.size()) * o.r;
+    j["alpha_pattern"][name] = number(o.use_rslora ? o.lora_alpha * std::sqrt(n) : o.lora_alpha * n);
+  }
   j["loftq_config"] = nlohmann::json::object();
   j["base_model_name_or_path"] = o.base_model_name_or_path.empty() ? nlohmann::json() : nlohmann::json(o.base_model_name_or_path);
   j["bias"] = "none";
@@ -256,9 +420,7 @@ nlohmann::json peft_config_json(const ExportOptions& o) {
   j["fan_in_fan_out"] = false;
   j["inference_mode"] = true;
   j["init_lora_weights"] = true;
-  if (o.lora_alpha == std::floor(o.lora_alpha) && std::fabs(o.lora_alpha) < 1e15)
-    j["lora_alpha"] = static_cast<int64_t>(o.lora_alpha);
-  else j["lora_alpha"] = o.lora_alpha;
+  j["lora_alpha"] = number(o.lora_alpha);
   j["lora_bias"] = false;
   j["lora_dropout"] = o.lora_dropout;
   j["megatron_core"] = "megatron.core";
@@ -340,6 +502,12 @@ void check_against_tree(const Module& tree, const Layout& L, const SafetensorsFo
   for (const OutTensor& t : L.tensors) {
     const SafetensorsEntry* e = f.find(t.name);
     if (!e) check_fail(dir, "tensor '" + t.name + "' is missing");
+    if (!t.parts.empty()) {  // a fused Phi-3 tensor: no tree key of its own; as planned from its parts
+      if (e->dtype != t.dtype || e->shape != t.shape)
+        check_fail(dir, "tensor '" + t.name + "' is " + e->dtype_name + " " + shape_str(e->shape) + ", planned " +
+                            dtype_torch_name(t.dtype) + " " + shape_str(t.shape));
+      continue;
+    }
     const auto r = try_resolve(tree, t.source);
     if (!r) check_fail(dir, "key '" + t.name + "' does not resolve through the model tree ('" + t.source + "')");
     if (e->dtype != r->tensor.dtype() || e->shape != r->tensor.shape())
@@ -403,7 +571,9 @@ void check_peft_folder(const Module& tree, const Layout& L, const std::string& d
   check_against_tree(tree, L, f, dir);
   for (const OutTensor& t : L.tensors) {
     const bool is_b = t.source.ends_with(".lora_B.weight");
-    if (t.shape[is_b ? 1 : 0] != c.r) check_fail(dir, "tensor '" + t.name + "' has shape " + shape_str(t.shape) + " for r = " + std::to_string(c.r));
+    const std::string module = module_short_name(t.name.substr(0, t.name.size() - std::string(".lora_B.weight").size()));
+    if (t.shape[is_b ? 1 : 0] != c.rank_of(module))
+      check_fail(dir, "tensor '" + t.name + "' has shape " + shape_str(t.shape) + " for r = " + std::to_string(c.rank_of(module)));
     if (!is_b || o.allow_zero_lora_b) continue;
     const std::span<const uint8_t> b = f.bytes(t.name);
     bool nonzero = false;
@@ -490,8 +660,8 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
   // ---- deterministic checks and layout, identical on every rank ----
   if (o.out_dir.empty()) throw InputError("export: options.out_dir is empty");
   kill_during_export_for_test();  // a bad value is refused before anything is written
-  if (o.format != ExportFormat::kBnb4) check_lora(tree, o, label);
-  const Layout L = plan_layout(tree, units, o);
+  if (o.format != ExportFormat::kBnb4) check_lora(tree, config, o, label);
+  const Layout L = plan_layout(tree, config, units, o);
   const nlohmann::json model_config = o.format == ExportFormat::kPeft ? nlohmann::json() : model_config_json(tree, config, o);
   ExportReport rep;
   rep.files = L.files;
@@ -528,6 +698,7 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
   std::exception_ptr failure;
   std::unique_ptr<SafetensorsWriter> writer;
   std::map<std::string, Tensor> peft_tensors;  // kPeft: name -> host copy
+  FuseCache fuse_cache;                         // the fused 4-bit weight being written (Phi-3)
   size_t cur_file = SIZE_MAX;
   SafetensorsIndex index;
   for (size_t begin = 0; begin < L.tensors.size();) {
@@ -541,7 +712,7 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
         NamedTensors host;  // this unit's output tensors, in host memory
         uint64_t alive = 0;
         for (size_t i = begin; i < end; ++i) {
-          host.emplace_back(L.tensors[i].name, produce(tree, L.tensors[i], o));
+          host.emplace_back(L.tensors[i].name, produce(tree, L.tensors[i], o, fuse_cache));
           QS_CHECK(host.back().second.dtype() == L.tensors[i].dtype && host.back().second.shape() == L.tensors[i].shape,
                    "tensor " + L.tensors[i].name + " differs from its declaration");
           alive += host.back().second.nbytes();
@@ -594,7 +765,7 @@ ExportReport export_model(Communicator& host, Module& tree, const LlamaConfig& c
       writer.reset();
       if (L.files.size() > 1) write_safetensors_index((partial / kSafetensorsIndexName).string(), index);
       if (o.format == ExportFormat::kPeft) {
-        write_file_atomic((partial / "adapter_config.json").string(), peft_config_json(o).dump(2) + "\n");
+        write_file_atomic((partial / "adapter_config.json").string(), peft_config_json(o, config).dump(2) + "\n");
         check_peft_folder(tree, L, partial.string(), o);
       } else {
         write_file_atomic((partial / "config.json").string(), model_config.dump(2) + "\n");

@@ -93,6 +93,37 @@ void refuse_qwen_sliding_window(const json& j, const std::string& label) {
                      "model has it)");
 }
 
+// Mistral's and Phi-3's sliding_window: null or absent for none, else a positive window.
+void read_sliding_window(const json& j, const std::string& label, LlamaConfig& c) {
+  if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    c.sliding_window = get_int(j, "sliding_window", label, std::nullopt);
+    positive(c.sliding_window, "sliding_window", label);
+  }
+}
+
+// Phi-3 variants that do not map onto the skeleton, refused by key and value: RoPE on part of each
+// head (partial_rotary_factor below 1: Phi-4-mini), and dropout in the base model (released Phi-3
+// configs have 0.0; qshard's base has no dropout). rope_scaling's longrope / su (the 128k models)
+// are refused by parse_rope, naming rope_scaling and the type.
+void refuse_phi3_variants(const json& j, const std::string& label) {
+  auto factor_of = [&](const json& obj, const std::string& where_label) {
+    if (!obj.contains("partial_rotary_factor") || obj["partial_rotary_factor"].is_null()) return;
+    const double f = get_num(obj, "partial_rotary_factor", where_label, 1.0);
+    if (f != 1.0)
+      throw InputError(where(where_label, "partial_rotary_factor") + " is " + fmt::format("{}", f) +
+                       "; qshard rotates whole heads (1.0): RoPE on part of each head is not implemented");
+  };
+  factor_of(j, label);
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object())
+    factor_of(j["rope_parameters"], label + " (rope_parameters)");
+  for (const char* k : {"resid_pdrop", "embd_pdrop", "attention_dropout"}) {
+    const double p = get_num(j, k, label, 0.0);
+    if (p != 0.0)
+      throw InputError(where(label, k) + " is " + fmt::format("{}", p) +
+                       "; qshard's base model has no dropout (0.0, as released Phi-3 models have it)");
+  }
+}
+
 }  // namespace
 
 const char* model_family_name(ModelFamily family) {
@@ -101,6 +132,7 @@ const char* model_family_name(ModelFamily family) {
     case ModelFamily::kQwen2: return "qwen2";
     case ModelFamily::kQwen3: return "qwen3";
     case ModelFamily::kMistral: return "mistral";
+    case ModelFamily::kPhi3: return "phi3";
   }
   return "?";
 }
@@ -114,11 +146,12 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
       throw InputError(where(label, "model_type") + " must be a string, got " + j["model_type"].dump());
     const std::string type = j["model_type"].get<std::string>();
     bool known = false;
-    for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kQwen3, ModelFamily::kMistral})
+    for (ModelFamily f :
+         {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kQwen3, ModelFamily::kMistral, ModelFamily::kPhi3})
       if (type == model_family_name(f)) c.family = f, known = true;
     if (!known)
       throw InputError(where(label, "model_type") + " is \"" + type +
-                       "\"; qshard supports \"llama\", \"qwen2\", \"qwen3\" and \"mistral\"");
+                       "\"; qshard supports \"llama\", \"qwen2\", \"qwen3\", \"mistral\" and \"phi3\"");
   }
   c.vocab_size = get_int(j, "vocab_size", label, std::nullopt);
   c.hidden_size = get_int(j, "hidden_size", label, std::nullopt);
@@ -188,10 +221,17 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
       refuse_qwen_sliding_window(j, label);
       break;
     case ModelFamily::kMistral:
-      if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
-        c.sliding_window = get_int(j, "sliding_window", label, std::nullopt);
-        positive(c.sliding_window, "sliding_window", label);
-      }
+      read_sliding_window(j, label, c);
+      break;
+    case ModelFamily::kPhi3:
+      // transformers' Phi3Attention / Phi3MLP: no biases (qkv_proj, o_proj, gate_up_proj and
+      // down_proj are bias=False whatever attention_bias says); the sliding window as Mistral's.
+      read_sliding_window(j, label, c);
+      refuse_phi3_variants(j, label);
+      // transformers' Phi3Config takes "default" and "longrope" only (longrope refused above).
+      if (c.rope_scaling.rope_type != "default")
+        throw InputError(where(label, j.contains("rope_parameters") ? "rope_parameters" : "rope_scaling") +
+                         " has rope_type \"" + c.rope_scaling.rope_type + "\"; a phi3 model takes \"default\" (plain RoPE)");
       break;
   }
   // Token ids, dtype and quantization_config of another type than the one transformers writes are
@@ -324,11 +364,19 @@ std::vector<int64_t> llama_projection_shape(const LlamaConfig& c, const std::str
   if (p == "self_attn.o_proj") return {c.hidden_size, q};
   if (p == "mlp.gate_proj" || p == "mlp.up_proj") return {c.intermediate_size, c.hidden_size};
   if (p == "mlp.down_proj") return {c.hidden_size, c.intermediate_size};
+  if (p == "self_attn.qkv_proj") return {q + 2 * kv, c.hidden_size};
+  if (p == "mlp.gate_up_proj") return {2 * c.intermediate_size, c.hidden_size};
   throw Error("unknown projection " + p);
 }
 
+std::vector<std::string> stored_projection_names(const LlamaConfig& c) {
+  if (c.family != ModelFamily::kPhi3) return llama_projection_names();
+  return {"self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"};
+}
+
 bool is_llama_projection_weight(const std::string& name) {
-  static const std::regex re(R"(model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)\.weight)");
+  static const std::regex re(
+      R"(model\.layers\.\d+\.(self_attn\.(q|k|v|o|qkv)_proj|mlp\.(gate|up|down|gate_up)_proj)\.weight)");
   return std::regex_match(name, re);
 }
 
@@ -358,7 +406,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_weights
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     w.push_back({p + "input_layernorm.weight", {c.hidden_size}});
-    for (const auto& proj : llama_projection_names()) {
+    for (const auto& proj : stored_projection_names(c)) {
       w.push_back({p + proj + ".weight", llama_projection_shape(c, proj)});
       if (llama_projection_has_bias(c, proj)) w.push_back({p + proj + ".bias", {llama_projection_shape(c, proj)[0]}});
       if (proj == "self_attn.o_proj") {

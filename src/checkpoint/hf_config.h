@@ -5,7 +5,12 @@
 // must be false), "qwen3" (an RMSNorm over head_dim on each head of q and k before RoPE:
 // self_attn.q_norm / k_norm; attention_bias on all four attention projections; use_sliding_window
 // must be false) and "mistral" (Llama's math, no biases, sliding_window: each token attends to the
-// last sliding_window positions, itself included). Any other model_type is refused by name.
+// last sliding_window positions, itself included) and "phi3" (Phi3ForCausalLM: Llama's math with q|k|v
+// fused in self_attn.qkv_proj and gate|up in mlp.gate_up_proj in the files, split into qshard's
+// separate projections on load and fused again on export: checkpoint/fused_projections.h; plain
+// RoPE only (rope_scaling null; longrope / su refused by key and value), partial_rotary_factor 1,
+// sliding_window as Mistral's, resid_pdrop / embd_pdrop / attention_dropout 0). Any other
+// model_type is refused by name.
 // What: the fields of transformers' LlamaConfig (and the families' configs) that qshard uses (shared/FORMATS.md, "HF Llama
 // folder"): sizes, heads (GQA), RoPE (rope_theta and rope_scaling of type "llama3", or the newer
 // single rope_parameters field), norms, tied embeddings, biases, token ids, dtype. The parsed
@@ -35,8 +40,8 @@ struct RopeScaling {
 };
 
 // The decoder families qshard runs (one skeleton: transformers' Llama layer plus the options below).
-enum class ModelFamily { kLlama, kQwen2, kQwen3, kMistral };
-// "llama", "qwen2", "qwen3", "mistral" (config.json's model_type).
+enum class ModelFamily { kLlama, kQwen2, kQwen3, kMistral, kPhi3 };
+// "llama", "qwen2", "qwen3", "mistral", "phi3" (config.json's model_type).
 const char* model_family_name(ModelFamily family);
 
 struct LlamaConfig {
@@ -57,7 +62,7 @@ struct LlamaConfig {
   bool o_proj_bias = false;     // o_proj has a bias (Llama, Qwen3: attention_bias; Qwen2: never)
   bool mlp_bias = false;
   bool qk_norm = false;         // Qwen3: self_attn.q_norm / k_norm ([head_dim] RMSNorm per head, before RoPE)
-  // Mistral: a key at position j is seen from position i when i - sliding_window < j <= i
+  // Mistral, Phi-3: a key at position j is seen from position i when i - sliding_window < j <= i
   // (transformers' sliding-window causal mask); 0: none (plain causal attention).
   int64_t sliding_window = 0;
   std::optional<int64_t> bos_token_id;
@@ -104,13 +109,20 @@ std::string llama_size_keys(const LlamaConfig& c);
 // True when `projection` ("self_attn.q_proj", ...) has a bias in this config's family.
 bool llama_projection_has_bias(const LlamaConfig& c, const std::string& projection);
 
-// The Linear projections of a Llama decoder layer, as named in HF checkpoints.
+// The Linear projections of a decoder layer in qshard's model (the module tree, the model's
+// binding), as named in HF Llama checkpoints.
 const std::vector<std::string>& llama_projection_names();  // "self_attn.q_proj", ... "mlp.down_proj"
-// Shape [out, in] of a projection ("self_attn.q_proj", ...) for this config.
+// The projections of a decoder layer as the family's checkpoints store them: llama_projection_names(),
+// except Phi-3's "self_attn.qkv_proj" (for q, k, v) and "mlp.gate_up_proj" (for gate, up).
+std::vector<std::string> stored_projection_names(const LlamaConfig& c);
+// Shape [out, in] of a projection ("self_attn.q_proj", ..., or Phi-3's fused "self_attn.qkv_proj"
+// [(H + 2 KV) D, C] and "mlp.gate_up_proj" [2 I, C]) for this config.
 std::vector<int64_t> llama_projection_shape(const LlamaConfig& c, const std::string& projection);
-// True for "model.layers.<N>.<projection>.weight" (the weights that qshard quantizes).
+// True for "model.layers.<N>.<projection>.weight" (the weights that qshard quantizes), the stored
+// projections of every family (q/k/v/o, gate/up/down, Phi-3's qkv_proj and gate_up_proj).
 bool is_llama_projection_weight(const std::string& name);
-// Every weight name the config implies with its shape, in HF order (embed, layers, norm, lm_head).
+// Every weight name the config implies with its shape, as the family's checkpoints store them
+// (stored_projection_names), in HF order (embed, layers, norm, lm_head).
 std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_weights(const LlamaConfig& c);
 // A folder whose tensors (`names`) hold a decoder layer "model.layers.<N>." with N >= the config's
 // num_hidden_layers is an InputError naming `dir`, the layer and num_hidden_layers: config.json does

@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 nlohmann::json llama_config_json(const LlamaSizes& o, DType dtype, double init_std) {
   nlohmann::json j;
   static const char* const kArchitectures[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                               "MistralForCausalLM"};
+                                               "MistralForCausalLM", "Phi3ForCausalLM"};
   j["architectures"] = {kArchitectures[static_cast<int>(o.family)]};
   j["model_type"] = model_family_name(o.family);
   j["vocab_size"] = o.vocab_size;
@@ -48,6 +48,7 @@ nlohmann::json llama_config_json(const LlamaSizes& o, DType dtype, double init_s
       }
       break;
     case ModelFamily::kMistral:
+    case ModelFamily::kPhi3:  // Phi-3: fused qkv_proj / gate_up_proj in the folder (llama_expected_weights)
       j["sliding_window"] = o.sliding_window > 0 ? nlohmann::json(o.sliding_window) : nlohmann::json(nullptr);
       break;
   }

@@ -1,5 +1,7 @@
 #include "train/qlora_model.h"
 
+#include "checkpoint/fused_projections.h"
+
 #include <chrono>
 #include <set>
 
@@ -8,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "checkpoint/fused_projections.h"
 #include "checkpoint/llama_loader.h"
 #include "checkpoint/llama_tree.h"
 #include "checkpoint/nonfinite.h"
@@ -48,7 +51,8 @@ void check_job_fits(const TrainConfig& config, const LlamaConfig& lc, Runtime& r
   // LoRA in f32: the tree's A and B (made on the host), and on the CPU backend the state the
   // memory plan counts on the device (master, gradient and AdamW shards, two gathered units'
   // weights and gradients). lora.r 65536 ended the build with a failed allocation (exit 1).
-  const double lora_p = lora_param_count(lc, config.lora.r, config.lora.target_modules);
+  const double lora_p =
+      lora_param_count(lc, config.lora.r, tree_lora_targets(lc, config.lora.target_modules, config.source + ": lora.target_modules"));
   const double units = std::max<double>(static_cast<double>(lc.num_hidden_layers), 1.0);
   const double lora = lora_p * 4.0 * (1.0 + (cuda ? 0.0 : 4.0 / rt.data.size() + 2.0 * 2.0 / units));
   require_host_memory(base + largest * 4.0 + lora + (cuda ? 0.0 : step), what,
@@ -67,7 +71,7 @@ void check_job_fits(const TrainConfig& config, const LlamaConfig& lc, Runtime& r
 }
 
 // lora.init_adapter: the adapter's LoRA weights replace PEFT's init, once its settings are the job's.
-void start_from_adapter(Module& tree, const TrainConfig& config) {
+void start_from_adapter(Module& tree, const TrainConfig& config, const LlamaConfig& model) {
   const std::string& dir = config.lora.init_adapter;
   const PeftLoraConfig a = read_peft_config(dir);
   const LoraConfig& l = config.lora;
@@ -84,7 +88,7 @@ void start_from_adapter(Module& tree, const TrainConfig& config) {
   if (theirs != ours)
     mismatch("target_modules (lora.target_modules)", fmt::format("[{}]", fmt::join(theirs, ", ")),
              fmt::format("[{}]", fmt::join(ours, ", ")));
-  load_peft_adapter(tree, dir);
+  load_peft_adapter(tree, dir, fused_projections(model));
   // The adapter's LoRA weights, as loaded into the trainable slots (named by their module path).
   for (const auto& [key, t] : state_dict(tree, {true, false, true}))
     require_finite(t, dir + "/adapter_model.safetensors", key, config.model.allow_nonfinite,
@@ -112,7 +116,8 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
   const QuantizeOptions quant{config.model.quant_type, config.model.blocksize, config.model.double_quant};
   m->config = job_llama_config(config.model);
   check_job_fits(config, m->config, rt, plan);
-  const LoraSpec lora{config.lora.r, config.lora.target_modules};
+  // The job's targets as PEFT names them for the family (Phi-3: qkv_proj, gate_up_proj), as the tree's parts.
+  const LoraSpec lora{config.lora.r, tree_lora_targets(m->config, config.lora.target_modules, config.source + ": lora.target_modules")};
   if (config.model.path.empty()) {
     // A random base (model.init) in model.init.dtype (float32 unless set).
     LlamaTreeOptions to;
@@ -142,7 +147,7 @@ std::unique_ptr<QloraModel> build_qlora_model(const TrainConfig& config, Runtime
     phase("load");
   }
   init_lora(*m->tree, config.seed);
-  if (for_training && !config.lora.init_adapter.empty()) start_from_adapter(*m->tree, config);
+  if (for_training && !config.lora.init_adapter.empty()) start_from_adapter(*m->tree, config, m->config);
   for (const auto& [k, t] : state_dict(*m->tree, {true, false, true})) m->trainable_parameters += t.numel();
   phase("LoRA");
 

@@ -259,8 +259,9 @@ const std::vector<Field>& fields() {
       QS_FIELD("lora.dropout", lora.dropout, "in [0, 1)", "dropout on the LoRA input"),
       QS_FIELD("lora.rslora", lora.rslora, "true, false", "scale by alpha / sqrt(r) instead of alpha / r"),
       QS_FIELD("lora.target_modules", lora.target_modules,
-               "a non-empty list of distinct q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
-               "the projections that get a LoRA adapter"),
+               "a non-empty list of distinct q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj "
+               "(Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj)",
+               "the projections that get a LoRA adapter, as PEFT names them for the model's family"),
       QS_FIELD("lora.init_adapter", lora.init_adapter, "a PEFT adapter folder with the same r, alpha, rslora, modules, or empty",
                "start from this adapter's LoRA weights instead of PEFT's init"),
       QS_FIELD("lora.fold", lora.fold, "true, false",
@@ -472,7 +473,10 @@ struct Checker {
 };
 
 const std::vector<std::string>& lora_module_names() {
-  static const std::vector<std::string> k = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  // Phi-3's fused qkv_proj / gate_up_proj too; which names the model's family has is checked when
+  // the model is known (tree_lora_targets).
+  static const std::vector<std::string> k = {"q_proj",  "k_proj",    "v_proj",       "o_proj",  "gate_proj",
+                                             "up_proj", "down_proj", "qkv_proj", "gate_up_proj"};
   return k;
 }
 

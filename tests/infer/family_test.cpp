@@ -1,7 +1,9 @@
-// The model families beside Llama (Qwen2, Qwen3, Mistral) against transformers
+// The model families beside Llama (Qwen2, Qwen3, Mistral, Phi-3) against transformers
 // (scripts/golden/make_family_golden.py: tiny random-weight models of each family's own config
 // class, float32, with random biases and q/k norms; Mistral's sliding window 4 < T = 12, so the
-// window masks). `qshard eval --dump-logits` on the CPU matches transformers' logits within 1e-5;
+// window masks; scripts/golden/make_phi3_golden.py: Phi-3 with fused qkv_proj / gate_up_proj in two
+// shapes, one whose 4-bit blocks straddle the split points, their bnb 4-bit folders written by
+// transformers + bitsandbytes, and a PEFT adapter on the fused projections). `qshard eval --dump-logits` on the CPU matches transformers' logits within 1e-5;
 // each folder quantized to bnb 4-bit loads and evaluates close to its float original with every
 // config.json field kept; generation's KV cache gives the full forward's logits (Mistral's window
 // included); unknown variants are refused by name. The GPU case (bf16, cuDNN with the sliding
@@ -9,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <span>
@@ -16,14 +19,17 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/bnb_folder.h"
+#include "checkpoint/fused_projections.h"
 #include "checkpoint/hf_config.h"
 #include "checkpoint/llama_loader.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_index.h"
 #include "infer/evaluate.h"
 #include "model/llama_model.h"
 #include "model/llama_ops.h"
 #include "runtime/device_context.h"
 #include "runtime/error.h"
+#include "common/test_util.h"
 
 namespace qshard {
 namespace {
@@ -33,12 +39,20 @@ const std::string kData = QSHARD_TEST_DATA_DIR;
 const std::string kFamily = kData + "/family";
 // Both sides float32, differing in summation order only.
 constexpr double kLogitTol = 1e-5;
-const char* const kFamilies[] = {"qwen2", "qwen3", "mistral"};
+const char* const kFamilies[] = {"qwen2", "qwen3", "mistral", "phi3", "phi3_odd"};
 
-std::vector<float> eval_logits(const std::string& model, DeviceChoice device, EvalResult* result = nullptr) {
+// The golden logits of a family's folder (and of the Phi-3 variants: phi3_bnb4, phi3_peft, ...).
+std::vector<float> golden_logits(const std::string& name) {
+  const bool phi3 = name.rfind("phi3", 0) == 0;
+  return SafetensorsFile::open(kFamily + (phi3 ? "/phi3_golden.safetensors" : "/golden.safetensors")).get(name).to_f32_vector();
+}
+
+std::vector<float> eval_logits(const std::string& model, DeviceChoice device, EvalResult* result = nullptr,
+                               const std::string& adapter = "") {
   EvalOptions o;
   o.device = device;
   o.model_dir = model;
+  o.adapter_dir = adapter;
   o.data = kFamily + "/ids.json";
   o.dump_logits = (fs::temp_directory_path() / ("qshard_family_" + std::to_string(::getpid()) + ".safetensors")).string();
   const EvalResult r = evaluate_model(o);
@@ -109,13 +123,12 @@ TEST(Family, UnknownVariantsAreRefusedByName) {
 }
 
 TEST(Family, LogitsMatchTransformers) {
-  const SafetensorsFile golden = SafetensorsFile::open(kFamily + "/golden.safetensors");
   for (const char* f : kFamilies) {
     SCOPED_TRACE(f);
     EvalResult r;
     const auto mine = eval_logits(kFamily + "/" + f, DeviceChoice::kCpu, &r);
     EXPECT_EQ(r.sequences, 2);
-    const double worst = max_abs_diff(mine, golden.get(f).to_f32_vector());
+    const double worst = max_abs_diff(mine, golden_logits(f));
     std::printf("%s: max |logit - transformers| = %.2e (tolerance %.0e)\n", f, worst, kLogitTol);
     EXPECT_LE(worst, kLogitTol);
   }
@@ -136,8 +149,7 @@ TEST(Family, MistralWindowMatters) {
     by_window[i] = eval_logits(dir.string(), DeviceChoice::kCpu);
   }
   EXPECT_EQ(max_abs_diff(by_window[0], by_window[1]), 0.0);
-  const SafetensorsFile golden = SafetensorsFile::open(kFamily + "/golden.safetensors");
-  EXPECT_GT(max_abs_diff(by_window[0], golden.get("mistral").to_f32_vector()), 1e-2);
+  EXPECT_GT(max_abs_diff(by_window[0], golden_logits("mistral")), 1e-2);
   fs::remove_all(dir);
 }
 
@@ -161,7 +173,7 @@ TEST(Family, Bnb4FoldersRoundTrip) {
     const LoadedLlama m = load_llama_folder(out.string());
     EXPECT_EQ(m.config.family, LlamaConfig::load(kFamily + "/" + f).family);
     dequantize_model_folder(out.string(), deq.string(), DType::kF32);
-    EXPECT_EQ(nlohmann::json::parse(std::ifstream(deq / "config.json"))["model_type"], f);
+    EXPECT_EQ(nlohmann::json::parse(std::ifstream(deq / "config.json"))["model_type"], in["model_type"]);
     const auto q = eval_logits(out.string(), DeviceChoice::kCpu);
     const auto dq = eval_logits(deq.string(), DeviceChoice::kCpu);
     const auto ref = eval_logits(kFamily + "/" + f, DeviceChoice::kCpu);
@@ -197,6 +209,124 @@ TEST(Family, KvCacheMatchesFullForward) {
       if (t < 12) last = model.forward_cached(std::span(ids).subspan(static_cast<size_t>(t), 1), t);
     }
   }
+}
+
+// ---- Phi-3: fused qkv_proj / gate_up_proj in the files, split on load ----
+
+TEST(Phi3, ConfigAndFoldersLoadSplit) {
+  const LlamaConfig c = LlamaConfig::load(kFamily + "/phi3");
+  EXPECT_EQ(c.family, ModelFamily::kPhi3);
+  EXPECT_EQ(c.sliding_window, 5);
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_FALSE(c.attention_bias || c.o_proj_bias || c.mlp_bias || c.qk_norm);
+  EXPECT_EQ(LlamaConfig::load(kFamily + "/phi3_odd").sliding_window, 0);
+  const auto stored = stored_projection_names(c);
+  EXPECT_EQ(stored, (std::vector<std::string>{"self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"}));
+  // Strict loads: the folders hold exactly the fused tensors the config implies, 4-bit ones with
+  // their statistics; the tree holds q/k/v and gate/up apart, the rows of the fused weights.
+  for (const char* f : {"phi3", "phi3_odd", "phi3_bnb4", "phi3_odd_bnb4"}) {
+    SCOPED_TRACE(f);
+    const LoadedLlama m = load_llama_folder(kFamily + "/" + f);
+    const LlamaConfig& mc = m.config;
+    const SafetensorsFolder folder = SafetensorsFolder::open(kFamily + "/" + f);
+    for (const FusedProjection& fp : fused_projections(mc)) {
+      const std::string fused_key = "model.layers.1." + fp.fused + ".weight";
+      Tensor whole;  // the fused weight as values (f32), from the file: float, or dequantized by qshard
+      if (mc.quantized) {
+        const TensorLookup lookup = [&](const std::string& k) -> std::optional<Tensor> {
+          if (!folder.contains(k)) return std::nullopt;
+          return folder.get(k);
+        };
+        whole = dequantize_4bit(params4bit_from_state_dict(fused_key, lookup, f), DType::kF32);
+      } else {
+        whole = Tensor::from_f32(folder.get(fused_key).shape(), DType::kF32, folder.get(fused_key).to_f32_vector());
+      }
+      int64_t row0 = 0;
+      for (size_t i = 0; i < fp.parts.size(); row0 += fp.rows[i], ++i) {
+        const Resolved r = resolve(*m.tree, "model.layers.1." + fp.parts[i] + ".weight");
+        const Tensor part = mc.quantized ? dequantize_4bit(*r.params4bit, DType::kF32)
+                                         : Tensor::from_f32(r.tensor.shape(), DType::kF32, r.tensor.to_f32_vector());
+        const Tensor want = take_rows(whole, row0, fp.rows[i]);
+        ASSERT_EQ(part.shape(), want.shape()) << fp.parts[i];
+        EXPECT_EQ(std::memcmp(part.raw(), want.raw(), want.nbytes()), 0) << fp.parts[i] << ": not the fused rows bit for bit";
+      }
+    }
+  }
+}
+
+TEST(Phi3, VariantsAreRefusedByKeyAndValue) {
+  auto refused = [](nlohmann::json j, const std::string& key, const std::string& value) {
+    try {
+      LlamaConfig::from_json(j, "phi3/config.json");
+      ADD_FAILURE() << "accepted " << j.dump();
+    } catch (const InputError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(key), std::string::npos) << m;
+      EXPECT_NE(m.find(value), std::string::npos) << m;
+    }
+  };
+  const nlohmann::json base = nlohmann::json::parse(std::ifstream(kFamily + "/phi3/config.json"));
+  EXPECT_NO_THROW(LlamaConfig::from_json(base, "x"));
+  nlohmann::json j = base;  // the 128k models: LongRoPE, in the older rope_scaling form
+  j.erase("rope_parameters");
+  j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}};
+  refused(j, "rope_scaling", "longrope");
+  j["rope_scaling"] = {{"type", "su"}};
+  refused(j, "rope_scaling", "su");
+  j = base;
+  j["rope_parameters"]["rope_type"] = "longrope";
+  refused(j, "rope_parameters", "longrope");
+  j["rope_parameters"]["rope_type"] = "llama3";  // not a Phi-3 RoPE (transformers refuses it too)
+  refused(j, "rope_parameters", "llama3");
+  j = base;
+  j["rope_parameters"]["partial_rotary_factor"] = 0.75;  // Phi-4-mini
+  refused(j, "partial_rotary_factor", "0.75");
+  j = base;
+  j.erase("rope_parameters");
+  j["partial_rotary_factor"] = 0.5;
+  refused(j, "partial_rotary_factor", "0.5");
+  for (const char* k : {"resid_pdrop", "embd_pdrop", "attention_dropout"}) {
+    j = base;
+    j[k] = 0.1;
+    refused(j, k, "0.1");
+  }
+  j = base;
+  j["sliding_window"] = 0;
+  refused(j, "sliding_window", "0");
+  j["sliding_window"] = nullptr;
+  EXPECT_EQ(LlamaConfig::from_json(j, "x").sliding_window, 0);
+  // LoRA targets are PEFT's names for the family.
+  const LlamaConfig phi3 = LlamaConfig::from_json(base, "x");
+  EXPECT_EQ(tree_lora_targets(phi3, {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}, "job"),
+            (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}));
+  for (const char* t : {"q_proj", "v_proj", "up_proj"}) {
+    const std::string m = testing_util::error_of([&] { tree_lora_targets(phi3, {t}, "job.yaml: lora.target_modules"); });
+    EXPECT_NE(m.find(std::string("'") + t + "'"), std::string::npos) << m;
+    EXPECT_NE(m.find("qkv_proj, o_proj, gate_up_proj, down_proj"), std::string::npos) << m;
+  }
+  const LlamaConfig llama = LlamaConfig::load(kFamily + "/mistral");
+  const std::string m = testing_util::error_of([&] { tree_lora_targets(llama, {"qkv_proj"}, "job.yaml"); });
+  EXPECT_NE(m.find("'qkv_proj'"), std::string::npos) << m;
+}
+
+// The 4-bit folders transformers + bitsandbytes wrote (bf16 originals, NF4, double quant) evaluate
+// as bitsandbytes' forward computes them (make_phi3_golden.py), with the fused weights split.
+TEST(Phi3, Bnb4FoldersMatchBitsandbytes) {
+  for (const char* f : {"phi3_bnb4", "phi3_odd_bnb4"}) {
+    SCOPED_TRACE(f);
+    const double worst = max_abs_diff(eval_logits(kFamily + "/" + f, DeviceChoice::kCpu), golden_logits(f));
+    std::printf("%s: max |logit - transformers + bitsandbytes| = %.2e (tolerance %.0e)\n", f, worst, kLogitTol);
+    EXPECT_LE(worst, kLogitTol);
+  }
+}
+
+// PEFT's adapter on qkv_proj / gate_up_proj (one lora_A shared by the parts) gives PEFT's logits.
+TEST(Phi3, PeftAdapterMatchesPeft) {
+  const auto mine = eval_logits(kFamily + "/phi3", DeviceChoice::kCpu, nullptr, kFamily + "/phi3_adapter");
+  const double worst = max_abs_diff(mine, golden_logits("phi3_peft"));
+  std::printf("phi3 + PEFT adapter: max |logit - PEFT| = %.2e (tolerance %.0e)\n", worst, kLogitTol);
+  EXPECT_LE(worst, kLogitTol);
+  EXPECT_GT(max_abs_diff(mine, golden_logits("phi3")), 1e-1) << "the adapter was applied";
 }
 
 // The GPU (bf16, cuBLASLt, cuDNN attention with the sliding window as a diagonal band) against
