@@ -252,6 +252,15 @@ std::vector<std::string> tree_lora_targets(const LlamaConfig& c, const std::vect
   for (const std::string& p : stored_projection_names(c)) names.push_back(short_of(p));
   std::string listed;
   for (const std::string& n : names) listed += (listed.empty() ? "" : ", ") + n;
+  // Every projection named as Llama names them (the default lora.target_modules, or a config written
+  // for another family): every projection of this one too, the fused ones' parts included.
+  if (!fused.empty()) {
+    std::vector<std::string> all, given = targets;
+    for (const std::string& p : llama_projection_names()) all.push_back(short_of(p));
+    std::sort(all.begin(), all.end());
+    std::sort(given.begin(), given.end());
+    if (given == all) return targets;
+  }
   std::vector<std::string> out;
   for (const std::string& t : targets) {
     bool done = false;

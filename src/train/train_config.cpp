@@ -260,7 +260,7 @@ const std::vector<Field>& fields() {
       QS_FIELD("lora.rslora", lora.rslora, "true, false", "scale by alpha / sqrt(r) instead of alpha / r"),
       QS_FIELD("lora.target_modules", lora.target_modules,
                "a non-empty list of distinct q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj "
-               "(Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj)",
+               "(Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj; all seven, the default, mean all four)",
                "the projections that get a LoRA adapter, as PEFT names them for the model's family"),
       QS_FIELD("lora.init_adapter", lora.init_adapter, "a PEFT adapter folder with the same r, alpha, rslora, modules, or empty",
                "start from this adapter's LoRA weights instead of PEFT's init"),

@@ -299,6 +299,10 @@ TEST(Phi3, VariantsAreRefusedByKeyAndValue) {
   const LlamaConfig phi3 = LlamaConfig::from_json(base, "x");
   EXPECT_EQ(tree_lora_targets(phi3, {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}, "job"),
             (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}));
+  // The default, all seven by Llama's names: every projection of the Phi-3 model too (a job names
+  // no targets and trains all four fused and plain modules).
+  const std::vector<std::string> seven = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  EXPECT_EQ(tree_lora_targets(phi3, seven, "job"), seven);
   for (const char* t : {"q_proj", "v_proj", "up_proj"}) {
     const std::string m = testing_util::error_of([&] { tree_lora_targets(phi3, {t}, "job.yaml: lora.target_modules"); });
     EXPECT_NE(m.find(std::string("'") + t + "'"), std::string::npos) << m;
