@@ -16,21 +16,24 @@ const char* step_part_name(StepPart p) {
     case StepPart::kBind: return "bind (conversions)";
     case StepPart::kOther: return "other kernels";
     case StepPart::kWait: return "waits (gather / h2d)";
+    case StepPart::kUntimed: return "past the event pool (not split)";
     default: return "?";
   }
 }
 
-StepProfiler::StepProfiler(Stream& stream, bool enabled) : stream_(stream) {
+StepProfiler::StepProfiler(Stream& stream, bool enabled, size_t events) : stream_(stream) {
   if (!enabled) return;
   timing_ = std::make_unique<Timing>();
-  timing_->events.reserve(kEvents);
-  for (size_t i = 0; i < kEvents; ++i) timing_->events.emplace_back(true);
-  timing_->part.resize(kEvents);
+  timing_->events.reserve(events);
+  for (size_t i = 0; i < events; ++i) timing_->events.emplace_back(true);
+  timing_->part.resize(events);
 }
 
 void StepProfiler::record(StepPart part) {
   Timing& t = *timing_;
   if (t.used == t.events.size()) {
+    stream_.record(t.tail);
+    t.tail_recorded = true;
     profile_.truncated = true;
     return;
   }
@@ -45,6 +48,9 @@ void StepProfiler::collect() {
     profile_.ms[static_cast<size_t>(t.part[i - 1])] += t.events[i].elapsed_ms_since(t.events[i - 1]);
     ++profile_.intervals;
   }
+  if (t.tail_recorded && t.used > 0)
+    profile_.ms[static_cast<size_t>(StepPart::kUntimed)] += t.tail.elapsed_ms_since(t.events[t.used - 1]);
+  t.tail_recorded = false;
   t.used = 0;
 }
 

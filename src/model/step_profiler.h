@@ -6,7 +6,9 @@
 // profile(). kWait: from a hook's start to the model's next op (the gather's event waits: exposed
 // communication and h2d copies).
 // Cost: a pool of kEvents timing events made once at construction; no allocation and no host
-// wait in mark(). Past the pool, marks are not timed and profile().truncated says so.
+// wait in mark(). Past the pool (a step of hundreds of thousands of tokens: its MLP chunks), each
+// mark re-records one more event, and the time from the pool's last mark to it is kUntimed: the
+// split then still sums to the stream's time; profile().truncated says so.
 // A disabled profiler (the CPU backend, or profiling off) marks nothing: every call is a test of
 // one pointer.
 // Thread safety: none; the model's thread. Stream: the one given at construction.
@@ -34,6 +36,7 @@ enum class StepPart : int {
   kBind,      // per-layer parameter conversions at bind (norms, biases, LoRA)
   kOther,
   kWait,
+  kUntimed,  // past the event pool: not split
   kCount
 };
 const char* step_part_name(StepPart p);
@@ -41,14 +44,15 @@ const char* step_part_name(StepPart p);
 struct StepProfile {
   std::array<double, static_cast<size_t>(StepPart::kCount)> ms{};
   int64_t intervals = 0;
-  bool truncated = false;  // more marks than the event pool holds: later ones were not timed
+  bool truncated = false;  // more marks than the event pool holds: the later time is kUntimed
 };
 
 class StepProfiler {
  public:
   static constexpr size_t kEvents = 32768;
-  // enabled: time with events on `stream` (CUDA streams only: callers pass false on the CPU).
-  StepProfiler(Stream& stream, bool enabled);
+  // enabled: time with events on `stream` (CUDA streams only: callers pass false on the CPU);
+  // `events` marks between two collect() calls are split (tests use a small pool).
+  StepProfiler(Stream& stream, bool enabled, size_t events = kEvents);
   // The part that starts now on the stream.
   void mark(StepPart part) {
     if (timing_) record(part);
@@ -64,6 +68,8 @@ class StepProfiler {
     std::vector<Event> events;
     std::vector<StepPart> part;  // the part the interval after events[i] belongs to
     size_t used = 0;
+    Event tail{true};  // past the pool: the latest mark
+    bool tail_recorded = false;
   };
   void record(StepPart part);
   Stream& stream_;

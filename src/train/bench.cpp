@@ -212,7 +212,8 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
                        copy_bps * 1e-9, h2d_bps * 1e-9);
       double total = 0;
       for (double v : s.profile.ms) total += v;
-      t += fmt::format("  time split per timed step (compute stream, {:.1f} ms):\n", total * per);
+      t += fmt::format("  time split per timed step (compute stream, {:.1f} ms{}):\n", total * per,
+                       s.profile.truncated ? "; more marks than the event pool: the rest not split" : "");
       for (size_t i = 0; i < s.profile.ms.size(); ++i)
         if (s.profile.ms[i] > 0)
           t += fmt::format("    {:<22} {:9.2f} ms  {:5.1f}%\n", step_part_name(static_cast<StepPart>(i)),

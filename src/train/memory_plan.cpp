@@ -20,15 +20,15 @@ namespace {
 // workspace grows with the micro-batch's tokens: its deterministic backward, measured on the H200
 // at the 8B shape (hidden 4096), 0.35 GB at 2048 tokens and 1.25-1.3 GB at 8192, about 36 bytes per
 // token per hidden unit. Past 2 GiB (attention_cudnn.cpp: from ~14.6k tokens at the 8B shape) the
-// non-deterministic backward takes over, whose workspace is its f32 accumulators of dQ, dK and dV,
-// 4 bytes per token per q and kv width (0.5 GB at 16384 tokens, bench_attention's note); the
-// step's buffers already count the dQ part (llama_buffers.cpp: "attention workspace (cuDNN)").
+// non-deterministic backward takes over, whose workspace is about 8 bytes per token per q column
+// (measured: 0.5 GB at 16,384 tokens, 13.48 GB at 409,600); the step's buffers already count half of
+// it (llama_buffers.cpp: "attention workspace (cuDNN)", the f32 dQ accumulator).
 constexpr double kRuntimeBytes = 0.75e9;
 constexpr double kAttentionWorkspaceLimit = 2.0 * (1 << 30);  // attention_workspace_limit()
-double library_bytes(double tokens, double hidden, double q_width, double kv_width) {
+double library_bytes(double tokens, double hidden, double q_width) {
   const double deterministic = 36.0 * tokens * hidden;
   if (deterministic <= kAttentionWorkspaceLimit) return 0.1e9 + deterministic;
-  return 0.1e9 + 4.0 * tokens * 2.0 * kv_width;  // dK and dV beside the step's dQ
+  return 0.1e9 + 4.0 * tokens * q_width;  // the half the step's buffers do not count
 }
 
 LlamaModelOptions step_options(const TrainConfig& config, int64_t micro, int64_t chunk_rows, bool host_checkpoints) {
@@ -249,8 +249,7 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     p.step = static_cast<double>(p.step_buffers.total());
     p.per_kept = llama_kept_layer_bytes(lc, step_options(config, micro, 0, host_ck), backend, act_t, config.lora.r);
     p.library = cuda ? library_bytes(static_cast<double>(N), static_cast<double>(lc.hidden_size),
-                                     static_cast<double>(lc.num_attention_heads * lc.head_dim),
-                                     static_cast<double>(lc.num_key_value_heads * lc.head_dim))
+                                     static_cast<double>(lc.num_attention_heads * lc.head_dim))
                      : 0.0;
     p.resident = resident(offload_params, offload_opt, embed_host) + p.library;
     p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;

@@ -1,0 +1,47 @@
+// StepProfiler on the GPU: the split of the stream's time between marks sums to the time from the
+// first mark to the last, also past the event pool (a step of 409,600 tokens made more marks than
+// the pool held, and its split covered 214 s of a 403 s step before the tail was kept as kUntimed).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "model/llama_ops.h"
+#include "model/step_profiler.h"
+#include "runtime/device_context.h"
+#include "runtime/tensor.h"
+
+namespace qshard {
+namespace {
+
+TEST(StepProfilerCuda, SplitSumsToTheStreamTimePastThePool) {
+  if (!cuda_available() || !ops::has_backend(Backend::kCuda)) GTEST_SKIP() << "no GPU";
+  DeviceContext ctx(Backend::kCuda, 0);
+  const int64_t n = int64_t{1} << 26;  // 128 MB of bf16 a fill: tens of microseconds each
+  Tensor buf = Tensor::zeros({n}, DType::kBF16, ctx.compute_device());
+  for (size_t pool : {size_t{64}, size_t{5}}) {
+    StepProfiler prof(ctx.compute(), true, pool);
+    Event first(true), last(true);
+    ctx.compute().record(first);
+    const StepPart parts[] = {StepPart::kGemm, StepPart::kNorm, StepPart::kAttention, StepPart::kLora};
+    for (int i = 0; i < 20; ++i) {
+      prof.mark(parts[i % 4]);
+      for (int k = 0; k <= i % 3; ++k) ops::zero(buf.raw(), n, ctx);
+    }
+    prof.mark(StepPart::kOther);
+    ctx.compute().record(last);
+    ctx.compute().synchronize();
+    prof.collect();
+    double sum = 0;
+    for (double v : prof.profile().ms) sum += v;
+    const double whole = last.elapsed_ms_since(first);
+    std::printf("pool %zu: split %.3f ms of %.3f ms, untimed %.3f ms, truncated %d\n", pool, sum, whole,
+                prof.profile().ms[static_cast<size_t>(StepPart::kUntimed)], prof.profile().truncated);
+    EXPECT_EQ(prof.profile().truncated, pool < 21);
+    EXPECT_NEAR(sum, whole, 0.02 * whole + 0.05) << "pool " << pool;
+    if (pool < 21) EXPECT_GT(prof.profile().ms[static_cast<size_t>(StepPart::kUntimed)], 0.5 * whole);
+    else EXPECT_EQ(prof.profile().ms[static_cast<size_t>(StepPart::kUntimed)], 0.0);
+  }
+}
+
+}  // namespace
+}  // namespace qshard
