@@ -904,7 +904,6 @@ void cross_entropy_fwd_bwd(float* logits, double* loss_sum, const int64_t* targe
   const unsigned rows = static_cast<unsigned>(n);
   if (!dlogits || dlogits_type == DType::kF32) {
     float* out = dlogits ? static_cast<float*>(dlogits) : logits;
-    if (out != logits && grad_scale == 0.0f) out = logits;  // nothing written
     cross_entropy_kernel<float><<<rows, 512, 0, st(ctx)>>>(logits, out, loss_sum, targets, V, grad_scale);
   } else if (dlogits_type == DType::kBF16) {
     cross_entropy_kernel<bf16><<<rows, 512, 0, st(ctx)>>>(logits, static_cast<bf16*>(dlogits), loss_sum, targets, V,

@@ -229,6 +229,13 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
   };
 
   // One candidate: the step's buffers for micro-batch `micro`, the kept layers the budget holds.
+  // Pinned host memory the plan may give kept activations or layer inputs: memory.host_budget_gb,
+  // else half of what the host has free less an offloaded base's shards; `unknown` when neither.
+  auto host_room_for = [&](bool offload_params, double unknown) {
+    if (m.host_budget_gb > 0) return m.host_budget_gb * 1e9;
+    if (rates.host_available_bytes <= 0) return unknown;
+    return 0.5 * rates.host_available_bytes - (offload_params ? (proj_b + root) / world : 0.0);
+  };
   auto candidate = [&](int64_t micro, bool offload_params, bool offload_opt, bool embed_host, bool host_ck) {
     MemoryPlan p;
     p.budget = budget;
@@ -264,10 +271,7 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     if (cuda) p.est_step_s = estimate(p, sizes.cost, rates);
     // The plan's choice of host-kept layers (a budget on the GPU, the whole MLP): the fastest count
     // whose staging sets fit the budget and whose host sets fit the host memory given to the tier.
-    const double host_room = m.host_budget_gb > 0 ? m.host_budget_gb * 1e9
-                             : rates.host_available_bytes > 0
-                                 ? 0.5 * rates.host_available_bytes - (offload_params ? (proj_b + root) / world : 0.0)
-                                 : 0.0;
+    const double host_room = host_room_for(offload_params, 0.0);
     // Not beside an offloaded base: its shards cross host to device every layer both ways already,
     // and on the H200 the two tiers together stalled the step (8B, 8 sequences: 11,613 tokens/s at
     // 10 GB and 11,396 at 15 GB with the base offloaded and 15 / 11 host-kept layers, against
@@ -314,10 +318,6 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
   if (m.embedding == "auto" && cuda && budget > 0 && !lc.tie_word_embeddings) embed_places.push_back(true);
   // The checkpoints: as configured; auto weighs both with a budget on the GPU.
   std::vector<bool> checkpoint_places = {m.host_checkpoints == "true"};
-  // Host memory for them: memory.host_budget_gb, else half of what the host has free.
-  const double host_ck_room = m.host_budget_gb > 0               ? m.host_budget_gb * 1e9
-                              : rates.host_available_bytes > 0 ? 0.5 * rates.host_available_bytes
-                                                               : std::numeric_limits<double>::infinity();
   if (m.host_checkpoints == "auto" && cuda && budget > 0) checkpoint_places.push_back(true);
   for (bool opt : {opt_fixed, true}) {
     for (int64_t micro : micros)
@@ -329,7 +329,8 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
             MemoryPlan p = candidate(micro, off, opt, embed_host, host_ck);
             // auto weighs the layer inputs in pinned host memory only where the host holds them
             if (host_ck && m.host_checkpoints == "auto" &&
-                static_cast<double>(p.step_buffers.total(BufferLife::kHost)) > host_ck_room)
+                static_cast<double>(p.step_buffers.total(BufferLife::kHost)) >
+                    host_room_for(off, std::numeric_limits<double>::infinity()))
               continue;
             all.push_back(std::move(p));
           }

@@ -65,12 +65,8 @@ probe "train, memory.embedding=sideways" 2 "memory.embedding.*sideways" -- \
 
 # ---- NaN weights and a non-finite loss, on the GPU ----
 cp -r "$hf/tiny_llama_bf16" "$work/nan"
-st=$work/nan/model.safetensors
 W=model.layers.0.mlp.up_proj.weight
-hlen=$(od -An -t u8 -N8 "$st" | tr -d ' ')
-off=$(head -c $((8 + hlen)) "$st" | tail -c "$hlen" | grep -o "\"$W\":{[^}]*}" | grep -o 'data_offsets":\[[0-9]*' |
-  grep -o '[0-9]*$')
-printf '\xc0\x7f' | dd of="$st" bs=1 seek=$((8 + hlen + off + 6)) conv=notrunc status=none
+poke "$work/nan/model.safetensors" "$W" 6 '\xc0\x7f'
 probe "eval --device cuda, a NaN weight" 2 "tensor '$W' holds 1 NaN/Inf" -- \
   "$qshard" eval --model "$work/nan" --data "$work/ids.json" --device cuda
 # --allow-nonfinite lets the weight through and prints the loss as it comes (NaN: documented).

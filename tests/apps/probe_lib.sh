@@ -7,6 +7,8 @@
 #   exit code and the output's end, and counts one in $fails. A hang (timeout: 124) or a signal
 #   (>= 128) is a wrong exit code like any other. PROBE_ONE_LINE=1 joins the output's lines first
 #   (a pattern may then span lines, CLI11's message and its hint).
+# poke FILE TENSOR BYTE_OFFSET PRINTF_BYTES: overwrites bytes inside one safetensors tensor's payload
+#   (a NaN or Inf put into a weight); counts a failure when FILE has no such tensor.
 # probe_summary OK_LINE: exits 1 with the count when a probe failed, else prints OK_LINE (what the
 #   CTest PASS_REGULAR_EXPRESSION waits for).
 # The sourcing script sets fails=0 first (and may set the PROBE_* variables before any probe).
@@ -37,4 +39,13 @@ probe_summary() {
     exit 1
   fi
   echo "$1"
+}
+
+poke() {
+  local st=$1 hlen off
+  hlen=$(od -An -t u8 -N8 "$st" | tr -d ' ')
+  off=$(head -c $((8 + hlen)) "$st" | tail -c "$hlen" | grep -o "\"$2\":{[^}]*}" |
+    grep -o 'data_offsets":\[[0-9]*' | grep -o '[0-9]*$')
+  [ -n "$off" ] || { echo "FAIL: no tensor $2 in $st"; fails=$((fails + 1)); return; }
+  printf "$4" | dd of="$st" bs=1 seek=$((8 + hlen + off + $3)) conv=notrunc status=none
 }

@@ -16,15 +16,6 @@ fails=0
 # probe NAME EXPECTED_EXIT PATTERN -- command...: runs the command under the limits (probe_lib.sh).
 source "$(dirname "$0")/probe_lib.sh"
 
-# poke FILE TENSOR BYTE_OFFSET PRINTF_BYTES: overwrite bytes inside one tensor's payload.
-poke() {
-  local st=$1 hlen off
-  hlen=$(od -An -t u8 -N8 "$st" | tr -d ' ')
-  off=$(head -c $((8 + hlen)) "$st" | tail -c "$hlen" | grep -o "\"$2\":{[^}]*}" |
-    grep -o 'data_offsets":\[[0-9]*' | grep -o '[0-9]*$')
-  [ -n "$off" ] || { echo "FAIL: no tensor $2 in $st"; fails=$((fails + 1)); return; }
-  printf "$4" | dd of="$st" bs=1 seek=$((8 + hlen + off + $3)) conv=notrunc status=none
-}
 # packed_json FILE JSON: the first packed quant state in FILE replaced by JSON, padded with spaces
 # to the same length (so no header changes).
 packed_json() {

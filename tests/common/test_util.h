@@ -1,12 +1,15 @@
-// test_util.h: a temporary directory per test (removed at the end), small file helpers, and
-// error_of (the message of the InputError a call must throw).
+// test_util.h: a temporary directory per test (removed at the end), small file helpers,
+// error_of (the message of the InputError a call must throw) and max_abs_diff.
 #pragma once
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -48,6 +51,15 @@ std::string error_of(F&& f) {
   }
   ADD_FAILURE() << "no InputError thrown";
   return "";
+}
+
+// max |a[i] - b[i]| in double (a failure when the sizes differ).
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return worst;
 }
 
 }  // namespace qshard::testing_util

@@ -62,13 +62,7 @@ std::vector<float> eval_logits(const std::string& model, DeviceChoice device, Ev
   return logits;
 }
 
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
-  return worst;
-}
+using testing_util::max_abs_diff;
 
 TEST(Family, ConfigsParseTheirKeys) {
   const LlamaConfig q2 = LlamaConfig::load(kFamily + "/qwen2");

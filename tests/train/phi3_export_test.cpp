@@ -36,6 +36,7 @@
 #include "train/qlora_model.h"
 #include "train/trainer.h"
 #include "train/trainer_fixture.h"
+#include "common/test_util.h"
 
 namespace qshard {
 namespace {
@@ -44,10 +45,8 @@ namespace fs = std::filesystem;
 const std::string kFamily = std::string(QSHARD_TEST_DATA_DIR) + "/family";
 const std::vector<std::string> kPhi3Targets = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+using testing_util::max_abs_diff;
+std::string read_file(const fs::path& p) { return testing_util::read_bytes(p.string()); }
 
 void remove_on_rank0(const std::string& path) {
   MPI_Barrier(MPI_COMM_WORLD);
@@ -99,12 +98,6 @@ std::vector<float> eval_logits(const std::string& model, const std::string& adap
   return logits;
 }
 
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
-  return worst;
-}
 
 std::vector<float> golden(const std::string& key) {
   return SafetensorsFile::open(kFamily + "/phi3_golden.safetensors").get(key).to_f32_vector();
