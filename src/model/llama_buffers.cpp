@@ -120,6 +120,7 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   d.host_sets = d.NM == d.N ? std::clamp<int64_t>(o.host_keep_layers, 0, open) : 0;
   d.staging_sets = std::min<int64_t>(d.host_sets, 2);
   d.host_checkpoints = o.host_checkpoints;
+  d.checkpoint_slots = o.host_checkpoints ? std::clamp<int64_t>(o.checkpoint_slots, 1, d.L + 1) : 0;
   d.kv_cache_tokens = o.kv_cache_tokens;
   d.dropout = o.lora_dropout > 0;
   d.head_rows = llama_head_rows(o.head_chunk_bytes, d.V, d.N);
@@ -180,21 +181,25 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   // The checkpoints x_0..x_L, or (host_checkpoints) their device slots: the rest wait in pinned
   // host memory (the entry at the end).
   p.add(d.host_checkpoints ? "xs (layer inputs' device slots)" : "xs (layer inputs)",
-        (d.host_checkpoints ? std::min(kCheckpointSlots, L + 1) : L + 1) * N * C * esz, run, a ? t(&a->xs) : nullptr);
+        (d.host_checkpoints ? d.checkpoint_slots : L + 1) * N * C * esz, run, a ? t(&a->xs) : nullptr);
   add_internals(p, d, backend, esz, run, "", NM, a);
   p.add("m", NM * I * esz, run, a ? t(&a->m) : nullptr);
+  // The residual stream's gradient: one buffer the layers' backward updates in place (dout, then
+  // the gradient at x2, then at the layer's input), the head's rmsnorm_bwd its first writer.
   p.add("dx", N * C * esz, run, a ? t(&a->dx) : nullptr);
-  p.add("dprev", N * C * esz, run, a ? t(&a->dprev) : nullptr);
-  p.add("dx2", N * C * esz, run, a ? t(&a->dx2) : nullptr);
-  p.add("xf", N * C * esz, run, a ? t(&a->xf) : nullptr);
-  p.add("dxf", N * C * esz, run, a ? t(&a->dxf) : nullptr);
-  p.add("dh1", N * (C + d.fold_r[0]) * esz, run, a ? t(&a->dh1) : nullptr);  // folded: the extra columns get s dt
-  p.add("dh2", N * (C + d.fold_r[1]) * esz, run, a ? t(&a->dh2) : nullptr);
+  // The norms' input gradients: dh2 (the MLP's) is consumed before dh1 (attention's) is written, so
+  // one buffer serves both; folded, the extra columns get s dt. Without q/k norms da (o_proj's input
+  // gradient, read by attention's backward before q_proj's backward writes dh1) shares it too; with
+  // them da carries q_norm's input gradient into q_proj's backward. Aliases: llama_buffer_aliases.
+  const int64_t dh = N * (C + std::max(d.fold_r[0], d.fold_r[1]));
+  if (d.qk_norm) p.add("dh1 = dh2 (= xf)", dh * esz, run, a ? t(&a->dh1) : nullptr);
+  else p.add("dh1 = dh2 = da (= xf)", std::max(dh, N * q) * esz, run, a ? t(&a->dh1) : nullptr);
   p.add("dm", NM * I * esz, run, a ? t(&a->dm) : nullptr);
   p.add("dg", NM * I * esz, run, a ? t(&a->dg) : nullptr);
   p.add("du", NM * I * esz, run, a ? t(&a->du) : nullptr);
-  p.add("da", N * q * esz, run, a ? t(&a->da) : nullptr);
-  p.add("dq", N * q * esz, run, a ? t(&a->dq) : nullptr);
+  if (d.qk_norm) p.add("da", N * q * esz, run, a ? t(&a->da) : nullptr);
+  p.add(q >= C ? "dq (= dxf)" : "dq", N * q * esz, run, a ? t(&a->dq) : nullptr);
+  if (q < C) p.add("dxf", N * C * esz, run, a ? t(&a->dxf) : nullptr);
   p.add("dk", N * kv * esz, run, a ? t(&a->dk) : nullptr);
   p.add("dv", N * kv * esz, run, a ? t(&a->dv) : nullptr);
   if (d.qk_norm) p.add("dk before k_norm", N * kv * esz, run, a ? t(&a->dk_raw) : nullptr);
@@ -232,8 +237,8 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
     for (int64_t i = 0; i < d.host_sets - d.staging_sets; ++i)
       p.add("host kept[" + std::to_string(i) + "]", set, BufferLife::kHost);
   }
-  if (d.host_checkpoints && L + 1 > kCheckpointSlots)
-    p.add("host checkpoints (layer inputs)", (L + 1 - kCheckpointSlots) * N * C * esz, BufferLife::kHost);
+  if (d.host_checkpoints && L + 1 > d.checkpoint_slots)
+    p.add("host checkpoints (layer inputs)", (L + 1 - d.checkpoint_slots) * N * C * esz, BufferLife::kHost);
   // ---- workspace: the larger of a layer's and the head's scratch, in bytes ----
   // f32 scratch of the CPU kernels (a GEMM's row, attention's scores): a row is as long as a GEMM's
   // N or K, and LoRA's GEMMs have the rank there (x A^T: N = r; a folded group: N = its ranks' sum,
@@ -256,6 +261,16 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   // backward, whose f32 dQ accumulator is about B*T*H*D*4 bytes (the estimate) ----
   if (backend == Backend::kCuda) p.add("attention workspace (cuDNN)", N * q * 4, BufferLife::kLibrary);
   return p;
+}
+
+void llama_buffer_aliases(const LlamaBufferDims& d, LlamaActivations& a) {
+  // The head runs while no layer's backward does: its final norm's output and gradient use the
+  // norms' gradient buffer and dq (the last layer's internals stay live in the working set; these
+  // do not). The MLP's norm gradient (dh2) shares dh1's buffer (llama_buffer_plan).
+  a.dh2 = a.dh1;
+  if (!d.qk_norm) a.da = a.dh1;
+  a.xf = a.dh1;
+  if (d.H * d.D >= d.C) a.dxf = a.dq;
 }
 
 }  // namespace qshard

@@ -16,7 +16,7 @@
 //   kHost       pinned host memory: one kept set's bytes per host-kept layer but the last two
 //               (LlamaModelOptions::host_keep_layers), "host kept[i]"; their device staging sets are
 //               kKept entries "host-kept staging[i].<name>"; the checkpoints x_0..x_L-3
-//               (host_checkpoints; their three device slots are the xs entry). Not GPU memory:
+//               (host_checkpoints; their device slots, three or more, are the xs entry). Not GPU memory:
 //               total() leaves it out.
 // The same function serves both sides, so they cannot drift apart:
 //   - LlamaModel's constructor measures its tree (LlamaBufferDims from the slots it found), asks
@@ -92,7 +92,8 @@ struct LlamaBufferDims {
   int64_t kept_sets = 0;             // kept layers but the last
   int64_t host_sets = 0;             // host-kept layers (pinned host sets)
   int64_t staging_sets = 0;          // their device staging sets (min(host_sets, 2))
-  bool host_checkpoints = false;     // x_l through kCheckpointSlots device slots, the rest in pinned memory
+  bool host_checkpoints = false;     // x_l through checkpoint_slots device slots, the rest in pinned memory
+  int64_t checkpoint_slots = 0;      // min(options.checkpoint_slots, L + 1) with host_checkpoints
   int64_t kv_cache_tokens = 0;
   bool dropout = false;              // LoRA dropout's masked inputs in the workspace
   int64_t head_rows = 0;             // LM-head logits rows per chunk
@@ -144,23 +145,21 @@ struct LlamaActivations : LlamaInternals {
   void* xs = nullptr;        // [L+1, N, C] layer inputs (checkpoints); xs[L] the final hidden state
   void* m = nullptr;         // [NM, I] silu(g) * u (down_proj input)
   // gradients
-  void* dx = nullptr;        // [N, C]
-  void* dprev = nullptr;     // [N, C]
-  void* dx2 = nullptr;       // [N, C]
+  void* dx = nullptr;        // [N, C] the residual stream's gradient (updated in place by each layer)
   void* dm = nullptr;        // [NM, I]
   void* dg = nullptr;        // [NM, I]
   void* du = nullptr;        // [NM, I]
-  void* dh2 = nullptr;       // [N, C + R_gu]
-  void* da = nullptr;        // [N, H*D]
+  void* dh2 = nullptr;       // [N, C + R_gu] (dh1's buffer: llama_buffer_aliases)
+  void* da = nullptr;        // [N, H*D] (dh1's buffer without q/k norms)
   void* dq = nullptr;        // [N, H*D]
   void* dk = nullptr;        // [N, Hkv*D]
   void* dk_raw = nullptr;    // [N, Hkv*D] the gradient before k_norm (qk_norm; q's goes through da)
   void* dv = nullptr;        // [N, Hkv*D]
   void* dh1 = nullptr;       // [N, C + R_qkv]
   // head
-  void* xf = nullptr;        // [N, C] final norm
+  void* xf = nullptr;        // [N, C] final norm (dh1's buffer)
   float* rstdf = nullptr;    // [N] f32
-  void* dxf = nullptr;       // [N, C]
+  void* dxf = nullptr;       // [N, C] (dq's buffer where H*D >= C)
   float* rope_cos = nullptr; // [T, D/2] f32
   float* rope_sin = nullptr; // [T, D/2] f32
   int64_t* ids = nullptr;    // [N]
@@ -181,6 +180,9 @@ struct LlamaActivations : LlamaInternals {
 
 // One kept set's bytes (each kept set, staging set and host set is this many, contiguous).
 int64_t llama_kept_set_bytes(const LlamaBufferDims& dims, Backend backend, DType activation_dtype);
+
+// After the plan's allocation: the buffers that share another's memory (dh2, da, xf, dxf).
+void llama_buffer_aliases(const LlamaBufferDims& dims, LlamaActivations& a);
 
 // Every buffer of a model with `dims`. bind: the activations whose pointers the entries target
 // (its `kept` is resized to dims.kept_sets); null: an estimate.

@@ -83,6 +83,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   plan_ = llama_buffer_plan(d, ctx_.backend(), act_t, &a);
   a.storage = plan_.allocate(BufferLife::kRun, ctx_.compute_device(), /*zero=*/true);
   a.kept_storage = plan_.allocate(BufferLife::kKept, ctx_.compute_device(), /*zero=*/false);
+  llama_buffer_aliases(d, a);
   a.work = a;
   RopeParams rp;
   rp.theta = c.rope_theta;
@@ -115,7 +116,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
 
   // ---- the host tier (model/offload_ring.h): host-kept layers spread evenly over the recomputed
   // ones, the last of them at the layer just before the kept sets (its staging set still holds it
-  // when the backward comes); the layer inputs x_0..x_L through three slots ----
+  // when the backward comes); the layer inputs x_0..x_L through checkpoint_slots device slots ----
   device_kept_sets_ = d.kept_sets;
   if (d.host_sets > 0 || d.host_checkpoints) offload_ = std::make_unique<Stream>(stream_names::kActivationOffload);
   if (d.host_sets > 0) {
@@ -130,7 +131,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
     for (int64_t h = 0; h < d.host_sets; ++h) host_index_[static_cast<size_t>((h + 1) * open / d.host_sets - 1)] = static_cast<int>(h);
   }
   if (d.host_checkpoints)
-    ckpt_ring_ = std::make_unique<OffloadRing>(static_cast<int>(c.num_hidden_layers + 1), static_cast<int>(kCheckpointSlots),
+    ckpt_ring_ = std::make_unique<OffloadRing>(static_cast<int>(c.num_hidden_layers + 1), static_cast<int>(d.checkpoint_slots),
                                                N * c.hidden_size * static_cast<int64_t>(dtype_size(act_t)),
                                                static_cast<uint8_t*>(a.xs), ctx_.compute_device(), *offload_);
 }
@@ -631,17 +632,21 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
     mark(StepPart::kOther);
   }
 
-  // MLP: out = x2 + down(silu(gate(h2)) * up(h2)); dout flows to x2 unchanged (residual).
+  // The residual stream's gradient in place in dx: dout, then (+ the MLP's norm) the gradient at
+  // x2, then (+ attention's norm) at x_in. The same additions as copies into separate buffers.
   const int64_t ld1 = fold_ld(0), ld2 = fold_ld(1);
-  mark(StepPart::kResidual);
-  ops::copy(a.dx2, dout, N * C, ctx_);
+  if (dx != dout) {
+    mark(StepPart::kResidual);
+    ops::copy(dx, dout, N * C, ctx_);
+  }
+  // MLP: out = x2 + down(silu(gate(h2)) * up(h2)); dout flows to x2 unchanged (residual).
   const bool chunks = chunked(N);
   const int64_t step = chunks ? mlp_rows_ : N;
   for (int64_t r0 = 0; r0 < N; r0 += step) {
     const int64_t rows = std::min(step, N - r0);
     if (chunks) mlp_rows_fwd(r0, rows);  // this chunk's gate/up/SwiGLU, recomputed
     chunk_row_offset_ = r0;
-    linear_bwd(kDown, a.dm, false, act(dout, r0 * C), a.m, rows);
+    linear_bwd(kDown, a.dm, false, act(dx, r0 * C), a.m, rows);
     mark(StepPart::kSwiglu);
     ops::swiglu_bwd(a.dg, a.du, a.dm, a.g, a.u, rows * I, ctx_);
     linear_bwd(kGate, act(a.dh2, r0 * ld2), false, a.dg, act(a.h2, r0 * ld2), rows, ld2);
@@ -650,12 +655,10 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
   }
   fold_bwd(1, a.dh2, a.h2, N);
   mark(StepPart::kNorm);
-  ops::rmsnorm_bwd(a.dx2, a.dh2, a.x2, layer_.post_norm, a.rstd2, N, C, ctx_, ld2);
+  ops::rmsnorm_bwd(dx, a.dh2, a.x2, layer_.post_norm, a.rstd2, N, C, ctx_, ld2);  // dx: the gradient at x2
 
   // Attention: x2 = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = norm(x).
-  mark(StepPart::kResidual);
-  ops::copy(dx, a.dx2, N * C, ctx_);  // residual
-  linear_bwd(kO, a.da, false, a.dx2, a.a, N);
+  linear_bwd(kO, a.da, false, dx, a.a, N);
   mark(StepPart::kAttention);
   ops::attention_bwd(a.dq, a.dk, a.dv, a.da, a.q, a.k, a.v, a.a, a.att_saved, B, T, H, Hkv, D, ctx_,
                      c.sliding_window, pos_ ? &pieces_ : nullptr);
@@ -784,8 +787,6 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
   head_forward_backward(x_final, targets, a.dx, B, T, normalizer);
   if (ck) ck->after_read(static_cast<int>(L), ctx_.compute());
   if (after_root) after_root(Pass::kBackward);
-  void* dx = a.dx;
-  void* dprev = a.dprev;
   for (int64_t l = L - 1; l >= 0; --l) {
     mark(StepPart::kWait);
     if (before_layer) before_layer(l, Pass::kBackward);
@@ -794,12 +795,11 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
     const int h = host_set(l);
     if (h >= 0) ring_before(*kept_ring_, h, false);
     if (ck) ring_before(*ck, static_cast<int>(l), false);
-    layer_backward_impl(ck ? ck->slot_ptr(static_cast<int>(l)) : act(a.xs, l * NC), dx, dprev, B, T,
+    layer_backward_impl(ck ? ck->slot_ptr(static_cast<int>(l)) : act(a.xs, l * NC), a.dx, a.dx, B, T,
                         h >= 0 ? staging_set(h) : kept_set(l));
     if (ck) ck->after_read(static_cast<int>(l), ctx_.compute());
     if (h >= 0) kept_ring_->after_read(h, ctx_.compute());
     if (after_layer) after_layer(l, Pass::kBackward);
-    std::swap(dx, dprev);
   }
 }
 
@@ -837,7 +837,7 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
   mark(StepPart::kWait);
   if (before_root) before_root(Pass::kForward);
   mark(StepPart::kOther);
-  // Training with options.host_checkpoints: x_l through the checkpoint ring's slots (x_0..x_L-3
+  // Training with options.host_checkpoints: x_l through the checkpoint ring's slots (x_0..x_L-slots
   // out to pinned host memory, back before their backward).
   OffloadRing* ck = keep_checkpoints ? ckpt_ring_.get() : nullptr;
   auto x_at = [&](int64_t l) { return ck ? ck->slot_ptr(static_cast<int>(l)) : act(a.xs, slot(l) * NC); };

@@ -78,7 +78,7 @@
 namespace qshard {
 
 class OffloadRing;
-inline constexpr int64_t kCheckpointSlots = 3;  // options.host_checkpoints: x_l's device slots
+inline constexpr int64_t kCheckpointSlots = 3;  // options.host_checkpoints: x_l's device slots (at least)
 
 struct LlamaModelOptions {
   double lora_alpha = 16.0;   // scaling = alpha / r (alpha / sqrt(r) with use_rslora)
@@ -109,11 +109,13 @@ struct LlamaModelOptions {
   // REQUIRES the whole MLP (mlp_chunk_rows 0); more than the recomputed layers are clamped.
   int64_t host_keep_layers = 0;
   // host_checkpoints: the layer inputs x_0..x_L (activation checkpointing's checkpoints) go
-  // through three device slots (kCheckpointSlots) instead of one buffer each: x_0..x_L-3 are
-  // copied to pinned host memory as the forward writes them and back ahead of their backward, on
-  // the same offload stream and with the same events as the host-kept layers. Long sequences: at
-  // 8B the checkpoints are 264 KB a token. Same arithmetic: the same bits.
+  // through checkpoint_slots device slots (at least kCheckpointSlots) instead of one buffer each:
+  // x_0..x_L-slots are copied to pinned host memory as the forward writes them and back ahead of
+  // their backward, on the same offload stream and with the same events as the host-kept layers;
+  // the last `slots` stay on the device. Long sequences: at 8B the checkpoints are 264 KB a token;
+  // more slots where the host holds fewer. Same arithmetic: the same bits.
   bool host_checkpoints = false;
+  int64_t checkpoint_slots = kCheckpointSlots;
   // mlp_chunk_rows: > 0 and below max_batch * max_seq: the MLP runs over rows in chunks of this
   // many (its [rows, I] buffers and gradients chunk-sized: long sequences); the backward
   // recomputes a chunk's gate/up just before its gradients. REQUIRES keep_layers == 0 then.
@@ -219,7 +221,8 @@ class LlamaModel {
   // x_out = decoder layer (bound) applied to x_in. REQUIRES x_out != x_in.
   void layer_forward(const void* x_in, void* x_out, int64_t B, int64_t T);
   // Recomputes the bound layer from x_in, then dx (OVERWRITTEN) = d loss / d x_in given dout;
-  // LoRA gradients ADDED into the bound gradient pointers. REQUIRES dx aliases neither.
+  // LoRA gradients ADDED into the bound gradient pointers. dx may be dout (updated in place: the
+  // training step's residual gradient); REQUIRES dx does not alias x_in.
   void layer_backward(const void* x_in, const void* dout, void* dx, int64_t B, int64_t T);
   // logits [B,T,V] f32 on the host = lm_head(norm(x)). REQUIRES bind_root().
   void head_forward(const void* x, float* logits, int64_t B, int64_t T);

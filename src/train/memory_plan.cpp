@@ -31,13 +31,15 @@ double library_bytes(double tokens, double hidden, double q_width) {
   return 0.1e9 + 4.0 * tokens * q_width;  // the half the step's buffers do not count
 }
 
-LlamaModelOptions step_options(const TrainConfig& config, int64_t micro, int64_t chunk_rows, bool host_checkpoints) {
+LlamaModelOptions step_options(const TrainConfig& config, int64_t micro, int64_t chunk_rows, bool host_checkpoints,
+                               int64_t checkpoint_slots = kCheckpointSlots) {
   LlamaModelOptions mo;
   mo.max_batch = micro;
   mo.max_seq = config.data.max_seq_len;
   mo.lora_dropout = static_cast<float>(config.lora.dropout);
   mo.mlp_chunk_rows = chunk_rows;
   mo.host_checkpoints = host_checkpoints;
+  mo.checkpoint_slots = checkpoint_slots;
   return mo;
 }
 
@@ -54,7 +56,8 @@ std::string MemoryPlan::describe() const {
   else
     s += fmt::format("layers {}-{} of {} keep their activations ({} each), the rest recomputed",
                      layers - keep_layers, layers - 1, layers, human_bytes(per_kept));
-  if (host_checkpoints) s += fmt::format("; the layer inputs in pinned host memory, three on the {}", mem);
+  if (host_checkpoints)
+    s += fmt::format("; the layer inputs in pinned host memory, {} on the {}", checkpoint_slots, mem);
   if (embedding_on_host) s += cuda ? "; the embedding table in pinned host memory" : "; the embedding table whole on every rank";
   if (host_keep_layers > 0)
     s += fmt::format("; {} more keep theirs in pinned host memory ({}, through {} staging set{} on the {})",
@@ -171,7 +174,8 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
   // (67 MB against about 5 ms at 8B, 4 x 2048: hidden); what a layer's forward cannot cover shows.
   if (p.host_checkpoints) {
     const double x = N * in.C * 2 / h2d, fwd = N * a * (1 - kRecomputeShare) / (3 * in.L);
-    micro += in.L * (std::max(0.0, x - fwd) + kOffloadContention * 2 * x);
+    const double crossing = std::max(0.0, in.L + 1 - static_cast<double>(p.checkpoint_slots));
+    micro += crossing * (std::max(0.0, x - fwd) + kOffloadContention * 2 * x);
   }
   if (p.host_keep_layers > 2) {
     // The host tier: each stored set goes out during the forward and comes back during the
@@ -245,12 +249,23 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     p.offload_params = offload_params;
     p.offload_optimizer = offload_opt;
     p.host_checkpoints = host_ck;
+    // The layer inputs' device slots: three, or as many more as keep the rest within the host
+    // memory given to them (at 8B and 512k tokens a layer input is 4.3 GB: 30 of them are more
+    // than a 128 GiB host holds).
+    if (host_ck) {
+      const double x = static_cast<double>(micro * T * lc.hidden_size) * static_cast<double>(dtype_size(act_t));
+      const double room = host_room_for(offload_params, std::numeric_limits<double>::infinity());
+      const double on_host = std::isfinite(room) ? std::floor(std::max(room, 0.0) / x) : 1e9;
+      p.checkpoint_slots = std::clamp<int64_t>(lc.num_hidden_layers + 1 - static_cast<int64_t>(std::min(on_host, 1e9)),
+                                               kCheckpointSlots, lc.num_hidden_layers + 1);
+    }
     p.embedding_on_host = embed_host;
     const int64_t N = micro * T;
     if (m.mlp_chunk_tokens < 0) p.mlp_chunk_rows = N > kAutoChunkAbove ? kAutoChunkRows : 0;
     else p.mlp_chunk_rows = m.mlp_chunk_tokens >= N ? 0 : m.mlp_chunk_tokens;
     p.step_buffers = llama_buffer_plan(
-        llama_buffer_dims(lc, step_options(config, micro, p.mlp_chunk_rows, host_ck), backend, act_t, act_t,
+        llama_buffer_dims(lc, step_options(config, micro, p.mlp_chunk_rows, host_ck, p.checkpoint_slots), backend,
+                          act_t, act_t,
                           config.lora.r),
         backend, act_t);
     p.step = static_cast<double>(p.step_buffers.total());
@@ -327,10 +342,12 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
         for (bool embed_host : embed_places)
           for (bool host_ck : checkpoint_places) {
             MemoryPlan p = candidate(micro, off, opt, embed_host, host_ck);
-            // auto weighs the layer inputs in pinned host memory only where the host holds them
+            // auto weighs the layer inputs in pinned host memory only where the host holds some
+            // (the slots cover the rest)
             if (host_ck && m.host_checkpoints == "auto" &&
-                static_cast<double>(p.step_buffers.total(BufferLife::kHost)) >
-                    host_room_for(off, std::numeric_limits<double>::infinity()))
+                (p.checkpoint_slots > lc.num_hidden_layers ||
+                 static_cast<double>(p.step_buffers.total(BufferLife::kHost)) >
+                     host_room_for(off, std::numeric_limits<double>::infinity())))
               continue;
             all.push_back(std::move(p));
           }

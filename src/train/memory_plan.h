@@ -10,7 +10,8 @@
 //   - whether the embedding table (frozen, untied) stays on the GPU or in pinned host memory, read
 //     in place by the lookup (memory.embedding; auto: the plan weighs both: the host saves V x C
 //     bytes of the GPU, 1.05 GB at 8B, for a read of the step's rows over PCIe);
-//   - whether the layer inputs (activation checkpoints) go to pinned host memory, three on the GPU
+//   - whether the layer inputs (activation checkpoints) go to pinned host memory, three (or more,
+//     where the host holds fewer) on the GPU
 //     (memory.host_checkpoints; auto: both weighed with a budget);
 //   - whether the MLP runs in chunks of rows (long sequences: memory.mlp_chunk_tokens, auto past
 //     kAutoChunkAbove tokens per micro-batch, in chunks of kAutoChunkRows);
@@ -76,6 +77,8 @@ struct MemoryPlan {
   int64_t host_keep_layers = 0;  // of the layers keep_layers leaves, those kept in pinned host memory
   bool host_checkpoints = false; // the layer inputs in pinned host memory (memory.host_checkpoints;
                                  // step_buffers count it)
+  int64_t checkpoint_slots = 3;  // with host_checkpoints: the layer inputs' device slots (three, or more
+                                 // where the host memory given to them holds fewer than L - 2)
   bool embedding_on_host = false; // the embedding table in pinned host memory (memory.embedding)
   int64_t layers = 0;            // L, for the description
   bool cuda = false;             // the plan is for GPU memory (else the CPU backend's host memory)

@@ -310,10 +310,10 @@ const std::vector<Field>& fields() {
       QS_FIELD("memory.host_keep_layers", memory.host_keep_layers, ">= -1 (-1 = the plan's choice)",
                "more layers whose activations are kept in pinned host memory instead of recomputed"),
       QS_FIELD("memory.host_budget_gb", memory.host_budget_gb, "in [0, 1e6] (0 = half the host's free memory)",
-               "pinned host memory the plan may give host-kept layers, or the layer inputs with memory.host_checkpoints auto (GB = 1e9 bytes)"),
+               "pinned host memory the plan may give host-kept layers, or the layer inputs with memory.host_checkpoints (GB = 1e9 bytes)"),
       QS_FIELD("memory.host_checkpoints", memory.host_checkpoints, "auto, true, false",
-               "keep the layer inputs (activation checkpoints) in pinned host memory, three on the GPU (auto: the "
-               "memory plan's choice; off without a budget)"),
+               "keep the layer inputs (activation checkpoints) in pinned host memory, three on the GPU, more where "
+               "memory.host_budget_gb holds fewer (auto: the memory plan's choice; off without a budget)"),
       QS_FIELD("memory.embedding", memory.embedding, "auto, gpu, host",
                "where the embedding table lives: the GPU, pinned host memory (the step's rows read in place), or "
                "the memory plan's choice (auto; the GPU without a budget)"),

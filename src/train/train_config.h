@@ -160,7 +160,7 @@ struct MemoryConfig {
   double host_budget_gb = 0;     // pinned host memory the plan may give host-kept layers (GB); 0: half
                                  // of what the host can still take at start
   std::string host_checkpoints = "auto"; // the layer inputs x_l (activation checkpoints) in pinned host
-                                         // memory, three on the GPU (LlamaModelOptions::host_checkpoints):
+                                         // memory, three or more on the GPU (LlamaModelOptions::host_checkpoints):
                                          // "true", "false", or "auto": the memory plan's choice (off
                                          // without a budget)
   std::string embedding = "auto"; // where the (frozen, untied) embedding table lives: "gpu", "host"

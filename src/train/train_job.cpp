@@ -136,6 +136,7 @@ void TrainJob::build_model() {
   mo_.keep_layers = plan_.keep_layers;
   mo_.host_keep_layers = plan_.host_keep_layers;
   mo_.host_checkpoints = plan_.host_checkpoints;
+  mo_.checkpoint_slots = plan_.checkpoint_slots;
   mo_.mlp_chunk_rows = plan_.mlp_chunk_rows;
   if (rank_ == 0) QS_LOG_INFO("{}", plan_.describe());
   open_data();

@@ -191,6 +191,33 @@ TEST(LlamaModel, DecoderLayerBackwardWithRecomputeAndDropout) {
   check_layer_backward(opt, 1, 1, 50, [](LlamaModel& m) { m.set_dropout_context(3, 8); });
 }
 
+// The training step passes one buffer as dout and dx (the residual gradient updated in place):
+// the same bits, dx and LoRA gradients, as separate buffers.
+TEST(LlamaModel, DecoderLayerBackwardInPlace) {
+  const LlamaConfig c = small_config();
+  auto tree = random_tree(c, 5);
+  LlamaModel model(c, *tree, ctx(), layer_test_options());
+  const int64_t B = 2, T = 4, NC = B * T * c.hidden_size;
+  const std::vector<float> x = random_vec(NC, 90);
+  const std::vector<float> dout = random_vec(NC, 91);
+  GradStore apart_grads(*tree);
+  apart_grads.attach(model);
+  model.bind_layer(1);
+  std::vector<float> dx(NC, 7.0f);
+  model.layer_backward(x.data(), dout.data(), dx.data(), B, T);
+  GradStore inplace_grads(*tree);
+  inplace_grads.attach(model);
+  model.bind_layer(1);
+  std::vector<float> g = dout;
+  model.layer_backward(x.data(), g.data(), g.data(), B, T);
+  EXPECT_EQ(0, std::memcmp(dx.data(), g.data(), dx.size() * sizeof(float)));
+  ASSERT_EQ(apart_grads.grads.size(), inplace_grads.grads.size());
+  for (const auto& [fqn, v] : apart_grads.grads) {
+    ASSERT_EQ(v.size(), inplace_grads.grads[fqn].size()) << fqn;
+    EXPECT_EQ(0, std::memcmp(v.data(), inplace_grads.grads[fqn].data(), v.size() * sizeof(float))) << fqn;
+  }
+}
+
 // The LoRA fold (q|k|v and gate|up: X A^T as extra K-columns of the base GEMMs, s B beside the
 // weight; dropout off): the same checks on the folded path.
 TEST(LlamaModel, FoldedDecoderLayerBackward) {
@@ -295,7 +322,8 @@ struct StepResult {
   std::map<std::string, std::vector<float>> grads;
 };
 StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dropout, int64_t host = 0,
-                    std::vector<int64_t>* host_layers = nullptr, bool host_checkpoints = false) {
+                    std::vector<int64_t>* host_layers = nullptr, bool host_checkpoints = false,
+                    int64_t checkpoint_slots = kCheckpointSlots) {
   const int64_t B = 2, T = 5;
   auto tree = random_tree(c, 33);
   LlamaModelOptions opt;
@@ -308,6 +336,7 @@ StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dro
   opt.mlp_chunk_rows = chunk;
   opt.host_keep_layers = host;
   opt.host_checkpoints = host_checkpoints;
+  opt.checkpoint_slots = checkpoint_slots;
   LlamaModel model(c, *tree, ctx(), opt);
   if (host_layers) *host_layers = model.host_kept_layers();
   GradStore gs(*tree);
@@ -414,6 +443,11 @@ TEST(LlamaModel, HostKeptLayersGiveTheSameStep) {
   const int64_t x = 2 * 16 * c.hidden_size * 2;
   EXPECT_EQ(pc.total(BufferLife::kHost), 2 * set + 6 * x);
   EXPECT_EQ(pc.total(BufferLife::kRun) + 6 * x, p.total(BufferLife::kRun));
+  opt.checkpoint_slots = 5;  // two more on the device, two fewer in pinned memory
+  const BufferPlan p5 = llama_buffer_plan(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4),
+                                          Backend::kCuda, DType::kBF16);
+  EXPECT_EQ(p5.total(BufferLife::kHost), 2 * set + 4 * x);
+  EXPECT_EQ(p5.total(BufferLife::kRun), pc.total(BufferLife::kRun) + 2 * x);
   opt.mlp_chunk_rows = 8;  // chunked MLP: no kept layers of either kind (the checkpoints may go)
   opt.keep_layers = 0;
   EXPECT_EQ(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4).host_sets, 0);
@@ -426,10 +460,14 @@ TEST(LlamaModel, HostCheckpointsWithMlpChunks) {
   LlamaConfig c = small_config();
   c.num_hidden_layers = 5;
   const StepResult ref = run_plan(c, 0, 3, 0.0f);
-  const StepResult got = run_plan(c, 0, 3, 0.0f, 0, nullptr, true);
-  EXPECT_EQ(got.loss, ref.loss);
-  for (const auto& [name, g] : ref.grads)
-    EXPECT_EQ(0, std::memcmp(got.grads.at(name).data(), g.data(), g.size() * sizeof(float))) << name;
+  // three device slots (x_0..x_2 to the host), four (x_0, x_1), five (x_0 alone): the same bits
+  for (const int64_t slots : {3, 4, 5}) {
+    SCOPED_TRACE("checkpoint slots " + std::to_string(slots));
+    const StepResult got = run_plan(c, 0, 3, 0.0f, 0, nullptr, true, slots);
+    EXPECT_EQ(got.loss, ref.loss);
+    for (const auto& [name, g] : ref.grads)
+      EXPECT_EQ(0, std::memcmp(got.grads.at(name).data(), g.data(), g.size() * sizeof(float))) << name;
+  }
 }
 
 // Packed data (options.packed_positions): a sequence holding several pieces, positions restarting
