@@ -120,7 +120,11 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   d.host_sets = d.NM == d.N ? std::clamp<int64_t>(o.host_keep_layers, 0, open) : 0;
   d.staging_sets = std::min<int64_t>(d.host_sets, 2);
   d.host_checkpoints = o.host_checkpoints;
-  d.checkpoint_slots = o.host_checkpoints ? std::clamp<int64_t>(o.checkpoint_slots, 1, d.L + 1) : 0;
+  d.checkpoint_every = o.checkpoint_every;
+  d.checkpoints = llama_checkpoint_count(d.L, o.checkpoint_every);
+  const int64_t scratch = o.checkpoint_every > 1 ? 1 : 0;
+  d.checkpoint_slots =
+      o.host_checkpoints ? std::clamp<int64_t>(o.checkpoint_slots, 1 + scratch, d.checkpoints + scratch) : 0;
   d.kv_cache_tokens = o.kv_cache_tokens;
   d.dropout = o.lora_dropout > 0;
   d.head_rows = llama_head_rows(o.head_chunk_bytes, d.V, d.N);
@@ -164,6 +168,22 @@ void add_internals(BufferPlan& p, const LlamaBufferDims& d, Backend backend, int
 
 }  // namespace
 
+int64_t llama_checkpoint_count(int64_t L, int64_t every) {
+  QS_CHECK(every == 1 || every == 2, "checkpoint_every must be 1 or 2");
+  return every == 1 || L < 1 ? L + 1 : L / 2 + 2;  // x_0, x_2, .. below L-1 (L / 2 of them), x_L-1, x_L
+}
+
+int64_t llama_checkpoint_index(int64_t l, int64_t L, int64_t every) {
+  QS_CHECK(every == 1 || every == 2, "checkpoint_every must be 1 or 2");
+  if (every == 1 || L < 1) return l;
+  if (l >= L - 1) return L / 2 + (l - (L - 1));
+  return l % 2 == 0 ? l / 2 : -1;
+}
+
+int64_t llama_checkpoint_ring_slots(const LlamaBufferDims& d) {
+  return d.checkpoint_slots - (d.checkpoint_every > 1 ? 1 : 0);
+}
+
 int64_t llama_kept_set_bytes(const LlamaBufferDims& d, Backend backend, DType act_t) {
   BufferPlan one;
   add_internals(one, d, backend, static_cast<int64_t>(dtype_size(act_t)), BufferLife::kKept, "", d.N, nullptr);
@@ -180,8 +200,11 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   // ---- activations (one allocation, in this order) ----
   // The checkpoints x_0..x_L, or (host_checkpoints) their device slots: the rest wait in pinned
   // host memory (the entry at the end).
+  // checkpoint_every 2: one more slot, the scratch an odd layer's input is recomputed into.
+  const int64_t scratch = d.checkpoint_every > 1 ? 1 : 0;
   p.add(d.host_checkpoints ? "xs (layer inputs' device slots)" : "xs (layer inputs)",
-        (d.host_checkpoints ? d.checkpoint_slots : L + 1) * N * C * esz, run, a ? t(&a->xs) : nullptr);
+        (d.host_checkpoints ? d.checkpoint_slots : d.checkpoints + scratch) * N * C * esz, run,
+        a ? t(&a->xs) : nullptr);
   add_internals(p, d, backend, esz, run, "", NM, a);
   p.add("m", NM * I * esz, run, a ? t(&a->m) : nullptr);
   // The residual stream's gradient: one buffer the layers' backward updates in place (dout, then
@@ -237,8 +260,9 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
     for (int64_t i = 0; i < d.host_sets - d.staging_sets; ++i)
       p.add("host kept[" + std::to_string(i) + "]", set, BufferLife::kHost);
   }
-  if (d.host_checkpoints && L + 1 > d.checkpoint_slots)
-    p.add("host checkpoints (layer inputs)", (L + 1 - d.checkpoint_slots) * N * C * esz, BufferLife::kHost);
+  if (d.host_checkpoints && d.checkpoints > llama_checkpoint_ring_slots(d))
+    p.add("host checkpoints (layer inputs)", (d.checkpoints - llama_checkpoint_ring_slots(d)) * N * C * esz,
+          BufferLife::kHost);
   // ---- workspace: the larger of a layer's and the head's scratch, in bytes ----
   // f32 scratch of the CPU kernels (a GEMM's row, attention's scores): a row is as long as a GEMM's
   // N or K, and LoRA's GEMMs have the rank there (x A^T: N = r; a folded group: N = its ranks' sum,

@@ -93,7 +93,9 @@ struct LlamaBufferDims {
   int64_t host_sets = 0;             // host-kept layers (pinned host sets)
   int64_t staging_sets = 0;          // their device staging sets (min(host_sets, 2))
   bool host_checkpoints = false;     // x_l through checkpoint_slots device slots, the rest in pinned memory
-  int64_t checkpoint_slots = 0;      // min(options.checkpoint_slots, L + 1) with host_checkpoints
+  int64_t checkpoint_slots = 0;      // with host_checkpoints: the device slots (the ring's, + the scratch)
+  int64_t checkpoint_every = 1;      // options.checkpoint_every (1 or 2)
+  int64_t checkpoints = 0;           // the layer inputs kept (llama_checkpoint_count)
   int64_t kv_cache_tokens = 0;
   bool dropout = false;              // LoRA dropout's masked inputs in the workspace
   int64_t head_rows = 0;             // LM-head logits rows per chunk
@@ -177,6 +179,14 @@ struct LlamaActivations : LlamaInternals {
   void* k_cache = nullptr;   // [L, kv_cache_tokens, Hkv*D] generation's keys (after RoPE)
   void* v_cache = nullptr;   // [L, kv_cache_tokens, Hkv*D] and values
 };
+
+// The layer inputs a training step keeps as checkpoints (LlamaModelOptions::checkpoint_every): every
+// `every`-th of x_0..x_L, and x_L-1 and x_L (the last layer's backward and the head read them
+// straight after the forward). llama_checkpoint_index: l's place among them, or -1.
+int64_t llama_checkpoint_count(int64_t L, int64_t every);
+int64_t llama_checkpoint_index(int64_t l, int64_t L, int64_t every);
+// The device slots of the checkpoint ring (host_checkpoints): the dims' slots less the scratch.
+int64_t llama_checkpoint_ring_slots(const LlamaBufferDims& dims);
 
 // One kept set's bytes (each kept set, staging set and host set is this many, contiguous).
 int64_t llama_kept_set_bytes(const LlamaBufferDims& dims, Backend backend, DType activation_dtype);

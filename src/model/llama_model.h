@@ -116,6 +116,13 @@ struct LlamaModelOptions {
   // more slots where the host holds fewer. Same arithmetic: the same bits.
   bool host_checkpoints = false;
   int64_t checkpoint_slots = kCheckpointSlots;
+  // checkpoint_every: 2 keeps only every second layer input (x_0, x_2, .. and x_L-1, x_L; half the
+  // checkpoints' memory, device or host); the backward of an odd layer l first reruns layer l-1's
+  // forward from x_l-1 into one scratch buffer (an extra forward of about half the layers). The
+  // same kernels on the same inputs: the same bits. With host_checkpoints the scratch is one of
+  // the checkpoint_slots (>= 2). REQUIRES every layer recomputed (keep_layers <= 1, no host-kept
+  // layers). 1: every layer input.
+  int64_t checkpoint_every = 1;
   // mlp_chunk_rows: > 0 and below max_batch * max_seq: the MLP runs over rows in chunks of this
   // many (its [rows, I] buffers and gradients chunk-sized: long sequences); the backward
   // recomputes a chunk's gate/up just before its gradients. REQUIRES keep_layers == 0 then.
@@ -269,6 +276,7 @@ class LlamaModel {
   void layer_backward_impl(const void* x_in, const void* dout, void* dx, int64_t B, int64_t T, int set);
   // The host tier (options.host_keep_layers): layer l's host set index (-1: not host-kept) and the
   // staging set it goes through; a ring's wait, timed as a wait.
+  void* checkpoint_at(int64_t l, int64_t L, int64_t NC) const;
   int host_set(int64_t layer) const { return host_index_.empty() ? -1 : host_index_[static_cast<size_t>(layer)]; }
   int staging_set(int h) const;
   void ring_before(OffloadRing& ring, int i, bool write);

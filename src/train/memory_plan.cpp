@@ -32,7 +32,7 @@ double library_bytes(double tokens, double hidden, double q_width) {
 }
 
 LlamaModelOptions step_options(const TrainConfig& config, int64_t micro, int64_t chunk_rows, bool host_checkpoints,
-                               int64_t checkpoint_slots = kCheckpointSlots) {
+                               int64_t checkpoint_slots = kCheckpointSlots, int64_t checkpoint_every = 1) {
   LlamaModelOptions mo;
   mo.max_batch = micro;
   mo.max_seq = config.data.max_seq_len;
@@ -40,6 +40,7 @@ LlamaModelOptions step_options(const TrainConfig& config, int64_t micro, int64_t
   mo.mlp_chunk_rows = chunk_rows;
   mo.host_checkpoints = host_checkpoints;
   mo.checkpoint_slots = checkpoint_slots;
+  mo.checkpoint_every = checkpoint_every;
   return mo;
 }
 
@@ -56,8 +57,10 @@ std::string MemoryPlan::describe() const {
   else
     s += fmt::format("layers {}-{} of {} keep their activations ({} each), the rest recomputed",
                      layers - keep_layers, layers - 1, layers, human_bytes(per_kept));
+  if (checkpoint_every > 1) s += "; every second layer input kept (the others recomputed from the one before)";
   if (host_checkpoints)
-    s += fmt::format("; the layer inputs in pinned host memory, {} on the {}", checkpoint_slots, mem);
+    s += fmt::format("; the layer inputs in pinned host memory, {} on the {}{}", checkpoint_slots, mem,
+                     checkpoint_every > 1 ? " (one the recomputed input's)" : "");
   if (embedding_on_host) s += cuda ? "; the embedding table in pinned host memory" : "; the embedding table whole on every rank";
   if (host_keep_layers > 0)
     s += fmt::format("; {} more keep theirs in pinned host memory ({}, through {} staging set{} on the {})",
@@ -191,6 +194,11 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
                        (p.offload_params ? open * copy : 0.0);
     micro += std::max(0.0, sets - fwd) + std::max(0.0, sets - bwd) + kOffloadContention * 2 * sets;
   }
+  // Every second checkpoint: the odd layers' forward once more in the backward.
+  if (p.checkpoint_every > 1) {
+    const double fwd = N * a * (1 - kRecomputeShare) / (3 * in.L);
+    micro += fwd * std::max(0.0, in.L - 1 - std::floor(in.L / 2));
+  }
   // The embedding in pinned host memory: the lookup reads its N rows over PCIe, on the compute stream.
   if (p.embedding_on_host) micro += N * in.embed_row_bytes / (kHostReadShare * h2d);
   double step = micro * (in.batch / static_cast<double>(p.micro_batch));
@@ -240,7 +248,8 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     if (rates.host_available_bytes <= 0) return unknown;
     return 0.5 * rates.host_available_bytes - (offload_params ? (proj_b + root) / world : 0.0);
   };
-  auto candidate = [&](int64_t micro, bool offload_params, bool offload_opt, bool embed_host, bool host_ck) {
+  auto candidate = [&](int64_t micro, bool offload_params, bool offload_opt, bool embed_host, bool host_ck,
+                       int64_t every) {
     MemoryPlan p;
     p.budget = budget;
     p.layers = lc.num_hidden_layers;
@@ -249,23 +258,25 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     p.offload_params = offload_params;
     p.offload_optimizer = offload_opt;
     p.host_checkpoints = host_ck;
+    p.checkpoint_every = every;
     // The layer inputs' device slots: three, or as many more as keep the rest within the host
     // memory given to them (at 8B and 512k tokens a layer input is 4.3 GB: 30 of them are more
-    // than a 128 GiB host holds).
+    // than a 128 GiB host holds); every second checkpoint: one of them the scratch.
+    const int64_t kept_inputs = llama_checkpoint_count(lc.num_hidden_layers, every) + (every > 1 ? 1 : 0);
     if (host_ck) {
       const double x = static_cast<double>(micro * T * lc.hidden_size) * static_cast<double>(dtype_size(act_t));
       const double room = host_room_for(offload_params, std::numeric_limits<double>::infinity());
       const double on_host = std::isfinite(room) ? std::floor(std::max(room, 0.0) / x) : 1e9;
-      p.checkpoint_slots = std::clamp<int64_t>(lc.num_hidden_layers + 1 - static_cast<int64_t>(std::min(on_host, 1e9)),
-                                               kCheckpointSlots, lc.num_hidden_layers + 1);
+      p.checkpoint_slots = std::clamp<int64_t>(kept_inputs - static_cast<int64_t>(std::min(on_host, 1e9)),
+                                               kCheckpointSlots, kept_inputs);
     }
     p.embedding_on_host = embed_host;
     const int64_t N = micro * T;
     if (m.mlp_chunk_tokens < 0) p.mlp_chunk_rows = N > kAutoChunkAbove ? kAutoChunkRows : 0;
     else p.mlp_chunk_rows = m.mlp_chunk_tokens >= N ? 0 : m.mlp_chunk_tokens;
     p.step_buffers = llama_buffer_plan(
-        llama_buffer_dims(lc, step_options(config, micro, p.mlp_chunk_rows, host_ck, p.checkpoint_slots), backend,
-                          act_t, act_t,
+        llama_buffer_dims(lc, step_options(config, micro, p.mlp_chunk_rows, host_ck, p.checkpoint_slots, every),
+                          backend, act_t, act_t,
                           config.lora.r),
         backend, act_t);
     p.step = static_cast<double>(p.step_buffers.total());
@@ -277,7 +288,7 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
     const bool whole = p.mlp_chunk_rows == 0 && p.per_kept > 0;
     auto fill = [&](MemoryPlan& q) {  // the device-kept layers the budget holds beside q's staging sets
-      if (m.keep_layers < 0 && budget > 0 && whole)
+      if (m.keep_layers < 0 && budget > 0 && whole && every == 1)
         q.keep_layers = kept_for_room(budget - q.resident - q.step - q.per_kept * q.staging_sets(), q.per_kept, q.layers);
       q.host_keep_layers = std::clamp<int64_t>(q.host_keep_layers, 0, whole ? open_layers(q) : 0);
     };
@@ -293,7 +304,7 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     // 12,034 and 13,070 without them; the cost model had them 5-20% faster).
     // Nor beside checkpoints in host memory: their copies queue with the tier's (H200, 8B, 8
     // sequences: 47-72 ms of waits at 10-12.5 GB with both, where the model counted none).
-    if (cuda && budget > 0 && whole && m.host_keep_layers < 0 && !offload_params && !host_ck) {
+    if (cuda && budget > 0 && whole && m.host_keep_layers < 0 && !offload_params && !host_ck && every == 1) {
       for (int64_t h = 1; h < p.layers; ++h) {
         MemoryPlan q = p;
         q.host_keep_layers = h;
@@ -334,18 +345,22 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
   // The checkpoints: as configured; auto weighs both with a budget on the GPU.
   std::vector<bool> checkpoint_places = {m.host_checkpoints == "true"};
   if (m.host_checkpoints == "auto" && cuda && budget > 0) checkpoint_places.push_back(true);
-  for (bool opt : {opt_fixed, true}) {
+  // Every second layer input: as configured; 0 weighs it with a budget on the GPU where no plan
+  // with every input fits (below).
+  auto fits_gpu = [&](const MemoryPlan& p) { return p.resident + p.step <= budget; };
+  auto add_candidates = [&](int64_t every) {
+    for (bool opt : {opt_fixed, true}) {
     for (int64_t micro : micros)
       for (bool off : {false, true}) {
         if (!off && config.offload.params) continue;
         if (off && !config.offload.params && !choose_offload) continue;
         for (bool embed_host : embed_places)
           for (bool host_ck : checkpoint_places) {
-            MemoryPlan p = candidate(micro, off, opt, embed_host, host_ck);
+            MemoryPlan p = candidate(micro, off, opt, embed_host, host_ck, every);
             // auto weighs the layer inputs in pinned host memory only where the host holds some
             // (the slots cover the rest)
             if (host_ck && m.host_checkpoints == "auto" &&
-                (p.checkpoint_slots > lc.num_hidden_layers ||
+                (p.checkpoint_slots >= llama_checkpoint_count(lc.num_hidden_layers, every) + (every > 1 ? 1 : 0) ||
                  static_cast<double>(p.step_buffers.total(BufferLife::kHost)) >
                      host_room_for(off, std::numeric_limits<double>::infinity())))
               continue;
@@ -362,11 +377,12 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
                   all.end());
     }
     if (opt || budget <= 0 || !cuda) break;
-    const bool any_fits = std::any_of(all.begin(), all.end(), [&](const MemoryPlan& p) {
-      return p.resident + p.step <= budget;
-    });
-    if (any_fits) break;
+    if (std::any_of(all.begin(), all.end(), fits_gpu)) break;
   }
+  };
+  add_candidates(m.checkpoint_every > 0 ? m.checkpoint_every : 1);
+  if (m.checkpoint_every == 0 && cuda && budget > 0 && !std::any_of(all.begin(), all.end(), fits_gpu))
+    add_candidates(2);
   QS_CHECK(!all.empty(), "memory plan: no candidate");
   return all;
 }
@@ -404,11 +420,12 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
   for (const MemoryPlan& p : all)
     if (&p != best && fits(p) && (chosen.runner_up_s <= 0 || p.est_step_s < chosen.runner_up_s)) {
       chosen.runner_up_s = p.est_step_s;
-      chosen.runner_up = fmt::format("micro-batch {}{}{}{}{}{}", p.micro_batch, p.offload_params ? ", base offloaded" : "",
+      chosen.runner_up = fmt::format("micro-batch {}{}{}{}{}{}{}", p.micro_batch, p.offload_params ? ", base offloaded" : "",
                                      p.offload_optimizer ? ", optimizer on the host" : "",
                                      p.host_keep_layers > 0 ? fmt::format(", {} host-kept", p.host_keep_layers) : "",
                                      p.embedding_on_host ? ", embedding on the host" : "",
-                                     p.host_checkpoints ? ", checkpoints on the host" : "");
+                                     p.host_checkpoints ? ", checkpoints on the host" : "",
+                                     p.checkpoint_every > 1 ? ", every second checkpoint" : "");
     }
   if (m.keep_layers > 0 && chosen.mlp_chunk_rows > 0)
     throw InputError(fmt::format("{}: memory.keep_layers = {} keeps whole layers, but the MLP runs in chunks of {} rows "

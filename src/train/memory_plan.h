@@ -79,6 +79,7 @@ struct MemoryPlan {
                                  // step_buffers count it)
   int64_t checkpoint_slots = 3;  // with host_checkpoints: the layer inputs' device slots (three, or more
                                  // where the host memory given to them holds fewer than L - 2)
+  int64_t checkpoint_every = 1;  // 2: every second layer input kept (memory.checkpoint_every)
   bool embedding_on_host = false; // the embedding table in pinned host memory (memory.embedding)
   int64_t layers = 0;            // L, for the description
   bool cuda = false;             // the plan is for GPU memory (else the CPU backend's host memory)

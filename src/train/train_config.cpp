@@ -314,6 +314,9 @@ const std::vector<Field>& fields() {
       QS_FIELD("memory.host_checkpoints", memory.host_checkpoints, "auto, true, false",
                "keep the layer inputs (activation checkpoints) in pinned host memory, three on the GPU, more where "
                "memory.host_budget_gb holds fewer (auto: the memory plan's choice; off without a budget)"),
+      QS_FIELD("memory.checkpoint_every", memory.checkpoint_every, "0, 1, 2 (0 = the plan's choice)",
+               "keep every layer input for the backward (1) or every second one (2: each odd layer's input is "
+               "recomputed from the one before, about half the layers' forward again; needs every layer recomputed)"),
       QS_FIELD("memory.embedding", memory.embedding, "auto, gpu, host",
                "where the embedding table lives: the GPU, pinned host memory (the step's rows read in place), or "
                "the memory plan's choice (auto; the GPU without a budget)"),
@@ -730,6 +733,18 @@ void TrainConfig::validate(int world_size) const {
              ">= -1 (-1 = the plan's choice)");
   ck.require(memory.host_budget_gb >= 0 && memory.host_budget_gb <= 1e6, "memory.host_budget_gb",
              memory.host_budget_gb, "a number of GB in [0, 1e6] (0 = half the host's free memory)");
+  ck.require(memory.checkpoint_every >= 0 && memory.checkpoint_every <= 2, "memory.checkpoint_every",
+             memory.checkpoint_every, "0, 1 or 2 (0 = the plan's choice)");
+  ck.require(memory.checkpoint_every != 2 || memory.keep_layers <= 1, "memory.checkpoint_every",
+             memory.checkpoint_every,
+             fmt::format("1 or 0 with memory.keep_layers = {} (every second checkpoint reruns layers' forward: "
+                         "every layer but the last must be recomputed, memory.keep_layers <= 1)",
+                         memory.keep_layers));
+  ck.require(memory.checkpoint_every != 2 || memory.host_keep_layers <= 0, "memory.checkpoint_every",
+             memory.checkpoint_every,
+             fmt::format("1 or 0 with memory.host_keep_layers = {} (every second checkpoint needs no host-kept "
+                         "layers)",
+                         memory.host_keep_layers));
   // checkpoint, logging
   ck.require(checkpoint.every_steps >= 0, "checkpoint.every_steps", checkpoint.every_steps, ">= 0 (0 = at the end)");
   ck.require(checkpoint.keep_last >= 0, "checkpoint.keep_last", checkpoint.keep_last, ">= 0 (0 = keep all)");

@@ -163,6 +163,10 @@ struct MemoryConfig {
                                          // memory, three or more on the GPU (LlamaModelOptions::host_checkpoints):
                                          // "true", "false", or "auto": the memory plan's choice (off
                                          // without a budget)
+  int64_t checkpoint_every = 0;  // 1: every layer input kept for the backward; 2: every second (the odd
+                                 // ones rerun from the one before, half the layers' forward again;
+                                 // LlamaModelOptions::checkpoint_every); 0: the plan's choice (2 only
+                                 // where no plan with 1 fits; 1 without a budget)
   std::string embedding = "auto"; // where the (frozen, untied) embedding table lives: "gpu", "host"
                                   // (pinned host memory, the step's rows read in place by the GPU),
                                   // or "auto": the memory plan's choice (the GPU without a budget)

@@ -137,6 +137,7 @@ void TrainJob::build_model() {
   mo_.host_keep_layers = plan_.host_keep_layers;
   mo_.host_checkpoints = plan_.host_checkpoints;
   mo_.checkpoint_slots = plan_.checkpoint_slots;
+  mo_.checkpoint_every = plan_.checkpoint_every;
   mo_.mlp_chunk_rows = plan_.mlp_chunk_rows;
   if (rank_ == 0) QS_LOG_INFO("{}", plan_.describe());
   open_data();

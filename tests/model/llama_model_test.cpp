@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <fstream>
 
@@ -323,7 +325,7 @@ struct StepResult {
 };
 StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dropout, int64_t host = 0,
                     std::vector<int64_t>* host_layers = nullptr, bool host_checkpoints = false,
-                    int64_t checkpoint_slots = kCheckpointSlots) {
+                    int64_t checkpoint_slots = kCheckpointSlots, int64_t checkpoint_every = 1) {
   const int64_t B = 2, T = 5;
   auto tree = random_tree(c, 33);
   LlamaModelOptions opt;
@@ -337,6 +339,7 @@ StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dro
   opt.host_keep_layers = host;
   opt.host_checkpoints = host_checkpoints;
   opt.checkpoint_slots = checkpoint_slots;
+  opt.checkpoint_every = checkpoint_every;
   LlamaModel model(c, *tree, ctx(), opt);
   if (host_layers) *host_layers = model.host_kept_layers();
   GradStore gs(*tree);
@@ -452,6 +455,41 @@ TEST(LlamaModel, HostKeptLayersGiveTheSameStep) {
   opt.keep_layers = 0;
   EXPECT_EQ(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4).host_sets, 0);
   EXPECT_TRUE(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4).host_checkpoints);
+}
+
+// Every second layer input kept (LlamaModelOptions::checkpoint_every 2): the odd layers' inputs
+// rerun from the one before in the backward. Bitwise full recompute's step: odd and even layer
+// counts, with LoRA dropout (the rerun draws the same masks), the MLP in chunks, the inputs in
+// device buffers or through the ring (two slots and the scratch; the ring holding all).
+TEST(LlamaModel, EverySecondCheckpointGivesTheSameStep) {
+  for (const int64_t L : {4, 5}) {
+    LlamaConfig c = small_config();
+    c.num_hidden_layers = L;
+    for (const float dropout : {0.0f, 0.25f})
+      for (const int64_t chunk : {0, 3}) {
+        const StepResult ref = run_plan(c, 0, chunk, dropout);
+        for (const bool host : {false, true})
+          for (const int64_t slots : {3, 9}) {
+            if (!host && slots != 3) continue;
+            SCOPED_TRACE(fmt::format("L {} dropout {} chunk {} host {} slots {}", L, dropout, chunk, host, slots));
+            const StepResult got = run_plan(c, 0, chunk, dropout, 0, nullptr, host, slots, 2);
+            EXPECT_EQ(got.loss, ref.loss);
+            ASSERT_EQ(got.grads.size(), ref.grads.size());
+            for (const auto& [name, g] : ref.grads)
+              EXPECT_EQ(0, std::memcmp(got.grads.at(name).data(), g.data(), g.size() * sizeof(float))) << name;
+          }
+      }
+  }
+  LlamaConfig c = small_config();
+  EXPECT_THROW(run_plan(c, 2, 0, 0.0f, 0, nullptr, false, 3, 2), Error);  // kept layers: refused
+  EXPECT_EQ(llama_checkpoint_count(32, 2), 18);
+  EXPECT_EQ(llama_checkpoint_index(30, 32, 2), 15);
+  EXPECT_EQ(llama_checkpoint_index(29, 32, 2), -1);
+  EXPECT_EQ(llama_checkpoint_index(31, 32, 2), 16);
+  EXPECT_EQ(llama_checkpoint_index(32, 32, 2), 17);
+  EXPECT_EQ(llama_checkpoint_count(5, 2), 4);  // x_0, x_2, x_4, x_5
+  EXPECT_EQ(llama_checkpoint_index(3, 5, 2), -1);
+  EXPECT_EQ(llama_checkpoint_index(4, 5, 2), 2);
 }
 
 // The checkpoints in host memory with the MLP in row chunks (long sequences): full recompute's

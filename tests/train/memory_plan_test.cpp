@@ -523,12 +523,21 @@ TEST(MemoryPlan, LongContextLibrariesAndBudgets) {
   EXPECT_TRUE(p.host_checkpoints) << p.describe();
   EXPECT_GT(p.mlp_chunk_rows, 0) << p.describe();
   c.memory.host_budget_gb = 0;  // half of the 100 GB free: 50 GB, short of the 97 GB of layer inputs
+  // With every layer input nothing fits; every second one (18 of them, 14 in the 50 GB) does.
+  const MemoryPlan p2 = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+  EXPECT_EQ(p2.checkpoint_every, 2) << p2.describe();
+  EXPECT_TRUE(p2.host_checkpoints) << p2.describe();
+  EXPECT_EQ(p2.checkpoint_slots, 5) << p2.describe();  // 4 of the 18 + the scratch
+  EXPECT_LE(p2.total(), 80 * 1.073741824e9) << p2.describe();
+  EXPECT_NE(p2.describe().find("every second layer input kept"), std::string::npos) << p2.describe();
+  c.memory.checkpoint_every = 1;  // as configured: refused, naming the budget
   try {
     plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
-    ADD_FAILURE() << "409,600 tokens within 80 GiB planned with 50 GB of host memory";
+    ADD_FAILURE() << "409,600 tokens within 80 GiB planned with 50 GB of host memory and every layer input";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("memory.gpu_budget_gb = 85.8993"), std::string::npos) << e.what();
   }
+  c.memory.checkpoint_every = 0;
   c = job(524288, 140);
   c.memory.host_budget_gb = 130;  // 125 GB of layer inputs: all but three on the host
   const MemoryPlan q = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
@@ -549,10 +558,20 @@ TEST(MemoryPlan, LongContextLibrariesAndBudgets) {
   EXPECT_NE(h.describe().find("the layer inputs in pinned host memory, 10 on the GPU"), std::string::npos)
       << h.describe();
   EXPECT_LE(h.total(), 140e9) << h.describe();
-  std::printf("409,600 tokens: %s (%.1f KB a token)\n524,288 tokens: %s (%.1f KB a token)\n524,288 tokens, 100 GB of "
-              "host: %s\n",
-              p.describe().c_str(), p.total() / 409600 / 1e3, q.describe().c_str(), q.total() / 524288 / 1e3,
-              h.describe().c_str());
+  // 512k within 80 GiB (an 80 GB GPU) and 75 GB of a 128 GiB host, at <= 150 KB a token: every
+  // second layer input, 16 of the 18 in pinned memory, 3 slots (one the scratch).
+  c.memory.host_budget_gb = 75;
+  c.memory.gpu_budget_gb = 80 * 1.073741824;
+  const MemoryPlan e = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+  EXPECT_EQ(e.checkpoint_every, 2) << e.describe();
+  EXPECT_EQ(e.checkpoint_slots, 3) << e.describe();
+  EXPECT_NEAR(static_cast<double>(e.step_buffers.total(BufferLife::kHost)), 16 * 524288.0 * 4096 * 2, 1e6);
+  EXPECT_LE(e.total(), 80 * 1.073741824e9) << e.describe();
+  EXPECT_LE(e.total() / 524288, 150e3) << e.describe();
+  std::printf("409,600 tokens: %s (%.1f KB a token)\n409,600 tokens, 50 GB of host: %s\n524,288 tokens: %s (%.1f KB a "
+              "token)\n524,288 tokens, 100 GB of host: %s\n524,288 tokens within 80 GiB, 75 GB of host: %s (%.1f KB a token)\n",
+              p.describe().c_str(), p.total() / 409600 / 1e3, p2.describe().c_str(), q.describe().c_str(),
+              q.total() / 524288 / 1e3, h.describe().c_str(), e.describe().c_str(), e.total() / 524288 / 1e3);
 }
 
 }  // namespace qshard

@@ -169,6 +169,12 @@ TEST(Trainer, MemoryPlansKeepTheLossCurve) {
   const TrainSummary hosted = train(host, all);
   EXPECT_EQ(hosted.perf.host_keep_layers, 1);
   EXPECT_EQ(hosted.losses, ref.losses) << "host-kept layers must not change the numbers";
+  TrainConfig every2 = cfg;  // every second layer input, the others rerun in the backward (the
+  every2.memory.checkpoint_every = 2;  // gathers in the backward's order), with the base and optimizer
+  every2.memory.host_checkpoints = "true";  // offloaded and the inputs in host memory
+  every2.offload.params = every2.offload.optimizer = true;
+  const TrainSummary second = train(every2, all);
+  EXPECT_EQ(second.losses, ref.losses) << "every second checkpoint must not change the numbers";
   TrainConfig emb = cfg;  // the embedding table whole on every rank, read in place
   emb.memory.embedding = "host";
   const TrainSummary embedded = train(emb, all);
@@ -192,7 +198,7 @@ TEST(Trainer, MemoryPlansKeepTheLossCurve) {
   off.offload.params = off.offload.optimizer = true;
   off.lora.dropout = 0.1;
   const TrainSummary offloaded = train(off, all);
-  for (const TrainSummary* s : {&ref, &kept, &planned, &chunked, &offloaded, &embedded}) {
+  for (const TrainSummary* s : {&ref, &kept, &planned, &chunked, &offloaded, &embedded, &second}) {
     EXPECT_EQ(s->perf.inside.name_lookups, 0u) << s->perf.plan;
     EXPECT_EQ(s->perf.inside.device_allocs, 0u) << s->perf.plan;  // the CPU backend counts none
   }
