@@ -114,5 +114,36 @@ TEST(LedgerCuda, HostOptimizerKeepsTheLosses) {
   EXPECT_TRUE(staged) << on_host.perf.ledger.describe();
 }
 
+// The checkpoint plans on the GPU: the layer inputs through the ring of device slots to pinned
+// memory (three slots, and five: more on the device where the host holds fewer), and every second
+// layer input with the odd ones rerun in the backward, with the MLP in chunks: full recompute's
+// losses, bit for bit; the step allocates nothing and the plan says what it chose.
+TEST(LedgerCuda, CheckpointPlansKeepTheLosses) {
+  World& world = World::get();
+  if (world.device() < 0) GTEST_SKIP() << "no GPU";
+  TrainConfig c = ledger_job(make_token_file("ledger_ckpt.tok", 32000, 40000, 0));
+  c.steps = 3;
+  c.memory.keep_layers = 0;
+  c.memory.host_checkpoints = "false";
+  c.memory.checkpoint_every = 1;
+  c.memory.mlp_chunk_tokens = 384;  // 1024 rows a micro-batch: chunks of 384, 384, 256
+  JobRuntime jr(world, DeviceChoice::kCuda, "device");
+  const TrainSummary ref = train(c, jr.get());
+  ASSERT_EQ(ref.losses.size(), 3u);
+  c.memory.host_checkpoints = "true";
+  const TrainSummary ring = train(c, jr.get());
+  EXPECT_NE(ring.perf.plan.find("the layer inputs in pinned host memory, 3 on the GPU"), std::string::npos)
+      << ring.perf.plan;
+  c.memory.checkpoint_every = 2;
+  const TrainSummary second_ring = train(c, jr.get());
+  c.memory.host_checkpoints = "false";
+  const TrainSummary second = train(c, jr.get());
+  EXPECT_NE(second.perf.plan.find("every second layer input kept"), std::string::npos) << second.perf.plan;
+  for (const TrainSummary* s : {&ring, &second_ring, &second}) {
+    EXPECT_EQ(s->losses, ref.losses) << s->perf.plan;
+    EXPECT_EQ(s->perf.inside.device_allocs, 0u) << s->perf.plan;
+  }
+}
+
 }  // namespace
 }  // namespace qshard
