@@ -348,37 +348,40 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
   // Every second layer input: as configured; 0 weighs it with a budget on the GPU where no plan
   // with every input fits (below).
   auto fits_gpu = [&](const MemoryPlan& p) { return p.resident + p.step <= budget; };
+  auto kept_inputs = [&](int64_t every) {  // the checkpoints' buffers, the scratch included
+    return llama_checkpoint_count(lc.num_hidden_layers, every) + (every > 1 ? 1 : 0);
+  };
   auto add_candidates = [&](int64_t every) {
     for (bool opt : {opt_fixed, true}) {
-    for (int64_t micro : micros)
-      for (bool off : {false, true}) {
-        if (!off && config.offload.params) continue;
-        if (off && !config.offload.params && !choose_offload) continue;
-        for (bool embed_host : embed_places)
-          for (bool host_ck : checkpoint_places) {
-            MemoryPlan p = candidate(micro, off, opt, embed_host, host_ck, every);
-            // auto weighs the layer inputs in pinned host memory only where the host holds some
-            // (the slots cover the rest)
-            if (host_ck && m.host_checkpoints == "auto" &&
-                (p.checkpoint_slots >= llama_checkpoint_count(lc.num_hidden_layers, every) + (every > 1 ? 1 : 0) ||
-                 static_cast<double>(p.step_buffers.total(BufferLife::kHost)) >
-                     host_room_for(off, std::numeric_limits<double>::infinity())))
-              continue;
-            all.push_back(std::move(p));
-          }
+      for (int64_t micro : micros)
+        for (bool off : {false, true}) {
+          if (!off && config.offload.params) continue;
+          if (off && !config.offload.params && !choose_offload) continue;
+          for (bool embed_host : embed_places)
+            for (bool host_ck : checkpoint_places) {
+              MemoryPlan p = candidate(micro, off, opt, embed_host, host_ck, every);
+              // auto weighs the layer inputs in pinned host memory only where the host holds some
+              // (the slots cover the rest)
+              if (host_ck && m.host_checkpoints == "auto" &&
+                  (p.checkpoint_slots >= kept_inputs(every) ||
+                   static_cast<double>(p.step_buffers.total(BufferLife::kHost)) >
+                       host_room_for(off, std::numeric_limits<double>::infinity())))
+                continue;
+              all.push_back(std::move(p));
+            }
+        }
+      // Without host room the base is offloaded only when nothing fits on the GPU.
+      if (choose_offload && !host_room) {
+        const bool resident_fits = std::any_of(all.begin(), all.end(), [&](const MemoryPlan& p) {
+          return !p.offload_params && p.resident + p.step <= budget;
+        });
+        if (resident_fits)
+          all.erase(std::remove_if(all.begin(), all.end(), [](const MemoryPlan& p) { return p.offload_params; }),
+                    all.end());
       }
-    // Without host room the base is offloaded only when nothing fits on the GPU.
-    if (choose_offload && !host_room) {
-      const bool resident_fits = std::any_of(all.begin(), all.end(), [&](const MemoryPlan& p) {
-        return !p.offload_params && p.resident + p.step <= budget;
-      });
-      if (resident_fits)
-        all.erase(std::remove_if(all.begin(), all.end(), [](const MemoryPlan& p) { return p.offload_params; }),
-                  all.end());
+      if (opt || budget <= 0 || !cuda) break;
+      if (std::any_of(all.begin(), all.end(), fits_gpu)) break;
     }
-    if (opt || budget <= 0 || !cuda) break;
-    if (std::any_of(all.begin(), all.end(), fits_gpu)) break;
-  }
   };
   add_candidates(m.checkpoint_every > 0 ? m.checkpoint_every : 1);
   if (m.checkpoint_every == 0 && cuda && budget > 0 && !std::any_of(all.begin(), all.end(), fits_gpu))
