@@ -433,6 +433,25 @@ TEST(TrainConfig, RuntimeKeys) {
             std::string::npos);
 }
 
+// memory.checkpoint_every: 0, 1 or 2, and 2 only where every layer is recomputed.
+TEST(TrainConfig, CheckpointEveryIsChecked) {
+  for (const char* ok : {"memory.checkpoint_every=0", "memory.checkpoint_every=1", "memory.checkpoint_every=2"})
+    EXPECT_NO_THROW(parse_train_config(kMinimal, "x.yaml", {ok}).validate(1)) << ok;
+  EXPECT_NO_THROW(parse_train_config(kMinimal, "x.yaml", {"memory.checkpoint_every=2", "memory.keep_layers=1"}).validate(1));
+  EXPECT_NE(error_of([] { parse_train_config(kMinimal, "x.yaml", {"memory.checkpoint_every=3"}).validate(1); })
+                .find("memory.checkpoint_every = 3: expected 0, 1 or 2"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              parse_train_config(kMinimal, "x.yaml", {"memory.checkpoint_every=2", "memory.keep_layers=4"}).validate(1);
+            }).find("memory.keep_layers = 4"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              parse_train_config(kMinimal, "x.yaml", {"memory.checkpoint_every=2", "memory.host_keep_layers=2"})
+                  .validate(1);
+            }).find("memory.host_keep_layers = 2"),
+            std::string::npos);
+}
+
 // Every input is checked (there, and of the right kind) by check_inputs, naming the key and path.
 TEST(TrainConfig, CheckInputsNamesKeyAndPath) {
   TempDir dir;
