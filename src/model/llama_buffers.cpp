@@ -160,7 +160,8 @@ void add_internals(BufferPlan& p, const LlamaBufferDims& d, Backend backend, int
         life, t(s ? &s->att_saved : nullptr));
   p.add(prefix + "a", N * q * esz, life, t(s ? &s->a : nullptr));
   p.add(prefix + "x2", N * C * esz, life, t(s ? &s->x2 : nullptr));
-  if (!kept) p.add(prefix + "h2", N * (C + d.fold_r[1]) * esz, life, t(s ? &s->h2 : nullptr));
+  // h2 of the working set: chunk-sized with a chunked MLP (each chunk's norm into it).
+  if (!kept) p.add(prefix + "h2", mlp_rows * (C + d.fold_r[1]) * esz, life, t(s ? &s->h2 : nullptr));
   p.add(prefix + "rstd2", N * 4, life, t(s ? &s->rstd2 : nullptr));
   p.add(prefix + "gate", mlp_rows * d.I * esz, life, t(s ? &s->g : nullptr));
   p.add(prefix + "up", mlp_rows * d.I * esz, life, t(s ? &s->u : nullptr));

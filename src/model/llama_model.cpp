@@ -543,19 +543,23 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
   linear_fwd(kO, a.x2, a.a, N);
   mark(StepPart::kResidual);
   ops::add(a.x2, x, a.x2, N * C, ctx_);  // residual + attention (HF order)
-  mark(StepPart::kNorm);
-  ops::rmsnorm_fwd(a.h2, a.rstd2, a.x2, layer_.post_norm, N, C, eps, ctx_, ld2);
-  fold_fwd(1, a.h2, N);
-  if (!x_out) {  // the backward's recompute: down_proj's output is not needed
-    if (!chunked(N)) mlp_rows_fwd(0, N);
+  // h2 = norm(x2): whole, or (chunked MLP) per chunk into a chunk-sized h2 (mlp_rows_fwd)
+  const bool chunks = chunked(N);
+  if (!chunks) {
+    mark(StepPart::kNorm);
+    ops::rmsnorm_fwd(a.h2, a.rstd2, a.x2, layer_.post_norm, N, C, eps, ctx_, ld2);
+    fold_fwd(1, a.h2, N);
+  }
+  if (!x_out) {  // the backward's recompute: down_proj's output is not needed (a chunked MLP: later)
+    if (!chunks) mlp_rows_fwd(0, N, false);
     mark(StepPart::kOther);
     return;
   }
   // out = x2 + down(silu(gate(h2)) * up(h2)), over chunks of rows when chunked.
-  const int64_t step = chunked(N) ? mlp_rows_ : N;
+  const int64_t step = chunks ? mlp_rows_ : N;
   for (int64_t r0 = 0; r0 < N; r0 += step) {
     const int64_t rows = std::min(step, N - r0);
-    mlp_rows_fwd(r0, rows);
+    mlp_rows_fwd(r0, rows, chunks);
     chunk_row_offset_ = r0;
     linear_fwd(kDown, act(x_out, r0 * C), a.m, rows);
     chunk_row_offset_ = 0;
@@ -565,10 +569,16 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
   mark(StepPart::kOther);
 }
 
-void LlamaModel::mlp_rows_fwd(int64_t r0, int64_t rows) {
+void LlamaModel::mlp_rows_fwd(int64_t r0, int64_t rows, bool norm) {
   LlamaActivations& a = *act_;
   const int64_t ld2 = fold_ld(1);
-  const void* h2 = act(a.h2, r0 * ld2);
+  if (norm) {  // this chunk's h2 = norm(x2) (and the fold's t) into the chunk-sized h2
+    mark(StepPart::kNorm);
+    ops::rmsnorm_fwd(a.h2, a.rstd2 + r0, act(a.x2, r0 * config_.hidden_size), layer_.post_norm, rows,
+                     config_.hidden_size, static_cast<float>(config_.rms_norm_eps), ctx_, ld2);
+    fold_fwd(1, a.h2, rows);
+  }
+  const void* h2 = norm ? a.h2 : act(a.h2, r0 * ld2);
   chunk_row_offset_ = r0;
   linear_fwd(kGate, a.g, h2, rows, ld2);
   linear_fwd(kUp, a.u, h2, rows, ld2);
@@ -647,18 +657,20 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
   const int64_t step = chunks ? mlp_rows_ : N;
   for (int64_t r0 = 0; r0 < N; r0 += step) {
     const int64_t rows = std::min(step, N - r0);
-    if (chunks) mlp_rows_fwd(r0, rows);  // this chunk's gate/up/SwiGLU, recomputed
+    if (chunks) mlp_rows_fwd(r0, rows, true);  // this chunk's h2 and gate/up/SwiGLU, recomputed
+    const void* h2 = chunks ? a.h2 : act(a.h2, r0 * ld2);
+    void* dh2 = act(a.dh2, r0 * ld2);
     chunk_row_offset_ = r0;
     linear_bwd(kDown, a.dm, false, act(dx, r0 * C), a.m, rows);
     mark(StepPart::kSwiglu);
     ops::swiglu_bwd(a.dg, a.du, a.dm, a.g, a.u, rows * I, ctx_);
-    linear_bwd(kGate, act(a.dh2, r0 * ld2), false, a.dg, act(a.h2, r0 * ld2), rows, ld2);
-    linear_bwd(kUp, act(a.dh2, r0 * ld2), true, a.du, act(a.h2, r0 * ld2), rows, ld2);
+    linear_bwd(kGate, dh2, false, a.dg, h2, rows, ld2);
+    linear_bwd(kUp, dh2, true, a.du, h2, rows, ld2);
     chunk_row_offset_ = 0;
+    fold_bwd(1, dh2, h2, rows);
+    mark(StepPart::kNorm);  // dx's rows: the gradient at x2 (the later chunks read other rows of dx)
+    ops::rmsnorm_bwd(act(dx, r0 * C), dh2, act(a.x2, r0 * C), layer_.post_norm, a.rstd2 + r0, rows, C, ctx_, ld2);
   }
-  fold_bwd(1, a.dh2, a.h2, N);
-  mark(StepPart::kNorm);
-  ops::rmsnorm_bwd(dx, a.dh2, a.x2, layer_.post_norm, a.rstd2, N, C, ctx_, ld2);  // dx: the gradient at x2
 
   // Attention: x2 = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = norm(x).
   linear_bwd(kO, a.da, false, dx, a.a, N);

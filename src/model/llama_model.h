@@ -267,7 +267,7 @@ class LlamaModel {
   // cache_pos >= 0: generation (B == 1): RoPE at positions cache_pos.., K/V appended to the bound
   // layer's cache, attention over it.
   void run_layer(const void* x, void* x_out, int64_t B, int64_t T, int64_t cache_pos = -1);
-  void mlp_rows_fwd(int64_t r0, int64_t rows);  // gate/up/SwiGLU of rows [r0, r0+rows) into g, u, m
+  void mlp_rows_fwd(int64_t r0, int64_t rows, bool norm);  // gate/up/SwiGLU of rows [r0, r0+rows) into g, u, m
   // forward_backward's layers: kept (-1: recompute) index of layer l's own internals set; the
   // working set holds the last layer's from its forward to its backward (unless chunked).
   int kept_set(int64_t layer) const;
