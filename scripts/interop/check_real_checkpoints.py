@@ -32,9 +32,10 @@ are copied into a fresh model of the same config (quantization_config dropped), 
 
 Measured (2 shared cores, qshard CPU backend, --train): logits within 3.5e-6 (SmolLM2) and 8.2e-6
 (Qwen2.5) of the largest |logit|; token ids equal; PEFT vs `qshard eval --adapter` 3.6e-6 / 1.7e-5.
-The loss `qshard eval` prints is 1.25e-4 (SmolLM2) / 5.27e-4 (Qwen2.5) nats below transformers'
-(FAILED against 1e-5) while the loss of its own dumped logits is within 3e-7: the CPU cross entropy
-sums each row's exp() in float32 left to right (reproduced here to 1e-6), losing the small terms.
+The loss `qshard eval` printed was 1.25e-4 (SmolLM2) / 5.27e-4 (Qwen2.5) nats below transformers'
+(FAILED against 1e-5) while the loss of its own dumped logits was within 3e-7: the CPU cross entropy
+summed each row's exp() in float32 left to right (reproduced here to 1e-6), losing the small terms.
+Since the sum is in double (src/model/llama_ops_cpu.cpp): SmolLM2's printed loss within 2.7e-7.
 
 Usage (repo root; QSHARD defaults to build-cpu/qshard):
   python3 scripts/interop/check_real_checkpoints.py [--models smollm2,qwen2] [--train] [--keep DIR]
