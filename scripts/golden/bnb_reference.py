@@ -165,5 +165,12 @@ def forward_rule_model(folder):
             if k in model.state_dict():
                 sd[k] = f.get_tensor(k).float()
     sd.update(dequantize_folder(folder, dtype=torch.float32))
-    model.load_state_dict(sd, strict=True)
+    if not cfg.get("tie_word_embeddings"):
+        model.load_state_dict(sd, strict=True)
+        return model
+    # A tied folder stores no lm_head.weight (the head is embed_tokens.weight).
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    assert missing == ["lm_head.weight"] and not unexpected, (missing, unexpected)
+    model.tie_weights()
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     return model

@@ -248,28 +248,6 @@ def compare(label, theirs, mine, ids, tol, q_loss, check_loss=True):
     return ok_logits and ok_loss
 
 
-def rule_model(bnb_reference, folder):
-    """bnb_reference.forward_rule_model for a folder with tied embeddings too: its strict load wants
-    lm_head.weight, which a tied folder does not store (the head is embed_tokens.weight)."""
-    if not json.load(open(os.path.join(folder, "config.json"))).get("tie_word_embeddings"):
-        return bnb_reference.forward_rule_model(folder)
-    from transformers import AutoConfig, AutoModelForCausalLM
-    cfg = json.load(open(os.path.join(folder, "config.json")))
-    cfg.pop("quantization_config")
-    cfg["dtype"] = "float32"
-    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    config._attn_implementation = "eager"
-    model = AutoModelForCausalLM.from_config(config).float().eval()
-    with safe_open(os.path.join(folder, "model.safetensors"), "pt") as f:
-        sd = {k: f.get_tensor(k).float() for k in f.keys() if k in model.state_dict()}
-    sd.update(bnb_reference.dequantize_folder(folder, dtype=torch.float32))
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    assert missing == ["lm_head.weight"] and not unexpected, (missing, unexpected)
-    model.tie_weights()
-    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    return model
-
-
 def train_check(hf_dir, tmp):
     """A few QLoRA steps on the float folder; PEFT on the 4-bit base vs `qshard eval --adapter`."""
     sys.path.insert(0, os.path.join(ROOT, "scripts", "golden"))
@@ -303,7 +281,7 @@ device: cpu
           + "; ".join(l.strip() for l in log.splitlines() if "loss" in l)[-300:])
     base, adapter = os.path.join(run_dir, "final", "base_bnb4"), os.path.join(run_dir, "final", "adapter")
     ids = read_token_file(os.path.join(tmp, "text.tok"))[:48]
-    pm = PeftModel.from_pretrained(rule_model(bnb_reference, base), adapter).eval()
+    pm = PeftModel.from_pretrained(bnb_reference.forward_rule_model(base), adapter).eval()
     theirs = hf_logits(pm, ids)
     q_loss, mine, secs = qshard_eval(tmp, base, ids, adapter)
     with pm.disable_adapter():

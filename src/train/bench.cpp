@@ -167,7 +167,9 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
                {"micro_batch", p.micro_batch},         {"est_step_s", p.est_step_s},
                {"keep_layers", p.keep_layers},         {"host_keep_layers", p.host_keep_layers},
                {"mlp_chunk_rows", p.mlp_chunk_rows},   {"embedding_on_host", p.embedding_on_host},
-               {"gpu_budget_gb", o.gpu_budget_gb},     {"text", p.plan}};
+               {"host_checkpoints", p.host_checkpoints}, {"checkpoint_slots", p.checkpoint_slots},
+               {"checkpoint_every", p.checkpoint_every}, {"gpu_budget_gb", o.gpu_budget_gb},
+               {"text", p.plan}};
   j["tokens_per_s"] = tps;
   j["step_s"] = o.steps > 0 ? secs / static_cast<double>(o.steps) : 0;
   j["mfu"] = mfu;

@@ -316,6 +316,9 @@ void TrainJob::open_logger() {
   summary_.perf.offload_params = plan_.offload_params;
   summary_.perf.offload_optimizer = plan_.offload_optimizer;
   summary_.perf.embedding_on_host = plan_.embedding_on_host;
+  summary_.perf.host_checkpoints = plan_.host_checkpoints;
+  summary_.perf.checkpoint_slots = plan_.host_checkpoints ? plan_.checkpoint_slots : 0;
+  summary_.perf.checkpoint_every = plan_.checkpoint_every;
 }
 
 // ---- steps ----------------------------------------------------------------------------------

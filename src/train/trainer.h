@@ -69,6 +69,9 @@ struct TrainPerf {
   double first_step_done_s = 0;       // seconds from the launch to the end of the first step run here
   bool offload_params = false, offload_optimizer = false;
   bool embedding_on_host = false;     // the plan's memory.embedding
+  bool host_checkpoints = false;      // the layer inputs in pinned host memory (memory.host_checkpoints)
+  int64_t checkpoint_slots = 0;       // their device slots (with host_checkpoints)
+  int64_t checkpoint_every = 1;       // 2: every second layer input kept (memory.checkpoint_every)
   // Summed over the steps run here: what each step did between its first gather and the optimizer
   // (train_step's StepStats::inside): host syncs and device allocations (0 on CUDA with NCCL) and
   // lookups by name (0 on every backend: the step binds through slots and entries found once).

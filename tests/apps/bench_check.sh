@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # qshard bench on the CPU backend (ctest cli_bench_tiny): the tiny preset on 1 rank with kept
-# layers and on 2 ranks with the MLP in chunks; the table and the JSON carry tokens/s, the plan as
-# asked and a loss per step.
+# layers, on 2 ranks with the MLP in chunks, and on 1 rank with every second layer input kept in
+# (pinned) host memory; the table and the JSON carry tokens/s, the plan as asked and a loss per step.
 # Usage: bench_check.sh QSHARD WORK_DIR MPIEXEC [mpiexec flags...]
 set -euo pipefail
 q=$1 w=$2 mpiexec=$3
@@ -18,4 +18,10 @@ grep -Eq '"tokens_per_s": [1-9]' "$w/b1.json" || fail "no tokens/s in the JSON"
   --json "$w/b2.json" > "$w/b2.txt"
 grep -Eq '"ranks": 2' "$w/b2.json" || fail "np 2: ranks not 2"
 grep -Eq '"mlp_chunk_rows": 8' "$w/b2.json" || fail "np 2: MLP chunks not in the plan"
+"$q" bench --preset tiny --device cpu --batch 2 --seq 32 --steps 2 --warmup 1 --set memory.checkpoint_every=2 \
+  --set memory.host_checkpoints=true --json "$w/b3.json" > "$w/b3.txt"
+grep -q 'every second layer input kept' "$w/b3.txt" || fail "every second checkpoint: not in the plan"
+grep -Eq '"checkpoint_every": 2' "$w/b3.json" || fail "every second checkpoint: not in the JSON"
+grep -Eq '"host_checkpoints": true' "$w/b3.json" || fail "host checkpoints: not in the JSON"
+grep -Eq '"checkpoint_slots": 3' "$w/b3.json" || fail "checkpoint slots: not in the JSON"
 echo "bench ok"

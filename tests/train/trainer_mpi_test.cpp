@@ -174,6 +174,9 @@ TEST(Trainer, MemoryPlansKeepTheLossCurve) {
   every2.memory.host_checkpoints = "true";  // offloaded and the inputs in host memory
   every2.offload.params = every2.offload.optimizer = true;
   const TrainSummary second = train(every2, all);
+  EXPECT_EQ(second.perf.checkpoint_every, 2);
+  EXPECT_TRUE(second.perf.host_checkpoints);
+  EXPECT_EQ(second.perf.checkpoint_slots, 3);
   EXPECT_EQ(second.losses, ref.losses) << "every second checkpoint must not change the numbers";
   TrainConfig emb = cfg;  // the embedding table whole on every rank, read in place
   emb.memory.embedding = "host";
