@@ -35,7 +35,8 @@ Measured (2 shared cores, qshard CPU backend, --train): logits within 3.5e-6 (Sm
 The loss `qshard eval` printed was 1.25e-4 (SmolLM2) / 5.27e-4 (Qwen2.5) nats below transformers'
 (FAILED against 1e-5) while the loss of its own dumped logits was within 3e-7: the CPU cross entropy
 summed each row's exp() in float32 left to right (reproduced here to 1e-6), losing the small terms.
-Since the sum is in double (src/model/llama_ops_cpu.cpp): SmolLM2's printed loss within 2.7e-7.
+Since the sum is in double (src/model/llama_ops_cpu.cpp, ed35d01 with --train, 14 min): the printed
+losses within 2.7e-7 (SmolLM2, Qwen2.5), PEFT vs `qshard eval --adapter` 4.1e-6 / 9.9e-6: every check ok.
 
 Usage (repo root; QSHARD defaults to build-cpu/qshard):
   python3 scripts/interop/check_real_checkpoints.py [--models smollm2,qwen2] [--train] [--keep DIR]
