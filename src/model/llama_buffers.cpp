@@ -122,9 +122,9 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   d.host_checkpoints = o.host_checkpoints;
   d.checkpoint_every = o.checkpoint_every;
   d.checkpoints = llama_checkpoint_count(d.L, o.checkpoint_every);
-  const int64_t scratch = o.checkpoint_every > 1 ? 1 : 0;
+  const int64_t buffers = llama_checkpoint_buffers(d.L, o.checkpoint_every);
   d.checkpoint_slots =
-      o.host_checkpoints ? std::clamp<int64_t>(o.checkpoint_slots, 1 + scratch, d.checkpoints + scratch) : 0;
+      o.host_checkpoints ? std::clamp<int64_t>(o.checkpoint_slots, 1 + buffers - d.checkpoints, buffers) : 0;
   d.kv_cache_tokens = o.kv_cache_tokens;
   d.dropout = o.lora_dropout > 0;
   d.head_rows = llama_head_rows(o.head_chunk_bytes, d.V, d.N);
@@ -181,8 +181,12 @@ int64_t llama_checkpoint_index(int64_t l, int64_t L, int64_t every) {
   return l % 2 == 0 ? l / 2 : -1;
 }
 
+int64_t llama_checkpoint_buffers(int64_t L, int64_t every) {
+  return llama_checkpoint_count(L, every) + (every > 1 ? 1 : 0);
+}
+
 int64_t llama_checkpoint_ring_slots(const LlamaBufferDims& d) {
-  return d.checkpoint_slots - (d.checkpoint_every > 1 ? 1 : 0);
+  return d.checkpoint_slots - (llama_checkpoint_buffers(d.L, d.checkpoint_every) - d.checkpoints);
 }
 
 int64_t llama_kept_set_bytes(const LlamaBufferDims& d, Backend backend, DType act_t) {
@@ -202,9 +206,8 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   // The checkpoints x_0..x_L, or (host_checkpoints) their device slots: the rest wait in pinned
   // host memory (the entry at the end).
   // checkpoint_every 2: one more slot, the scratch an odd layer's input is recomputed into.
-  const int64_t scratch = d.checkpoint_every > 1 ? 1 : 0;
   p.add(d.host_checkpoints ? "xs (layer inputs' device slots)" : "xs (layer inputs)",
-        (d.host_checkpoints ? d.checkpoint_slots : d.checkpoints + scratch) * N * C * esz, run,
+        (d.host_checkpoints ? d.checkpoint_slots : llama_checkpoint_buffers(L, d.checkpoint_every)) * N * C * esz, run,
         a ? t(&a->xs) : nullptr);
   add_internals(p, d, backend, esz, run, "", NM, a);
   p.add("m", NM * I * esz, run, a ? t(&a->m) : nullptr);

@@ -185,6 +185,9 @@ struct LlamaActivations : LlamaInternals {
 // straight after the forward). llama_checkpoint_index: l's place among them, or -1.
 int64_t llama_checkpoint_count(int64_t L, int64_t every);
 int64_t llama_checkpoint_index(int64_t l, int64_t L, int64_t every);
+// The buffers the checkpoints need at most: one each, and (every 2) the scratch an odd layer's
+// input is recomputed into.
+int64_t llama_checkpoint_buffers(int64_t L, int64_t every);
 // The device slots of the checkpoint ring (host_checkpoints): the dims' slots less the scratch.
 int64_t llama_checkpoint_ring_slots(const LlamaBufferDims& dims);
 

@@ -134,9 +134,10 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
     for (int64_t h = 0; h < d.host_sets; ++h) host_index_[static_cast<size_t>((h + 1) * open / d.host_sets - 1)] = static_cast<int>(h);
   }
   if (d.host_checkpoints)
-    ckpt_ring_ = std::make_unique<OffloadRing>(static_cast<int>(d.checkpoints), static_cast<int>(llama_checkpoint_ring_slots(d)),
-                                               N * c.hidden_size * static_cast<int64_t>(dtype_size(act_t)),
-                                               static_cast<uint8_t*>(a.xs), ctx_.compute_device(), *offload_);
+    ckpt_ring_ = std::make_unique<OffloadRing>(
+        static_cast<int>(d.checkpoints), static_cast<int>(llama_checkpoint_ring_slots(d)),
+        N * c.hidden_size * static_cast<int64_t>(dtype_size(act_t)), static_cast<uint8_t*>(a.xs),
+        ctx_.compute_device(), *offload_);
 }
 
 std::vector<int64_t> LlamaModel::host_kept_layers() const {
@@ -790,11 +791,17 @@ double LlamaModel::take_loss_sum() {
 
 // Where a training step's x_l lives: its checkpoint's ring slot (host_checkpoints) or xs entry, or
 // (checkpoint_every 2, an odd l) the scratch after them.
-void* LlamaModel::checkpoint_at(int64_t l, int64_t L, int64_t NC) const {
-  const int64_t i = llama_checkpoint_index(l, L, options_.checkpoint_every);
+int LlamaModel::checkpoint_index(int64_t l) const {
+  return static_cast<int>(llama_checkpoint_index(l, config_.num_hidden_layers, options_.checkpoint_every));
+}
+
+void* LlamaModel::checkpoint_at(int64_t l, int64_t NC) const {
+  const int i = checkpoint_index(l);
   const OffloadRing* ck = ckpt_ring_.get();
-  if (i >= 0) return ck ? ck->slot_ptr(static_cast<int>(i)) : act(act_->xs, i * NC);
-  return act(act_->xs, (ck ? ck->slots() : llama_checkpoint_count(L, options_.checkpoint_every)) * NC);
+  if (i >= 0) return ck ? ck->slot_ptr(i) : act(act_->xs, i * NC);
+  const int64_t scratch =
+      ck ? ck->slots() : llama_checkpoint_count(config_.num_hidden_layers, options_.checkpoint_every);
+  return act(act_->xs, scratch * NC);
 }
 
 void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const int64_t> targets, int64_t B,
@@ -807,23 +814,21 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
   mark(StepPart::kOther);
   bind_root();
   OffloadRing* ck = ckpt_ring_.get();
-  const int64_t every = options_.checkpoint_every;
-  auto ck_index = [&](int64_t l) { return static_cast<int>(llama_checkpoint_index(l, L, every)); };
-  if (ck) ring_before(*ck, ck_index(L), false);
+  if (ck) ring_before(*ck, checkpoint_index(L), false);
   head_forward_backward(x_final, targets, a.dx, B, T, normalizer);
-  if (ck) ck->after_read(ck_index(L), ctx_.compute());
+  if (ck) ck->after_read(checkpoint_index(L), ctx_.compute());
   if (after_root) after_root(Pass::kBackward);
   for (int64_t l = L - 1; l >= 0; --l) {
-    const int i = ck_index(l);
+    const int i = checkpoint_index(l);
     if (i < 0) {  // checkpoint_every 2: x_l from checkpoint x_l-1, layer l-1's forward again
-      const int j = ck_index(l - 1);
+      const int j = checkpoint_index(l - 1);
       QS_CHECK(j >= 0, "checkpoint layout: two layer inputs in a row are not kept");
       mark(StepPart::kWait);
       if (before_layer) before_layer(l - 1, Pass::kForward);
       mark(StepPart::kOther);
       bind_layer(l - 1);
       if (ck) ring_before(*ck, j, false);
-      layer_forward_kept(checkpoint_at(l - 1, L, NC), checkpoint_at(l, L, NC), B, T, -1);
+      layer_forward_kept(checkpoint_at(l - 1, NC), checkpoint_at(l, NC), B, T, -1);
       if (after_layer) after_layer(l - 1, Pass::kForward);
     }
     mark(StepPart::kWait);
@@ -833,7 +838,7 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
     const int h = host_set(l);
     if (h >= 0) ring_before(*kept_ring_, h, false);
     if (ck && i >= 0) ring_before(*ck, i, false);
-    layer_backward_impl(checkpoint_at(l, L, NC), a.dx, a.dx, B, T, h >= 0 ? staging_set(h) : kept_set(l));
+    layer_backward_impl(checkpoint_at(l, NC), a.dx, a.dx, B, T, h >= 0 ? staging_set(h) : kept_set(l));
     if (ck && i >= 0) ck->after_read(i, ctx_.compute());
     if (h >= 0) kept_ring_->after_read(h, ctx_.compute());
     if (after_layer) after_layer(l, Pass::kBackward);
@@ -877,8 +882,7 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
   // Training with options.host_checkpoints: x_l through the checkpoint ring's slots (x_0..x_L-slots
   // out to pinned host memory, back before their backward).
   OffloadRing* ck = keep_checkpoints ? ckpt_ring_.get() : nullptr;
-  auto x_at = [&](int64_t l) { return keep_checkpoints ? checkpoint_at(l, L, NC) : act(a.xs, slot(l) * NC); };
-  auto ck_index = [&](int64_t l) { return static_cast<int>(llama_checkpoint_index(l, L, options_.checkpoint_every)); };
+  auto x_at = [&](int64_t l) { return keep_checkpoints ? checkpoint_at(l, NC) : act(a.xs, slot(l) * NC); };
   bind_root();
   if (ck) ring_before(*ck, 0, true);
   embed(ids, x_at(0), B, T);
@@ -891,7 +895,7 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
     bind_layer(l);
     const int h = keep_checkpoints ? host_set(l) : -1;
     if (h >= 0) ring_before(*kept_ring_, h, true);
-    const int i = ck ? ck_index(l + 1) : -1;  // -1: x_l+1 into the scratch (checkpoint_every 2)
+    const int i = ck ? checkpoint_index(l + 1) : -1;  // -1: x_l+1 into the scratch (checkpoint_every 2)
     if (i >= 0) ring_before(*ck, i, true);
     layer_forward_kept(x_at(l), x_at(l + 1), B, T, h >= 0 ? staging_set(h) : keep_checkpoints ? kept_set(l) : -1,
                        cache_pos);

@@ -276,7 +276,8 @@ class LlamaModel {
   void layer_backward_impl(const void* x_in, const void* dout, void* dx, int64_t B, int64_t T, int set);
   // The host tier (options.host_keep_layers): layer l's host set index (-1: not host-kept) and the
   // staging set it goes through; a ring's wait, timed as a wait.
-  void* checkpoint_at(int64_t l, int64_t L, int64_t NC) const;
+  int checkpoint_index(int64_t l) const;  // x_l's place among the checkpoints, or -1 (llama_buffers.h)
+  void* checkpoint_at(int64_t l, int64_t NC) const;
   int host_set(int64_t layer) const { return host_index_.empty() ? -1 : host_index_[static_cast<size_t>(layer)]; }
   int staging_set(int h) const;
   void ring_before(OffloadRing& ring, int i, bool write);

@@ -177,7 +177,9 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
   // (67 MB against about 5 ms at 8B, 4 x 2048: hidden); what a layer's forward cannot cover shows.
   if (p.host_checkpoints) {
     const double x = N * in.C * 2 / h2d, fwd = N * a * (1 - kRecomputeShare) / (3 * in.L);
-    const double crossing = std::max(0.0, in.L + 1 - static_cast<double>(p.checkpoint_slots));
+    const int64_t L = static_cast<int64_t>(in.L);
+    const double crossing = static_cast<double>(std::max<int64_t>(
+        llama_checkpoint_buffers(L, p.checkpoint_every) - p.checkpoint_slots, 0));  // values the host holds
     micro += crossing * (std::max(0.0, x - fwd) + kOffloadContention * 2 * x);
   }
   if (p.host_keep_layers > 2) {
@@ -262,7 +264,7 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     // The layer inputs' device slots: three, or as many more as keep the rest within the host
     // memory given to them (at 8B and 512k tokens a layer input is 4.3 GB: 30 of them are more
     // than a 128 GiB host holds); every second checkpoint: one of them the scratch.
-    const int64_t kept_inputs = llama_checkpoint_count(lc.num_hidden_layers, every) + (every > 1 ? 1 : 0);
+    const int64_t kept_inputs = llama_checkpoint_buffers(lc.num_hidden_layers, every);
     if (host_ck) {
       const double x = static_cast<double>(micro * T * lc.hidden_size) * static_cast<double>(dtype_size(act_t));
       const double room = host_room_for(offload_params, std::numeric_limits<double>::infinity());
@@ -348,9 +350,6 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
   // Every second layer input: as configured; 0 weighs it with a budget on the GPU where no plan
   // with every input fits (below).
   auto fits_gpu = [&](const MemoryPlan& p) { return p.resident + p.step <= budget; };
-  auto kept_inputs = [&](int64_t every) {  // the checkpoints' buffers, the scratch included
-    return llama_checkpoint_count(lc.num_hidden_layers, every) + (every > 1 ? 1 : 0);
-  };
   auto add_candidates = [&](int64_t every) {
     for (bool opt : {opt_fixed, true}) {
       for (int64_t micro : micros)
@@ -363,7 +362,7 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
               // auto weighs the layer inputs in pinned host memory only where the host holds some
               // (the slots cover the rest)
               if (host_ck && m.host_checkpoints == "auto" &&
-                  (p.checkpoint_slots >= kept_inputs(every) ||
+                  (p.checkpoint_slots >= llama_checkpoint_buffers(lc.num_hidden_layers, every) ||
                    static_cast<double>(p.step_buffers.total(BufferLife::kHost)) >
                        host_room_for(off, std::numeric_limits<double>::infinity())))
                 continue;
