@@ -262,14 +262,16 @@ void set_attention_deterministic(DeviceContext& ctx, bool deterministic) {
 }
 
 void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
-                       int64_t max_pieces) {
+                       int64_t max_pieces, AttentionScores scores) {
+  QS_CHECK(scores.scale == 0.0f && scores.softcap == 0.0f, "cuDNN attention: another scale or a soft-cap: not yet");
   graphs_for(ctx, B, T, H, Hkv, D, window, 0);
   if (max_pieces > 0) graphs_for(ctx, B, T, H, Hkv, D, window, max_pieces);
 }
 
 void attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
                    int64_t T, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window,
-                   const AttentionPieces* pieces) {
+                   const AttentionPieces* pieces, AttentionScores scores) {
+  QS_CHECK(scores.scale == 0.0f && scores.softcap == 0.0f, "cuDNN attention: another scale or a soft-cap: not yet");
   Graphs& gr = graphs_for(ctx, B, T, H, Hkv, D, window, pieces_of(pieces));
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<uint16_t*>(q)},
                                              {kK, const_cast<uint16_t*>(k)},
@@ -283,7 +285,8 @@ void attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t
 void attention_bwd(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
                    const uint16_t* k, const uint16_t* v, const uint16_t* out, const void* saved, int64_t B, int64_t T,
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window,
-                   const AttentionPieces* pieces) {
+                   const AttentionPieces* pieces, AttentionScores scores) {
+  QS_CHECK(scores.scale == 0.0f && scores.softcap == 0.0f, "cuDNN attention: another scale or a soft-cap: not yet");
   Graphs& gr = graphs_for(ctx, B, T, H, Hkv, D, window, pieces_of(pieces));
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<uint16_t*>(q)},   {kK, const_cast<uint16_t*>(k)},
                                              {kV, const_cast<uint16_t*>(v)},   {kO, const_cast<uint16_t*>(out)},

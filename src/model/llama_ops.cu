@@ -730,7 +730,8 @@ __global__ void embedding_kernel_v8(Bf16x8* out, const int64_t* ids, const Bf16x
 }
 
 void embedding_fwd(uint16_t* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
-                   int64_t V, DeviceContext& ctx) {
+                   int64_t V, DeviceContext& ctx, float scale) {
+  QS_CHECK(scale == 1.0f, "embedding_fwd: a scale: not yet on CUDA");
   if (N * C == 0) return;
   if (weight_type == DType::kBF16 && vec8_ok(C, {out, weight})) {
     embedding_kernel_v8<<<grid_for(N * C / 8), 256, 0, st(ctx)>>>(reinterpret_cast<Bf16x8*>(out), ids,
@@ -816,7 +817,8 @@ void copy_2d(uint16_t* dst, int64_t ld_dst, const uint16_t* src, int64_t ld_src,
   QS_CUDA_CHECK_LAUNCH();
 }
 
-void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx) {
+void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx, float offset) {
+  QS_CHECK(offset == 0.0f, "to_f32: an offset: not yet on CUDA");
   if (n == 0) return;
   to_f32_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(out, x, dtype_code(type), n);
   QS_CUDA_CHECK_LAUNCH();
@@ -860,7 +862,8 @@ void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64
 
 void attention_cached_fwd(uint16_t* out, const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                           int64_t T, int64_t P, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx,
-                          int64_t window) {
+                          int64_t window, AttentionScores scores) {
+  QS_CHECK(scores.scale == 0.0f && scores.softcap == 0.0f, "attention_cached_fwd: scores: not yet on CUDA");
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
   QS_CHECK(D >= 1 && D <= 32 * kCachedAttnMaxPer, "attention_cached_fwd: head_dim must be at most 256");
   QS_CHECK(T <= 65535 && H <= 65535, "attention_cached_fwd: too many queries or heads for one launch");
@@ -872,12 +875,14 @@ void attention_cached_fwd(uint16_t* out, const uint16_t* q, const uint16_t* k_ca
   QS_CUDA_CHECK_LAUNCH();
 }
 
-void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx) {
+void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx, GatedAct act) {
+  QS_CHECK(act == GatedAct::kSilu, "swiglu_fwd: GeGLU: not yet on CUDA");
   map2(h, gate, up, n, SwigluOp{}, ctx);
 }
 
 void swiglu_bwd(uint16_t* dgate, uint16_t* dup, const uint16_t* dh, const uint16_t* gate, const uint16_t* up,
-                int64_t n, DeviceContext& ctx) {
+                int64_t n, DeviceContext& ctx, GatedAct act) {
+  QS_CHECK(act == GatedAct::kSilu, "swiglu_bwd: GeGLU: not yet on CUDA");
   if (n == 0) return;
   if (vec8_ok(n, {dgate, dup, dh, gate, up}))
     swiglu_bwd_kernel_v8<<<grid_for(n / 8), 256, 0, st(ctx)>>>(B16(dgate), B16(dup), B16(dh), B16(gate), B16(up),
@@ -899,7 +904,8 @@ void dropout_fwd(uint16_t* out, const uint16_t* x, const DropoutKey& key, int64_
 }
 
 void cross_entropy_fwd_bwd(float* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
-                           float grad_scale, DeviceContext& ctx, void* dlogits, DType dlogits_type) {
+                           float grad_scale, DeviceContext& ctx, void* dlogits, DType dlogits_type, float softcap) {
+  QS_CHECK(softcap == 0.0f, "cross_entropy_fwd_bwd: a soft-cap: not yet on CUDA");
   if (n == 0) return;
   const unsigned rows = static_cast<unsigned>(n);
   if (!dlogits || dlogits_type == DType::kF32) {
@@ -914,6 +920,11 @@ void cross_entropy_fwd_bwd(float* logits, double* loss_sum, const int64_t* targe
                                                             V, grad_scale);
   }
   QS_CUDA_CHECK_LAUNCH();
+}
+
+void logit_softcap(float* x, int64_t n, float cap, DeviceContext& ctx) {
+  (void)x; (void)n; (void)ctx;
+  QS_CHECK(cap > 0.0f && false, "logit_softcap: not yet on CUDA");
 }
 
 void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx) {

@@ -51,14 +51,30 @@ struct GemmShape {
 // RoPE's parameters (HF rotate_half: dims [0, D/2) pair with [D/2, D)).
 // inv_freq[i] = 1 / theta^(2i / D) in f32, then llama3 scaling when `llama3`
 // (transformers' _compute_llama3_parameters, in f32).
+// rope_type "linear" (Gemma 3's global layers): inv_freq / linear_factor, after the rest.
 struct RopeParams {
   double theta = 10000.0;
   int64_t head_dim = 0;
   bool llama3 = false;
+  double linear_factor = 1.0;
   double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 0;
 };
 std::vector<float> rope_inv_freq(const RopeParams& p);  // [D/2]
+
+// The attention scores beyond the causal mask (Gemma): s = (q . k) * scale, then with softcap > 0
+// s = softcap * tanh(s / softcap) (transformers' attn_logit_softcapping, before the mask).
+// scale 0: 1 / sqrt(D) (head_dim ** -0.5).
+struct AttentionScores {
+  float scale = 0.0f;
+  float softcap = 0.0f;
+  float scale_for(int64_t D) const;  // scale, or 1 / sqrt(D)
+};
+
+// The gated MLP's activation: h = act(gate) * up. kSilu: silu(g) = g / (1 + exp(-g)) (Llama's
+// SwiGLU); kGeluTanh: gelu(g) = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) (Gemma's GeGLU,
+// "gelu_pytorch_tanh").
+enum class GatedAct { kSilu, kGeluTanh };
 
 // Packed data's pieces (data.packing packed: several documents in one sequence) as attention takes
 // them: each token's position in its piece (the cpu twins' rule, attention_fwd below) and, for the
@@ -126,8 +142,11 @@ void gemm(float* C, const float* A, const void* B, const GemmShape& s, DeviceCon
 
 // out[n, :] = weight[ids[n], :] (weight in `weight_type`, widened). Throws InputError for an id
 // outside [0, V), naming it.
+// scale != 1 (Gemma: sqrt(hidden) rounded to weight_type by the caller): out = the product
+// weight * scale computed in f32 and rounded to weight_type (transformers multiplies in the
+// embedding's dtype), then widened.
 void embedding_fwd(float* out /*[N,C]*/, const int64_t* ids /*[N]*/, const void* weight /*[V,C]*/, DType weight_type,
-                   int64_t N, int64_t C, int64_t V, DeviceContext& ctx);
+                   int64_t N, int64_t C, int64_t V, DeviceContext& ctx, float scale = 1.0f);
 
 // rstd[n] = 1 / sqrt(mean_c(x^2) + eps); out = weight * (x * rstd) (transformers' LlamaRMSNorm).
 // out's rows are ld_out apart (0 = C): a column block of a wider buffer.
@@ -152,8 +171,9 @@ void copy_2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64
              DeviceContext& ctx);
 // y[n, :] += bias (a Linear's bias, f32).
 void add_bias(float* y /*[N,W]*/, const float* bias /*[W]*/, int64_t N, int64_t W, DeviceContext& ctx);
-// out = f32(x) for x in `type` (a frozen norm weight or bias bound in its own dtype).
-void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx);
+// out = f32(x) + offset for x in `type` (a frozen norm weight or bias bound in its own dtype;
+// offset 1: Gemma's RMSNorm, which multiplies by 1 + weight in f32).
+void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx, float offset = 0.0f);
 
 // cos[t, i] = cos(t * inv_freq[i]), sin likewise, t = 0..T-1 (the angle a f32 product, as HF).
 void rope_tables(float* cos /*[T,D/2]*/, float* sin /*[T,D/2]*/, const RopeParams& p, int64_t T, DeviceContext& ctx);
@@ -166,7 +186,8 @@ void rope_bwd(float* dx /*[B,T,nh,D]*/, const float* cos, const float* sin, int6
               int64_t D, DeviceContext& ctx, const int64_t* pos = nullptr);
 
 // Causal grouped-query attention: query head h reads kv head h / (H / Hkv) (HF repeat_kv);
-// s[t, u] = (q_t . k_u) / sqrt(D) for u <= t; softmax over u (max subtracted); out_t = sum_u p v_u.
+// s[t, u] = (q_t . k_u) / sqrt(D) for u <= t (scores: another scale, a soft-cap); softmax over u
+// (max subtracted); out_t = sum_u p v_u.
 // window > 0: a sliding window (Mistral): query t reads keys t - window < u <= t only
 // (transformers' sliding-window causal mask); 0: none.
 // pos [B,T] (packed data, text/data_loader.h; null: none): query t reads keys u >= t - pos[t] only,
@@ -175,11 +196,13 @@ void rope_bwd(float* dx /*[B,T,nh,D]*/, const float* cos, const float* sin, int6
 // REQUIRES: H % Hkv == 0; with pos, 0 <= pos[t] <= t and pos restarting at 0 or rising by 1.
 void attention_fwd(float* out /*[B,T,H,D]*/, void* saved, const float* q /*[B,T,H,D]*/,
                    const float* k /*[B,T,Hkv,D]*/, const float* v /*[B,T,Hkv,D]*/, int64_t B, int64_t T, int64_t H,
-                   int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0, const int64_t* pos = nullptr);
+                   int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0, const int64_t* pos = nullptr,
+                   AttentionScores scores = {});
 // dq, dk, dv OVERWRITTEN from dout, given the forward's inputs, output and saved state.
 void attention_bwd(float* dq, float* dk, float* dv, const float* dout /*[B,T,H,D]*/, const float* q, const float* k,
                    const float* v, const float* out, const void* saved, int64_t B, int64_t T, int64_t H,
-                   int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0, const int64_t* pos = nullptr);
+                   int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0, const int64_t* pos = nullptr,
+                   AttentionScores scores = {});
 
 // Generation's attention: T new queries of one sequence at positions [P, P + T) over a KV cache
 // holding positions [0, P + T) (this call's keys and values already appended): query t reads
@@ -188,13 +211,14 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout /*[B,T,H,D
 // for the same rows. Scratch: P + T floats of ctx's workspace. REQUIRES: H % Hkv == 0.
 void attention_cached_fwd(float* out /*[T,H,D]*/, const float* q /*[T,H,D]*/, const float* k_cache /*[P+T,Hkv,D]*/,
                           const float* v_cache /*[P+T,Hkv,D]*/, int64_t T, int64_t P, int64_t H, int64_t Hkv,
-                          int64_t D, DeviceContext& ctx, int64_t window = 0);
+                          int64_t D, DeviceContext& ctx, int64_t window = 0, AttentionScores scores = {});
 
-// h = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
-void swiglu_fwd(float* h /*[n]*/, const float* gate, const float* up, int64_t n, DeviceContext& ctx);
-// dgate, dup OVERWRITTEN (silu(g) recomputed from the saved gate).
+// h = act(gate) * up (GatedAct: silu by default, Llama's SwiGLU).
+void swiglu_fwd(float* h /*[n]*/, const float* gate, const float* up, int64_t n, DeviceContext& ctx,
+                GatedAct act = GatedAct::kSilu);
+// dgate, dup OVERWRITTEN (act(g) recomputed from the saved gate).
 void swiglu_bwd(float* dgate, float* dup, const float* dh, const float* gate, const float* up, int64_t n,
-                DeviceContext& ctx);
+                DeviceContext& ctx, GatedAct act = GatedAct::kSilu);
 
 // out = x * mask / (1 - p); with p == 0 an exact copy. out may alias x.
 void dropout_fwd(float* out /*[N,W]*/, const float* x /*[N,W]*/, const DropoutKey& key, int64_t N, int64_t W,
@@ -205,8 +229,12 @@ void dropout_fwd(float* out /*[N,W]*/, const float* x /*[N,W]*/, const DropoutKe
 // device). With grad_scale != 0 the logits are OVERWRITTEN by their gradient
 // (softmax - onehot) * grad_scale, 0 on ignored rows. Throws InputError for a target outside
 // [0, V) that is not kIgnoreIndex. The caller chunks the rows so that no [N,V] buffer exists.
+// softcap > 0: the logits given are soft-capped ones, y = softcap * tanh(l / softcap)
+// (logit_softcap); the gradient is the raw logits' (times 1 - (y / softcap)^2).
 void cross_entropy_fwd_bwd(float* logits /*[n,V]*/, double* loss_sum, const int64_t* targets /*[n]*/, int64_t n,
-                           int64_t V, float grad_scale, DeviceContext& ctx);
+                           int64_t V, float grad_scale, DeviceContext& ctx, float softcap = 0.0f);
+// x = cap * tanh(x / cap) in place (f32 logits; Gemma 2's final_logit_softcapping). REQUIRES cap > 0.
+void logit_softcap(float* x, int64_t n, float cap, DeviceContext& ctx);
 
 // x[i] = float(dtype(x[i])): rounds f32 values to what `dtype` holds (the backward's operand of a
 // 4-bit weight, rounded to its QuantState's dtype as bitsandbytes' dequantize_4bit does, kept in f32
@@ -230,7 +258,7 @@ void prepare(DeviceContext& ctx);
 // bitwise the straight one on the same GPU.
 void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx);
 void embedding_fwd(uint16_t* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
-                   int64_t V, DeviceContext& ctx);
+                   int64_t V, DeviceContext& ctx, float scale = 1.0f);
 void rmsnorm_fwd(uint16_t* out, float* rstd, const uint16_t* x, const float* weight, int64_t N, int64_t C, float eps,
                  DeviceContext& ctx, int64_t ld_out = 0);
 void rmsnorm_bwd(uint16_t* dx, const uint16_t* dout, const uint16_t* x, const float* weight, const float* rstd,
@@ -242,7 +270,7 @@ void zero(uint16_t* x, int64_t n, DeviceContext& ctx);
 void copy_2d(uint16_t* dst, int64_t ld_dst, const uint16_t* src, int64_t ld_src, int64_t rows, int64_t cols, float scale,
              DeviceContext& ctx);
 void add_bias(uint16_t* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx);
-void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx);
+void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx, float offset = 0.0f);
 // The tables are computed on the host (the CPU's cos/sin, bit for bit) and copied: a start-up op.
 void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceContext& ctx);
 // pos: the cpu twins' rule (packed positions; null: none).
@@ -254,14 +282,16 @@ void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64
 // partial sums merged in shared memory (f32 throughout). REQUIRES: D <= 256.
 void attention_cached_fwd(uint16_t* out, const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                           int64_t T, int64_t P, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx,
-                          int64_t window = 0);
-void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx);
+                          int64_t window = 0, AttentionScores scores = {});
+void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx,
+                GatedAct act = GatedAct::kSilu);
 void swiglu_bwd(uint16_t* dgate, uint16_t* dup, const uint16_t* dh, const uint16_t* gate, const uint16_t* up,
-                int64_t n, DeviceContext& ctx);
+                int64_t n, DeviceContext& ctx, GatedAct act = GatedAct::kSilu);
 void dropout_fwd(uint16_t* out, const uint16_t* x, const DropoutKey& key, int64_t N, int64_t W, DeviceContext& ctx);
 void cross_entropy_fwd_bwd(float* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
                            float grad_scale, DeviceContext& ctx, void* dlogits = nullptr,
-                           DType dlogits_type = DType::kF32);
+                           DType dlogits_type = DType::kF32, float softcap = 0.0f);
+void logit_softcap(float* x, int64_t n, float cap, DeviceContext& ctx);
 void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx);
 void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, DeviceContext& ctx);
 // Fused attention (cuDNN SDPA, builds with QSHARD_WITH_CUDNN): saved = row statistics
@@ -272,19 +302,21 @@ void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, 
 // pieces (packed data): the B*T rows as up to pieces->max sequences of their own (cuDNN's ragged
 // layout with a padding mask: pieces->ragged), graphs of their own (prepare_attention's max_pieces
 // builds them); the row statistics then per row [B*T, H].
+// scores: the scale is the graphs' attn_scale; a soft-cap (softcap > 0) is a score modifier of the
+// graphs (cuDNN's tanh soft-capping) in the forward and the backward, graphs of their own.
 void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                       int64_t window = 0, int64_t max_pieces = 0);
+                       int64_t window = 0, int64_t max_pieces = 0, AttentionScores scores = {});
 // The backward's algorithm for graphs built from now on: cuDNN's deterministic one (the default:
 // bitwise repeatable gradients; past 2 GiB of workspace the other regardless) or its
 // non-deterministic one (dQ accumulated by atomics in f32).
 void set_attention_deterministic(DeviceContext& ctx, bool deterministic);
 void attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
                    int64_t T, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
-                   const AttentionPieces* pieces = nullptr);
+                   const AttentionPieces* pieces = nullptr, AttentionScores scores = {});
 void attention_bwd(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
                    const uint16_t* k, const uint16_t* v, const uint16_t* out, const void* saved, int64_t B, int64_t T,
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
-                   const AttentionPieces* pieces = nullptr);
+                   const AttentionPieces* pieces = nullptr, AttentionScores scores = {});
 }  // namespace cuda
 
 // ---- the dispatch: activations as void* in ctx.activation_dtype(); the twin of ctx.backend() ----
@@ -295,12 +327,13 @@ bool has_backend(Backend backend, const char* op = nullptr);
 // Start-up work of the backend (library handles, their workspaces); once per context.
 void prepare(DeviceContext& ctx);
 // Start-up work of attention for one shape (the fused kernels' graphs); a no-op on the CPU.
-// max_pieces > 0: also packed data's graphs, for passes of up to that many pieces.
+// max_pieces > 0: also packed data's graphs, for passes of up to that many pieces. scores: the
+// layers' (a model whose layers differ prepares each kind).
 void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                       int64_t window = 0, int64_t max_pieces = 0);
+                       int64_t window = 0, int64_t max_pieces = 0, AttentionScores scores = {});
 void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx);
 void embedding_fwd(void* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
-                   int64_t V, DeviceContext& ctx);
+                   int64_t V, DeviceContext& ctx, float scale = 1.0f);
 void rmsnorm_fwd(void* out, float* rstd, const void* x, const float* weight, int64_t N, int64_t C, float eps,
                  DeviceContext& ctx, int64_t ld_out = 0);
 void rmsnorm_bwd(void* dx, const void* dout, const void* x, const float* weight, const float* rstd, int64_t N,
@@ -312,7 +345,7 @@ void zero(void* x, int64_t n, DeviceContext& ctx);
 void copy_2d(void* dst, int64_t ld_dst, const void* src, int64_t ld_src, int64_t rows, int64_t cols, float scale,
              DeviceContext& ctx);
 void add_bias(void* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx);
-void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx);
+void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx, float offset = 0.0f);
 void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceContext& ctx);
 // pos (packed positions, the cpu twins' rule): every backend.
 void rope_fwd(void* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
@@ -323,22 +356,28 @@ void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T
 // attention within each piece, on every backend (the CPU reads pieces->pos, CUDA pieces->ragged).
 void attention_fwd(void* out, void* saved, const void* q, const void* k, const void* v, int64_t B, int64_t T,
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
-                   const AttentionPieces* pieces = nullptr);
+                   const AttentionPieces* pieces = nullptr, AttentionScores scores = {});
 void attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
                    const void* out, const void* saved, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                   DeviceContext& ctx, int64_t window = 0, const AttentionPieces* pieces = nullptr);
+                   DeviceContext& ctx, int64_t window = 0, const AttentionPieces* pieces = nullptr,
+                   AttentionScores scores = {});
 void attention_cached_fwd(void* out, const void* q, const void* k_cache, const void* v_cache, int64_t T, int64_t P,
-                          int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0);
-void swiglu_fwd(void* h, const void* gate, const void* up, int64_t n, DeviceContext& ctx);
+                          int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
+                          AttentionScores scores = {});
+void swiglu_fwd(void* h, const void* gate, const void* up, int64_t n, DeviceContext& ctx,
+                GatedAct act = GatedAct::kSilu);
 void swiglu_bwd(void* dgate, void* dup, const void* dh, const void* gate, const void* up, int64_t n,
-                DeviceContext& ctx);
+                DeviceContext& ctx, GatedAct act = GatedAct::kSilu);
 void dropout_fwd(void* out, const void* x, const DropoutKey& key, int64_t N, int64_t W, DeviceContext& ctx);
 // dlogits (optional): the gradient written there in dlogits_type (f32, bf16, f16) instead of over
 // the logits (whose contents are then unspecified): the bits convert() of the in-place f32
 // gradient would give.
+// softcap: the cpu twin's rule (logits already soft-capped by logit_softcap).
 void cross_entropy_fwd_bwd(void* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
                            float grad_scale, DeviceContext& ctx, void* dlogits = nullptr,
-                           DType dlogits_type = DType::kF32);
+                           DType dlogits_type = DType::kF32, float softcap = 0.0f);
+// f32 logits (every backend's memory), the cpu twin's rule.
+void logit_softcap(float* x, int64_t n, float cap, DeviceContext& ctx);
 void round_to_dtype(void* x, int64_t n, DType dtype, DeviceContext& ctx);
 // out[i] = x[i] converted between f32, bf16 and f16 (device memory on CUDA).
 void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, DeviceContext& ctx);

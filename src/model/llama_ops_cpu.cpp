@@ -74,7 +74,15 @@ std::vector<float> rope_inv_freq(const RopeParams& p) {
       f = medium ? smoothed : scaled;
     }
   }
+  if (p.linear_factor != 1.0) {  // transformers' _compute_linear_scaling_rope_parameters: inv_freq / factor (f32)
+    const float factor = static_cast<float>(p.linear_factor);
+    for (float& f : inv) f /= factor;
+  }
   return inv;
+}
+
+float AttentionScores::scale_for(int64_t D) const {
+  return scale != 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));  // head_dim ** -0.5
 }
 
 float lora_scaling(double alpha, int64_t r, bool use_rslora) {
@@ -174,14 +182,17 @@ void gemm(float* C, const float* A, const void* B, const GemmShape& s, DeviceCon
 
 // ---- embedding --------------------------------------------------------------------------------
 void embedding_fwd(float* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
-                   int64_t V, DeviceContext& ctx) {
-  (void)ctx;
+                   int64_t V, DeviceContext& ctx, float scale) {
   for (int64_t n = 0; n < N; ++n) {
     const int64_t id = ids[n];
     if (id < 0 || id >= V)
       throw InputError("token id " + std::to_string(id) + " at position " + std::to_string(n) +
                        " is outside the vocabulary [0, " + std::to_string(V) + ")");
     for (int64_t c = 0; c < C; ++c) out[n * C + c] = widen(weight, weight_type, id * C + c);
+  }
+  if (scale != 1.0f) {  // Gemma: the product in the embedding's dtype
+    for (int64_t i = 0; i < N * C; ++i) out[i] *= scale;
+    if (weight_type != DType::kF32) round_to_dtype(out, N * C, weight_type, ctx);
   }
 }
 
@@ -248,9 +259,9 @@ void add_bias(float* y, const float* bias, int64_t N, int64_t W, DeviceContext& 
     for (int64_t o = 0; o < W; ++o) y[n * W + o] += bias[o];
 }
 
-void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx) {
+void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx, float offset) {
   (void)ctx;
-  for (int64_t i = 0; i < n; ++i) out[i] = widen(x, type, i);
+  for (int64_t i = 0; i < n; ++i) out[i] = widen(x, type, i) + offset;
 }
 
 // ---- RoPE -------------------------------------------------------------------------------------
@@ -284,14 +295,18 @@ namespace {
 // v0 + u * stride): a[u] = its probabilities (scores in f32, max subtracted, divided by the sum),
 // ot = sum_u a[u] v_u. The one arithmetic of attention_fwd and attention_cached_fwd, so a cached
 // step gives the full forward's bits.
+// The score of query qt and key ku: (qt . ku) * scale, soft-capped with softcap > 0.
+float score(const float* qt, const float* ku, int64_t D, float scale, float softcap) {
+  float dot = 0.0f;
+  for (int64_t d = 0; d < D; ++d) dot += qt[d] * ku[d];
+  const float s = dot * scale;
+  return softcap > 0.0f ? std::tanh(s / softcap) * softcap : s;  // transformers' order: / cap, tanh, * cap
+}
 void attend_row(float* ot, float* a, const float* qt, const float* k0, const float* v0, int64_t stride, int64_t first,
-                int64_t last, int64_t D, float scale) {
+                int64_t last, int64_t D, float scale, float softcap) {
   float maxv = -INFINITY;
   for (int64_t u = first; u <= last; ++u) {
-    const float* ku = k0 + u * stride;
-    float dot = 0.0f;
-    for (int64_t d = 0; d < D; ++d) dot += qt[d] * ku[d];
-    a[u] = dot * scale;
+    a[u] = score(qt, k0 + u * stride, D, scale, softcap);
     maxv = std::max(maxv, a[u]);
   }
   float sum = 0.0f;
@@ -316,12 +331,13 @@ int64_t first_key(int64_t t, int64_t window, const int64_t* pos) {
 }  // namespace
 
 void attention_fwd(float* out, void* saved, const float* q, const float* k, const float* v, int64_t B, int64_t T,
-                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window, const int64_t* pos) {
+                   int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window, const int64_t* pos,
+                   AttentionScores scores) {
   (void)ctx;
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
   float* att = static_cast<float*>(saved);  // [B,H,T,T] probabilities, 0 outside the (banded) causal mask
   const int64_t group = H / Hkv;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));  // HF: head_dim ** -0.5
+  const float scale = scores.scale_for(D);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = h / group;
@@ -330,7 +346,7 @@ void attention_fwd(float* out, void* saved, const float* q, const float* k, cons
         float* a = att + ((b * H + h) * T + t) * T;
         const int64_t first = first_key(t, window, pos ? pos + b * T : nullptr);
         attend_row(out + ((b * T + t) * H + h) * D, a, q + ((b * T + t) * H + h) * D, k + kv0, v + kv0, Hkv * D, first,
-                   t, D, scale);
+                   t, D, scale, scores.softcap);
         for (int64_t u = 0; u < first; ++u) a[u] = 0.0f;
         for (int64_t u = t + 1; u < T; ++u) a[u] = 0.0f;
       }
@@ -338,29 +354,31 @@ void attention_fwd(float* out, void* saved, const float* q, const float* k, cons
 }
 
 void attention_cached_fwd(float* out, const float* q, const float* k_cache, const float* v_cache, int64_t T, int64_t P,
-                          int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window) {
+                          int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window,
+                          AttentionScores scores) {
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
   Workspace& ws = ctx.workspace();
   const size_t mark = ws.used();
   float* a = ws.take<float>(static_cast<size_t>(P + T), "cached attention scores");
   const int64_t group = H / Hkv;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const float scale = scores.scale_for(D);
   for (int64_t h = 0; h < H; ++h) {
     const int64_t hk = h / group;
     for (int64_t t = 0; t < T; ++t)  // the query at position P + t reads keys 0..P+t (its window's)
       attend_row(out + (t * H + h) * D, a, q + (t * H + h) * D, k_cache + hk * D, v_cache + hk * D, Hkv * D,
-                 first_key(P + t, window), P + t, D, scale);
+                 first_key(P + t, window), P + t, D, scale, scores.softcap);
   }
   ws.rewind(mark);
 }
 
 void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                    const float* v, const float* out, const void* saved, int64_t B, int64_t T, int64_t H,
-                   int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window, const int64_t* pos) {
+                   int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window, const int64_t* pos,
+                   AttentionScores scores) {
   (void)out;  // the CPU keeps the probabilities; a fused kernel needs out for its row sums
   const float* att = static_cast<const float*>(saved);
   const int64_t group = H / Hkv;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const float scale = scores.scale_for(D), cap = scores.softcap;
   std::fill(dq, dq + B * T * H * D, 0.0f);
   std::fill(dk, dk + B * T * Hkv * D, 0.0f);
   std::fill(dv, dv + B * T * Hkv * D, 0.0f);
@@ -386,9 +404,17 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
           float* dvu = dv + ((b * T + u) * Hkv + hk) * D;
           for (int64_t d = 0; d < D; ++d) dvu[d] += a[u] * go[d];
         }
-        // softmax backward: ds[u] = a[u] * (dp[u] - sum_w a[w] dp[w]), then through the scale
-        for (int64_t u = first; u <= t; ++u) ds[u] = a[u] * (dp[u] - sum_adp) * scale;
+        // softmax backward: ds[u] = a[u] * (dp[u] - sum_w a[w] dp[w]), then through the soft-cap
+        // (d/ds cap tanh(s / cap) = 1 - tanh^2, the score recomputed) and the scale
         const float* qt = q + ((b * T + t) * H + h) * D;
+        for (int64_t u = first; u <= t; ++u) {
+          float g = a[u] * (dp[u] - sum_adp);
+          if (cap > 0.0f) {
+            const float th = score(qt, k + ((b * T + u) * Hkv + hk) * D, D, scale, cap) / cap;
+            g *= 1.0f - th * th;
+          }
+          ds[u] = g * scale;
+        }
         float* dqt = dq + ((b * T + t) * H + h) * D;
         for (int64_t u = first; u <= t; ++u) {
           const float* ku = k + ((b * T + u) * Hkv + hk) * D;
@@ -402,8 +428,20 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
 }
 
 // ---- SwiGLU -----------------------------------------------------------------------------------
-void swiglu_fwd(float* h, const float* gate, const float* up, int64_t n, DeviceContext& ctx) {
+namespace {
+constexpr float kGeluTanhC = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluTanhK = 0.044715f;
+}  // namespace
+
+void swiglu_fwd(float* h, const float* gate, const float* up, int64_t n, DeviceContext& ctx, GatedAct act) {
   (void)ctx;
+  if (act == GatedAct::kGeluTanh) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = gate[i];
+      h[i] = 0.5f * g * (1.0f + std::tanh(kGeluTanhC * (g + kGeluTanhK * g * g * g))) * up[i];
+    }
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
     h[i] = (g / (1.0f + std::exp(-g))) * up[i];
@@ -411,8 +449,19 @@ void swiglu_fwd(float* h, const float* gate, const float* up, int64_t n, DeviceC
 }
 
 void swiglu_bwd(float* dgate, float* dup, const float* dh, const float* gate, const float* up, int64_t n,
-                DeviceContext& ctx) {
+                DeviceContext& ctx, GatedAct act) {
   (void)ctx;
+  if (act == GatedAct::kGeluTanh) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = gate[i];
+      const float th = std::tanh(kGeluTanhC * (g + kGeluTanhK * g * g * g));
+      dup[i] = dh[i] * (0.5f * g * (1.0f + th));
+      // d gelu / dg = 0.5 (1 + th) + 0.5 g (1 - th^2) sqrt(2/pi) (1 + 3 k g^2)
+      const float dgelu = 0.5f * (1.0f + th) + 0.5f * g * (1.0f - th * th) * kGeluTanhC * (1.0f + 3.0f * kGeluTanhK * g * g);
+      dgate[i] = dh[i] * up[i] * dgelu;
+    }
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
     const float sig = 1.0f / (1.0f + std::exp(-g));
@@ -440,8 +489,14 @@ void dropout_fwd(float* out, const float* x, const DropoutKey& key, int64_t N, i
 }
 
 // ---- cross entropy ----------------------------------------------------------------------------
+void logit_softcap(float* x, int64_t n, float cap, DeviceContext& ctx) {
+  (void)ctx;
+  QS_CHECK(cap > 0.0f, "logit_softcap: the cap must be positive");
+  for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i] / cap) * cap;
+}
+
 void cross_entropy_fwd_bwd(float* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
-                           float grad_scale, DeviceContext& ctx) {
+                           float grad_scale, DeviceContext& ctx, float softcap) {
   (void)ctx;
   for (int64_t row = 0; row < n; ++row) {
     float* l = logits + row * V;
@@ -466,7 +521,12 @@ void cross_entropy_fwd_bwd(float* logits, double* loss_sum, const int64_t* targe
     if (grad_scale != 0.0f)
       for (int64_t v = 0; v < V; ++v) {
         const float prob = std::exp(l[v] - lse);
-        l[v] = (prob - (v == y ? 1.0f : 0.0f)) * grad_scale;
+        float g = (prob - (v == y ? 1.0f : 0.0f)) * grad_scale;
+        if (softcap > 0.0f) {  // through y = cap tanh(l / cap): d y / d l = 1 - (y / cap)^2
+          const float th = l[v] / softcap;
+          g *= 1.0f - th * th;
+        }
+        l[v] = g;
       }
   }
 }

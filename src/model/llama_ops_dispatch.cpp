@@ -49,9 +49,9 @@ void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceConte
   QS_DISPATCH("gemm", cpu::gemm(f(C), f(A), B, s, ctx), cuda::gemm(C, A, B, s, ctx));
 }
 void embedding_fwd(void* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
-                   int64_t V, DeviceContext& ctx) {
-  QS_DISPATCH("embedding_fwd", cpu::embedding_fwd(f(out), ids, weight, weight_type, N, C, V, ctx),
-              cuda::embedding_fwd(h(out), ids, weight, weight_type, N, C, V, ctx));
+                   int64_t V, DeviceContext& ctx, float scale) {
+  QS_DISPATCH("embedding_fwd", cpu::embedding_fwd(f(out), ids, weight, weight_type, N, C, V, ctx, scale),
+              cuda::embedding_fwd(h(out), ids, weight, weight_type, N, C, V, ctx, scale));
 }
 void rmsnorm_fwd(void* out, float* rstd, const void* x, const float* weight, int64_t N, int64_t C, float eps,
                  DeviceContext& ctx, int64_t ld_out) {
@@ -83,8 +83,8 @@ void copy_2d(void* dst, int64_t ld_dst, const void* src, int64_t ld_src, int64_t
 void add_bias(void* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx) {
   QS_DISPATCH("add_bias", cpu::add_bias(f(y), bias, N, W, ctx), cuda::add_bias(h(y), bias, N, W, ctx));
 }
-void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx) {
-  QS_DISPATCH("to_f32", cpu::to_f32(out, x, type, n, ctx), cuda::to_f32(out, x, type, n, ctx));
+void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx, float offset) {
+  QS_DISPATCH("to_f32", cpu::to_f32(out, x, type, n, ctx, offset), cuda::to_f32(out, x, type, n, ctx, offset));
 }
 void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceContext& ctx) {
   QS_DISPATCH("rope_tables", cpu::rope_tables(cos, sin, p, T, ctx), cuda::rope_tables(cos, sin, p, T, ctx));
@@ -109,56 +109,62 @@ void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T
   } while (0)
 #endif
 void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
-                       int64_t max_pieces) {
-  QS_DISPATCH_ATTENTION("prepare_attention", ((void)window, (void)max_pieces),
-                        cuda::prepare_attention(ctx, B, T, H, Hkv, D, window, max_pieces));
+                       int64_t max_pieces, AttentionScores scores) {
+  QS_DISPATCH_ATTENTION("prepare_attention", ((void)window, (void)max_pieces, (void)scores),
+                        cuda::prepare_attention(ctx, B, T, H, Hkv, D, window, max_pieces, scores));
 }
 void attention_fwd(void* out, void* saved, const void* q, const void* k, const void* v, int64_t B, int64_t T,
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window,
-                   const AttentionPieces* pieces) {
+                   const AttentionPieces* pieces, AttentionScores scores) {
   QS_DISPATCH_ATTENTION("attention_fwd",
                         cpu::attention_fwd(f(out), saved, f(q), f(k), f(v), B, T, H, Hkv, D, ctx, window,
-                                           pieces ? pieces->pos : nullptr),
-                        cuda::attention_fwd(h(out), saved, h(q), h(k), h(v), B, T, H, Hkv, D, ctx, window, pieces));
+                                           pieces ? pieces->pos : nullptr, scores),
+                        cuda::attention_fwd(h(out), saved, h(q), h(k), h(v), B, T, H, Hkv, D, ctx, window, pieces,
+                                            scores));
 }
 void attention_cached_fwd(void* out, const void* q, const void* k_cache, const void* v_cache, int64_t T, int64_t P,
-                          int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window) {
+                          int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window,
+                          AttentionScores scores) {
   QS_DISPATCH("attention_cached_fwd",
-              cpu::attention_cached_fwd(f(out), f(q), f(k_cache), f(v_cache), T, P, H, Hkv, D, ctx, window),
-              cuda::attention_cached_fwd(h(out), h(q), h(k_cache), h(v_cache), T, P, H, Hkv, D, ctx, window));
+              cpu::attention_cached_fwd(f(out), f(q), f(k_cache), f(v_cache), T, P, H, Hkv, D, ctx, window, scores),
+              cuda::attention_cached_fwd(h(out), h(q), h(k_cache), h(v_cache), T, P, H, Hkv, D, ctx, window, scores));
 }
 void attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
                    const void* out, const void* saved, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                   DeviceContext& ctx, int64_t window, const AttentionPieces* pieces) {
+                   DeviceContext& ctx, int64_t window, const AttentionPieces* pieces, AttentionScores scores) {
   QS_DISPATCH_ATTENTION(
       "attention_bwd",
       cpu::attention_bwd(f(dq), f(dk), f(dv), f(dout), f(q), f(k), f(v), f(out), saved, B, T, H, Hkv, D, ctx, window,
-                         pieces ? pieces->pos : nullptr),
+                         pieces ? pieces->pos : nullptr, scores),
       cuda::attention_bwd(h(dq), h(dk), h(dv), h(dout), h(q), h(k), h(v), h(out), saved, B, T, H, Hkv, D, ctx,
-                          window, pieces));
+                          window, pieces, scores));
 }
-void swiglu_fwd(void* hh, const void* gate, const void* up, int64_t n, DeviceContext& ctx) {
-  QS_DISPATCH("swiglu_fwd", cpu::swiglu_fwd(f(hh), f(gate), f(up), n, ctx),
-              cuda::swiglu_fwd(h(hh), h(gate), h(up), n, ctx));
+void swiglu_fwd(void* hh, const void* gate, const void* up, int64_t n, DeviceContext& ctx, GatedAct act) {
+  QS_DISPATCH("swiglu_fwd", cpu::swiglu_fwd(f(hh), f(gate), f(up), n, ctx, act),
+              cuda::swiglu_fwd(h(hh), h(gate), h(up), n, ctx, act));
 }
 void swiglu_bwd(void* dgate, void* dup, const void* dh, const void* gate, const void* up, int64_t n,
-                DeviceContext& ctx) {
-  QS_DISPATCH("swiglu_bwd", cpu::swiglu_bwd(f(dgate), f(dup), f(dh), f(gate), f(up), n, ctx),
-              cuda::swiglu_bwd(h(dgate), h(dup), h(dh), h(gate), h(up), n, ctx));
+                DeviceContext& ctx, GatedAct act) {
+  QS_DISPATCH("swiglu_bwd", cpu::swiglu_bwd(f(dgate), f(dup), f(dh), f(gate), f(up), n, ctx, act),
+              cuda::swiglu_bwd(h(dgate), h(dup), h(dh), h(gate), h(up), n, ctx, act));
 }
 void dropout_fwd(void* out, const void* x, const DropoutKey& key, int64_t N, int64_t W, DeviceContext& ctx) {
   QS_DISPATCH("dropout_fwd", cpu::dropout_fwd(f(out), f(x), key, N, W, ctx),
               cuda::dropout_fwd(h(out), h(x), key, N, W, ctx));
 }
 void cross_entropy_fwd_bwd(void* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
-                           float grad_scale, DeviceContext& ctx, void* dlogits, DType dlogits_type) {
+                           float grad_scale, DeviceContext& ctx, void* dlogits, DType dlogits_type, float softcap) {
   // The CPU: the gradient in place, then converted (or copied) where it was asked for.
   QS_DISPATCH("cross_entropy_fwd_bwd",
-              (cpu::cross_entropy_fwd_bwd(f(logits), loss_sum, targets, n, V, grad_scale, ctx),
+              (cpu::cross_entropy_fwd_bwd(f(logits), loss_sum, targets, n, V, grad_scale, ctx, softcap),
                dlogits && dlogits != logits && grad_scale != 0.0f
                    ? cpu::convert(dlogits, dlogits_type, logits, DType::kF32, n * V, ctx)
                    : (void)0),
-              cuda::cross_entropy_fwd_bwd(f(logits), loss_sum, targets, n, V, grad_scale, ctx, dlogits, dlogits_type));
+              cuda::cross_entropy_fwd_bwd(f(logits), loss_sum, targets, n, V, grad_scale, ctx, dlogits, dlogits_type,
+                                          softcap));
+}
+void logit_softcap(float* x, int64_t n, float cap, DeviceContext& ctx) {
+  QS_DISPATCH("logit_softcap", cpu::logit_softcap(x, n, cap, ctx), cuda::logit_softcap(x, n, cap, ctx));
 }
 void round_to_dtype(void* x, int64_t n, DType dtype, DeviceContext& ctx) {
   QS_DISPATCH("round_to_dtype", cpu::round_to_dtype(f(x), n, dtype, ctx),
