@@ -67,9 +67,18 @@ RopeScaling parse_rope(const json& r, const std::string& key, const std::string&
       if (!r[k].is_string()) throw InputError(where(label, key) + "." + k + " must be a string, got " + r[k].dump());
       type = r[k].get<std::string>();
     }
-  if (type != "default" && type != "llama3")
-    throw InputError(where(label, key) + " has rope_type \"" + type + "\"; qshard supports \"default\" and \"llama3\"");
+  if (type != "default" && type != "llama3" && type != "linear")
+    throw InputError(where(label, key) + " has rope_type \"" + type +
+                     "\"; qshard supports \"default\", \"llama3\" and \"linear\"");
   s.rope_type = type;
+  if (type == "linear") {  // transformers' _compute_linear_scaling_rope_parameters: inv_freq / factor
+    if (!r.contains("factor") || r["factor"].is_null())
+      throw InputError(where(label, key) + " has rope_type \"linear\" without a factor");
+    s.factor = get_num(r, "factor", label + " (" + key + ")", 1.0);
+    if (!(s.factor > 0) || !std::isfinite(s.factor))
+      throw InputError(where(label, key) + " has a linear factor " + fmt::format("{}", s.factor) +
+                       "; expected a positive number");
+  }
   if (type == "llama3") {
     const std::string k = key + ".";
     s.factor = get_num(r, "factor", label + " (" + key + ")", 8.0);
@@ -124,7 +133,115 @@ void refuse_phi3_variants(const json& j, const std::string& label) {
   }
 }
 
+// Gemma's layer_types ("sliding_attention" / "full_attention", one per layer) into c.sliding_layers;
+// without it the family's default: Gemma 2 slides on the even layers, Gemma 3 on all but every
+// sliding_window_pattern-th (6).
+void read_gemma_layer_types(const json& j, const std::string& label, LlamaConfig& c) {
+  const int64_t L = c.num_hidden_layers;
+  c.sliding_layers.assign(static_cast<size_t>(L), false);
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+    const json& t = j["layer_types"];
+    if (!t.is_array() || static_cast<int64_t>(t.size()) != L)
+      throw InputError(where(label, "layer_types") + " must be a list of num_hidden_layers = " + std::to_string(L) +
+                       " strings, got " + t.dump());
+    for (int64_t l = 0; l < L; ++l) {
+      const json& v = t[static_cast<size_t>(l)];
+      if (v == "sliding_attention") c.sliding_layers[static_cast<size_t>(l)] = true;
+      else if (v != "full_attention")
+        throw InputError(where(label, "layer_types") + "[" + std::to_string(l) + "] is " + v.dump() +
+                         "; expected \"sliding_attention\" or \"full_attention\"");
+    }
+    return;
+  }
+  if (c.family == ModelFamily::kGemma2) {
+    for (int64_t l = 0; l < L; l += 2) c.sliding_layers[static_cast<size_t>(l)] = true;
+    return;
+  }
+  const int64_t pattern = get_int(j, "sliding_window_pattern", label, 6);
+  positive(pattern, "sliding_window_pattern", label);
+  for (int64_t l = 0; l < L; ++l) c.sliding_layers[static_cast<size_t>(l)] = (l + 1) % pattern != 0;
+}
+
+// Gemma's keys (the family comment in hf_config.h), with transformers' Gemma2Config /
+// Gemma3TextConfig defaults where a key is absent.
+void read_gemma(const json& j, const std::string& label, LlamaConfig& c) {
+  const bool g3 = c.family == ModelFamily::kGemma3;
+  c.gemma_norms = true;
+  c.gelu_tanh = true;
+  c.embed_scale = std::sqrt(static_cast<double>(c.hidden_size));
+  c.attention_bias = c.o_proj_bias = get_bool(j, "attention_bias", label, false);
+  c.qk_norm = g3;
+  for (const char* k : {"hidden_activation", "hidden_act"})
+    if (j.contains(k) && !j[k].is_null() && j[k] != "gelu_pytorch_tanh")
+      throw InputError(where(label, k) + " is " + j[k].dump() + "; a Gemma model runs \"gelu_pytorch_tanh\" (GeGLU)");
+  if (get_bool(j, "use_bidirectional_attention", label, false))
+    throw InputError(where(label, "use_bidirectional_attention") +
+                     " is true (an encoder-style Gemma); qshard trains causal language models");
+  if (get_num(j, "attention_dropout", label, 0.0) != 0.0)
+    throw InputError(where(label, "attention_dropout") + " is " + j["attention_dropout"].dump() +
+                     "; qshard's base model has no dropout (0.0, as released Gemma models have it)");
+  c.query_pre_attn_scalar = get_num(j, "query_pre_attn_scalar", label, 256.0);
+  if (!(c.query_pre_attn_scalar > 0) || !std::isfinite(c.query_pre_attn_scalar))
+    throw InputError(where(label, "query_pre_attn_scalar") + " is " + fmt::format("{}", c.query_pre_attn_scalar) +
+                     "; expected a positive number (the attention scale is its inverse square root)");
+  auto cap = [&](const char* key, double def) {
+    const double v = get_num(j, key, label, def);
+    if (v < 0 || !std::isfinite(v))
+      throw InputError(where(label, key) + " is " + fmt::format("{}", v) + "; expected a positive number or null");
+    return v;
+  };
+  // Gemma 3's attention reads no attn_logit_softcapping (transformers' Gemma3Attention passes none).
+  c.attn_logit_softcapping = g3 ? 0.0 : cap("attn_logit_softcapping", 50.0);
+  if (j.contains("attn_logit_softcapping") && j["attn_logit_softcapping"].is_null()) c.attn_logit_softcapping = 0;
+  c.final_logit_softcapping = cap("final_logit_softcapping", g3 ? 0.0 : 30.0);
+  if (j.contains("final_logit_softcapping") && j["final_logit_softcapping"].is_null()) c.final_logit_softcapping = 0;
+  c.sliding_window = get_int(j, "sliding_window", label, 4096);
+  positive(c.sliding_window, "sliding_window", label);
+  read_gemma_layer_types(j, label, c);
+  if (!g3) return;
+  // Gemma 3's two RoPEs: rope_parameters {"full_attention": {...}, "sliding_attention": {...}}
+  // (transformers 5), or rope_theta + rope_scaling for the full layers and rope_local_base_freq.
+  c.rope_local_theta = get_num(j, "rope_local_base_freq", label, 10000.0);
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+      j["rope_parameters"].contains("sliding_attention")) {
+    const json& rp = j["rope_parameters"];
+    const std::string l = label + " (rope_parameters)";
+    const json& sl = rp["sliding_attention"];
+    const RopeScaling local = parse_rope(sl, "rope_parameters.sliding_attention", label);
+    if (local.rope_type != "default")
+      throw InputError(where(label, "rope_parameters.sliding_attention") + " has rope_type \"" + local.rope_type +
+                       "\"; qshard takes Gemma 3's sliding layers with plain RoPE (\"default\")");
+    c.rope_local_theta = get_num(sl, "rope_theta", l, c.rope_local_theta);
+    if (!rp.contains("full_attention") || !rp["full_attention"].is_object())
+      throw InputError(where(label, "rope_parameters") + " has \"sliding_attention\" but no \"full_attention\" object");
+    c.rope_scaling = parse_rope(rp["full_attention"], "rope_parameters.full_attention", label);
+    c.rope_theta = get_num(rp["full_attention"], "rope_theta", l, get_num(j, "rope_theta", label, 1000000.0));
+  }
+  if (!(c.rope_local_theta >= 1 && std::isfinite(c.rope_local_theta)))
+    throw InputError(where(label, "rope_local_base_freq") + " is " + fmt::format("{}", c.rope_local_theta) +
+                     "; expected a finite number of at least 1");
+}
+
 }  // namespace
+
+int64_t layer_window(const LlamaConfig& c, int64_t layer) {
+  if (c.sliding_layers.empty()) return c.sliding_window;
+  return c.sliding_layers.at(static_cast<size_t>(layer)) ? c.sliding_window : 0;
+}
+
+bool layer_local_rope(const LlamaConfig& c, int64_t layer) {
+  return c.rope_local_theta > 0 && !c.sliding_layers.empty() && c.sliding_layers.at(static_cast<size_t>(layer));
+}
+
+const char* mlp_norm_name(const LlamaConfig& c) {
+  return c.gemma_norms ? "pre_feedforward_layernorm" : "post_attention_layernorm";
+}
+
+std::vector<std::string> layer_norm_names(const LlamaConfig& c) {
+  if (c.gemma_norms)
+    return {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"};
+  return {"input_layernorm", "post_attention_layernorm"};
+}
 
 const char* model_family_name(ModelFamily family) {
   switch (family) {
@@ -133,6 +250,8 @@ const char* model_family_name(ModelFamily family) {
     case ModelFamily::kQwen3: return "qwen3";
     case ModelFamily::kMistral: return "mistral";
     case ModelFamily::kPhi3: return "phi3";
+    case ModelFamily::kGemma2: return "gemma2";
+    case ModelFamily::kGemma3: return "gemma3_text";
   }
   return "?";
 }
@@ -146,13 +265,19 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
       throw InputError(where(label, "model_type") + " must be a string, got " + j["model_type"].dump());
     const std::string type = j["model_type"].get<std::string>();
     bool known = false;
-    for (ModelFamily f :
-         {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kQwen3, ModelFamily::kMistral, ModelFamily::kPhi3})
+    for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kQwen3, ModelFamily::kMistral,
+                          ModelFamily::kPhi3, ModelFamily::kGemma2, ModelFamily::kGemma3})
       if (type == model_family_name(f)) c.family = f, known = true;
+    if (type == "gemma3")
+      throw InputError(where(label, "model_type") +
+                       " is \"gemma3\", Gemma 3's image-and-text model (Gemma3ForConditionalGeneration); qshard runs "
+                       "the text model, model_type \"gemma3_text\" (Gemma3ForCausalLM: gemma-3-270m, gemma-3-1b)");
     if (!known)
       throw InputError(where(label, "model_type") + " is \"" + type +
-                       "\"; qshard supports \"llama\", \"qwen2\", \"qwen3\", \"mistral\" and \"phi3\"");
+                       "\"; qshard supports \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\", \"gemma2\" and "
+                       "\"gemma3_text\"");
   }
+  const bool gemma = c.family == ModelFamily::kGemma2 || c.family == ModelFamily::kGemma3;
   c.vocab_size = get_int(j, "vocab_size", label, std::nullopt);
   c.hidden_size = get_int(j, "hidden_size", label, std::nullopt);
   c.intermediate_size = get_int(j, "intermediate_size", label, std::nullopt);
@@ -167,7 +292,9 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     throw InputError(where(label, "num_key_value_heads") + " = " + std::to_string(c.num_key_value_heads) +
                      " does not divide num_attention_heads = " + std::to_string(c.num_attention_heads));
-  if (!j.contains("head_dim") || j["head_dim"].is_null()) {
+  if (gemma && (!j.contains("head_dim") || j["head_dim"].is_null())) {
+    c.head_dim = 256;  // Gemma2Config / Gemma3TextConfig's default, apart from hidden / heads
+  } else if (!j.contains("head_dim") || j["head_dim"].is_null()) {
     if (c.hidden_size % c.num_attention_heads != 0)
       throw InputError(where(label, "hidden_size") + " = " + std::to_string(c.hidden_size) +
                        " is not divisible by num_attention_heads and no head_dim is given");
@@ -185,15 +312,23 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
   if (!(c.rms_norm_eps > 0 && c.rms_norm_eps < 1))
     throw InputError(where(label, "rms_norm_eps") + " is " + fmt::format("{}", c.rms_norm_eps) +
                      "; expected a small positive number below 1 (1e-6 or 1e-5 in Llama-style models)");
-  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+  if (!gemma && j.contains("hidden_act") && j["hidden_act"] != "silu")
     throw InputError(where(label, "hidden_act") + " is " + j["hidden_act"].dump() + "; qshard's families use \"silu\"");
-  // RoPE: the newer single rope_parameters field, or rope_theta + rope_scaling.
-  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+  // RoPE: the newer single rope_parameters field, or rope_theta + rope_scaling (Gemma 3's per
+  // layer type: read_gemma).
+  const bool per_type = j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+                        (j["rope_parameters"].contains("full_attention") || j["rope_parameters"].contains("sliding_attention"));
+  if (per_type && c.family != ModelFamily::kGemma3) {
+    throw InputError(where(label, "rope_parameters") + " is per layer type (" + j["rope_parameters"].dump() +
+                     "); only a gemma3_text model takes that form");
+  } else if (per_type) {
+    c.rope_theta = get_num(j, "rope_theta", label, 1000000.0);  // read_gemma reads the two
+  } else if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
     const json& rp = j["rope_parameters"];
     c.rope_scaling = parse_rope(rp, "rope_parameters", label);
     c.rope_theta = get_num(rp, "rope_theta", label + " (rope_parameters)", get_num(j, "rope_theta", label, 10000.0));
   } else {
-    c.rope_theta = get_num(j, "rope_theta", label, 10000.0);
+    c.rope_theta = get_num(j, "rope_theta", label, c.family == ModelFamily::kGemma3 ? 1000000.0 : 10000.0);
     if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
       c.rope_scaling = parse_rope(j["rope_scaling"], "rope_scaling", label);
   }
@@ -202,7 +337,7 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
   if (!(c.rope_theta >= 1 && std::isfinite(c.rope_theta)))
     throw InputError(where(label, "rope_theta") + " is " + fmt::format("{}", c.rope_theta) +
                      "; expected a finite number of at least 1 (10000 to 1000000 in practice)");
-  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", label, false);
+  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", label, gemma);  // Gemma's default: tied
   // Biases by family (transformers' *Attention / *MLP): Llama reads attention_bias (all four
   // attention projections) and mlp_bias; Qwen2 has q/k/v biases and none else (no such keys);
   // Qwen3 reads attention_bias (all four), no MLP bias; Mistral has none.
@@ -232,6 +367,13 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& label) {
       if (c.rope_scaling.rope_type != "default")
         throw InputError(where(label, j.contains("rope_parameters") ? "rope_parameters" : "rope_scaling") +
                          " has rope_type \"" + c.rope_scaling.rope_type + "\"; a phi3 model takes \"default\" (plain RoPE)");
+      break;
+    case ModelFamily::kGemma2:
+    case ModelFamily::kGemma3:
+      read_gemma(j, label, c);
+      if (c.family == ModelFamily::kGemma2 && c.rope_scaling.rope_type != "default")
+        throw InputError(where(label, j.contains("rope_parameters") ? "rope_parameters" : "rope_scaling") +
+                         " has rope_type \"" + c.rope_scaling.rope_type + "\"; a gemma2 model takes \"default\"");
       break;
   }
   // Token ids, dtype and quantization_config of another type than the one transformers writes are
@@ -319,7 +461,7 @@ LlamaSize llama_size(const LlamaConfig& c) {
   const double kv = static_cast<double>(c.num_key_value_heads) * static_cast<double>(c.head_dim);
   const double L = static_cast<double>(c.num_hidden_layers), V = static_cast<double>(c.vocab_size);
   s.projection_params = L * (C * q + 2 * C * kv + q * C + 3 * C * I);
-  s.other_params = V * C * (c.tie_word_embeddings ? 1 : 2) + C + L * 2 * C;
+  s.other_params = V * C * (c.tie_word_embeddings ? 1 : 2) + C + L * static_cast<double>(layer_norm_names(c).size()) * C;
   if (c.attention_bias) s.other_params += L * (q + 2 * kv);
   if (c.o_proj_bias) s.other_params += L * C;
   if (c.mlp_bias) s.other_params += L * (2 * I + C);
@@ -409,12 +551,14 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_weights
     for (const auto& proj : stored_projection_names(c)) {
       w.push_back({p + proj + ".weight", llama_projection_shape(c, proj)});
       if (llama_projection_has_bias(c, proj)) w.push_back({p + proj + ".bias", {llama_projection_shape(c, proj)[0]}});
+      if (proj == "mlp.down_proj" && c.gemma_norms) w.push_back({p + "post_feedforward_layernorm.weight", {c.hidden_size}});
       if (proj == "self_attn.o_proj") {
         if (c.qk_norm) {
           w.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
           w.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
         }
         w.push_back({p + "post_attention_layernorm.weight", {c.hidden_size}});
+        if (c.gemma_norms) w.push_back({p + "pre_feedforward_layernorm.weight", {c.hidden_size}});
       }
     }
   }

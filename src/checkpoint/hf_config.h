@@ -9,8 +9,18 @@
 // fused in self_attn.qkv_proj and gate|up in mlp.gate_up_proj in the files, split into qshard's
 // separate projections on load and fused again on export: checkpoint/fused_projections.h; plain
 // RoPE only (rope_scaling null; longrope / su refused by key and value), partial_rotary_factor 1,
-// sliding_window as Mistral's, resid_pdrop / embd_pdrop / attention_dropout 0). Any other
-// model_type is refused by name.
+// sliding_window as Mistral's, resid_pdrop / embd_pdrop / attention_dropout 0), "gemma2" and
+// "gemma3_text" (Gemma 2 / Gemma 3's text model, Gemma2ForCausalLM / Gemma3ForCausalLM: every RMSNorm
+// multiplies by 1 + weight; post_attention_layernorm normalizes the attention's output before the
+// residual add, pre_feedforward_layernorm is the MLP's input norm and post_feedforward_layernorm
+// normalizes its output; GeGLU (gelu_pytorch_tanh); the embeddings times sqrt(hidden_size);
+// attention scaled by query_pre_attn_scalar^-0.5; layer_types' "sliding_attention" layers with
+// sliding_window, the others full; Gemma 2: tanh soft-capping of the attention scores
+// (attn_logit_softcapping) and of the logits (final_logit_softcapping); Gemma 3: q_norm / k_norm as
+// Qwen3's, the sliding layers' own RoPE (rope_local_base_freq, or rope_parameters'
+// "sliding_attention"), linear RoPE scaling on the full layers; transformers ignores a Gemma 3
+// attn_logit_softcapping, and so does qshard). Any other model_type is refused by name ("gemma3",
+// the multimodal model, pointing at gemma3_text).
 // What: the fields of transformers' LlamaConfig (and the families' configs) that qshard uses (shared/FORMATS.md, "HF Llama
 // folder"): sizes, heads (GQA), RoPE (rope_theta and rope_scaling of type "llama3", or the newer
 // single rope_parameters field), norms, tied embeddings, biases, token ids, dtype. The parsed
@@ -32,16 +42,16 @@
 namespace qshard {
 
 struct RopeScaling {
-  std::string rope_type = "default";  // "default" | "llama3"
-  double factor = 1.0;
+  std::string rope_type = "default";  // "default" | "llama3" | "linear"
+  double factor = 1.0;                 // llama3's and linear's (inv_freq / factor)
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 0;
 };
 
 // The decoder families qshard runs (one skeleton: transformers' Llama layer plus the options below).
-enum class ModelFamily { kLlama, kQwen2, kQwen3, kMistral, kPhi3 };
-// "llama", "qwen2", "qwen3", "mistral", "phi3" (config.json's model_type).
+enum class ModelFamily { kLlama, kQwen2, kQwen3, kMistral, kPhi3, kGemma2, kGemma3 };
+// "llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text" (config.json's model_type).
 const char* model_family_name(ModelFamily family);
 
 struct LlamaConfig {
@@ -65,6 +75,19 @@ struct LlamaConfig {
   // Mistral, Phi-3: a key at position j is seen from position i when i - sliding_window < j <= i
   // (transformers' sliding-window causal mask); 0: none (plain causal attention).
   int64_t sliding_window = 0;
+  // Gemma: per layer whether sliding_window applies (config.json's layer_types, or the family's
+  // default pattern); empty: every layer (Mistral, Phi-3). layer_window() reads it.
+  std::vector<bool> sliding_layers;
+  // Gemma (gemma2, gemma3_text): the norms, the activation, the scales and the caps of the family
+  // comment above; zero / false for the other families.
+  bool gemma_norms = false;            // 1 + weight, and the post-attention / pre- and post-MLP norms
+  bool gelu_tanh = false;              // GeGLU: gelu_pytorch_tanh(gate) * up
+  double embed_scale = 0;              // the embeddings times this, rounded to their dtype; 0: none
+  double query_pre_attn_scalar = 0;    // attention scale = this^-0.5; 0: head_dim's
+  double attn_logit_softcapping = 0;   // 0: none
+  double final_logit_softcapping = 0;  // 0: none
+  // Gemma 3: the sliding layers' RoPE base (default type, no scaling); 0: every layer's is rope_theta.
+  double rope_local_theta = 0;
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
   std::optional<DType> dtype;  // "torch_dtype" or "dtype"
@@ -82,6 +105,17 @@ struct LlamaConfig {
   // Validates an already parsed object; `label` names the file in errors.
   static LlamaConfig from_json(const nlohmann::json& j, const std::string& label);
 };
+
+// Layer l's sliding window: sliding_window where it applies to l, 0 (full causal attention) elsewhere.
+int64_t layer_window(const LlamaConfig& c, int64_t layer);
+// True when layer l rotates with rope_local_theta (Gemma 3's sliding layers).
+bool layer_local_rope(const LlamaConfig& c, int64_t layer);
+// The decoder layer's RMSNorms (their module names in the checkpoints): input_layernorm and the
+// MLP's input norm (post_attention_layernorm; Gemma: pre_feedforward_layernorm), and Gemma's
+// post-attention and post-MLP norms (post_attention_layernorm, post_feedforward_layernorm; empty
+// for the other families).
+const char* mlp_norm_name(const LlamaConfig& c);
+std::vector<std::string> layer_norm_names(const LlamaConfig& c);
 
 // Parameter counts of the model a config describes (doubles: a hostile config overflows int64).
 struct LlamaSize {

@@ -39,7 +39,7 @@ std::unique_ptr<Module> build_llama_tree(const LlamaConfig& c, const LlamaTreeOp
             .add_parameter("weight", Tensor::zeros({c.head_dim}, dtype(layer_prefix + "self_attn." + norm + ".weight")));
     Module& mlp = layer.add_child("mlp", "LlamaMLP");
     for (const char* p : {"gate_proj", "up_proj", "down_proj"}) projection(mlp, std::string("mlp.") + p, p);
-    for (const char* norm : {"input_layernorm", "post_attention_layernorm"})
+    for (const std::string& norm : layer_norm_names(c))  // Gemma: four
       layer.add_child(norm, "LlamaRMSNorm")
           .add_parameter("weight", Tensor::zeros({c.hidden_size}, dtype(layer_prefix + norm + ".weight")));
   }

@@ -51,6 +51,18 @@ nlohmann::json llama_config_json(const LlamaSizes& o, DType dtype, double init_s
     case ModelFamily::kPhi3:  // Phi-3: fused qkv_proj / gate_up_proj in the folder (llama_expected_weights)
       j["sliding_window"] = o.sliding_window > 0 ? nlohmann::json(o.sliding_window) : nlohmann::json(nullptr);
       break;
+    case ModelFamily::kGemma2:
+    case ModelFamily::kGemma3:  // Gemma2Config / Gemma3TextConfig's defaults but the sizes
+      j.erase("hidden_act");
+      j["hidden_activation"] = "gelu_pytorch_tanh";
+      j["attention_bias"] = false;
+      if (o.num_attention_heads > 0) {
+        j["head_dim"] = o.hidden_size / o.num_attention_heads;
+        j["query_pre_attn_scalar"] = o.hidden_size / o.num_attention_heads;
+      }
+      j["sliding_window"] = o.sliding_window > 0 ? o.sliding_window : 4096;
+      if (o.family == ModelFamily::kGemma3) j["rope_theta"] = 1000000.0;
+      break;
   }
   j["initializer_range"] = init_std;
   // The special ids of transformers' Llama default, where the vocabulary has them (generate
@@ -170,7 +182,9 @@ LlamaConfig write_random_llama_folder(const std::string& dir, const RandomLlamaO
     for (const auto& [name, shape] : weights) {
       const int64_t n = shape_numel(shape);
       const bool norm = name.find("norm.weight") != std::string::npos;  // q_norm / k_norm too
-      const std::vector<float> v = norm ? std::vector<float>(static_cast<size_t>(n), 1.0f)
+      // The identity norm: weight 1, or 0 where the norm multiplies by 1 + weight (Gemma).
+      const float unit = cfg.gemma_norms ? 0.0f : 1.0f;
+      const std::vector<float> v = norm ? std::vector<float>(static_cast<size_t>(n), unit)
                                         : random_normal(o.seed, name, n, o.init_std, host_threads(32));
       w.write(name, Tensor::from_f32(shape, o.dtype, v).bytes());
     }

@@ -52,8 +52,9 @@ struct ProjectionWeights {
 struct LayerWeights {
   std::array<ProjectionWeights, 7> proj;  // kLlamaProjections order (model/llama_binding.h)
   WeightRef input_norm;                   // [C]
-  WeightRef post_norm;                    // [C]
-  WeightRef q_norm, k_norm;               // [D] (qk_norm: Qwen3), null data: none
+  WeightRef post_norm;                    // [C] the MLP's input norm (mlp_norm_name: Gemma's pre_feedforward_layernorm)
+  WeightRef q_norm, k_norm;               // [D] (qk_norm: Qwen3, Gemma 3), null data: none
+  WeightRef attn_out_norm, mlp_out_norm;  // [C] (gemma_norms: post_attention_ / post_feedforward_layernorm), null: none
 };
 
 struct RootWeights {

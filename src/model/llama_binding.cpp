@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string_view>
+#include <tuple>
 
 #include "model/llama_ops.h"
 #include "quant/params4bit.h"
@@ -130,12 +131,20 @@ LlamaTreeSlots::LlamaTreeSlots(const LlamaConfig& c, Module& root, const DeviceC
       d.fold_extra[g] = std::max(d.fold_extra[g], extra);
     }
     ls.input_norm = require_slot(root.find_module(prefix + "input_layernorm"), prefix + "input_layernorm", "weight");
-    ls.post_norm = require_slot(root.find_module(prefix + "post_attention_layernorm"),
-                                prefix + "post_attention_layernorm", "weight");
+    const std::string mlp_norm = mlp_norm_name(c);
+    ls.post_norm = require_slot(root.find_module(prefix + mlp_norm), prefix + mlp_norm, "weight");
     check_shape(prefix + "input_layernorm.weight", ls.input_norm->tensor.shape(), {C});
-    check_shape(prefix + "post_attention_layernorm.weight", ls.post_norm->tensor.shape(), {C});
+    check_shape(prefix + mlp_norm + ".weight", ls.post_norm->tensor.shape(), {C});
     lw.input_norm.dtype = ls.input_norm->tensor.dtype();
     lw.post_norm.dtype = ls.post_norm->tensor.dtype();
+    if (c.gemma_norms) {  // the attention's and the MLP's output norms
+      for (auto [slot, ref, name] : {std::tuple{&ls.attn_out_norm, &lw.attn_out_norm, "post_attention_layernorm"},
+                                     {&ls.mlp_out_norm, &lw.mlp_out_norm, "post_feedforward_layernorm"}}) {
+        *slot = require_slot(root.find_module(prefix + name), prefix + name, "weight");
+        check_shape(prefix + name + ".weight", (*slot)->tensor.shape(), {C});
+        ref->dtype = (*slot)->tensor.dtype();
+      }
+    }
     if (c.qk_norm) {
       ls.q_norm = require_slot(root.find_module(prefix + "self_attn.q_norm"), prefix + "self_attn.q_norm", "weight");
       ls.k_norm = require_slot(root.find_module(prefix + "self_attn.k_norm"), prefix + "self_attn.k_norm", "weight");
@@ -224,7 +233,12 @@ const LayerWeights& LlamaTreeSlots::layer(int64_t layer) {
   }
   const std::string& prefix = slots_->prefix[static_cast<size_t>(layer)];
   w.input_norm.data = bound_tensor(*ls.input_norm, prefix, "input_layernorm.weight", device_).raw();
-  w.post_norm.data = bound_tensor(*ls.post_norm, prefix, "post_attention_layernorm.weight", device_).raw();
+  const std::string post_norm = std::string(mlp_norm_name(config_)) + ".weight";
+  w.post_norm.data = bound_tensor(*ls.post_norm, prefix, post_norm.c_str(), device_).raw();
+  if (ls.attn_out_norm) {
+    w.attn_out_norm.data = bound_tensor(*ls.attn_out_norm, prefix, "post_attention_layernorm.weight", device_).raw();
+    w.mlp_out_norm.data = bound_tensor(*ls.mlp_out_norm, prefix, "post_feedforward_layernorm.weight", device_).raw();
+  }
   if (ls.q_norm) {
     w.q_norm.data = bound_tensor(*ls.q_norm, prefix, "self_attn.q_norm.weight", device_).raw();
     w.k_norm.data = bound_tensor(*ls.k_norm, prefix, "self_attn.k_norm.weight", device_).raw();
@@ -236,7 +250,7 @@ void bind_root(const RootWeights& w, int64_t C, const BindScratch& scratch, Root
   r.embed = w.embed.data;
   r.embed_dtype = w.embed.dtype;
   float* norm = scratch.norms + 2 * C;
-  ops::to_f32(norm, w.norm.data, w.norm.dtype, C, ctx);
+  ops::to_f32(norm, w.norm.data, w.norm.dtype, C, ctx, scratch.norm_offset);
   r.norm = norm;
   r.head = w.head.data;
   r.head_dtype = w.head.dtype;
@@ -284,17 +298,25 @@ void bind_layer(const LayerWeights& w, int64_t layer, const BindScratch& scratch
     }
     if (i == kO) C = pw.out;  // o_proj's output: the hidden size
   }
-  ops::to_f32(scratch.norms, w.input_norm.data, w.input_norm.dtype, C, ctx);
-  ops::to_f32(scratch.norms + C, w.post_norm.data, w.post_norm.dtype, C, ctx);
+  const float off = scratch.norm_offset;
+  ops::to_f32(scratch.norms, w.input_norm.data, w.input_norm.dtype, C, ctx, off);
+  ops::to_f32(scratch.norms + C, w.post_norm.data, w.post_norm.dtype, C, ctx, off);
   b.input_norm = scratch.norms;
   b.post_norm = scratch.norms + C;
-  b.q_norm = b.k_norm = nullptr;
+  b.q_norm = b.k_norm = b.attn_out_norm = b.mlp_out_norm = nullptr;
+  const int64_t D = scratch.head_dim;
   if (w.q_norm.data) {  // after the root's final norm at 2C
-    const int64_t D = scratch.head_dim;
-    ops::to_f32(scratch.norms + 3 * C, w.q_norm.data, w.q_norm.dtype, D, ctx);
-    ops::to_f32(scratch.norms + 3 * C + D, w.k_norm.data, w.k_norm.dtype, D, ctx);
+    ops::to_f32(scratch.norms + 3 * C, w.q_norm.data, w.q_norm.dtype, D, ctx, off);
+    ops::to_f32(scratch.norms + 3 * C + D, w.k_norm.data, w.k_norm.dtype, D, ctx, off);
     b.q_norm = scratch.norms + 3 * C;
     b.k_norm = scratch.norms + 3 * C + D;
+  }
+  if (w.attn_out_norm.data) {  // after the q / k norms' place
+    QS_CHECK(w.mlp_out_norm.data, "a layer with a post-attention norm and no post-MLP norm");
+    ops::to_f32(scratch.norms + 3 * C + 2 * D, w.attn_out_norm.data, w.attn_out_norm.dtype, C, ctx, off);
+    ops::to_f32(scratch.norms + 4 * C + 2 * D, w.mlp_out_norm.data, w.mlp_out_norm.dtype, C, ctx, off);
+    b.attn_out_norm = scratch.norms + 3 * C + 2 * D;
+    b.mlp_out_norm = scratch.norms + 4 * C + 2 * D;
   }
 }
 

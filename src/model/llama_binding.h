@@ -62,6 +62,8 @@ struct LayerBinding {
   const float* post_norm = nullptr;   // [C] f32
   const float* q_norm = nullptr;      // [D] f32 (qk_norm), else null
   const float* k_norm = nullptr;      // [D] f32
+  const float* attn_out_norm = nullptr;  // [C] f32 (gemma_norms), else null
+  const float* mlp_out_norm = nullptr;   // [C] f32 (gemma_norms), else null
 };
 
 struct RootBinding {
@@ -87,8 +89,10 @@ struct BindScratch {
   float* biases = nullptr;    // [7, bias_stride] f32
   int64_t bias_stride = 0;
   int64_t head_dim = 0;       // D (the q / k norms' width)
-  float* norms = nullptr;     // [3C + 2D] f32: the layer's two norms, the root's final norm, the
-                              // layer's q / k norms (qk_norm)
+  float* norms = nullptr;     // [3C + 2D (+ 2C)] f32: the layer's two norms, the root's final norm,
+                              // the layer's q / k norms (qk_norm), its post-attention and post-MLP
+                              // norms (gemma_norms)
+  float norm_offset = 0.0f;   // added to every norm weight (Gemma: 1 + weight)
   void* lora_cvt = nullptr;   // LoRA A/B in the activation dtype (when not f32 and no compute copies)
   double lora_alpha = 16.0;   // LoRA scaling = alpha / r (alpha / sqrt(r) with use_rslora)
   bool use_rslora = false;
@@ -107,6 +111,8 @@ struct LayerSlots {
   Module::Slot* post_norm = nullptr;
   Module::Slot* q_norm = nullptr;  // qk_norm (Qwen3), else null
   Module::Slot* k_norm = nullptr;
+  Module::Slot* attn_out_norm = nullptr;  // gemma_norms, else null
+  Module::Slot* mlp_out_norm = nullptr;
 };
 struct RootSlots {
   Module::Slot* embed = nullptr;

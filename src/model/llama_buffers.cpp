@@ -129,6 +129,8 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   d.dropout = o.lora_dropout > 0;
   d.head_rows = llama_head_rows(o.head_chunk_bytes, d.V, d.N);
   d.qk_norm = c.qk_norm;
+  d.gemma_norms = c.gemma_norms;
+  d.local_rope = c.rope_local_theta > 0;
   d.positions = o.packed_positions;
   if (o.packed_positions && backend == Backend::kCuda)
     d.ragged_ints = ragged_layout_ints(o.packed_max_pieces > 0 ? o.packed_max_pieces : d.N);
@@ -214,6 +216,14 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   // The residual stream's gradient: one buffer the layers' backward updates in place (dout, then
   // the gradient at x2, then at the layer's input), the head's rmsnorm_bwd its first writer.
   p.add("dx", N * C * esz, run, a ? t(&a->dx) : nullptr);
+  if (d.gemma_norms) {  // the output norms' inputs, rstd and gradients (the MLP's chunk-sized)
+    p.add("o_proj output", N * C * esz, run, a ? t(&a->ao) : nullptr);
+    p.add("rstd o_proj output", N * 4, run, a ? t(&a->rstd_ao) : nullptr);
+    p.add("d o_proj output", N * C * esz, run, a ? t(&a->dao) : nullptr);
+    p.add("down_proj output", NM * C * esz, run, a ? t(&a->dn) : nullptr);
+    p.add("rstd down_proj output", NM * 4, run, a ? t(&a->rstd_dn) : nullptr);
+    p.add("d down_proj output", NM * C * esz, run, a ? t(&a->ddn) : nullptr);
+  }
   // The norms' input gradients: dh2 (the MLP's) is consumed before dh1 (attention's) is written, so
   // one buffer serves both; folded, the extra columns get s dt. Without q/k norms da (o_proj's input
   // gradient, read by attention's backward before q_proj's backward writes dh1) shares it too; with
@@ -233,12 +243,17 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   p.add("rstdf", N * 4, run, a ? t(&a->rstdf) : nullptr);
   p.add("rope cos", T * d.D / 2 * 4, run, a ? t(&a->rope_cos) : nullptr);
   p.add("rope sin", T * d.D / 2 * 4, run, a ? t(&a->rope_sin) : nullptr);
+  if (d.local_rope) {
+    p.add("rope cos (sliding layers)", T * d.D / 2 * 4, run, a ? t(&a->rope_cos_local) : nullptr);
+    p.add("rope sin (sliding layers)", T * d.D / 2 * 4, run, a ? t(&a->rope_sin_local) : nullptr);
+  }
   p.add("ids", N * 8, run, a ? t(&a->ids) : nullptr);
   p.add("targets", N * 8, run, a ? t(&a->targets) : nullptr);
   if (d.positions) p.add("positions (packed data)", N * 8, run, a ? t(&a->positions) : nullptr);
   if (d.ragged_ints > 0) p.add("pieces (packed data, ragged)", d.ragged_ints * 4, run, a ? t(&a->ragged) : nullptr);
   p.add("loss sum", 8, run, a ? t(&a->loss_sum) : nullptr);
-  p.add("norms (f32)", (3 * C + (d.qk_norm ? 2 * d.D : 0)) * 4, run, a ? t(&a->norms) : nullptr);
+  p.add("norms (f32)", (3 * C + (d.qk_norm || d.gemma_norms ? 2 * d.D : 0) + (d.gemma_norms ? 2 * C : 0)) * 4, run,
+        a ? t(&a->norms) : nullptr);
   p.add("biases (f32)", 7 * d.max_out * 4, run, a ? t(&a->biases) : nullptr);
   if (d.convert_lora) p.add("LoRA in the activation dtype", d.lora_elems * esz, run, a ? t(&a->lora_cvt) : nullptr);
   if (d.fold_r[0] + d.fold_r[1] > 0)

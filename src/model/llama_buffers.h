@@ -100,6 +100,8 @@ struct LlamaBufferDims {
   bool dropout = false;              // LoRA dropout's masked inputs in the workspace
   int64_t head_rows = 0;             // LM-head logits rows per chunk
   bool qk_norm = false;              // Qwen3's q / k norms: their inputs and rstd kept per layer
+  bool gemma_norms = false;          // Gemma's post-attention / post-MLP norms: their inputs and gradients
+  bool local_rope = false;           // Gemma 3: the sliding layers' own RoPE tables
   bool positions = false;            // packed data's positions [N] int64 (options.packed_positions)
   int64_t ragged_ints = 0;           // CUDA, packed: ragged_layout's int32 arrays (llama_ops.h)
 };
@@ -147,6 +149,13 @@ struct LlamaActivations : LlamaInternals {
   void* xs = nullptr;        // [L+1, N, C] layer inputs (checkpoints); xs[L] the final hidden state
   void* m = nullptr;         // [NM, I] silu(g) * u (down_proj input)
   // gradients
+  // Gemma's output norms (gemma_norms; the working set only: a kept layer's backward recomputes them)
+  void* ao = nullptr;        // [N, C] o_proj's output (post_attention_layernorm's input)
+  float* rstd_ao = nullptr;  // [N] f32
+  void* dao = nullptr;       // [N, C] its gradient
+  void* dn = nullptr;        // [NM, C] down_proj's output (post_feedforward_layernorm's input)
+  float* rstd_dn = nullptr;  // [NM] f32
+  void* ddn = nullptr;       // [NM, C] its gradient
   void* dx = nullptr;        // [N, C] the residual stream's gradient (updated in place by each layer)
   void* dm = nullptr;        // [NM, I]
   void* dg = nullptr;        // [NM, I]
@@ -164,13 +173,15 @@ struct LlamaActivations : LlamaInternals {
   void* dxf = nullptr;       // [N, C] (dq's buffer where H*D >= C)
   float* rope_cos = nullptr; // [T, D/2] f32
   float* rope_sin = nullptr; // [T, D/2] f32
+  float* rope_cos_local = nullptr;  // [T, D/2] f32 (local_rope: Gemma 3's sliding layers)
+  float* rope_sin_local = nullptr;
   int64_t* ids = nullptr;    // [N]
   int64_t* targets = nullptr;// [N]
   int64_t* positions = nullptr;  // [N] packed data's positions (LlamaBufferDims::positions)
   int32_t* ragged = nullptr;     // [ragged_ints] the pieces in cuDNN's ragged layout (CUDA, packed)
   double* loss_sum = nullptr;// [1] f64 accumulator
-  float* norms = nullptr;    // [3C (+ 2D)] f32: the bound layer's two norms, the root's final norm
-                             // (the bound layer's q / k norms: qk_norm)
+  float* norms = nullptr;    // [3C (+ 2D) (+ 2C)] f32: the bound layer's two norms, the root's final
+                             // norm (the bound layer's q / k norms; its output norms: BindScratch)
   float* biases = nullptr;   // [7, max_out] f32: the bound layer's biases
   void* lora_cat = nullptr;  // the fold: the bound layer's A matrices stacked per group [R_qkv + R_gu, C]
   void* lora_cvt = nullptr;  // the bound layer's LoRA A/B in the activation dtype (convert_lora)

@@ -100,11 +100,24 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   const std::optional<int64_t> before_libraries = ctx_.memory_in_use();
   ops::prepare(ctx_);
   max_pieces_ = options.packed_positions ? (options.packed_max_pieces > 0 ? options.packed_max_pieces : N) : 0;
-  ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D, c.sliding_window,
-                         ctx_.backend() == Backend::kCuda ? max_pieces_ : 0);
+  // Each window the layers use (Gemma's sliding and full layers: two), with the model's scores.
+  std::vector<int64_t> windows;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    if (std::find(windows.begin(), windows.end(), layer_window(c, l)) == windows.end())
+      windows.push_back(layer_window(c, l));
+  for (int64_t w : windows)
+    ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D, w,
+                           ctx_.backend() == Backend::kCuda ? max_pieces_ : 0, attention_scores());
   const std::optional<int64_t> after_libraries = ctx_.memory_in_use();
   if (before_libraries && after_libraries) library_bytes_ = std::max<int64_t>(*after_libraries - *before_libraries, 0);
+  rp.linear_factor = c.rope_scaling.rope_type == "linear" ? c.rope_scaling.factor : 1.0;
   ops::rope_tables(a.rope_cos, a.rope_sin, rp, max_seq_, ctx_);
+  if (c.rope_local_theta > 0) {  // Gemma 3's sliding layers: plain RoPE of their own base
+    RopeParams local;
+    local.theta = c.rope_local_theta;
+    local.head_dim = D;
+    ops::rope_tables(a.rope_cos_local, a.rope_sin_local, local, max_seq_, ctx_);
+  }
 
   // ---- workspace: the plan's (the larger of a layer's and an LM-head chunk's scratch) ----
   ctx_.workspace().reserve(static_cast<size_t>(plan_.total(BufferLife::kWorkspace)));
@@ -229,7 +242,24 @@ BindScratch LlamaModel::bind_scratch() const {
   s.lora_cvt = act_->lora_cvt;
   s.lora_alpha = options_.lora_alpha;
   s.use_rslora = options_.use_rslora;
+  s.norm_offset = config_.gemma_norms ? 1.0f : 0.0f;
   return s;
+}
+
+AttentionScores LlamaModel::attention_scores() const {
+  AttentionScores s;
+  if (config_.query_pre_attn_scalar > 0)  // transformers: query_pre_attn_scalar ** -0.5 (a double, used in f32)
+    s.scale = static_cast<float>(std::pow(config_.query_pre_attn_scalar, -0.5));
+  s.softcap = static_cast<float>(config_.attn_logit_softcapping);
+  return s;
+}
+
+GatedAct LlamaModel::gated_act() const { return config_.gelu_tanh ? GatedAct::kGeluTanh : GatedAct::kSilu; }
+
+const float* LlamaModel::rope_table(bool sin) const {
+  const bool local = layer_local_rope(config_, layer_.layer);
+  if (sin) return local ? act_->rope_sin_local : act_->rope_sin;
+  return local ? act_->rope_cos_local : act_->rope_cos;
 }
 
 void LlamaModel::bind_root() {
@@ -523,9 +553,13 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
   }
   mark(StepPart::kRope);
   const int64_t rope_off = cache_pos > 0 ? cache_pos * (D / 2) : 0;  // positions cache_pos ..
-  ops::rope_fwd(a.q, a.rope_cos + rope_off, a.rope_sin + rope_off, B, T, H, D, ctx_, pos_);
-  ops::rope_fwd(a.k, a.rope_cos + rope_off, a.rope_sin + rope_off, B, T, Hkv, D, ctx_, pos_);
+  const float* cos = rope_table(false) + rope_off;
+  const float* sin = rope_table(true) + rope_off;
+  ops::rope_fwd(a.q, cos, sin, B, T, H, D, ctx_, pos_);
+  ops::rope_fwd(a.k, cos, sin, B, T, Hkv, D, ctx_, pos_);
   mark(StepPart::kAttention);
+  const int64_t window = layer_window(c, layer_.layer);
+  const AttentionScores scores = attention_scores();
   if (cache_pos >= 0) {
     const int64_t row = Hkv * D, layer_off = layer_.layer * options_.kv_cache_tokens * row;
     void* kc = act(a.k_cache, layer_off);
@@ -533,15 +567,21 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
     ops::copy(act(kc, cache_pos * row), a.k, T * row, ctx_);
     ops::copy(act(vc, cache_pos * row), a.v, T * row, ctx_);
     if (cache_pos == 0)  // the prompt: the training / eval kernel, so its logits are eval's
-      ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_, c.sliding_window);
+      ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_, window, nullptr, scores);
     else
-      ops::attention_cached_fwd(a.a, a.q, kc, vc, T, cache_pos, H, Hkv, D, ctx_, c.sliding_window);
+      ops::attention_cached_fwd(a.a, a.q, kc, vc, T, cache_pos, H, Hkv, D, ctx_, window, scores);
   } else {
-    ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_, c.sliding_window,
-                       pos_ ? &pieces_ : nullptr);
+    ops::attention_fwd(a.a, a.att_saved, a.q, a.k, a.v, B, T, H, Hkv, D, ctx_, window, pos_ ? &pieces_ : nullptr,
+                       scores);
   }
   mark(StepPart::kOther);
-  linear_fwd(kO, a.x2, a.a, N);
+  if (c.gemma_norms) {  // Gemma: x2 = x + post_attention_layernorm(o_proj(a))
+    linear_fwd(kO, a.ao, a.a, N);
+    mark(StepPart::kNorm);
+    ops::rmsnorm_fwd(a.x2, a.rstd_ao, a.ao, layer_.attn_out_norm, N, C, eps, ctx_);
+  } else {
+    linear_fwd(kO, a.x2, a.a, N);
+  }
   mark(StepPart::kResidual);
   ops::add(a.x2, x, a.x2, N * C, ctx_);  // residual + attention (HF order)
   // h2 = norm(x2): whole, or (chunked MLP) per chunk into a chunk-sized h2 (mlp_rows_fwd)
@@ -562,7 +602,14 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
     const int64_t rows = std::min(step, N - r0);
     mlp_rows_fwd(r0, rows, chunks);
     chunk_row_offset_ = r0;
-    linear_fwd(kDown, act(x_out, r0 * C), a.m, rows);
+    if (c.gemma_norms) {  // Gemma: post_feedforward_layernorm(down(...)) before the residual add
+      linear_fwd(kDown, a.dn, a.m, rows);
+      mark(StepPart::kNorm);
+      ops::rmsnorm_fwd(act(x_out, r0 * C), a.rstd_dn, a.dn, layer_.mlp_out_norm, rows, C, eps, ctx_);
+      mark(StepPart::kOther);
+    } else {
+      linear_fwd(kDown, act(x_out, r0 * C), a.m, rows);
+    }
     chunk_row_offset_ = 0;
   }
   mark(StepPart::kResidual);
@@ -584,7 +631,7 @@ void LlamaModel::mlp_rows_fwd(int64_t r0, int64_t rows, bool norm) {
   linear_fwd(kGate, a.g, h2, rows, ld2);
   linear_fwd(kUp, a.u, h2, rows, ld2);
   mark(StepPart::kSwiglu);
-  ops::swiglu_fwd(a.m, a.g, a.u, rows * config_.intermediate_size, ctx_);
+  ops::swiglu_fwd(a.m, a.g, a.u, rows * config_.intermediate_size, ctx_, gated_act());
   mark(StepPart::kOther);
   chunk_row_offset_ = 0;
 }
@@ -642,7 +689,11 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
     ops::rmsnorm_fwd(a.h2, a.rstd2, a.x2, layer_.post_norm, N, C, eps, ctx_, fold_ld(1));
     fold_fwd(1, a.h2, N);
     mark(StepPart::kSwiglu);
-    ops::swiglu_fwd(a.m, a.g, a.u, N * I, ctx_);  // m is not kept: one elementwise op
+    ops::swiglu_fwd(a.m, a.g, a.u, N * I, ctx_, gated_act());  // m is not kept: one elementwise op
+    if (c.gemma_norms) {  // o_proj's output and its norm's rstd (the working set's), recomputed
+      linear_fwd(kO, a.ao, a.a, N);
+      ops::rmsnorm_fwd(a.dao, a.rstd_ao, a.ao, layer_.attn_out_norm, N, C, eps, ctx_);
+    }
     mark(StepPart::kOther);
   }
 
@@ -662,9 +713,19 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
     const void* h2 = chunks ? a.h2 : act(a.h2, r0 * ld2);
     void* dh2 = act(a.dh2, r0 * ld2);
     chunk_row_offset_ = r0;
-    linear_bwd(kDown, a.dm, false, act(dx, r0 * C), a.m, rows);
+    const void* dmlp = act(dx, r0 * C);  // the gradient at down_proj's output
+    if (c.gemma_norms) {  // through post_feedforward_layernorm: down's output and rstd recomputed
+      linear_fwd(kDown, a.dn, a.m, rows);
+      mark(StepPart::kNorm);
+      ops::rmsnorm_fwd(a.ddn, a.rstd_dn, a.dn, layer_.mlp_out_norm, rows, C, static_cast<float>(c.rms_norm_eps), ctx_);
+      ops::zero(a.ddn, rows * C, ctx_);
+      ops::rmsnorm_bwd(a.ddn, dmlp, a.dn, layer_.mlp_out_norm, a.rstd_dn, rows, C, ctx_);
+      mark(StepPart::kOther);
+      dmlp = a.ddn;
+    }
+    linear_bwd(kDown, a.dm, false, dmlp, a.m, rows);
     mark(StepPart::kSwiglu);
-    ops::swiglu_bwd(a.dg, a.du, a.dm, a.g, a.u, rows * I, ctx_);
+    ops::swiglu_bwd(a.dg, a.du, a.dm, a.g, a.u, rows * I, ctx_, gated_act());
     linear_bwd(kGate, dh2, false, a.dg, h2, rows, ld2);
     linear_bwd(kUp, dh2, true, a.du, h2, rows, ld2);
     chunk_row_offset_ = 0;
@@ -674,13 +735,20 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
   }
 
   // Attention: x2 = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = norm(x).
-  linear_bwd(kO, a.da, false, dx, a.a, N);
+  const void* dattn = dx;  // the gradient at o_proj's output
+  if (c.gemma_norms) {     // through post_attention_layernorm (its input and rstd in the working set)
+    mark(StepPart::kNorm);
+    ops::zero(a.dao, N * C, ctx_);
+    ops::rmsnorm_bwd(a.dao, dx, a.ao, layer_.attn_out_norm, a.rstd_ao, N, C, ctx_);
+    dattn = a.dao;
+  }
+  linear_bwd(kO, a.da, false, dattn, a.a, N);
   mark(StepPart::kAttention);
   ops::attention_bwd(a.dq, a.dk, a.dv, a.da, a.q, a.k, a.v, a.a, a.att_saved, B, T, H, Hkv, D, ctx_,
-                     c.sliding_window, pos_ ? &pieces_ : nullptr);
+                     layer_window(c, layer_.layer), pos_ ? &pieces_ : nullptr, attention_scores());
   mark(StepPart::kRope);
-  ops::rope_bwd(a.dq, a.rope_cos, a.rope_sin, B, T, H, D, ctx_, pos_);
-  ops::rope_bwd(a.dk, a.rope_cos, a.rope_sin, B, T, Hkv, D, ctx_, pos_);
+  ops::rope_bwd(a.dq, rope_table(false), rope_table(true), B, T, H, D, ctx_, pos_);
+  ops::rope_bwd(a.dk, rope_table(false), rope_table(true), B, T, Hkv, D, ctx_, pos_);
   const void* dq_proj = a.dq;  // the gradient at q_proj's / k_proj's output
   const void* dk_proj = a.dk;
   if (c.qk_norm) {  // through q_norm / k_norm: into da (free once attention_bwd read it) and dk_raw
@@ -709,8 +777,16 @@ void LlamaModel::embed(std::span<const int64_t> ids, void* x, int64_t B, int64_t
   check_sizes(B, T);
   QS_CHECK(static_cast<int64_t>(ids.size()) == B * T, "embed: bad sizes");
   upload(act_->ids, ids);
+  // Gemma: times sqrt(hidden) in f32, rounded to the embedding's dtype (transformers'
+  // embed_scale.to(weight.dtype)); the product in that dtype (embedding_fwd).
+  float scale = 1.0f;
+  if (config_.embed_scale > 0) {
+    scale = static_cast<float>(config_.embed_scale);
+    DeviceContext host(Backend::kCpu, -1);
+    if (root_binding_.embed_dtype != DType::kF32) cpu::round_to_dtype(&scale, 1, root_binding_.embed_dtype, host);
+  }
   ops::embedding_fwd(x, act_->ids, root_binding_.embed, root_binding_.embed_dtype, B * T, config_.hidden_size,
-                     config_.vocab_size, ctx_);
+                     config_.vocab_size, ctx_, scale);
 }
 
 void LlamaModel::head_chunks(const void* x, const int64_t* targets, void* dx, int64_t N, float grad_scale,
@@ -732,6 +808,7 @@ void LlamaModel::head_chunks(const void* x, const int64_t* targets, void* dx, in
   // The logit gradient (f32) in the activation dtype when the GEMM does not take f32 with the head.
   const bool dlogits_cvt = !ops::gemm_supports(ctx_, DType::kF32, head_t);
   ops::rmsnorm_fwd(a.xf, a.rstdf, x, r.norm, N, C, static_cast<float>(config_.rms_norm_eps), ctx_);
+  const float softcap = static_cast<float>(config_.final_logit_softcapping);
   Workspace& ws = ctx_.workspace();
   ws.reset();
   void* logits = ws.take(head_rows_ * V * 4, "LM-head logits chunk");  // f32 [rows, V]
@@ -740,6 +817,7 @@ void LlamaModel::head_chunks(const void* x, const int64_t* targets, void* dx, in
     const int64_t rows = std::min(head_rows_, N - r0);
     ops::gemm(logits, act(a.xf, r0 * C), head, typed({rows, V, C, false, true}, act_t, head_t, DType::kF32),
               ctx_);  // [rows, V] = xf W^T
+    if (softcap > 0.0f) ops::logit_softcap(static_cast<float*>(logits), rows * V, softcap, ctx_);  // Gemma 2
     if (logits_out) {
       ctx_.compute().synchronize();  // the host copy reads the GEMM's result
       copy_bytes(logits_out + r0 * V, Device::kCpu, logits, ctx_.compute_device(), static_cast<size_t>(rows * V) * 4);
@@ -748,7 +826,7 @@ void LlamaModel::head_chunks(const void* x, const int64_t* targets, void* dx, in
     // The gradient straight into the GEMM's dtype when it is not f32 (one read of the f32 logits
     // less than converting afterwards; the same bits).
     const DType dl_t = dlogits_cvt ? act_t : DType::kF32;
-    ops::cross_entropy_fwd_bwd(logits, a.loss_sum, targets + r0, rows, V, grad_scale, ctx_, dlogits, dl_t);
+    ops::cross_entropy_fwd_bwd(logits, a.loss_sum, targets + r0, rows, V, grad_scale, ctx_, dlogits, dl_t, softcap);
     if (grad_scale != 0.0f) {
       ops::gemm(act(a.dxf, r0 * C), dlogits, head, typed({rows, C, V, false, false}, dl_t, head_t, act_t),
                 ctx_);  // dxf = dlogits W (the head is frozen)

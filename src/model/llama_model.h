@@ -256,6 +256,9 @@ class LlamaModel {
 
   void check_sizes(int64_t B, int64_t T) const;
   BindScratch bind_scratch() const;
+  AttentionScores attention_scores() const;  // the config's scale and soft-cap (Gemma)
+  GatedAct gated_act() const;                // the MLP's activation
+  const float* rope_table(bool sin) const;   // the bound layer's RoPE cos / sin (Gemma 3's sliding layers: their own)
   // cache_pos >= 0: generation (forward_cached): B == 1, positions cache_pos.., the KV cache.
   const void* forward_layers(std::span<const int64_t> ids, int64_t B, int64_t T, bool keep_checkpoints,
                              int64_t cache_pos = -1, std::span<const int64_t> positions = {});

@@ -32,7 +32,7 @@ struct ShardedLlamaWeights::Entries {
   };
   struct Layer {
     std::array<Proj, 7> proj;
-    Param input_norm, post_norm, q_norm, k_norm;
+    Param input_norm, post_norm, q_norm, k_norm, attn_out_norm, mlp_out_norm;
   };
   std::vector<Layer> layers;
   Param embed, norm, head;
@@ -61,11 +61,13 @@ ShardedLlamaWeights::ShardedLlamaWeights(const LlamaConfig& c, const LlamaTreeSl
       el.proj[i].lora_A = param_of(units, ls.proj[i].lora_A, u, fqn + ".lora_A.weight");
       el.proj[i].lora_B = param_of(units, ls.proj[i].lora_B, u, fqn + ".lora_B.weight");
     }
-    el.input_norm = param_of(units, ls.input_norm, u, "model.layers." + std::to_string(l) + ".input_layernorm.weight");
-    el.post_norm =
-        param_of(units, ls.post_norm, u, "model.layers." + std::to_string(l) + ".post_attention_layernorm.weight");
-    el.q_norm = param_of(units, ls.q_norm, u, "model.layers." + std::to_string(l) + ".self_attn.q_norm.weight");
-    el.k_norm = param_of(units, ls.k_norm, u, "model.layers." + std::to_string(l) + ".self_attn.k_norm.weight");
+    const std::string prefix = "model.layers." + std::to_string(l) + ".";
+    el.input_norm = param_of(units, ls.input_norm, u, prefix + "input_layernorm.weight");
+    el.post_norm = param_of(units, ls.post_norm, u, prefix + mlp_norm_name(c) + ".weight");
+    el.q_norm = param_of(units, ls.q_norm, u, prefix + "self_attn.q_norm.weight");
+    el.k_norm = param_of(units, ls.k_norm, u, prefix + "self_attn.k_norm.weight");
+    el.attn_out_norm = param_of(units, ls.attn_out_norm, u, prefix + "post_attention_layernorm.weight");
+    el.mlp_out_norm = param_of(units, ls.mlp_out_norm, u, prefix + "post_feedforward_layernorm.weight");
     E.layers.push_back(el);
     layers_.push_back(slots.layer_shapes(l));  // shapes and 4-bit scalars; pointers at each gather
   }
@@ -128,6 +130,10 @@ void ShardedLlamaWeights::fill_layer(int64_t layer) {
   if (el.q_norm.present) {
     w.q_norm.data = data(el.q_norm.at, el.q_norm.at.data);
     w.k_norm.data = data(el.k_norm.at, el.k_norm.at.data);
+  }
+  if (el.attn_out_norm.present) {
+    w.attn_out_norm.data = data(el.attn_out_norm.at, el.attn_out_norm.at.data);
+    w.mlp_out_norm.data = data(el.mlp_out_norm.at, el.mlp_out_norm.at.data);
   }
   gathered_[static_cast<size_t>(layer)] = 1;
 }

@@ -39,12 +39,14 @@ const std::string kData = QSHARD_TEST_DATA_DIR;
 const std::string kFamily = kData + "/family";
 // Both sides float32, differing in summation order only.
 constexpr double kLogitTol = 1e-5;
-const char* const kFamilies[] = {"qwen2", "qwen3", "mistral", "phi3", "phi3_odd"};
+const char* const kFamilies[] = {"qwen2", "qwen3", "mistral", "phi3", "phi3_odd", "gemma2", "gemma3"};
 
-// The golden logits of a family's folder (and of the Phi-3 variants: phi3_bnb4, phi3_peft, ...).
+// The golden logits of a family's folder (and of the Phi-3 variants: phi3_bnb4, phi3_peft, ...;
+// Gemma's from scripts/golden/make_gemma_golden.py).
 std::vector<float> golden_logits(const std::string& name) {
-  const bool phi3 = name.rfind("phi3", 0) == 0;
-  return SafetensorsFile::open(kFamily + (phi3 ? "/phi3_golden.safetensors" : "/golden.safetensors")).get(name).to_f32_vector();
+  const bool phi3 = name.rfind("phi3", 0) == 0, gemma = name.rfind("gemma", 0) == 0;
+  const char* file = phi3 ? "/phi3_golden.safetensors" : gemma ? "/gemma_golden.safetensors" : "/golden.safetensors";
+  return SafetensorsFile::open(kFamily + file).get(name).to_f32_vector();
 }
 
 std::vector<float> eval_logits(const std::string& model, DeviceChoice device, EvalResult* result = nullptr,
@@ -114,6 +116,93 @@ TEST(Family, UnknownVariantsAreRefusedByName) {
   refused(j, "sliding_window");
   j["sliding_window"] = nullptr;  // v0.2+: no window
   EXPECT_EQ(LlamaConfig::from_json(j, "x").sliding_window, 0);
+}
+
+// Gemma's keys as transformers writes them (the golden folders) and in the older form (rope_theta,
+// rope_scaling, rope_local_base_freq, no layer_types), each family's defaults, and what qshard
+// refuses by key: the multimodal gemma3, another activation, bidirectional attention, layer_types
+// of the wrong length or kind, per-layer-type RoPE outside Gemma 3.
+TEST(Family, GemmaConfigs) {
+  const LlamaConfig g2 = LlamaConfig::load(kFamily + "/gemma2");
+  EXPECT_EQ(g2.family, ModelFamily::kGemma2);
+  EXPECT_TRUE(g2.gemma_norms && g2.gelu_tanh && g2.tie_word_embeddings);
+  EXPECT_FALSE(g2.qk_norm);
+  EXPECT_EQ(g2.query_pre_attn_scalar, 24.0);
+  EXPECT_EQ(g2.attn_logit_softcapping, 1.5);
+  EXPECT_EQ(g2.final_logit_softcapping, 2.0);
+  EXPECT_DOUBLE_EQ(g2.embed_scale, std::sqrt(32.0));
+  EXPECT_EQ(g2.sliding_layers, (std::vector<bool>{true, false, true, false}));
+  EXPECT_EQ(layer_window(g2, 0), 4);
+  EXPECT_EQ(layer_window(g2, 1), 0);
+  EXPECT_EQ(g2.rope_local_theta, 0.0);
+  const LlamaConfig g3 = LlamaConfig::load(kFamily + "/gemma3");
+  EXPECT_EQ(g3.family, ModelFamily::kGemma3);
+  EXPECT_TRUE(g3.gemma_norms && g3.qk_norm && !g3.tie_word_embeddings);
+  EXPECT_EQ(g3.attn_logit_softcapping, 0.0);
+  EXPECT_EQ(g3.final_logit_softcapping, 0.0);
+  EXPECT_EQ(g3.sliding_layers, (std::vector<bool>{true, true, false, true}));
+  EXPECT_EQ(g3.rope_theta, 1000000.0);
+  EXPECT_EQ(g3.rope_scaling.rope_type, "linear");
+  EXPECT_EQ(g3.rope_scaling.factor, 2.0);
+  EXPECT_EQ(g3.rope_local_theta, 10000.0);
+  EXPECT_TRUE(layer_local_rope(g3, 0));
+  EXPECT_FALSE(layer_local_rope(g3, 2));
+
+  const nlohmann::json base = {{"vocab_size", 64}, {"hidden_size", 32}, {"intermediate_size", 64},
+                               {"num_hidden_layers", 12}, {"num_attention_heads", 4}, {"num_key_value_heads", 1}};
+  nlohmann::json j = base;
+  j["model_type"] = "gemma3_text";  // the older keys, the family's defaults
+  j["rope_theta"] = 1000000.0;
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+  j["rope_local_base_freq"] = 10000.0;
+  const LlamaConfig old3 = LlamaConfig::from_json(j, "x");
+  EXPECT_EQ(old3.head_dim, 256);
+  EXPECT_EQ(old3.query_pre_attn_scalar, 256.0);
+  EXPECT_EQ(old3.sliding_window, 4096);
+  EXPECT_TRUE(old3.tie_word_embeddings);
+  EXPECT_EQ(old3.rope_scaling.factor, 8.0);
+  EXPECT_EQ(old3.rope_local_theta, 10000.0);
+  for (int64_t l = 0; l < 12; ++l) EXPECT_EQ(old3.sliding_layers[static_cast<size_t>(l)], l != 5 && l != 11) << l;
+  j = base;
+  j["model_type"] = "gemma2";
+  const LlamaConfig old2 = LlamaConfig::from_json(j, "x");
+  EXPECT_EQ(old2.attn_logit_softcapping, 50.0);
+  EXPECT_EQ(old2.final_logit_softcapping, 30.0);
+  for (int64_t l = 0; l < 12; ++l) EXPECT_EQ(old2.sliding_layers[static_cast<size_t>(l)], l % 2 == 0) << l;
+  j["attn_logit_softcapping"] = nullptr;
+  j["final_logit_softcapping"] = nullptr;
+  EXPECT_EQ(LlamaConfig::from_json(j, "x").attn_logit_softcapping, 0.0);
+  EXPECT_EQ(LlamaConfig::from_json(j, "x").final_logit_softcapping, 0.0);
+
+  auto refused = [](nlohmann::json bad, const std::string& want) {
+    const std::string m = testing_util::error_of([&] { LlamaConfig::from_json(bad, "gemma/config.json"); });
+    EXPECT_NE(m.find(want), std::string::npos) << m;
+  };
+  j = base;
+  j["model_type"] = "gemma3";
+  refused(j, "gemma3_text");
+  j["model_type"] = "gemma2";
+  j["hidden_activation"] = "gelu";
+  refused(j, "hidden_activation");
+  j = base;
+  j["model_type"] = "gemma3_text";
+  j["use_bidirectional_attention"] = true;
+  refused(j, "use_bidirectional_attention");
+  j = base;
+  j["model_type"] = "gemma2";
+  j["layer_types"] = {"sliding_attention", "full_attention"};
+  refused(j, "layer_types");
+  j["layer_types"] = nlohmann::json::array();
+  for (int i = 0; i < 12; ++i) j["layer_types"].push_back(i == 3 ? "chunked_attention" : "full_attention");
+  refused(j, "layer_types\"[3]");
+  j = base;
+  j["model_type"] = "llama";
+  j["rope_parameters"] = {{"full_attention", {{"rope_theta", 10000.0}}}, {"sliding_attention", {{"rope_theta", 10.0}}}};
+  refused(j, "rope_parameters");
+  j = base;
+  j["model_type"] = "gemma2";
+  j["query_pre_attn_scalar"] = 0;
+  refused(j, "query_pre_attn_scalar");
 }
 
 TEST(Family, LogitsMatchTransformers) {

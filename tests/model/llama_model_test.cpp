@@ -166,18 +166,39 @@ LlamaModelOptions layer_test_options() {
 // The other families' layers (model/llama_model.h, docs/ARCHITECTURE.md "Model families"):
 // Qwen2's q/k/v biases (no o_proj bias), Qwen3's q/k norms with biases on all four attention
 // projections, Mistral's sliding window of 2 over T = 4 (it masks): the same checks, so the
-// backward through q_norm / k_norm and the banded attention is the forward's derivative.
+// backward through q_norm / k_norm and the banded attention is the forward's derivative. Gemma:
+// the 1 + weight norms, the post-attention and post-MLP norms, GeGLU, the query_pre_attn_scalar
+// scale, the tested layer (1) sliding; Gemma 2 with soft-capped scores, Gemma 3 with q/k norms and
+// the sliding layers' own RoPE.
 LlamaConfig family_config(ModelFamily f) {
   LlamaConfig c = small_config();
   c.family = f;
   if (f == ModelFamily::kQwen2) c.attention_bias = true;
   if (f == ModelFamily::kQwen3) c.attention_bias = c.o_proj_bias = c.qk_norm = true;
   if (f == ModelFamily::kMistral) c.sliding_window = 2;
+  if (f == ModelFamily::kGemma2 || f == ModelFamily::kGemma3) {
+    c.gemma_norms = c.gelu_tanh = true;
+    c.embed_scale = 4.0;
+    c.query_pre_attn_scalar = 6.0;
+    c.sliding_window = 2;
+    c.sliding_layers = {false, true};
+    if (f == ModelFamily::kGemma2) {
+      c.attn_logit_softcapping = 0.5;
+      c.final_logit_softcapping = 1.5;
+    } else {
+      c.qk_norm = true;
+      c.rope_local_theta = 10.0;
+      c.rope_scaling = RopeScaling{};
+      c.rope_scaling.rope_type = "linear";
+      c.rope_scaling.factor = 2.0;
+    }
+  }
   return c;
 }
 
 TEST(LlamaModel, FamilyDecoderLayerBackward) {
-  for (ModelFamily f : {ModelFamily::kQwen2, ModelFamily::kQwen3, ModelFamily::kMistral})
+  for (ModelFamily f : {ModelFamily::kQwen2, ModelFamily::kQwen3, ModelFamily::kMistral, ModelFamily::kGemma2,
+                        ModelFamily::kGemma3})
     for (bool fold : {true, false}) {
       SCOPED_TRACE(std::string(model_family_name(f)) + (fold ? " folded" : " unfolded"));
       LlamaModelOptions opt = layer_test_options();
@@ -584,10 +605,11 @@ TEST(LlamaModel, PackedPositionsGiveEveryPieceItsOwnSequence) {
 // Qwen3's q/k-norm inputs and rstd in kept sets, Mistral's window under every plan: kept layers
 // give the recompute's bits, MLP chunks the same step within f32 rounding.
 TEST(LlamaModel, FamilyMemoryPlansGiveTheSameStep) {
-  for (ModelFamily f : {ModelFamily::kQwen3, ModelFamily::kMistral}) {
+  for (ModelFamily f : {ModelFamily::kQwen3, ModelFamily::kMistral, ModelFamily::kGemma2, ModelFamily::kGemma3}) {
     SCOPED_TRACE(model_family_name(f));
     LlamaConfig c = family_config(f);
     c.num_hidden_layers = 3;
+    if (!c.sliding_layers.empty()) c.sliding_layers = {true, false, true};
     const StepResult ref = run_plan(c, 0, 0, 0.0f);
     for (const int64_t keep : {int64_t{2}, int64_t{3}}) {
       const StepResult got = run_plan(c, keep, 0, 0.0f);
@@ -941,7 +963,7 @@ void golden_case(const std::string& name, const std::string& model_dir, bool exp
   }
   std::printf("  %s: %zu LoRA gradients, worst max|diff|/max|hf| %.3e (tol %.0e)\n", name.c_str(), checked, worst_rel,
               kGradRelTol);
-  EXPECT_EQ(checked, 4u * 7u);
+  EXPECT_EQ(checked, static_cast<size_t>(2 * 7 * m.config.num_hidden_layers));
   EXPECT_EQ(gs.grads.size(), checked);
 }
 
@@ -951,6 +973,16 @@ TEST(LlamaModelGolden, Nf4ModelMatchesTransformersAndPeft) {
 
 TEST(LlamaModelGolden, TiedLlama3GqaModelMatchesTransformersAndPeft) {
   golden_case("llama3", kData + "/model/tiny_llama3_tied", /*expect_4bit=*/false, /*expect_tied=*/true);
+}
+
+// Gemma 2 and Gemma 3 (scripts/golden/make_gemma_golden.py: every Gemma feature changes their
+// logits; Gemma 2 with binding soft-caps, tied; Gemma 3 with q/k norms, two RoPEs, untied).
+TEST(LlamaModelGolden, Gemma2MatchesTransformersAndPeft) {
+  golden_case("gemma2", kData + "/family/gemma2", /*expect_4bit=*/false, /*expect_tied=*/true);
+}
+
+TEST(LlamaModelGolden, Gemma3MatchesTransformersAndPeft) {
+  golden_case("gemma3", kData + "/family/gemma3", /*expect_4bit=*/false, /*expect_tied=*/false);
 }
 
 }  // namespace
