@@ -141,7 +141,8 @@ void add_init_model(CLI::App& sub, InitModelArgs& a) {
   add_int_option(sub, "--kv-heads", a.ro.num_key_value_heads, 1, kMaxModelSize);
   add_int_option(sub, "--max-positions", a.ro.max_position_embeddings, 1, kMaxModelSize);
   sub.add_flag("--tie-embeddings", a.ro.tie_word_embeddings);
-  sub.add_option("--family", a.family, "llama | qwen2 | qwen3 | mistral | phi3 (config.json's model_type)");
+  sub.add_option("--family", a.family,
+                 "llama | qwen2 | qwen3 | mistral | phi3 | gemma2 | gemma3_text (config.json's model_type)");
   add_int_option(sub, "--sliding-window", a.ro.sliding_window, 0, kMaxModelSize);
   a.dtype_option = sub.add_option("--dtype", a.dtype, "bfloat16 | float16 | float32");
   a.seed_option = add_int_option(sub, "--seed", a.ro.seed, 0, INT64_MAX);
@@ -167,12 +168,15 @@ int run_init_model(InitModelArgs& a, int, char**) {
     if (a.dtype_option->count() == 0) ro.dtype = m.dtype;
   }
   bool known = false;
-  for (ModelFamily f :
-       {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kQwen3, ModelFamily::kMistral, ModelFamily::kPhi3})
+  for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kQwen3, ModelFamily::kMistral,
+                        ModelFamily::kPhi3, ModelFamily::kGemma2, ModelFamily::kGemma3})
     if (a.family == model_family_name(f)) ro.family = f, known = true;
-  if (!known) throw InputError("--family '" + a.family + "' is not llama, qwen2, qwen3, mistral or phi3");
-  if (ro.sliding_window > 0 && ro.family != ModelFamily::kMistral && ro.family != ModelFamily::kPhi3)
-    throw InputError("--sliding-window " + std::to_string(ro.sliding_window) + " is for --family mistral or phi3 only");
+  if (!known)
+    throw InputError("--family '" + a.family + "' is not llama, qwen2, qwen3, mistral, phi3, gemma2 or gemma3_text");
+  if (ro.sliding_window > 0 && (ro.family == ModelFamily::kLlama || ro.family == ModelFamily::kQwen2 ||
+                                ro.family == ModelFamily::kQwen3))
+    throw InputError("--sliding-window " + std::to_string(ro.sliding_window) +
+                     " is for --family mistral, phi3, gemma2 or gemma3_text only");
   const LlamaConfig c = write_random_llama_folder(a.out, ro);
   int64_t params = 0;
   for (const auto& [name, shape] : llama_expected_weights(c)) params += shape_numel(shape);

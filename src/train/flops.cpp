@@ -16,9 +16,13 @@ double useful_flops_per_token(const LlamaConfig& c, int64_t T, uint64_t lora_par
   const double D = static_cast<double>(c.head_dim), L = static_cast<double>(c.num_hidden_layers);
   const double per_layer = C * H * D * 2 + C * Hkv * D * 2 + 3 * C * I;  // q, o; k, v; gate, up, down
   const double base = L * per_layer + static_cast<double>(c.vocab_size) * C;
-  // A sliding window (Mistral) bounds the keys a query reads at sliding_window.
-  const int64_t keys = c.sliding_window > 0 ? std::min(T, c.sliding_window) : T;
-  const double attention = 12.0 * L * H * D * static_cast<double>(keys);
+  // A sliding window (Mistral; Gemma's sliding layers) bounds the keys a query reads at sliding_window.
+  double keys = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const int64_t w = layer_window(c, l);
+    keys += static_cast<double>(w > 0 ? std::min(T, w) : T);
+  }
+  const double attention = 12.0 * H * D * keys;
   return 4.0 * base + attention + 6.0 * static_cast<double>(lora_parameters);
 }
 

@@ -121,14 +121,15 @@ TEST(TrainerResume, StopAndResumeIsBitwise) {
 }
 
 // The other families (tests/data/family: Qwen2 with q/k/v biases and tied embeddings, Qwen3 with
-// q/k norms and head_dim 16 != hidden / heads, Mistral with a sliding window of 4 < 32 tokens) as
+// q/k norms and head_dim 16 != hidden / heads, Mistral with a sliding window of 4 < 32 tokens, Gemma 2
+// and Gemma 3 with their norms, soft-caps and sliding layers) as
 // a QLoRA job's base: the loss goes down, 8 steps + stop + resume for 8 is bitwise the straight 16,
 // and the exported adapter is PEFT's (nothing of the family in adapter_config.json beyond its
 // targets) and equal between the two runs.
 TEST(TrainerResume, FamiliesLearnAndResume) {
   MpiCommunicator all(World::get().comm());
   const std::string data = make_token_file("family.tok", 128, 4000, 0);
-  for (const char* family : {"qwen2", "qwen3", "mistral"}) {
+  for (const char* family : {"qwen2", "qwen3", "mistral", "gemma2", "gemma3"}) {
     SCOPED_TRACE(family);
     auto config = [&](const std::string& dir) {
       TrainConfig c = small_config(data);
