@@ -80,6 +80,23 @@ __global__ void embedding_kernel(bf16* out, const int64_t* ids, const void* w, i
   }
 }
 
+// The scaled embedding (Gemma's sqrt(hidden)): weight * scale in f32, rounded to the weight's dtype
+// (transformers multiplies in the embedding's dtype; an f32 table is not rounded), then to bf16.
+__global__ void embedding_scaled_kernel(bf16* out, const int64_t* ids, const void* w, int dt, int64_t N, int64_t C,
+                                        int64_t V, float scale) {
+  QS_GRID_STRIDE(i, N * C) {
+    const int64_t n = i / C, c = i % C, id = ids[n];
+    if (id < 0 || id >= V) {
+      out[i] = __float2bfloat16_rn(0.0f);
+      continue;
+    }
+    float v = load_any(w, dt, id * C + c) * scale;
+    if (dt == 1) v = __bfloat162float(__float2bfloat16_rn(v));
+    else if (dt == 2) v = __half2float(__float2half_rn(v));
+    out[i] = __float2bfloat16_rn(v);
+  }
+}
+
 // One row per block. The output (forward) / the incoming gradient (backward) may have a row stride
 // larger than C (ld_out / ld_dout: the LoRA fold's wider buffers). The 8-wide variants (every row
 // start 16-byte aligned, C a multiple of 8) move 16 bytes per access; both compute each element
@@ -341,8 +358,8 @@ __global__ void copy_2d_kernel(bf16* dst, int64_t ld_dst, const bf16* src, int64
   }
 }
 
-__global__ void to_f32_kernel(float* out, const void* x, int dt, int64_t n) {
-  QS_GRID_STRIDE(i, n) out[i] = load_any(x, dt, i);
+__global__ void to_f32_kernel(float* out, const void* x, int dt, int64_t n, float offset) {
+  QS_GRID_STRIDE(i, n) out[i] = load_any(x, dt, i) + offset;
 }
 
 // pos (packed data; null: none): token r = b*T + t is rotated by position pos[r], not t.
@@ -388,12 +405,14 @@ __global__ void rope_kernel_v8(bf16* x, const float* cos, const float* sin, int6
 
 // Cached attention (generation): block (t, h) of 4 warps; warp w takes keys w, w + 4, ...; each
 // lane holds D/32 of the query's and the accumulator's elements. Per key: the score by a warp
-// sum, then the online-softmax update (running max m, sum l, acc rescaled by exp(m_old - m)).
-// The warps' (m, l, acc) are merged through shared memory.
+// sum (times scale, then soft-capped with softcap > 0), then the online-softmax update (running
+// max m, sum l, acc rescaled by exp(m_old - m)). The warps' (m, l, acc) are merged through shared
+// memory.
 constexpr int kCachedAttnWarps = 4;
 constexpr int kCachedAttnMaxPer = 8;  // D / 32 <= 8: D <= 256
 __global__ void attention_cached_fwd_kernel(bf16* out, const bf16* q, const bf16* kc, const bf16* vc, int64_t T,
-                                            int64_t P, int H, int Hkv, int D, float scale, int64_t window) {
+                                            int64_t P, int H, int Hkv, int D, float scale, float softcap,
+                                            int64_t window) {
   const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int hk = h / (H / Hkv), per = (D + 31) / 32;  // lane's elements: d = lane + 32 j < D
   const int64_t keys = P + t + 1;
@@ -413,7 +432,9 @@ __global__ void attention_cached_fwd_kernel(bf16* out, const bf16* q, const bf16
     for (int j = 0; j < per; ++j)
       if (lane + 32 * j < D) dot += qv[j] * __bfloat162float(ku[lane + 32 * j]);
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-    const float s = dot * scale, m_new = fmaxf(m, s);
+    float s = dot * scale;
+    if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;  // the cpu twin's order: / cap, tanh, * cap
+    const float m_new = fmaxf(m, s);
     const float corr = expf(m - m_new), p = expf(s - m_new);
     l = l * corr + p;
     const bf16* vu = vc + (u * Hkv + hk) * D;
@@ -445,24 +466,45 @@ __global__ void attention_cached_fwd_kernel(bf16* out, const bf16* q, const bf16
   }
 }
 
-struct SwigluOp {  // silu(gate) * up
+// The gated MLP's activation of a gate value (GatedAct, the cpu twin's formulas in f32).
+constexpr float kGeluTanhC = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluTanhK = 0.044715f;
+
+template <GatedAct A>
+__device__ __forceinline__ float gated_act(float g) {
+  if constexpr (A == GatedAct::kSilu) return g / (1.0f + expf(-g));
+  else return 0.5f * g * (1.0f + tanhf(kGeluTanhC * (g + kGeluTanhK * g * g * g)));
+}
+
+template <GatedAct A>
+struct GatedOp {  // act(gate) * up
   __device__ bf16 operator()(bf16 gate, bf16 up) const {
-    const float g = __bfloat162float(gate);
-    return __float2bfloat16_rn((g / (1.0f + expf(-g))) * __bfloat162float(up));
+    return __float2bfloat16_rn(gated_act<A>(__bfloat162float(gate)) * __bfloat162float(up));
   }
 };
 
+template <GatedAct A>
 __device__ __forceinline__ void swiglu_bwd_one(bf16& dgate, bf16& dup, bf16 dh, bf16 gate, bf16 up) {
   const float g = __bfloat162float(gate), d = __bfloat162float(dh);
-  const float sig = 1.0f / (1.0f + expf(-g));
-  dup = __float2bfloat16_rn(d * g * sig);
-  dgate = __float2bfloat16_rn(d * __bfloat162float(up) * sig * (1.0f + g * (1.0f - sig)));
+  if constexpr (A == GatedAct::kSilu) {
+    const float sig = 1.0f / (1.0f + expf(-g));
+    dup = __float2bfloat16_rn(d * g * sig);
+    dgate = __float2bfloat16_rn(d * __bfloat162float(up) * sig * (1.0f + g * (1.0f - sig)));
+  } else {
+    // d gelu / dg = 0.5 (1 + th) + 0.5 g (1 - th^2) sqrt(2/pi) (1 + 3 k g^2)
+    const float th = tanhf(kGeluTanhC * (g + kGeluTanhK * g * g * g));
+    dup = __float2bfloat16_rn(d * (0.5f * g * (1.0f + th)));
+    const float dgelu = 0.5f * (1.0f + th) + 0.5f * g * (1.0f - th * th) * kGeluTanhC * (1.0f + 3.0f * kGeluTanhK * g * g);
+    dgate = __float2bfloat16_rn(d * __bfloat162float(up) * dgelu);
+  }
 }
 
+template <GatedAct A>
 __global__ void swiglu_bwd_kernel(bf16* dgate, bf16* dup, const bf16* dh, const bf16* gate, const bf16* up, int64_t n) {
-  QS_GRID_STRIDE(i, n) swiglu_bwd_one(dgate[i], dup[i], dh[i], gate[i], up[i]);
+  QS_GRID_STRIDE(i, n) swiglu_bwd_one<A>(dgate[i], dup[i], dh[i], gate[i], up[i]);
 }
 
+template <GatedAct A>
 __global__ void swiglu_bwd_kernel_v8(bf16* dgate, bf16* dup, const bf16* dh, const bf16* gate, const bf16* up,
                                      int64_t n8) {
   QS_GRID_STRIDE(i, n8) {
@@ -470,7 +512,7 @@ __global__ void swiglu_bwd_kernel_v8(bf16* dgate, bf16* dup, const bf16* dh, con
                  u = reinterpret_cast<const Bf16x8*>(up)[i];
     Bf16x8 rg, ru;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) swiglu_bwd_one(rg.v[k], ru.v[k], d.v[k], g.v[k], u.v[k]);
+    for (int k = 0; k < 8; ++k) swiglu_bwd_one<A>(rg.v[k], ru.v[k], d.v[k], g.v[k], u.v[k]);
     reinterpret_cast<Bf16x8*>(dgate)[i] = rg;
     reinterpret_cast<Bf16x8*>(dup)[i] = ru;
   }
@@ -491,6 +533,8 @@ __global__ void dropout_kernel(bf16* out, const bf16* x, DropoutKey key, int64_t
 // again and writes the gradient (softmax - onehot) * grad_scale: over the logits in place (Out =
 // float, dl == logits), or rounded once into dl in the GEMM's dtype (bf16 / f16): the bits the
 // f32 gradient converted afterwards would have, without that pass over [rows, V] f32.
+// softcap > 0: the logits are soft-capped ones (logit_softcap) and the gradient is the raw
+// logits', times 1 - (y / softcap)^2 (y the given logit).
 // Targets are validated on the host like ids; one outside [0, V) that got here is skipped.
 __device__ void merge_max_sum(float& m, float& s, float m2, float s2) {
   if (m2 == -INFINITY) return;
@@ -521,9 +565,21 @@ __device__ bf16 from_f32<bf16>(float v) { return __float2bfloat16_rn(v); }
 template <>
 __device__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
 
+// The gradient of logit x (target or not): (softmax - onehot) * grad_scale, through the soft-cap
+// with softcap > 0; one expression for every output type and both passes (__fmul_rn: no FMA
+// contraction, so the f32 and the rounded outputs come from the same f32 value).
+__device__ __forceinline__ float ce_grad(float x, float lse, bool target, float grad_scale, float softcap) {
+  float g = (expf(x - lse) - (target ? 1.0f : 0.0f)) * grad_scale;
+  if (softcap > 0.0f) {
+    const float th = x / softcap;
+    g = __fmul_rn(g, 1.0f - __fmul_rn(th, th));
+  }
+  return g;
+}
+
 template <typename Out>
 __global__ void cross_entropy_kernel(const float* logits, Out* dlogits, double* loss_sum, const int64_t* targets,
-                                     int64_t V, float grad_scale) {
+                                     int64_t V, float grad_scale, float softcap) {
   __shared__ float part_m[32], part_s[32];
   const int64_t row = blockIdx.x;
   const float* l = logits + row * V;
@@ -573,14 +629,14 @@ __global__ void cross_entropy_kernel(const float* logits, Out* dlogits, double* 
     for (int64_t i = threadIdx.x; i < V / 4; i += blockDim.x) {
       const float4 x = l4[i];
       const int64_t v = 4 * i;
-      dl[v] = from_f32<Out>((expf(x.x - lse) - (v == y ? 1.0f : 0.0f)) * grad_scale);
-      dl[v + 1] = from_f32<Out>((expf(x.y - lse) - (v + 1 == y ? 1.0f : 0.0f)) * grad_scale);
-      dl[v + 2] = from_f32<Out>((expf(x.z - lse) - (v + 2 == y ? 1.0f : 0.0f)) * grad_scale);
-      dl[v + 3] = from_f32<Out>((expf(x.w - lse) - (v + 3 == y ? 1.0f : 0.0f)) * grad_scale);
+      dl[v] = from_f32<Out>(ce_grad(x.x, lse, v == y, grad_scale, softcap));
+      dl[v + 1] = from_f32<Out>(ce_grad(x.y, lse, v + 1 == y, grad_scale, softcap));
+      dl[v + 2] = from_f32<Out>(ce_grad(x.z, lse, v + 2 == y, grad_scale, softcap));
+      dl[v + 3] = from_f32<Out>(ce_grad(x.w, lse, v + 3 == y, grad_scale, softcap));
     }
   } else {
     for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-      dl[v] = from_f32<Out>((expf(l[v] - lse) - (v == y ? 1.0f : 0.0f)) * grad_scale);
+      dl[v] = from_f32<Out>(ce_grad(l[v], lse, v == y, grad_scale, softcap));
   }
 }
 
@@ -593,6 +649,10 @@ __global__ void convert_kernel(void* out, int out_dt, const void* x, int dt, int
       default: static_cast<__half*>(out)[i] = __float2half_rn(v); break;
     }
   }
+}
+
+__global__ void logit_softcap_kernel(float* x, int64_t n, float cap) {
+  QS_GRID_STRIDE(i, n) x[i] = tanhf(x[i] / cap) * cap;
 }
 
 __global__ void round_kernel(float* x, int64_t n, int dt) {
@@ -731,9 +791,11 @@ __global__ void embedding_kernel_v8(Bf16x8* out, const int64_t* ids, const Bf16x
 
 void embedding_fwd(uint16_t* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
                    int64_t V, DeviceContext& ctx, float scale) {
-  QS_CHECK(scale == 1.0f, "embedding_fwd: a scale: not yet on CUDA");
   if (N * C == 0) return;
-  if (weight_type == DType::kBF16 && vec8_ok(C, {out, weight})) {
+  if (scale != 1.0f) {  // Gemma's scaled embedding: a plain kernel (one gather a step)
+    embedding_scaled_kernel<<<grid_for(N * C), 256, 0, st(ctx)>>>(B16(out), ids, weight, dtype_code(weight_type), N, C,
+                                                                  V, scale);
+  } else if (weight_type == DType::kBF16 && vec8_ok(C, {out, weight})) {
     embedding_kernel_v8<<<grid_for(N * C / 8), 256, 0, st(ctx)>>>(reinterpret_cast<Bf16x8*>(out), ids,
                                                                    static_cast<const Bf16x8*>(weight), N, C / 8, V);
   } else {
@@ -818,9 +880,8 @@ void copy_2d(uint16_t* dst, int64_t ld_dst, const uint16_t* src, int64_t ld_src,
 }
 
 void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx, float offset) {
-  QS_CHECK(offset == 0.0f, "to_f32: an offset: not yet on CUDA");
   if (n == 0) return;
-  to_f32_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(out, x, dtype_code(type), n);
+  to_f32_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(out, x, dtype_code(type), n, offset);
   QS_CUDA_CHECK_LAUNCH();
 }
 
@@ -863,32 +924,37 @@ void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64
 void attention_cached_fwd(uint16_t* out, const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                           int64_t T, int64_t P, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx,
                           int64_t window, AttentionScores scores) {
-  QS_CHECK(scores.scale == 0.0f && scores.softcap == 0.0f, "attention_cached_fwd: scores: not yet on CUDA");
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
   QS_CHECK(D >= 1 && D <= 32 * kCachedAttnMaxPer, "attention_cached_fwd: head_dim must be at most 256");
   QS_CHECK(T <= 65535 && H <= 65535, "attention_cached_fwd: too many queries or heads for one launch");
   if (T == 0) return;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   attention_cached_fwd_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(H)), 32 * kCachedAttnWarps, 0,
                                 st(ctx)>>>(B16(out), B16(q), B16(k_cache), B16(v_cache), T, P, static_cast<int>(H),
-                                           static_cast<int>(Hkv), static_cast<int>(D), scale, window);
+                                           static_cast<int>(Hkv), static_cast<int>(D), scores.scale_for(D),
+                                           scores.softcap, window);
   QS_CUDA_CHECK_LAUNCH();
 }
 
 void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx, GatedAct act) {
-  QS_CHECK(act == GatedAct::kSilu, "swiglu_fwd: GeGLU: not yet on CUDA");
-  map2(h, gate, up, n, SwigluOp{}, ctx);
+  if (act == GatedAct::kSilu) map2(h, gate, up, n, GatedOp<GatedAct::kSilu>{}, ctx);
+  else map2(h, gate, up, n, GatedOp<GatedAct::kGeluTanh>{}, ctx);
+}
+
+template <GatedAct A>
+static void swiglu_bwd_launch(uint16_t* dgate, uint16_t* dup, const uint16_t* dh, const uint16_t* gate,
+                              const uint16_t* up, int64_t n, DeviceContext& ctx) {
+  if (vec8_ok(n, {dgate, dup, dh, gate, up}))
+    swiglu_bwd_kernel_v8<A><<<grid_for(n / 8), 256, 0, st(ctx)>>>(B16(dgate), B16(dup), B16(dh), B16(gate), B16(up),
+                                                                  n / 8);
+  else
+    swiglu_bwd_kernel<A><<<grid_for(n), 256, 0, st(ctx)>>>(B16(dgate), B16(dup), B16(dh), B16(gate), B16(up), n);
 }
 
 void swiglu_bwd(uint16_t* dgate, uint16_t* dup, const uint16_t* dh, const uint16_t* gate, const uint16_t* up,
                 int64_t n, DeviceContext& ctx, GatedAct act) {
-  QS_CHECK(act == GatedAct::kSilu, "swiglu_bwd: GeGLU: not yet on CUDA");
   if (n == 0) return;
-  if (vec8_ok(n, {dgate, dup, dh, gate, up}))
-    swiglu_bwd_kernel_v8<<<grid_for(n / 8), 256, 0, st(ctx)>>>(B16(dgate), B16(dup), B16(dh), B16(gate), B16(up),
-                                                               n / 8);
-  else
-    swiglu_bwd_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(dgate), B16(dup), B16(dh), B16(gate), B16(up), n);
+  if (act == GatedAct::kSilu) swiglu_bwd_launch<GatedAct::kSilu>(dgate, dup, dh, gate, up, n, ctx);
+  else swiglu_bwd_launch<GatedAct::kGeluTanh>(dgate, dup, dh, gate, up, n, ctx);
   QS_CUDA_CHECK_LAUNCH();
 }
 
@@ -905,26 +971,27 @@ void dropout_fwd(uint16_t* out, const uint16_t* x, const DropoutKey& key, int64_
 
 void cross_entropy_fwd_bwd(float* logits, double* loss_sum, const int64_t* targets, int64_t n, int64_t V,
                            float grad_scale, DeviceContext& ctx, void* dlogits, DType dlogits_type, float softcap) {
-  QS_CHECK(softcap == 0.0f, "cross_entropy_fwd_bwd: a soft-cap: not yet on CUDA");
   if (n == 0) return;
   const unsigned rows = static_cast<unsigned>(n);
   if (!dlogits || dlogits_type == DType::kF32) {
     float* out = dlogits ? static_cast<float*>(dlogits) : logits;
-    cross_entropy_kernel<float><<<rows, 512, 0, st(ctx)>>>(logits, out, loss_sum, targets, V, grad_scale);
+    cross_entropy_kernel<float><<<rows, 512, 0, st(ctx)>>>(logits, out, loss_sum, targets, V, grad_scale, softcap);
   } else if (dlogits_type == DType::kBF16) {
     cross_entropy_kernel<bf16><<<rows, 512, 0, st(ctx)>>>(logits, static_cast<bf16*>(dlogits), loss_sum, targets, V,
-                                                          grad_scale);
+                                                          grad_scale, softcap);
   } else {
     QS_CHECK(dlogits_type == DType::kF16, "cross_entropy_fwd_bwd: the gradient's dtype must be f32, bf16 or f16");
     cross_entropy_kernel<__half><<<rows, 512, 0, st(ctx)>>>(logits, static_cast<__half*>(dlogits), loss_sum, targets,
-                                                            V, grad_scale);
+                                                            V, grad_scale, softcap);
   }
   QS_CUDA_CHECK_LAUNCH();
 }
 
 void logit_softcap(float* x, int64_t n, float cap, DeviceContext& ctx) {
-  (void)x; (void)n; (void)ctx;
-  QS_CHECK(cap > 0.0f && false, "logit_softcap: not yet on CUDA");
+  QS_CHECK(cap > 0.0f, "logit_softcap: the cap must be positive");
+  if (n == 0) return;
+  logit_softcap_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(x, n, cap);
+  QS_CUDA_CHECK_LAUNCH();
 }
 
 void round_to_dtype(float* x, int64_t n, DType dtype, DeviceContext& ctx) {

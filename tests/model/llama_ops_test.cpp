@@ -9,7 +9,9 @@
 // term, a wrong sign or factor) far outside it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "model/llama_ops.h"
 #include "model_test_util.h"
@@ -125,13 +127,16 @@ TEST(LlamaOps, RopeLlama3InvFreqBands) {
   }
 }
 
-void attention_case(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, uint32_t seed) {
+// window: a sliding window (0: none); scores: Gemma's scale and soft-cap (default: 1 / sqrt(D)).
+void attention_case(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, uint32_t seed, int64_t window = 0,
+                    AttentionScores scores = {}) {
   std::vector<float> q = random_vec(B * T * H * D, seed), k = random_vec(B * T * Hkv * D, seed + 1),
                      v = random_vec(B * T * Hkv * D, seed + 2);
   const std::vector<float> wout = random_vec(B * T * H * D, seed + 3);
   std::vector<float> out(B * T * H * D), att(B * H * T * T);
   auto f = [&] {
-    cpu::attention_fwd(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, Hkv, D, ctx());
+    cpu::attention_fwd(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, Hkv, D, ctx(), window, nullptr,
+                       scores);
     return dot(wout, out.data(), out.size());
   };
   f();
@@ -149,7 +154,7 @@ void attention_case(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, uin
   EXPECT_EQ(attention_saved_bytes(Backend::kCpu, B, T, H, Hkv, D), att.size() * sizeof(float));
   std::vector<float> dq(q.size(), 7.0f), dk(k.size(), 7.0f), dv(v.size(), 7.0f);  // overwritten
   cpu::attention_bwd(dq.data(), dk.data(), dv.data(), wout.data(), q.data(), k.data(), v.data(), out.data(),
-                     att.data(), B, T, H, Hkv, D, ctx());
+                     att.data(), B, T, H, Hkv, D, ctx(), window, nullptr, scores);
   check_grad("attention dq", q.data(), q.size(), dq, f, kEps, kTol);
   check_grad("attention dk", k.data(), k.size(), dk, f, kEps, kTol);
   check_grad("attention dv", v.data(), v.size(), dv, f, kEps, kTol);
@@ -158,6 +163,35 @@ void attention_case(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, uin
 TEST(LlamaOps, AttentionBackwardMultiHead) { attention_case(2, 5, 2, 2, 4, 10); }
 TEST(LlamaOps, AttentionBackwardGroupedQuery) { attention_case(2, 5, 4, 2, 4, 20); }
 TEST(LlamaOps, AttentionBackwardMultiQuery) { attention_case(1, 6, 3, 1, 4, 30); }
+// Gemma's scores: scale 0.7 (not 1 / sqrt(4)) and a soft-cap of 1.5, which bends the scores (of
+// about 1.4 here) well into tanh's curve; then with a sliding window of 3.
+TEST(LlamaOps, AttentionBackwardSoftcapAndScale) { attention_case(2, 5, 4, 2, 4, 40, 0, {0.7f, 1.5f}); }
+TEST(LlamaOps, AttentionBackwardSoftcapWindow) { attention_case(1, 6, 2, 1, 4, 50, 3, {0.7f, 1.5f}); }
+
+// The gated MLP's backward, SwiGLU's silu and GeGLU's tanh gelu: dgate and dup against central
+// differences of h = act(gate) * up (gates of scale 1.5: both curves' bends and tails).
+TEST(LlamaOps, GatedActivationBackward) {
+  for (const GatedAct act : {GatedAct::kSilu, GatedAct::kGeluTanh}) {
+    const char* name = act == GatedAct::kSilu ? "swiglu" : "geglu";
+    const int64_t n = 24;
+    std::vector<float> gate = random_vec(n, 60, 1.5f), up = random_vec(n, 61);
+    const std::vector<float> wout = random_vec(n, 62);
+    std::vector<float> h(n);
+    auto f = [&] {
+      cpu::swiglu_fwd(h.data(), gate.data(), up.data(), n, ctx(), act);
+      return dot(wout, h.data(), h.size());
+    };
+    f();
+    if (act == GatedAct::kGeluTanh) {  // transformers' gelu_pytorch_tanh at one point
+      const double g = gate[0], th = std::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g));
+      EXPECT_NEAR(h[0], 0.5 * g * (1.0 + th) * up[0], 1e-6 * std::max(1.0, std::fabs(double(h[0]))));
+    }
+    std::vector<float> dgate(n, 7.0f), dup(n, 7.0f);  // overwritten
+    cpu::swiglu_bwd(dgate.data(), dup.data(), wout.data(), gate.data(), up.data(), n, ctx(), act);
+    check_grad(std::string(name) + " dgate", gate.data(), n, dgate, f, kEps, kTol);
+    check_grad(std::string(name) + " dup", up.data(), n, dup, f, kEps, kTol);
+  }
+}
 
 // Packed data's pieces in cuDNN's ragged layout: the lengths, then the offsets of q/out, k/v and
 // the statistics rows, in elements; the unused entries length 0 at the end of the rows; more
@@ -251,6 +285,39 @@ TEST(LlamaOps, CrossEntropyBackwardAndIgnoreIndex) {
   const std::vector<int64_t> bad = {7};
   double sum = 0;
   EXPECT_THROW(cpu::cross_entropy_fwd_bwd(logits.data(), &sum, bad.data(), 1, V, 0.0f, ctx()), InputError);
+}
+
+// Gemma 2's final soft-cap: the loss of logit_softcap's logits, and cross entropy's gradient given
+// the capped logits and the cap, against central differences in the RAW logits (cap 2.5 bends
+// logits of scale 2).
+TEST(LlamaOps, CrossEntropyThroughLogitSoftcap) {
+  const int64_t N = 4, V = 7;
+  const float cap = 2.5f;
+  std::vector<float> logits = random_vec(N * V, 95, 2.0f);
+  const std::vector<int64_t> targets = {2, 6, kIgnoreIndex, 0};
+  const double normalizer = 3.0;
+  const float scale = static_cast<float>(1.0 / normalizer);
+  std::vector<float> dlogits = logits;
+  cpu::logit_softcap(dlogits.data(), N * V, cap, ctx());
+  for (int64_t i = 0; i < N * V; ++i) EXPECT_NEAR(dlogits[i], cap * std::tanh(logits[i] / cap), 1e-6);
+  double loss_sum = 0;
+  cpu::cross_entropy_fwd_bwd(dlogits.data(), &loss_sum, targets.data(), N, V, scale, ctx(), cap);
+  auto f = [&] {
+    std::vector<float> l = logits;
+    cpu::logit_softcap(l.data(), N * V, cap, ctx());
+    double sum = 0;
+    cpu::cross_entropy_fwd_bwd(l.data(), &sum, targets.data(), N, V, 0.0f, ctx(), cap);
+    return sum / normalizer;
+  };
+  double want = 0;  // the loss of the capped logits, in double
+  for (int64_t n = 0; n < N; ++n) {
+    if (targets[n] == kIgnoreIndex) continue;
+    double s = 0;
+    for (int64_t v = 0; v < V; ++v) s += std::exp(cap * std::tanh(double(logits[n * V + v]) / cap));
+    want += std::log(s) - cap * std::tanh(double(logits[n * V + targets[n]]) / cap);
+  }
+  EXPECT_NEAR(loss_sum, want, 1e-5);
+  check_grad("cross entropy through logit_softcap dlogits", logits.data(), logits.size(), dlogits, f, kEps, kTol);
 }
 
 TEST(LlamaOps, ShiftLabelsLikeTransformers) {

@@ -152,40 +152,61 @@ TEST(OpHarness, Copy2d) {
   });
 }
 
-// SwiGLU forward and backward. CPU tol 1e-6: one exp and a few products per element. n = 517 runs
-// CUDA's scalar kernels, n = 1024 the 8-wide ones; the two give the same bits on the same inputs.
+// SwiGLU and GeGLU (Gemma's tanh gelu) forward and backward. CPU tol 1e-6: one exp or tanh and a
+// few products per element. n = 517 runs CUDA's scalar kernels, n = 1024 the 8-wide ones; the two
+// give the same bits on the same inputs.
 TEST(OpHarness, SwiGlu) {
-  for (const int64_t n : {int64_t{517}, int64_t{1024}}) for_each_case([n](DeviceContext& ctx, Inputs& in) {
-    Tensor g = to_act(ctx, in.vec(n)), u = to_act(ctx, in.vec(n)), d = to_act(ctx, in.vec(n));
-    const auto Gt = back(ctx, g), U = back(ctx, u), D = back(ctx, d);
-    Tensor h = to_act(ctx, std::vector<float>(n)),
-           dg = to_act(ctx, std::vector<float>(n)), du = to_act(ctx, std::vector<float>(n));
-    ops::swiglu_fwd(h.raw(), g.raw(), u.raw(), n, ctx);
-    ops::swiglu_bwd(dg.raw(), du.raw(), d.raw(), g.raw(), u.raw(), n, ctx);
-    std::vector<double> hw(n), dgw(n), duw(n);
-    for (int64_t i = 0; i < n; ++i) {
-      const double x = Gt[i], sig = 1.0 / (1.0 + std::exp(-x));
-      hw[i] = x * sig * U[i];
-      duw[i] = D[i] * x * sig;
-      dgw[i] = D[i] * U[i] * sig * (1.0 + x * (1.0 - sig));
-    }
-    report(ctx, "swiglu_fwd", in.adversarial, back(ctx, h), hw, tol(ctx, 1e-6, 4e-3));
-    report(ctx, "swiglu_bwd dgate", in.adversarial, back(ctx, dg), dgw, tol(ctx, 1e-6, 4e-3));
-    report(ctx, "swiglu_bwd dup", in.adversarial, back(ctx, du), duw, tol(ctx, 1e-6, 4e-3));
-    if (n % 8 == 0) {  // the scalar path (n - 1 elements) against the wide one, bit for bit
-      Tensor h2 = to_act(ctx, std::vector<float>(n)), dg2 = to_act(ctx, std::vector<float>(n)),
-             du2 = to_act(ctx, std::vector<float>(n));
-      ops::swiglu_fwd(h2.raw(), g.raw(), u.raw(), n - 1, ctx);
-      ops::swiglu_bwd(dg2.raw(), du2.raw(), d.raw(), g.raw(), u.raw(), n - 1, ctx);
-      const auto a1 = back(ctx, h), a2 = back(ctx, h2), b1 = back(ctx, dg), b2 = back(ctx, dg2);
-      const auto c1 = back(ctx, du), c2 = back(ctx, du2);
-      for (int64_t i = 0; i < n - 1; ++i) {
-        ASSERT_EQ(a1[i], a2[i]) << "swiglu_fwd wide vs scalar at " << i;
-        ASSERT_EQ(b1[i], b2[i]) << "swiglu_bwd dgate wide vs scalar at " << i;
-        ASSERT_EQ(c1[i], c2[i]) << "swiglu_bwd dup wide vs scalar at " << i;
+  for (const GatedAct act : {GatedAct::kSilu, GatedAct::kGeluTanh})
+    for (const int64_t n : {int64_t{517}, int64_t{1024}}) for_each_case([act, n](DeviceContext& ctx, Inputs& in) {
+      const bool gelu = act == GatedAct::kGeluTanh;
+      const std::string op = gelu ? "geglu" : "swiglu";
+      Tensor g = to_act(ctx, in.vec(n)), u = to_act(ctx, in.vec(n)), d = to_act(ctx, in.vec(n));
+      const auto Gt = back(ctx, g), U = back(ctx, u), D = back(ctx, d);
+      Tensor h = to_act(ctx, std::vector<float>(n)),
+             dg = to_act(ctx, std::vector<float>(n)), du = to_act(ctx, std::vector<float>(n));
+      ops::swiglu_fwd(h.raw(), g.raw(), u.raw(), n, ctx, act);
+      ops::swiglu_bwd(dg.raw(), du.raw(), d.raw(), g.raw(), u.raw(), n, ctx, act);
+      std::vector<double> hw(n), dgw(n), duw(n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double x = Gt[i];
+        double a, da;  // act(x) and its derivative
+        if (gelu) {  // 0.5 x (1 + tanh(c (x + k x^3))), written independently of the twins
+          const double c = std::sqrt(2.0 / M_PI), th = std::tanh(c * (x + 0.044715 * x * x * x));
+          a = 0.5 * x * (1.0 + th);
+          da = 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * c * (1.0 + 3.0 * 0.044715 * x * x);
+        } else {
+          const double sig = 1.0 / (1.0 + std::exp(-x));
+          a = x * sig;
+          da = sig * (1.0 + x * (1.0 - sig));
+        }
+        hw[i] = a * U[i];
+        duw[i] = D[i] * a;
+        dgw[i] = D[i] * U[i] * da;
       }
-    }
-  });
+      report(ctx, (op + "_fwd").c_str(), in.adversarial, back(ctx, h), hw, tol(ctx, 1e-6, 4e-3));
+      report(ctx, (op + "_bwd dgate").c_str(), in.adversarial, back(ctx, dg), dgw, tol(ctx, 1e-6, 4e-3));
+      report(ctx, (op + "_bwd dup").c_str(), in.adversarial, back(ctx, du), duw, tol(ctx, 1e-6, 4e-3));
+      if (n % 8 == 0) {  // the scalar path (n - 1 elements) against the wide one, bit for bit
+        Tensor h2 = to_act(ctx, std::vector<float>(n)), dg2 = to_act(ctx, std::vector<float>(n)),
+               du2 = to_act(ctx, std::vector<float>(n));
+        ops::swiglu_fwd(h2.raw(), g.raw(), u.raw(), n - 1, ctx, act);
+        ops::swiglu_bwd(dg2.raw(), du2.raw(), d.raw(), g.raw(), u.raw(), n - 1, ctx, act);
+        const auto a1 = back(ctx, h), a2 = back(ctx, h2), b1 = back(ctx, dg), b2 = back(ctx, dg2);
+        const auto c1 = back(ctx, du), c2 = back(ctx, du2);
+        for (int64_t i = 0; i < n - 1; ++i) {
+          ASSERT_EQ(a1[i], a2[i]) << op << "_fwd wide vs scalar at " << i;
+          ASSERT_EQ(b1[i], b2[i]) << op << "_bwd dgate wide vs scalar at " << i;
+          ASSERT_EQ(c1[i], c2[i]) << op << "_bwd dup wide vs scalar at " << i;
+        }
+      }
+    });
+}
+
+// A float for a case's name: "%g" (0.0625, 50).
+std::string num(float x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", x);
+  return buf;
 }
 
 // Packed data's positions [B*T]: row b holds pieces of the given lengths (summing to T), each
@@ -258,20 +279,25 @@ TEST(OpHarness, Rope) {
 
 // Double oracle of causal GQA attention: out and, given dout, dq/dk/dv. pos (packed data, [B*T]):
 // query t reads keys of its own piece only, u >= t - pos[t] (written independently of the twins).
+// scores: s = (q . k) * scale (scale 0: 1 / sqrt(D)), then with softcap > 0 s = softcap *
+// tanh(s / softcap) before the mask; the backward through it multiplies by 1 - tanh^2. max_score:
+// the largest |(q . k) * scale| before the cap (what f32's conditioning scales with).
 struct AttentionOracle {
   std::vector<double> out, dq, dk, dv;
   double max_score = 0;
 };
 AttentionOracle attention_oracle(const std::vector<float>& Q, const std::vector<float>& K, const std::vector<float>& V,
                                  const std::vector<float>& dO, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                                 int64_t window = 0, const std::vector<int64_t>* pos = nullptr) {
+                                 int64_t window = 0, const std::vector<int64_t>* pos = nullptr,
+                                 AttentionScores scores = {}) {
   AttentionOracle r;
   r.out.assign(Q.size(), 0.0);
   r.dq.assign(Q.size(), 0.0);
   r.dk.assign(K.size(), 0.0);
   r.dv.assign(V.size(), 0.0);
   const int64_t ratio = H / Hkv;
-  const double scale = 1.0 / std::sqrt(double(D));
+  const double scale = scores.scale != 0.0f ? double(scores.scale) : 1.0 / std::sqrt(double(D));
+  const double cap = scores.softcap;
   auto qi = [&](int64_t b, int64_t t, int64_t h) { return ((b * T + t) * H + h) * D; };
   auto ki = [&](int64_t b, int64_t t, int64_t h) { return ((b * T + t) * Hkv + h) * D; };
   for (int64_t b = 0; b < B; ++b)
@@ -281,14 +307,19 @@ AttentionOracle attention_oracle(const std::vector<float>& Q, const std::vector<
         // A sliding window: keys t - window < u <= t (transformers' rule), written independently.
         int64_t first = window > 0 && t >= window ? t - window + 1 : 0;
         if (pos) first = std::max(first, t - (*pos)[static_cast<size_t>(b * T + t)]);
-        std::vector<double> p(t + 1, 0.0), dp(t + 1, 0.0);
+        std::vector<double> p(t + 1, 0.0), dp(t + 1, 0.0), dcap(t + 1, 1.0);  // dcap: d capped / d raw
         double mx = -1e300;
         for (int64_t u = first; u <= t; ++u) {
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += double(Q[qi(b, t, h) + d]) * K[ki(b, u, hk) + d];
           p[u] = dot * scale;
-          mx = std::max(mx, p[u]);
           r.max_score = std::max(r.max_score, std::fabs(p[u]));
+          if (cap > 0) {
+            const double th = std::tanh(p[u] / cap);
+            p[u] = cap * th;
+            dcap[u] = 1.0 - th * th;
+          }
+          mx = std::max(mx, p[u]);
         }
         double sum = 0;
         for (int64_t u = first; u <= t; ++u) sum += (p[u] = std::exp(p[u] - mx));
@@ -305,7 +336,7 @@ AttentionOracle attention_oracle(const std::vector<float>& Q, const std::vector<
           pdp += p[u] * dot;
         }
         for (int64_t u = first; u <= t; ++u) {
-          const double ds = p[u] * (dp[u] - pdp) * scale;
+          const double ds = p[u] * (dp[u] - pdp) * dcap[u] * scale;
           for (int64_t d = 0; d < D; ++d) {
             r.dq[qi(b, t, h) + d] += ds * K[ki(b, u, hk) + d];
             r.dk[ki(b, u, hk) + d] += ds * Q[qi(b, t, h) + d];
@@ -327,6 +358,11 @@ AttentionOracle attention_oracle(const std::vector<float>& Q, const std::vector<
 // CUDA tol (cuDNN flash attention: bf16 in and out, S in f32 from the held bf16 inputs, P rounded
 // to bf16 before P.V and in the backward, 2^-9 relative each): 1e-2 of the output scale for out,
 // 2e-2 for the gradients (two such products each).
+// Gemma's scores: a scale other than 1 / sqrt(D) and a tanh soft-cap, with and without a sliding
+// window, D 16 and 256; the caps put random inputs' scores in tanh's bend and saturate adversarial
+// ones (and a Gemma 2-like cap of 50 at scale 1/16). The tolerances are the same: the cap's tanh
+// is f32 work on the f32 scores (CPU: it moves a score by no more than the score's own rounding).
+// Soft-capping packed data: the CPU's rule; CUDA refuses it (InputError).
 TEST(OpHarness, Attention) {
   for_each_case([](DeviceContext& ctx, Inputs& in) {
     if (!ops::has_backend(ctx.backend(), "attention_fwd")) {
@@ -338,13 +374,19 @@ TEST(OpHarness, Attention) {
       bool negative_rows;
       int64_t window = 0;  // a sliding window (Mistral), 0: none
       bool packed = false;  // packed data: pieces of their own within each sequence
+      int64_t D = 64;
+      AttentionScores scores = {};  // Gemma: another scale, a soft-cap
     };
     std::vector<Shape> shapes = {{67, 1, false}, {67, 3, false}, {67, 4, false}, {67, 4, true}, {67, 2, false, 16},
                                  {67, 4, false, 3}, {67, 1, false, 0, true}, {67, 4, false, 0, true},
-                                 {67, 2, false, 8, true}};
+                                 {67, 2, false, 8, true},
+                                 {67, 2, false, 0, false, 16, {1.0f, 0.0f}}, {67, 2, false, 0, false, 16, {1.0f, 1.0f}},
+                                 {67, 4, false, 16, false, 16, {1.0f, 1.0f}}, {67, 2, false, 0, false, 256, {0.1f, 0.5f}},
+                                 {67, 1, false, 8, false, 256, {0.1f, 0.5f}}, {67, 2, false, 0, true, 16, {1.0f, 1.0f}}};
     if (in.adversarial) shapes.push_back({128, 2, true}), shapes.push_back({200, 4, true}), shapes.push_back({200, 2, false, 64});
+    if (in.adversarial) shapes.push_back({128, 4, false, 32, false, 256, {0.0625f, 50.0f}});
     for (const Shape& sh : shapes) {
-      const int64_t B = 2, T = sh.T, Hkv = 2, H = Hkv * sh.ratio, D = 64;
+      const int64_t B = 2, T = sh.T, Hkv = 2, H = Hkv * sh.ratio, D = sh.D;
       const float qk = in.adversarial ? 3.0f : 0.5f;
       std::vector<float> Qf = in.bounded(B * T * H * D, qk), Kf = in.bounded(B * T * Hkv * D, qk);
       if (sh.negative_rows) {  // every score of every row about -40 * |w|^2 / sqrt(D)
@@ -374,18 +416,28 @@ TEST(OpHarness, Attention) {
           Tensor::from_vector({static_cast<int64_t>(ragged.size())}, DType::kI32, ragged).to(ctx.compute_device());
       const AttentionPieces pieces{pos_dev.data<int64_t>(), ragged_dev.data<int32_t>(), P};
       const AttentionPieces* pc = sh.packed ? &pieces : nullptr;
-      ops::attention_fwd(out.raw(), saved.raw(), q.raw(), k.raw(), v.raw(), B, T, H, Hkv, D, ctx, sh.window, pc);
-      ops::attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(), saved.raw(),
-                         B, T, H, Hkv, D, ctx, sh.window, pc);
-      const AttentionOracle o = attention_oracle(back(ctx, q), back(ctx, k), back(ctx, v), back(ctx, dout), B, T, H,
-                                                 Hkv, D, sh.window, sh.packed ? &pos : nullptr);
-      const double cond = o.max_score;
-      const double t_cpu = std::max(1e-5, 4 * 6e-8 * cond);
-      const double t_out = tol(ctx, t_cpu, 1e-2), t_grad = tol(ctx, t_cpu, 2e-2);
       const std::string name = "attention T" + std::to_string(T) + " gqa " + std::to_string(sh.ratio) +
                                (sh.negative_rows ? " neg-rows" : "") +
                                (sh.window ? " window " + std::to_string(sh.window) : "") +
-                               (sh.packed ? " packed" : "");
+                               (sh.packed ? " packed" : "") + (D != 64 ? " D" + std::to_string(D) : "") +
+                               (sh.scores.scale != 0.0f ? " scale " + num(sh.scores.scale) : "") +
+                               (sh.scores.softcap > 0.0f ? " softcap " + num(sh.scores.softcap) : "");
+      if (ctx.is_cuda() && sh.packed && sh.scores.softcap > 0.0f) {
+        EXPECT_THROW(ops::attention_fwd(out.raw(), saved.raw(), q.raw(), k.raw(), v.raw(), B, T, H, Hkv, D, ctx,
+                                        sh.window, pc, sh.scores),
+                     InputError)
+            << name << ": soft-capping packed data is refused on CUDA";
+        continue;
+      }
+      ops::attention_fwd(out.raw(), saved.raw(), q.raw(), k.raw(), v.raw(), B, T, H, Hkv, D, ctx, sh.window, pc,
+                         sh.scores);
+      ops::attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(), saved.raw(),
+                         B, T, H, Hkv, D, ctx, sh.window, pc, sh.scores);
+      const AttentionOracle o = attention_oracle(back(ctx, q), back(ctx, k), back(ctx, v), back(ctx, dout), B, T, H,
+                                                 Hkv, D, sh.window, sh.packed ? &pos : nullptr, sh.scores);
+      const double cond = o.max_score;
+      const double t_cpu = std::max(1e-5, 4 * 6e-8 * cond);
+      const double t_out = tol(ctx, t_cpu, 1e-2), t_grad = tol(ctx, t_cpu, 2e-2);
       for (const auto& [what, got, want, t] :
            {std::tuple{" out", back(ctx, out), o.out, t_out}, std::tuple{" dq", back(ctx, dq), o.dq, t_grad},
             std::tuple{" dk", back(ctx, dk), o.dk, t_grad}, std::tuple{" dv", back(ctx, dv), o.dv, t_grad}}) {
@@ -400,7 +452,8 @@ TEST(OpHarness, Attention) {
 
 // Generation's cached attention: T queries at positions [P, P + T) over a cache of P + T keys,
 // against the oracle of the whole sequence's causal attention (its rows P..P+T-1); the prompt
-// (P = 0), one token after a long prefix, a few tokens after one; GQA 1 and 4, D 64 and 128.
+// (P = 0), one token after a long prefix, a few tokens after one; GQA 1 and 4, D 64 and 128; and
+// Gemma's scores (another scale, a tanh soft-cap, with and without a window) at D 16 and 256.
 // CPU tol: attention's (same arithmetic), and the CPU twin must give attention_fwd's rows bit for
 // bit (the generate path's promise that a cached step is the full forward's).
 // CUDA tol (this project's kernel: scores, softmax and P.V in f32 from the bf16 inputs, one bf16
@@ -410,35 +463,43 @@ TEST(OpHarness, AttentionCached) {
     struct Shape {
       int64_t P, T, ratio, D;
       int64_t window = 0;  // a sliding window (Mistral), 0: none
+      AttentionScores scores = {};  // Gemma: another scale, a soft-cap
     };
-    for (const Shape& sh : {Shape{0, 5, 1, 64}, Shape{37, 1, 4, 64}, Shape{200, 3, 4, 128}, Shape{129, 1, 1, 128},
-                            Shape{9, 2, 2, 48}, Shape{37, 1, 4, 64, 16}, Shape{200, 3, 2, 128, 64}, Shape{0, 9, 1, 64, 4}}) {
+    for (const Shape& sh :
+         {Shape{0, 5, 1, 64}, Shape{37, 1, 4, 64}, Shape{200, 3, 4, 128}, Shape{129, 1, 1, 128}, Shape{9, 2, 2, 48},
+          Shape{37, 1, 4, 64, 16}, Shape{200, 3, 2, 128, 64}, Shape{0, 9, 1, 64, 4}, Shape{37, 1, 4, 16, 0, {1.0f, 0.0f}},
+          Shape{37, 3, 2, 16, 0, {1.0f, 1.0f}}, Shape{37, 2, 2, 16, 8, {1.0f, 1.0f}},
+          Shape{200, 3, 2, 256, 0, {0.1f, 0.5f}}, Shape{129, 1, 4, 256, 64, {0.1f, 0.5f}},
+          Shape{0, 9, 1, 256, 4, {0.0625f, 50.0f}}}) {
       const int64_t S = sh.P + sh.T, Hkv = 2, H = Hkv * sh.ratio, D = sh.D;
       const float qk = in.adversarial ? 3.0f : 0.5f;
       const std::vector<float> Qf = in.bounded(S * H * D, qk), Kf = in.bounded(S * Hkv * D, qk), Vf = in.vec(S * Hkv * D);
       Tensor k = to_act(ctx, Kf), v = to_act(ctx, Vf);
       const std::vector<float> Qnew(Qf.begin() + sh.P * H * D, Qf.end());
       Tensor q = to_act(ctx, Qnew), out = to_act(ctx, std::vector<float>(Qnew.size(), 9.0f));
-      ops::attention_cached_fwd(out.raw(), q.raw(), k.raw(), v.raw(), sh.T, sh.P, H, Hkv, D, ctx, sh.window);
+      ops::attention_cached_fwd(out.raw(), q.raw(), k.raw(), v.raw(), sh.T, sh.P, H, Hkv, D, ctx, sh.window, sh.scores);
       // The oracle over the whole sequence, queries as the backend holds them.
       std::vector<float> Qheld = Qf;
       const std::vector<float> qb = back(ctx, q);
       std::copy(qb.begin(), qb.end(), Qheld.begin() + sh.P * H * D);
       const AttentionOracle o =
           attention_oracle(Qheld, back(ctx, k), back(ctx, v), std::vector<float>(Qf.size(), 0.0f), 1, S, H, Hkv, D,
-                           sh.window);
+                           sh.window, nullptr, sh.scores);
       const std::vector<double> want(o.out.begin() + sh.P * H * D, o.out.end());
       const std::vector<float> got = back(ctx, out);
       const double t_cpu = std::max(1e-5, 4 * 6e-8 * o.max_score);
       const std::string name = "attention_cached P" + std::to_string(sh.P) + " T" + std::to_string(sh.T) + " gqa " +
                                std::to_string(sh.ratio) + " D" + std::to_string(D) +
-                               (sh.window ? " window " + std::to_string(sh.window) : "");
+                               (sh.window ? " window " + std::to_string(sh.window) : "") +
+                               (sh.scores.scale != 0.0f ? " scale " + num(sh.scores.scale) : "") +
+                               (sh.scores.softcap > 0.0f ? " softcap " + num(sh.scores.softcap) : "");
       report(ctx, name.c_str(), in.adversarial, got, want, tol(ctx, t_cpu, 4e-3));
       if (ctx.backend() == Backend::kCpu) {  // the same bits as attention_fwd's rows
         Tensor qa = to_act(ctx, Qf), full = to_act(ctx, std::vector<float>(Qf.size()));
         Tensor saved = Tensor::zeros({static_cast<int64_t>(attention_saved_bytes(ctx.backend(), 1, S, H, Hkv, D))},
                                      DType::kU8, ctx.compute_device());
-        ops::attention_fwd(full.raw(), saved.raw(), qa.raw(), k.raw(), v.raw(), 1, S, H, Hkv, D, ctx, sh.window);
+        ops::attention_fwd(full.raw(), saved.raw(), qa.raw(), k.raw(), v.raw(), 1, S, H, Hkv, D, ctx, sh.window,
+                           nullptr, sh.scores);
         const std::vector<float> f = back(ctx, full);
         EXPECT_EQ(0, std::memcmp(got.data(), f.data() + sh.P * H * D, got.size() * 4)) << name << ": not attention_fwd's bits";
       }
@@ -504,12 +565,86 @@ TEST(OpHarness, CrossEntropy) {
     EXPECT_EQ(0, std::memcmp(a.raw(), b.raw(), static_cast<size_t>(N * V) * dtype_size(act_t)))
         << "cross_entropy's gradient in " << dtype_torch_name(act_t) << " on " << backend_name(ctx.backend())
         << " is not convert() of the in-place f32 gradient";
+
+    // Gemma 2's final soft-cap: the raw logits through logit_softcap, the loss of the capped ones,
+    // the gradient of the raw ones (times 1 - (y / cap)^2). The cap bends random logits (3) and
+    // saturates adversarial ones (30). Against the double oracle from the raw logits, tolerances as
+    // above (the f32 cap moves a logit by its own rounding); the gradient written apart in f32, bf16
+    // and f16 is the bits convert() gives of the in-place f32 one, with the same loss.
+    const float cap = in.adversarial ? 30.0f : 3.0f;
+    Tensor capped_dev = Tensor::from_vector({N * V}, DType::kF32, L).to(ctx.compute_device());
+    ops::logit_softcap(capped_dev.data<float>(), N * V, cap, ctx);
+    const std::vector<float> Y = back(ctx, capped_dev);
+    auto capped = [&] { return Tensor::from_vector({N * V}, DType::kF32, Y).to(ctx.compute_device()); };
+    double cwant = 0;
+    std::vector<double> cgwant(N * V, 0.0);
+    for (int64_t n = 0; n < N; ++n) {
+      if (tg[n] == kIgnoreIndex) continue;
+      std::vector<double> y(V), dy(V);
+      double mx = -1e300, s = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        const double th = std::tanh(double(L[n * V + v]) / cap);
+        y[v] = cap * th, dy[v] = 1.0 - th * th;
+        mx = std::max(mx, y[v]);
+      }
+      for (int64_t v = 0; v < V; ++v) s += std::exp(y[v] - mx);
+      const double lse = mx + std::log(s);
+      cwant += lse - y[tg[n]];
+      for (int64_t v = 0; v < V; ++v) cgwant[n * V + v] = (std::exp(y[v] - lse) - (v == tg[n])) * scale * dy[v];
+    }
+    Tensor in_place = capped();
+    Tensor closs = Tensor::zeros({1}, DType::kF64, ctx.compute_device());
+    for (int64_t r0 = 0; r0 < N; r0 += 4)
+      ops::cross_entropy_fwd_bwd(static_cast<float*>(in_place.raw()) + r0 * V, closs.data<double>(),
+                                 targets.data<int64_t>() + r0, std::min<int64_t>(4, N - r0), V, scale, ctx, nullptr,
+                                 DType::kF32, cap);
+    ctx.compute().synchronize();
+    const double cgot = closs.to(Device::kCpu).data<double>()[0];
+    std::printf("  cross_entropy softcap %g loss sum %s: %.9f want %.9f\n", cap, in.adversarial ? "adversarial" : "random",
+                cgot, cwant);
+    EXPECT_NEAR(cgot, cwant, tol(ctx, 1e-5, 2e-5) * std::max(1.0, std::fabs(cwant)));
+    report(ctx, "cross_entropy softcap dlogits", in.adversarial, back(ctx, in_place), cgwant, tol(ctx, 1e-5, 2e-5));
+    for (const DType gt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      Tensor lg = capped(), lss = Tensor::zeros({1}, DType::kF64, ctx.compute_device());
+      Tensor dg = Tensor::zeros({N * V}, gt, ctx.compute_device()), dg_ref = Tensor::zeros({N * V}, gt, ctx.compute_device());
+      ops::convert(dg.raw(), gt, Tensor::from_vector({N * V}, DType::kF32, std::vector<float>(N * V, 7.0f))
+                                     .to(ctx.compute_device()).raw(), DType::kF32, N * V, ctx);  // poison
+      for (int64_t r0 = 0; r0 < N; r0 += 4)
+        ops::cross_entropy_fwd_bwd(static_cast<float*>(lg.raw()) + r0 * V, lss.data<double>(),
+                                   targets.data<int64_t>() + r0, std::min<int64_t>(4, N - r0), V, scale, ctx,
+                                   static_cast<char*>(dg.raw()) + r0 * V * dtype_size(gt), gt, cap);
+      ops::convert(dg_ref.raw(), gt, in_place.raw(), DType::kF32, N * V, ctx);
+      ctx.compute().synchronize();
+      EXPECT_EQ(lss.to(Device::kCpu).data<double>()[0], cgot) << "the soft-capped loss with the gradient written apart";
+      const Tensor a2 = dg.to(Device::kCpu), b2 = dg_ref.to(Device::kCpu);
+      EXPECT_EQ(0, std::memcmp(a2.raw(), b2.raw(), static_cast<size_t>(N * V) * dtype_size(gt)))
+          << "cross_entropy's soft-capped gradient in " << dtype_torch_name(gt) << " on " << backend_name(ctx.backend())
+          << " is not convert() of the in-place f32 gradient";
+    }
+  });
+}
+
+// logit_softcap (Gemma 2's final_logit_softcapping, f32 logits in place): cap * tanh(x / cap)
+// against double. Tol 1e-6 of the output scale on both backends: a division, a tanh within a few
+// ulp (CUDA's tanhf: 2) and a product, all f32.
+TEST(OpHarness, LogitSoftcap) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    for (const float cap : {1.0f, 30.0f}) {
+      const int64_t n = 1031;
+      const std::vector<float> X = in.vec(n, 10.0f);
+      Tensor x = Tensor::from_vector({n}, DType::kF32, X).to(ctx.compute_device());
+      ops::logit_softcap(x.data<float>(), n, cap, ctx);
+      std::vector<double> want(n);
+      for (int64_t i = 0; i < n; ++i) want[i] = cap * std::tanh(double(X[i]) / cap);
+      report(ctx, ("logit_softcap " + num(cap)).c_str(), in.adversarial, back(ctx, x), want,
+             tol(ctx, 1e-6, 1e-6));
+    }
   });
 }
 
 // Embedding (a bf16 table, widened) and dropout: exact rules, tolerance 0. The table 24 wide (CUDA:
 // 16-byte rows) and 20 wide (element by element), on the device and, on CUDA, in pinned host memory
-// read in place (memory.embedding: host).
+// read in place (memory.embedding: host); then scaled (Gemma) from bf16, f16 and f32 tables.
 TEST(OpHarness, EmbeddingAndDropoutAreExact) {
   for_each_case([](DeviceContext& ctx, Inputs& in) {
     const int64_t V = 50, N = 9;
@@ -540,6 +675,32 @@ TEST(OpHarness, EmbeddingAndDropoutAreExact) {
         report(ctx, host_table ? "embedding_fwd (pinned host table)" : "embedding_fwd", in.adversarial, back(ctx, out),
                want, 0.0);
       }
+    // Gemma's scaled embedding (sqrt(hidden) rounded by the caller to the table's dtype: 25.25 for
+    // 640 in bf16): the product in f32 rounded to the table's dtype (an f32 table: not rounded),
+    // then to the activation dtype; exact. Values below f16's range after the product.
+    for (const DType wt : {DType::kBF16, DType::kF16, DType::kF32}) {
+      const int64_t C = 24;
+      const float scale = 25.25f;
+      const Tensor made = Tensor::from_f32({V, C}, wt, in.bounded(V * C, 100.0f));
+      const Tensor table = made.to(ctx.compute_device());
+      std::vector<int64_t> ids(N);
+      for (int64_t n = 0; n < N; ++n) ids[n] = (n * 7 + 3) % V;
+      if (ctx.is_cuda()) ids[3] = V;  // a zero row, as above
+      Tensor idt = Tensor::from_vector({N}, DType::kI64, ids).to(ctx.compute_device());
+      Tensor out = to_act(ctx, std::vector<float>(N * C, 9.0f));
+      ops::embedding_fwd(out.raw(), idt.data<int64_t>(), table.raw(), wt, N, C, V, ctx, scale);
+      const std::vector<float> th = made.to_f32_vector();
+      auto round_to = [](DType t, float v) {
+        return t == DType::kBF16 ? bf16_to_f32(f32_to_bf16(v)) : t == DType::kF16 ? f16_to_f32(f32_to_f16(v)) : v;
+      };
+      std::vector<double> want(N * C);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < C; ++c)
+          want[n * C + c] =
+              ids[n] < V ? round_to(ctx.activation_dtype(), round_to(wt, th[ids[n] * C + c] * scale)) : 0.0;
+      report(ctx, (std::string("embedding_fwd scale ") + dtype_torch_name(wt)).c_str(), in.adversarial, back(ctx, out),
+             want, 0.0);
+    }
 
     const int64_t C = 24;
     const auto X = in.vec(N * C);
@@ -558,7 +719,7 @@ TEST(OpHarness, EmbeddingAndDropoutAreExact) {
 }
 
 // The small ops the skeleton composes with: residual accumulate, bias add, widening a bf16 norm
-// weight to f32, rounding f32 values through bf16, converting between f32, bf16 and f16. CPU tol 0 (one exact-or-rounded operation, as
+// weight to f32 (and to 1 + w, Gemma's), rounding f32 values through bf16, converting between f32, bf16 and f16. CPU tol 0 (one exact-or-rounded operation, as
 // the oracle); CUDA 8e-3 for the bf16 activation (rounded after each of the two ops), 0 for f32.
 TEST(OpHarness, AccumulateBiasWidenRound) {
   for (const int64_t W : {int64_t{37}, int64_t{40}}) for_each_case([W](DeviceContext& ctx, Inputs& in) {
@@ -583,6 +744,13 @@ TEST(OpHarness, AccumulateBiasWidenRound) {
     for (int64_t i = 0; i < n; ++i) rw[i] = bf16_to_f32(f32_to_bf16(X[i]));
     ctx.compute().synchronize();
     report(ctx, "to_f32 bf16", in.adversarial, wide.to(Device::kCpu).to_f32_vector(), rw, 0.0);
+    // Gemma's RMSNorm weight, 1 + w in f32 (to_f32's offset): one f32 add to the widened value, tol 0.
+    Tensor wide1 = to_f32_dev(ctx, std::vector<float>(n));
+    ops::to_f32(wide1.data<float>(), xb.raw(), DType::kBF16, n, ctx, 1.0f);
+    std::vector<double> ow(n);
+    for (int64_t i = 0; i < n; ++i) ow[i] = bf16_to_f32(f32_to_bf16(X[i])) + 1.0f;
+    ctx.compute().synchronize();
+    report(ctx, "to_f32 bf16 offset 1", in.adversarial, wide1.to(Device::kCpu).to_f32_vector(), ow, 0.0);
     report(ctx, "round_to_dtype bf16", in.adversarial, r.to(Device::kCpu).to_f32_vector(), rw, 0.0);
 
     // convert (f32 -> bf16 / f16, and bf16 -> f32): one rounding to nearest even, tol 0.
