@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "model/llama_model.h"
+#include "common/test_util.h"
 #include "runtime/error.h"
 #include "train/qlora_model.h"
 
@@ -573,6 +574,14 @@ TEST(MemoryPlan, LongContextLibrariesAndBudgets) {
               "token)\n524,288 tokens, 100 GB of host: %s\n524,288 tokens within 80 GiB, 75 GB of host: %s (%.1f KB a token)\n",
               p.describe().c_str(), p.total() / 409600 / 1e3, p2.describe().c_str(), q.describe().c_str(),
               q.total() / 524288 / 1e3, h.describe().c_str(), e.describe().c_str(), e.total() / 524288 / 1e3);
+  // 1M tokens (issue 24's stretch) on the whole H200 with 100 GB of a 128 GiB host: every second layer
+  // input is 18 x 8.6 GB, and the step's working set alone passes 140 GB: refused up front, naming the
+  // budget (not attempted and lost to an out-of-memory error mid-step).
+  c = job(1048576, 140);
+  c.memory.host_budget_gb = 100;
+  const std::string m = testing_util::error_of([&] { plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200); });
+  EXPECT_NE(m.find("memory.gpu_budget_gb = 140"), std::string::npos) << m;
+  std::printf("1,048,576 tokens, 140 GB, 100 GB of host: %s\n", m.c_str());
 }
 
 }  // namespace qshard
