@@ -8,13 +8,14 @@
 // Packed data (AttentionPieces): the B*T rows as up to P sequences of their own in cuDNN's ragged
 // layout (THD: each piece's rows where they are, found by element offsets; a padding mask with
 // each piece's length; the row statistics ragged too, [B*T, H]); graphs of their own, for P.
-// Scores (AttentionScores): the scale is the graphs' attn_scale. A soft-cap is a score modifier
-// (cudnn-frontend's Softcap: s / cap, tanh, * cap, with its backward 1 - tanh^2 in the backward
-// graph); cuDNN takes no built-in mask beside a score modifier, so the causal mask and the sliding
-// window are built inside the modifier, after the cap, by the frontend's own mask helper with the
-// arguments its built-in masks use. Soft-capped graphs of packed data are refused.
+// Scores (AttentionScores): the scale is the graphs' attn_scale. A soft-cap is refused
+// (check_attention_shape refuses it up front): cudnn-frontend's Softcap score modifier, with the causal mask and
+// the window built inside it (cuDNN takes no built-in mask beside one), built its forward graph on
+// an H200 with cuDNN 9.19, but the backward graph was refused by the frontend ("Attention score mod
+// enabled and hence other subgraphs are disabled", with no mask set: commit 8628da6 has that code).
 #include <cudnn.h>
 #include <cudnn_frontend.h>
+#include <fmt/format.h>
 
 #include <cstdio>
 #include <functional>
@@ -36,8 +37,6 @@ namespace {
 
 namespace fe = cudnn_frontend;
 using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
-// An attention score modifier: a sub-graph's pointwise operations from the scores (set_score_mod).
-using ScoreMod = std::function<TensorPtr(std::shared_ptr<fe::graph::Graph>, TensorPtr)>;
 
 void check(fe::error_t e, const char* what) {
   if (e.is_bad()) throw Error(std::string("cuDNN attention: ") + what + ": " + e.get_message());
@@ -59,9 +58,9 @@ struct Graphs {
 struct CudnnState {
   cudnnHandle_t handle = nullptr;
   std::mutex mu;
-  // (B, T, H, Hkv, D, window, P, deterministic, scale, softcap): P > 0 the packed graphs of up to P
-  // pieces; scale the graphs' attn_scale (scale_for(D)), softcap 0 for none
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, float, float>, Graphs> graphs;
+  // (B, T, H, Hkv, D, window, P, deterministic, scale): P > 0 the packed graphs of up to P pieces;
+  // scale the graphs' attn_scale (scale_for(D))
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, float>, Graphs> graphs;
   bool deterministic = true;  // the backward's algorithm (set_attention_deterministic)
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
@@ -126,41 +125,9 @@ TensorPtr index_tensor(fe::graph::Graph& g, const char* name, int64_t uid, int64
                       .set_data_type(fe::DataType_t::INT32));
 }
 
-// The soft-capped scores' modifier, forward and backward (one Softcap: the backward graph's
-// forward call keeps s / cap for its backward call). The forward caps the scaled scores, then
-// masks them causally (key u kept when u <= t) and, with a window, by the left bound (u + window
-// > t): attn::score_modifiers::sliding_window_mask with the arguments set_causal_mask(true) and
-// set_diagonal_band_left_bound(window) give the frontend's built-in masks. The backward is the
-// cap's alone (the masked scores' gradients are 0 already).
-struct SoftcapMod {
-  std::shared_ptr<fe::graph::attn::score_modifiers::Softcap> softcap =
-      std::make_shared<fe::graph::attn::score_modifiers::Softcap>();
-  TensorPtr cap;  // the cap, a pass-by-value scalar of the main graph
-  int64_t T = 0, window = 0;
-
-  SoftcapMod(fe::graph::Graph& g, float c, int64_t T_, int64_t window_) : T(T_), window(window_) {
-    cap = g.tensor(c, fe::graph::ScalarType::RUNTIME_PARAM);
-    cap->set_name("softcap");
-  }
-  ScoreMod forward() const {
-    return [softcap = softcap, cap = cap, T = T, window = window](std::shared_ptr<fe::graph::Graph> sub, TensorPtr s) {
-      TensorPtr capped = softcap->forward(sub, s, cap);
-      return fe::graph::attn::score_modifiers::sliding_window_mask(
-          sub, capped, fe::DiagonalAlignment_t::TOP_LEFT,
-          window > 0 ? std::optional<int64_t>(window) : std::nullopt, std::optional<int64_t>(0), T, T, nullptr,
-          nullptr);
-    };
-  }
-  ScoreMod backward() const {
-    return [softcap = softcap, cap = cap](std::shared_ptr<fe::graph::Graph> sub, TensorPtr ds) {
-      return softcap->backward(sub, ds, cap);
-    };
-  }
-};
-
 // window: a sliding window (0 < window < T); anything else is plain causal attention (one graph).
 // P > 0: packed data's graphs (the rows as up to P ragged pieces). scores: the scale
-// (scale_for(D)) and, with softcap > 0, the soft-capped graphs (refused with P > 0).
+// (scale_for(D)); a soft-cap is refused (InputError naming attn_logit_softcapping).
 Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
                    int64_t P, AttentionScores scores) {
   CudnnState& s = state(ctx);
@@ -168,17 +135,14 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
   if (window <= 0 || window >= T) window = 0;
   QS_CHECK(window <= std::numeric_limits<int>::max(), "attention: sliding window too large");
   const float scale = scores.scale_for(D);  // HF: head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5
-  const float softcap = scores.softcap > 0.0f ? scores.softcap : 0.0f;
-  const auto key = std::make_tuple(B, T, H, Hkv, D, window, P, s.deterministic, scale, softcap);
+  if (scores.softcap > 0.0f)
+    throw InputError("attention soft-capping (attn_logit_softcapping " + fmt::format("{}", scores.softcap) +
+                     ", Gemma 2) is not supported on CUDA: cuDNN's soft-capped backward graph is refused; run "
+                     "with device cpu");
+  const auto key = std::make_tuple(B, T, H, Hkv, D, window, P, s.deterministic, scale);
   auto it = s.graphs.find(key);
   if (it != s.graphs.end()) return it->second;
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
-  char cap_buf[32];
-  std::snprintf(cap_buf, sizeof(cap_buf), "%g", softcap);
-  const std::string cap_str = cap_buf;
-  if (softcap > 0.0f && P > 0)
-    throw InputError("attention soft-capping with packed data is not supported on CUDA (attn_logit_softcapping " +
-                     cap_str + " with data.packing): train without packing, or with device cpu");
   const int64_t Bg = P > 0 ? P : B;  // the graphs' batch: the pieces when packed
   // A [B, T, heads, D] operand as cuDNN's [Bg, heads, T, D]; packed, each piece's rows found by the
   // offsets `off` (the batch stride is then unused).
@@ -201,7 +165,6 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
       t.set_stride({H * T, T, 1, 1});
   };
   auto masks = [&](fe::graph::Graph& g, auto& opts) {
-    if (softcap > 0.0f) return;  // the masks are the score modifier's (SoftcapMod)
     opts.set_causal_mask(true);
     // Keys u with u + window > t (cuDNN's top-left diagonal band: transformers' sliding window).
     if (window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(window));
@@ -212,34 +175,21 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
           .set_max_total_seq_len_q(B * T)
           .set_max_total_seq_len_kv(B * T);
   };
-  // Runs make(), a graph's construction: a soft-capped graph this cuDNN / GPU cannot build (the
-  // frontend's checks, no plan) throws InputError naming the config key and the way out.
-  auto building = [&](auto make) {
-    if (softcap <= 0.0f) return make();
-    try {
-      return make();
-    } catch (const std::exception& e) {
-      throw InputError("attention soft-capping (attn_logit_softcapping " + cap_str +
-                       ") is not supported by this cuDNN / GPU (cuDNN's score modifier): " + e.what() +
-                       "; run with device cpu");
-    }
-  };
   Graphs gr;
-  gr.fwd = building([&] {
+  {
     auto g = bf16_graph();
     TensorPtr q = operand(*g, "Q", kQ, H, kOffQ);
     TensorPtr k = operand(*g, "K", kK, Hkv, kOffK);
     TensorPtr v = operand(*g, "V", kV, Hkv, kOffV);
     auto opts = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(scale);
     masks(*g, opts);
-    if (softcap > 0.0f) opts.set_score_mod(SoftcapMod(*g, softcap, T, window).forward());
     auto [o, stats] = g->sdpa(q, k, v, opts);
     output(*g, o, "O", kO, H, kOffO);
     stats->set_output(true).set_uid(kStats);
     stats_layout(*g, *stats);
     finish(*g, s.handle, gr.fwd_ws, "forward graph");
-    return g;
-  });
+    gr.fwd = g;
+  }
   auto backward_graph = [&](bool deterministic, int64_t& ws) {
     auto g = bf16_graph();
     TensorPtr q = operand(*g, "Q", kQ, H, kOffQ);
@@ -256,10 +206,6 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
                     .set_attn_scale(scale)
                     .set_deterministic_algorithm(deterministic);
     masks(*g, opts);
-    if (softcap > 0.0f) {
-      const SoftcapMod mod(*g, softcap, T, window);
-      opts.set_score_mod(mod.forward()).set_score_mod_bprop(mod.backward());
-    }
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, opts);
     output(*g, dq, "dQ", kDQ, H, kOffDQ);
     output(*g, dk, "dK", kDK, Hkv, kOffDK);
@@ -267,14 +213,14 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
     finish(*g, s.handle, ws, "backward graph");
     return g;
   };
-  gr.bwd = building([&] { return backward_graph(s.deterministic, gr.bwd_ws); });
+  gr.bwd = backward_graph(s.deterministic, gr.bwd_ws);
   // The deterministic backward's workspace grows with the sequence (it failed to allocate at
   // 131072 tokens next to the step's 65 GB on an H200): past attention_workspace_limit() the
   // non-deterministic algorithm (an f32 dQ accumulator, ~B*H*T*D*4 bytes) takes over. The same
   // run is then not bitwise repeatable in its attention gradients; a note says so once.
   if (s.deterministic && gr.bwd_ws > attention_workspace_limit()) {
     const int64_t det_ws = gr.bwd_ws;
-    gr.bwd = building([&] { return backward_graph(false, gr.bwd_ws); });
+    gr.bwd = backward_graph(false, gr.bwd_ws);
     static std::once_flag noted;
     std::call_once(noted, [&] {
       std::fprintf(stderr,

@@ -161,9 +161,10 @@ LlamaStepBytes llama_step_bytes(const LlamaConfig& config, const LlamaModelOptio
 double llama_kept_layer_bytes(const LlamaConfig& config, const LlamaModelOptions& options, Backend backend,
                               DType activation_dtype, int64_t lora_r);
 
-// The GPU's fused attention (cuDNN) takes only a head_dim that is a multiple of 8: on Backend::kCuda
-// any other is an InputError naming `source` (the model's config) and the value, raised before
-// anything loads; the CPU backend takes any even head_dim.
+// The GPU's fused attention (cuDNN) takes only a head_dim that is a multiple of 8, and no soft-capped
+// scores (Gemma 2's attn_logit_softcapping): on Backend::kCuda either is an InputError naming
+// `source` (the model's config) and the value, raised before anything loads; the CPU backend takes
+// any even head_dim and soft-caps.
 void check_attention_shape(const LlamaConfig& config, Backend backend, const std::string& source);
 
 // Which half of the step a hook is called for.

@@ -17,6 +17,7 @@
 #include "checkpoint/safetensors_index.h"
 #include "model/llama_model.h"
 #include "model_test_util.h"
+#include "common/test_util.h"
 
 namespace qshard {
 namespace {
@@ -639,6 +640,11 @@ TEST(LlamaModel, GpuAttentionRefusesAHeadDimNotAMultipleOf8) {
   EXPECT_NO_THROW(check_attention_shape(c, Backend::kCpu, "models/odd/config.json"));
   c.head_dim = 16;
   EXPECT_NO_THROW(check_attention_shape(c, Backend::kCuda, "models/odd/config.json"));
+  c.attn_logit_softcapping = 50.0;  // Gemma 2's soft-capped scores: the CPU only, for now
+  const std::string m = testing_util::error_of([&] { check_attention_shape(c, Backend::kCuda, "gemma2/config.json"); });
+  EXPECT_NE(m.find("gemma2/config.json: attn_logit_softcapping 50"), std::string::npos) << m;
+  EXPECT_NE(m.find("device cpu"), std::string::npos) << m;
+  EXPECT_NO_THROW(check_attention_shape(c, Backend::kCpu, "gemma2/config.json"));
 }
 
 TEST(LlamaModel, KeptLayersNeedTheWholeMlp) {
