@@ -184,7 +184,8 @@ void read_gemma(const json& j, const std::string& label, LlamaConfig& c) {
   if (!(c.query_pre_attn_scalar > 0) || !std::isfinite(c.query_pre_attn_scalar))
     throw InputError(where(label, "query_pre_attn_scalar") + " is " + fmt::format("{}", c.query_pre_attn_scalar) +
                      "; expected a positive number (the attention scale is its inverse square root)");
-  auto cap = [&](const char* key, double def) {
+  auto cap = [&](const char* key, double def) {  // null: none
+    if (j.contains(key) && j[key].is_null()) return 0.0;
     const double v = get_num(j, key, label, def);
     if (v < 0 || !std::isfinite(v))
       throw InputError(where(label, key) + " is " + fmt::format("{}", v) + "; expected a positive number or null");
@@ -192,9 +193,7 @@ void read_gemma(const json& j, const std::string& label, LlamaConfig& c) {
   };
   // Gemma 3's attention reads no attn_logit_softcapping (transformers' Gemma3Attention passes none).
   c.attn_logit_softcapping = g3 ? 0.0 : cap("attn_logit_softcapping", 50.0);
-  if (j.contains("attn_logit_softcapping") && j["attn_logit_softcapping"].is_null()) c.attn_logit_softcapping = 0;
   c.final_logit_softcapping = cap("final_logit_softcapping", g3 ? 0.0 : 30.0);
-  if (j.contains("final_logit_softcapping") && j["final_logit_softcapping"].is_null()) c.final_logit_softcapping = 0;
   c.sliding_window = get_int(j, "sliding_window", label, 4096);
   positive(c.sliding_window, "sliding_window", label);
   read_gemma_layer_types(j, label, c);

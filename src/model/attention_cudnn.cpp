@@ -18,13 +18,10 @@
 #include <fmt/format.h>
 
 #include <cstdio>
-#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
-#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <unordered_map>

@@ -789,8 +789,8 @@ void LlamaModel::embed(std::span<const int64_t> ids, void* x, int64_t B, int64_t
   float scale = 1.0f;
   if (config_.embed_scale > 0) {
     scale = static_cast<float>(config_.embed_scale);
-    DeviceContext host(Backend::kCpu, -1);
-    if (root_binding_.embed_dtype != DType::kF32) cpu::round_to_dtype(&scale, 1, root_binding_.embed_dtype, host);
+    if (root_binding_.embed_dtype == DType::kBF16) scale = bf16_to_f32(f32_to_bf16(scale));
+    if (root_binding_.embed_dtype == DType::kF16) scale = f16_to_f32(f32_to_f16(scale));
   }
   ops::embedding_fwd(x, act_->ids, root_binding_.embed, root_binding_.embed_dtype, B * T, config_.hidden_size,
                      config_.vocab_size, ctx_, scale);

@@ -302,10 +302,8 @@ void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, 
 // pieces (packed data): the B*T rows as up to pieces->max sequences of their own (cuDNN's ragged
 // layout with a padding mask: pieces->ragged), graphs of their own (prepare_attention's max_pieces
 // builds them); the row statistics then per row [B*T, H].
-// scores: the scale is the graphs' attn_scale; a soft-cap (softcap > 0) is a score modifier of the
-// graphs (cuDNN's tanh soft-capping) in the forward and the backward, graphs of their own, with
-// the causal mask and the window inside the modifier (cuDNN takes no built-in mask beside one).
-// A soft-cap with pieces (packed data) throws InputError; so does one this cuDNN / GPU cannot build.
+// scores: the scale is the graphs' attn_scale; a soft-cap (softcap > 0) throws InputError (cuDNN
+// 9.19 refused the soft-capped backward graph: attention_cudnn.cpp).
 void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                        int64_t window = 0, int64_t max_pieces = 0, AttentionScores scores = {});
 // The backward's algorithm for graphs built from now on: cuDNN's deterministic one (the default:

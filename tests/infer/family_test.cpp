@@ -1,4 +1,4 @@
-// The model families beside Llama (Qwen2, Qwen3, Mistral, Phi-3) against transformers
+// The model families beside Llama (Qwen2, Qwen3, Mistral, Phi-3, Gemma 2, Gemma 3) against transformers
 // (scripts/golden/make_family_golden.py: tiny random-weight models of each family's own config
 // class, float32, with random biases and q/k norms; Mistral's sliding window 4 < T = 12, so the
 // window masks; scripts/golden/make_phi3_golden.py: Phi-3 with fused qkv_proj / gate_up_proj in two

@@ -17,11 +17,6 @@
 namespace qshard {
 namespace {
 
-TrainSummary train_on(DeviceChoice device, const TrainConfig& cfg) {
-  JobRuntime jr(World::get(), device, "device");
-  return train(cfg, jr.get());
-}
-
 // 16 steps at lr 1e-2 on each family's folder: the GPU's (bf16) loss curve follows the CPU's (f32)
 // within 2% at every step (the tiny job's GPU tolerance, scripts/gpu/gpu_train_check.sh), and the
 // GPU's job learns.

@@ -14,11 +14,6 @@
 namespace qshard {
 namespace {
 
-TrainSummary train_on(DeviceChoice device, const TrainConfig& cfg) {
-  JobRuntime jr(World::get(), device, "device");
-  return train(cfg, jr.get());
-}
-
 // With a learning rate too small to move the model, the GPU's packed eval loss over a separate
 // file is the GPU's padded one within bf16 rounding (2e-3 relative) and the CPU reference's
 // packed one within 1%; 20 steps at lr 2e-2 follow the CPU's packed loss curve within 2% (the

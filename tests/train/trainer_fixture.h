@@ -11,9 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "runtime/runtime.h"
 #include "runtime/world.h"
 #include "text/token_file.h"
 #include "train/train_config.h"
+#include "train/trainer.h"
 
 namespace qshard {
 
@@ -97,6 +99,12 @@ inline TrainConfig eval_only_instruction_config(const std::string& name) {
   c.logging.eval_every_steps = 2;
   c.optimizer.lr = 1e-30;
   return c;
+}
+
+// One job on `device` in this process's world (a GPU test beside the CPU reference's run).
+inline TrainSummary train_on(DeviceChoice device, const TrainConfig& cfg) {
+  JobRuntime jr(World::get(), device, "device");
+  return train(cfg, jr.get());
 }
 
 }  // namespace qshard
