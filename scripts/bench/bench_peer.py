@@ -10,7 +10,8 @@ torch.cuda.synchronize() around them.
 
 Prints one JSON line per run (and appends it to --jsonl): tokens/s, peak memory as
 torch.cuda.max_memory_allocated / max_memory_reserved, and the device memory in use at the end
-(cudaMemGetInfo: CUDA context included, comparable with qshard bench's peak_gpu_bytes); or
+(cudaMemGetInfo: CUDA context included, comparable with qshard bench's peak_gpu_bytes) and the process's
+peak resident host memory (peak_rss_bytes); or
 "oom": true when the step does not fit.
 
 Usage: python3 scripts/bench/bench_peer.py --preset 8b --batch 4 --seq 2048 [--no-checkpointing]
@@ -34,6 +35,7 @@ import argparse
 import gc
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -90,6 +92,8 @@ def build(args, torch):
 
 
 def emit(out, jsonl):
+    # the process's peak resident host memory so far (Linux: ru_maxrss in KiB)
+    out.setdefault("peak_rss_bytes", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     line = json.dumps(out)
     print(line, flush=True)
     if jsonl:

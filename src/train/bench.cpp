@@ -210,6 +210,7 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
     if (rt.ctx.is_cuda()) {
       t += fmt::format("  {:<26} {:.2f} GiB\n", "peak GPU memory (device)", gib(static_cast<double>(p.peak_gpu_bytes)));
       t += fmt::format("  {:<26} {:.2f} GiB\n", "peak pinned host memory", gib(static_cast<double>(pinned_host_peak_bytes())));
+      t += fmt::format("  {:<26} {:.2f} GiB\n", "peak host memory (RSS)", gib(static_cast<double>(peak_rss_bytes())));
       t += fmt::format("  {:<26} copy {:.0f} GB/s, pinned host-to-device {:.1f} GB/s\n", "limits measured now",
                        copy_bps * 1e-9, h2d_bps * 1e-9);
       double total = 0;
