@@ -6,7 +6,9 @@
 // 2 B H T^2 D each, halved by the mask = 2 B H T^2 D; backward 2.5x the forward (5 matmuls).
 // Issue 23's target: forward + backward >= 350 TFLOP/s at 4 x 2048.
 // Usage: bench_attention [--iters N (20)] [--shapes BxT,BxT,... (1x2048,2x2048,4x2048,8x2048,1x8192)]
-//        [--heads H (32)] [--kv-heads Hkv (8)] [--head-dim D (128)]
+//        [--heads H (32)] [--kv-heads Hkv (8)] [--head-dim D (128)] [--softcap C (0: none)]
+// --softcap C > 0: Gemma 2's soft-capped scores, which run the eager attention (attention_eager.cu;
+// one row a shape, its arithmetic deterministic).
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
 #else
   int iters = 20;
   int64_t H = 32, Hkv = 8, D = 128;
+  float softcap = 0.0f;
   std::vector<std::pair<int64_t, int64_t>> shapes = parse_shapes("1x2048,2x2048,4x2048,8x2048,1x8192");
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
@@ -60,6 +63,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--heads") && i + 1 < argc) H = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--kv-heads") && i + 1 < argc) Hkv = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--head-dim") && i + 1 < argc) D = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--softcap") && i + 1 < argc) softcap = static_cast<float>(std::atof(argv[++i]));
     else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;
@@ -69,9 +73,10 @@ int main(int argc, char** argv) {
   ops::prepare(ctx);
   cudaStream_t s = static_cast<cudaStream_t>(ctx.compute().handle());
   bench::EventTimer timer(s);
-  std::printf("fused attention (cuDNN SDPA), H %lld, Hkv %lld, D %lld, causal; %d timed calls each\n",
-              static_cast<long long>(H), static_cast<long long>(Hkv),
-              static_cast<long long>(D), iters);
+  const AttentionScores scores{0.0f, softcap};
+  std::printf("%s, H %lld, Hkv %lld, D %lld, causal; %d timed calls each\n",
+              softcap > 0.0f ? "eager attention (soft-capped scores)" : "fused attention (cuDNN SDPA)",
+              static_cast<long long>(H), static_cast<long long>(Hkv), static_cast<long long>(D), iters);
   std::printf("%-8s %-17s %9s %9s %9s %9s %9s\n", "shape", "backward", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s",
               "f+b TF/s");
   for (const auto& [B, T] : shapes) {
@@ -87,13 +92,17 @@ int main(int argc, char** argv) {
     bench::fill_bf16(dO, nq, 4, 1.0f, s);
     const double fwd_flop = 2.0 * B * H * static_cast<double>(T) * T * D, bwd_flop = 2.5 * fwd_flop;
     for (bool det : {true, false}) {
+      if (softcap > 0.0f && !det) break;  // the eager attention has one algorithm
       cuda::set_attention_deterministic(ctx, det);
-      cuda::prepare_attention(ctx, B, T, H, Hkv, D);
-      const double f = timer.mean_ms(iters, [&] { cuda::attention_fwd(o, stats, q, k, v, B, T, H, Hkv, D, ctx); });
-      const double bw = timer.mean_ms(
-          iters, [&] { cuda::attention_bwd(dq, dk, dv, dO, q, k, v, o, stats, B, T, H, Hkv, D, ctx); });
+      cuda::prepare_attention(ctx, B, T, H, Hkv, D, 0, 0, scores);
+      const double f = timer.mean_ms(
+          iters, [&] { cuda::attention_fwd(o, stats, q, k, v, B, T, H, Hkv, D, ctx, 0, nullptr, scores); });
+      const double bw = timer.mean_ms(iters, [&] {
+        cuda::attention_bwd(dq, dk, dv, dO, q, k, v, o, stats, B, T, H, Hkv, D, ctx, 0, nullptr, scores);
+      });
       std::printf("%lldx%-6lld %-17s %9.3f %9.1f %9.3f %9.1f %9.1f\n", static_cast<long long>(B),
-                  static_cast<long long>(T), det ? "deterministic" : "non-deterministic", f, fwd_flop / f / 1e9, bw,
+                  static_cast<long long>(T), softcap > 0.0f ? "eager" : det ? "deterministic" : "non-deterministic", f,
+                  fwd_flop / f / 1e9, bw,
                   bwd_flop / bw / 1e9, (fwd_flop + bwd_flop) / (f + bw) / 1e9);
     }
     cuda::set_attention_deterministic(ctx, true);

@@ -8,14 +8,14 @@
 // Packed data (AttentionPieces): the B*T rows as up to P sequences of their own in cuDNN's ragged
 // layout (THD: each piece's rows where they are, found by element offsets; a padding mask with
 // each piece's length; the row statistics ragged too, [B*T, H]); graphs of their own, for P.
-// Scores (AttentionScores): the scale is the graphs' attn_scale. A soft-cap is refused
-// (check_attention_shape refuses it up front): cudnn-frontend's Softcap score modifier, with the causal mask and
-// the window built inside it (cuDNN takes no built-in mask beside one), built its forward graph on
-// an H200 with cuDNN 9.19, but the backward graph was refused by the frontend ("Attention score mod
-// enabled and hence other subgraphs are disabled", with no mask set: commit 8628da6 has that code).
+// Scores (AttentionScores): the scale is the graphs' attn_scale. Soft-capped scores (Gemma 2) run
+// the eager attention (attention_eager.cu) with its workspace here: cudnn-frontend's Softcap score
+// modifier, with the causal mask and the window built inside it (cuDNN takes no built-in mask
+// beside one), built its forward graph on an H200 with cuDNN 9.19, but the backward graph was
+// refused by the frontend ("Attention score mod enabled and hence other subgraphs are disabled":
+// commit 8628da6 has that code).
 #include <cudnn.h>
 #include <cudnn_frontend.h>
-#include <fmt/format.h>
 
 #include <cstdio>
 #include <limits>
@@ -61,9 +61,12 @@ struct CudnnState {
   bool deterministic = true;  // the backward's algorithm (set_attention_deterministic)
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
+  void* eager = nullptr;  // the eager attention's workspace (soft-capped scores)
+  size_t eager_bytes = 0;
   ~CudnnState() {
     graphs.clear();
     if (workspace) cudaFree(workspace);
+    if (eager) cudaFree(eager);
     if (handle) cudnnDestroy(handle);
   }
 };
@@ -124,7 +127,7 @@ TensorPtr index_tensor(fe::graph::Graph& g, const char* name, int64_t uid, int64
 
 // window: a sliding window (0 < window < T); anything else is plain causal attention (one graph).
 // P > 0: packed data's graphs (the rows as up to P ragged pieces). scores: the scale
-// (scale_for(D)); a soft-cap is refused (InputError naming attn_logit_softcapping).
+// (scale_for(D)); no soft-cap (the eager attention's).
 Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
                    int64_t P, AttentionScores scores) {
   CudnnState& s = state(ctx);
@@ -132,10 +135,7 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
   if (window <= 0 || window >= T) window = 0;
   QS_CHECK(window <= std::numeric_limits<int>::max(), "attention: sliding window too large");
   const float scale = scores.scale_for(D);  // HF: head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5
-  if (scores.softcap > 0.0f)
-    throw InputError("attention soft-capping (attn_logit_softcapping " + fmt::format("{}", scores.softcap) +
-                     ", Gemma 2) is not supported on CUDA: cuDNN's soft-capped backward graph is refused; run "
-                     "with device cpu");
+  QS_CHECK(scores.softcap <= 0.0f, "cuDNN attention: soft-capped scores are the eager attention's");
   const auto key = std::make_tuple(B, T, H, Hkv, D, window, P, s.deterministic, scale);
   auto it = s.graphs.find(key);
   if (it != s.graphs.end()) return it->second;
@@ -260,6 +260,24 @@ void add_pieces(std::unordered_map<int64_t, void*>& pack, const AttentionPieces&
   pack[kOffStats] = off_stats;
 }
 
+// The eager attention's workspace for sequences of T (grown here: start-up work in
+// prepare_attention, never inside a step once it has seen the step's shape).
+void* eager_workspace(DeviceContext& ctx, int64_t T, int64_t Hkv, int64_t D) {
+  CudnnState& s = state(ctx);
+  std::lock_guard<std::mutex> lock(s.mu);
+  const size_t need = eager_attention_layout(T, Hkv, D).total();
+  if (need > s.eager_bytes) {
+    if (s.eager) {
+      ctx.compute().synchronize();
+      QS_CUDA_CHECK(cudaFree(s.eager));
+      s.eager = nullptr;
+    }
+    QS_CUDA_CHECK(cudaMalloc(&s.eager, need));
+    s.eager_bytes = need;
+  }
+  return s.eager;
+}
+
 int64_t pieces_of(const AttentionPieces* pieces) {
   if (!pieces) return 0;
   QS_CHECK(pieces->ragged && pieces->max > 0, "attention: packed pieces without their ragged layout");
@@ -276,6 +294,11 @@ void set_attention_deterministic(DeviceContext& ctx, bool deterministic) {
 
 void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
                        int64_t max_pieces, AttentionScores scores) {
+  QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
+  if (scores.softcap > 0.0f) {  // the eager attention: its workspace, no graphs
+    eager_workspace(ctx, T, Hkv, D);
+    return;
+  }
   graphs_for(ctx, B, T, H, Hkv, D, window, 0, scores);
   if (max_pieces > 0) graphs_for(ctx, B, T, H, Hkv, D, window, max_pieces, scores);
 }
@@ -283,6 +306,11 @@ void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int6
 void attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
                    int64_t T, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window,
                    const AttentionPieces* pieces, AttentionScores scores) {
+  if (scores.softcap > 0.0f) {
+    eager_attention_fwd(out, saved, q, k, v, B, H, ctx, window, pieces ? pieces->pos : nullptr, scores,
+                        eager_attention_layout(T, Hkv, D), eager_workspace(ctx, T, Hkv, D));
+    return;
+  }
   Graphs& gr = graphs_for(ctx, B, T, H, Hkv, D, window, pieces_of(pieces), scores);
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<uint16_t*>(q)},
                                              {kK, const_cast<uint16_t*>(k)},
@@ -297,6 +325,11 @@ void attention_bwd(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dou
                    const uint16_t* k, const uint16_t* v, const uint16_t* out, const void* saved, int64_t B, int64_t T,
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window,
                    const AttentionPieces* pieces, AttentionScores scores) {
+  if (scores.softcap > 0.0f) {
+    eager_attention_bwd(dq, dk, dv, dout, q, k, v, out, saved, B, H, ctx, window, pieces ? pieces->pos : nullptr,
+                        scores, eager_attention_layout(T, Hkv, D), eager_workspace(ctx, T, Hkv, D));
+    return;
+  }
   Graphs& gr = graphs_for(ctx, B, T, H, Hkv, D, window, pieces_of(pieces), scores);
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<uint16_t*>(q)},   {kK, const_cast<uint16_t*>(k)},
                                              {kV, const_cast<uint16_t*>(v)},   {kO, const_cast<uint16_t*>(out)},

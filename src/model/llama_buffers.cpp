@@ -130,6 +130,7 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   d.head_rows = llama_head_rows(o.head_chunk_bytes, d.V, d.N);
   d.qk_norm = c.qk_norm;
   d.gemma_norms = c.gemma_norms;
+  d.eager_attention = backend == Backend::kCuda && c.attn_logit_softcapping > 0;
   d.local_rope = c.rope_local_theta > 0;
   d.positions = o.packed_positions;
   if (o.packed_positions && backend == Backend::kCuda)
@@ -302,7 +303,12 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
         std::max(layer_ws, head_ws) + 64 * static_cast<int64_t>(Workspace::kAlign), BufferLife::kWorkspace);
   // ---- cuDNN's attention workspace (prepare_attention): past its limit the non-deterministic
   // backward, whose f32 dQ accumulator is about B*T*H*D*4 bytes (the estimate) ----
-  if (backend == Backend::kCuda) p.add("attention workspace (cuDNN)", N * q * 4, BufferLife::kLibrary);
+  // Soft-capped scores (Gemma 2): the eager attention's chunk of scores and the sequence's dK / dV.
+  if (d.eager_attention)
+    p.add("attention workspace (eager)", static_cast<int64_t>(eager_attention_layout(d.T, d.Hkv, d.D).total()),
+          BufferLife::kLibrary);
+  else if (backend == Backend::kCuda)
+    p.add("attention workspace (cuDNN)", N * q * 4, BufferLife::kLibrary);
   return p;
 }
 

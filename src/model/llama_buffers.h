@@ -101,6 +101,7 @@ struct LlamaBufferDims {
   int64_t head_rows = 0;             // LM-head logits rows per chunk
   bool qk_norm = false;              // Qwen3's q / k norms: their inputs and rstd kept per layer
   bool gemma_norms = false;          // Gemma's post-attention / post-MLP norms: their inputs and gradients
+  bool eager_attention = false;      // CUDA, soft-capped scores (Gemma 2): the eager attention's workspace
   bool local_rope = false;           // Gemma 3: the sliding layers' own RoPE tables
   bool positions = false;            // packed data's positions [N] int64 (options.packed_positions)
   int64_t ragged_ints = 0;           // CUDA, packed: ragged_layout's int32 arrays (llama_ops.h)

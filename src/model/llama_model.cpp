@@ -45,11 +45,6 @@ void check_attention_shape(const LlamaConfig& config, Backend backend, const std
     throw InputError(source + ": head_dim " + std::to_string(config.head_dim) +
                      " is not a multiple of 8, which the GPU's fused attention (cuDNN) needs; run this model "
                      "with device cpu");
-  // Gemma 2's soft-capped scores: cuDNN 9.19 refused the soft-capped backward graph (attention_cudnn.cpp).
-  if (backend == Backend::kCuda && config.attn_logit_softcapping > 0)
-    throw InputError(source + ": attn_logit_softcapping " + fmt::format("{}", config.attn_logit_softcapping) +
-                     " (Gemma 2's soft-capped attention scores) is not supported on the GPU yet (cuDNN refuses "
-                     "the soft-capped backward graph); run this model with device cpu");
 }
 
 LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& ctx, const LlamaModelOptions& options)

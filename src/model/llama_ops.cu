@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <tuple>
 #include <vector>
+#include <utility>
 
 #include "model/llama_ops.h"
 #include "runtime/cuda_check.h"
@@ -667,7 +668,8 @@ struct LtState {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::mutex mu;
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, bool, int64_t, int64_t, int64_t>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, bool, int64_t, int64_t, int64_t, int64_t,
+                         int64_t, int64_t, int64_t>;
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -724,8 +726,10 @@ void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceConte
   const int64_t lda = s.lda_or_packed(), ldb = s.ldb_or_packed(), ldc = s.ldc_or_packed();
   QS_CHECK(lda >= (s.trans_a ? s.M : s.K) && ldb >= (s.trans_b ? s.K : s.N) && ldc >= s.N,
            "gemm: a leading dimension below its row");
+  QS_CHECK(s.batch >= 1, "gemm: batch below 1");
   const LtState::Key key{s.M,   s.N,   s.K,  s.trans_a, s.trans_b, static_cast<int>(s.a_type), static_cast<int>(s.c_type),
-                         s.beta != 0.0f, lda, ldb, ldc};
+                         s.beta != 0.0f, lda, ldb, ldc, s.batch, s.batch > 1 ? s.stride_a : 0,
+                         s.batch > 1 ? s.stride_b : 0, s.batch > 1 ? s.stride_c : 0};
   LtState::Plan* plan;
   {
     std::lock_guard<std::mutex> lock(L.mu);
@@ -745,6 +749,16 @@ void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceConte
       if (s.trans_a) QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, s.M, s.K, lda));
       else QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, s.K, s.M, lda));
       QS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, ct, s.N, s.M, ldc));
+      if (s.batch > 1) {  // strided batches (cuBLASLt's A = our B, its B = our A)
+        const int32_t count = static_cast<int32_t>(s.batch);
+        QS_CHECK(count == s.batch, "gemm: batch past int32");
+        const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {{p.a, s.stride_b}, {p.b, s.stride_a}, {p.c, s.stride_c}};
+        for (const auto& [layout, stride] : layouts) {
+          QS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+          QS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                           sizeof(stride)));
+        }
+      }
       cublasLtMatmulPreference_t pref;
       QS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
       QS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,

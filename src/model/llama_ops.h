@@ -36,6 +36,8 @@ namespace qshard {
 // lda / ldb / ldc: the row strides (elements) of A, B and C as stored; 0 = packed (the stored row
 // length). A stride larger than the row reads or writes a column block of a wider matrix (the
 // LoRA fold: X and X A^T side by side in one [N, in + R] buffer).
+// batch > 1: `batch` such products, the i-th reading A + i * stride_a, B + i * stride_b and
+// writing C + i * stride_c (elements; the attention's heads as strided views of their rows).
 struct GemmShape {
   int64_t M = 0, N = 0, K = 0;
   bool trans_a = false, trans_b = false;
@@ -43,6 +45,7 @@ struct GemmShape {
   DType b_type = DType::kF32;
   DType a_type = DType::kF32, c_type = DType::kF32;  // the CPU twin: f32 only (CUDA: bf16 / f32)
   int64_t lda = 0, ldb = 0, ldc = 0;
+  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
   int64_t lda_or_packed() const { return lda ? lda : (trans_a ? M : K); }
   int64_t ldb_or_packed() const { return ldb ? ldb : (trans_b ? K : N); }
   int64_t ldc_or_packed() const { return ldc ? ldc : N; }
@@ -135,6 +138,21 @@ std::vector<int64_t> shift_labels(const int64_t* labels /*[B,T]*/, int64_t B, in
 // Bytes of attention's saved state for the backward on `backend`: the CPU keeps the
 // probabilities [B,H,T,T] f32; a fused kernel keeps row statistics.
 size_t attention_saved_bytes(Backend backend, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D);
+
+// The GPU's attention with its scores in memory (cuda::eager_attention_fwd / _bwd: Gemma 2's
+// soft-capped scores, which cuDNN's fused kernels do not take): one sequence at a time, `rows`
+// query positions a chunk. Its workspace: the chunk's f32 scores and their gradient, its bf16
+// probabilities ([Hkv, rows, T rounded up to 8] each, chunk_bytes together at most unless a chunk
+// of 64 rows needs more), and the sequence's f32 dK and dV accumulators ([T, Hkv, D] each).
+struct EagerAttentionLayout {
+  int64_t T = 0, Hkv = 0, D = 0;
+  int64_t rows = 0, ld = 0;  // query positions a chunk; the scores' row stride (floats)
+  size_t scores_bytes = 0, probs_bytes = 0, dkv_bytes = 0;
+  size_t total() const { return 2 * scores_bytes + probs_bytes + 2 * dkv_bytes; }
+};
+constexpr int64_t kEagerAttentionChunkBytes = int64_t{256} << 20;
+EagerAttentionLayout eager_attention_layout(int64_t T, int64_t Hkv, int64_t D,
+                                            int64_t chunk_bytes = kEagerAttentionChunkBytes);
 
 namespace cpu {
 
@@ -302,8 +320,9 @@ void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, 
 // pieces (packed data): the B*T rows as up to pieces->max sequences of their own (cuDNN's ragged
 // layout with a padding mask: pieces->ragged), graphs of their own (prepare_attention's max_pieces
 // builds them); the row statistics then per row [B*T, H].
-// scores: the scale is the graphs' attn_scale; a soft-cap (softcap > 0) throws InputError (cuDNN
-// 9.19 refused the soft-capped backward graph: attention_cudnn.cpp).
+// scores: the scale is the graphs' attn_scale. A soft-cap (softcap > 0, Gemma 2) runs the eager
+// attention below instead (cuDNN 9.19 refused its soft-capped backward graph: attention_cudnn.cpp);
+// prepare_attention then allocates its workspace (eager_attention_layout).
 void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                        int64_t window = 0, int64_t max_pieces = 0, AttentionScores scores = {});
 // The backward's algorithm for graphs built from now on: cuDNN's deterministic one (the default:
@@ -317,6 +336,17 @@ void attention_bwd(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dou
                    const uint16_t* k, const uint16_t* v, const uint16_t* out, const void* saved, int64_t B, int64_t T,
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
                    const AttentionPieces* pieces = nullptr, AttentionScores scores = {});
+// The eager attention (attention_eager.cu): the contract of attention_fwd / attention_bwd (the
+// saved row statistics [B,H,T] f32 also with packed positions `pos` [B*T], device memory, or
+// null), cuBLASLt GEMMs and two kernels, bitwise repeatable; `layout`: eager_attention_layout of
+// (T, Hkv, D), `workspace` its total() bytes of device memory.
+void eager_attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                         int64_t B, int64_t H, DeviceContext& ctx, int64_t window, const int64_t* pos,
+                         AttentionScores scores, const EagerAttentionLayout& layout, void* workspace);
+void eager_attention_bwd(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
+                         const uint16_t* k, const uint16_t* v, const uint16_t* out, const void* saved, int64_t B,
+                         int64_t H, DeviceContext& ctx, int64_t window, const int64_t* pos, AttentionScores scores,
+                         const EagerAttentionLayout& layout, void* workspace);
 }  // namespace cuda
 
 // ---- the dispatch: activations as void* in ctx.activation_dtype(); the twin of ctx.backend() ----

@@ -104,6 +104,22 @@ size_t attention_saved_bytes(Backend backend, int64_t B, int64_t T, int64_t H, i
   return static_cast<size_t>(B * H * T) * sizeof(float);  // a fused kernel's row statistics (log-sum-exp)
 }
 
+EagerAttentionLayout eager_attention_layout(int64_t T, int64_t Hkv, int64_t D, int64_t chunk_bytes) {
+  QS_CHECK(T > 0 && Hkv > 0 && D > 0, "eager_attention_layout: bad sizes");
+  auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
+  EagerAttentionLayout l;
+  l.T = T, l.Hkv = Hkv, l.D = D;
+  l.ld = up(T, 8);
+  const int64_t per_row = Hkv * l.ld * (4 + 4 + 2);  // a row's scores, their gradient, probabilities
+  const int64_t fit = chunk_bytes / per_row;
+  l.rows = fit >= T ? T : std::min(T, std::max<int64_t>(64, fit / 64 * 64));
+  const int64_t cells = Hkv * l.rows * l.ld;
+  l.scores_bytes = static_cast<size_t>(up(cells * 4, 256));
+  l.probs_bytes = static_cast<size_t>(up(cells * 2, 256));
+  l.dkv_bytes = static_cast<size_t>(up(T * Hkv * D * 4, 256));
+  return l;
+}
+
 int64_t ragged_layout(int32_t* out, const int64_t* pos, int64_t n, int64_t P, int64_t H, int64_t Hkv, int64_t D) {
   QS_CHECK(n >= 1 && P >= 1 && pos[0] == 0, "ragged_layout: no rows, no pieces, or a first row that starts none");
   QS_CHECK(n * std::max(H, Hkv) * D <= std::numeric_limits<int32_t>::max(),
@@ -135,6 +151,14 @@ namespace cpu {
 // ---- GEMM -------------------------------------------------------------------------------------
 void gemm(float* C, const float* A, const void* B, const GemmShape& s, DeviceContext& ctx) {
   QS_CHECK(s.a_type == DType::kF32 && s.c_type == DType::kF32, "CPU gemm: A and C must be f32");
+  if (s.batch > 1) {  // one product after another
+    GemmShape one = s;
+    one.batch = 1;
+    const size_t bsz = dtype_size(s.b_type);
+    for (int64_t i = 0; i < s.batch; ++i)
+      gemm(C + i * s.stride_c, A + i * s.stride_a, static_cast<const char*>(B) + i * s.stride_b * bsz, one, ctx);
+    return;
+  }
   const int64_t M = s.M, N = s.N, K = s.K;
   const int64_t lda = s.lda_or_packed(), ldb = s.ldb_or_packed(), ldc = s.ldc_or_packed();
   QS_CHECK(lda >= (s.trans_a ? M : K) && ldb >= (s.trans_b ? K : N) && ldc >= N, "CPU gemm: a leading dimension below its row");

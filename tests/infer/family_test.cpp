@@ -416,8 +416,9 @@ TEST(Phi3, PeftAdapterMatchesPeft) {
   EXPECT_GT(max_abs_diff(mine, golden_logits("phi3")), 1e-1) << "the adapter was applied";
 }
 
-// The GPU (bf16, cuBLASLt, cuDNN attention with the sliding window as a diagonal band) against
-// the CPU's f32 reference: logits within 3% of the largest, as EvalGpu for Llama.
+// The GPU (bf16, cuBLASLt, cuDNN attention with the sliding window as a diagonal band; Gemma 2's
+// soft-capped scores through the eager attention) against the CPU's f32 reference: logits within
+// 3% of the largest, as EvalGpu for Llama.
 TEST(FamilyGpu, MatchesCpu) {
   if (!cuda_available() || !ops::has_backend(Backend::kCuda, "attention_fwd")) GTEST_SKIP() << "no GPU / CUDA attention";
   std::vector<std::string> folders(std::begin(kFamilies), std::end(kFamilies));
@@ -427,11 +428,6 @@ TEST(FamilyGpu, MatchesCpu) {
     if (LlamaConfig::load(kFamily + "/" + f).head_dim % 8 != 0) {  // refused up front on the GPU, by name
       const std::string m = testing_util::error_of([&] { eval_logits(kFamily + "/" + f, DeviceChoice::kCuda); });
       EXPECT_NE(m.find("is not a multiple of 8"), std::string::npos) << m;
-      continue;
-    }
-    if (LlamaConfig::load(kFamily + "/" + f).attn_logit_softcapping > 0) {  // Gemma 2: the CPU only, for now
-      const std::string m = testing_util::error_of([&] { eval_logits(kFamily + "/" + f, DeviceChoice::kCuda); });
-      EXPECT_NE(m.find("attn_logit_softcapping"), std::string::npos) << m;
       continue;
     }
     const auto cpu = eval_logits(kFamily + "/" + f, DeviceChoice::kCpu);

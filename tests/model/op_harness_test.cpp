@@ -55,6 +55,43 @@ TEST(OpHarness, Gemm) {
   });
 }
 
+// Strided batches (GemmShape::batch): three products over views of wider buffers with their own
+// strides, each against the oracle; the padding between the batches of C keeps its values.
+TEST(OpHarness, GemmBatched) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        const int64_t M = 9, N = 16, K = 24, nb = 3;
+        GemmShape s{M, N, K, ta == 1, tb == 1, 0.5f, 1.0f};
+        s.a_type = s.b_type = s.c_type = ctx.activation_dtype();
+        const int64_t arows = ta ? K : M, acols = ta ? M : K, brows = tb ? N : K, bcols = tb ? K : N;
+        s.lda = acols * nb, s.stride_a = acols;      // the batches side by side in A's rows
+        s.ldb = bcols, s.stride_b = brows * bcols;   // one after another in B
+        s.ldc = N + 8, s.stride_c = M * (N + 8) + 8;  // apart in C, with padding between
+        s.batch = nb;
+        Tensor a = to_act(ctx, in.vec(arows * s.lda)), b = to_act(ctx, in.bounded(nb * brows * s.ldb)),
+               c = to_act(ctx, in.bounded(nb * s.stride_c));
+        const auto A = back(ctx, a), B = back(ctx, b), C0 = back(ctx, c);
+        ops::gemm(c.raw(), a.raw(), b.raw(), s, ctx);
+        std::vector<double> want(C0.begin(), C0.end());
+        for (int64_t i = 0; i < nb; ++i)
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+              double acc = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double x = ta ? A[k * s.lda + i * s.stride_a + m] : A[m * s.lda + i * s.stride_a + k];
+                const double y = tb ? B[i * s.stride_b + n * s.ldb + k] : B[i * s.stride_b + k * s.ldb + n];
+                acc += x * y;
+              }
+              double& w = want[i * s.stride_c + m * s.ldc + n];
+              w = 0.5 * acc + w;
+            }
+        report(ctx, ta ? (tb ? "gemm batched TT" : "gemm batched TN") : (tb ? "gemm batched NT" : "gemm batched NN"),
+               in.adversarial, back(ctx, c), want, tol(ctx, 1e-5, 4e-3));
+      }
+  });
+}
+
 // GEMM reading and writing column blocks of wider buffers (lda / ldb / ldc larger than the rows:
 // the LoRA fold). The padding columns of C must keep their values. Tolerances as above.
 TEST(OpHarness, GemmLeadingDimensions) {
@@ -362,7 +399,8 @@ AttentionOracle attention_oracle(const std::vector<float>& Q, const std::vector<
 // window, D 16 and 256; the caps put random inputs' scores in tanh's bend and saturate adversarial
 // ones (and a Gemma 2-like cap of 50 at scale 1/16). The tolerances are the same: the cap's tanh
 // is f32 work on the f32 scores (CPU: it moves a score by no more than the score's own rounding).
-// Soft-capping packed data: the CPU's rule; CUDA refuses it (InputError).
+// On CUDA soft-capped scores run the eager attention (attention_eager.cu: scores in memory, P and
+// dS rounded to bf16 as cuDNN's are), packed data too, within the same tolerances.
 TEST(OpHarness, Attention) {
   for_each_case([](DeviceContext& ctx, Inputs& in) {
     if (!ops::has_backend(ctx.backend(), "attention_fwd")) {
@@ -422,13 +460,6 @@ TEST(OpHarness, Attention) {
                                (sh.packed ? " packed" : "") + (D != 64 ? " D" + std::to_string(D) : "") +
                                (sh.scores.scale != 0.0f ? " scale " + num(sh.scores.scale) : "") +
                                (sh.scores.softcap > 0.0f ? " softcap " + num(sh.scores.softcap) : "");
-      if (ctx.is_cuda() && sh.scores.softcap > 0.0f) {  // cuDNN refused the soft-capped backward graph
-        EXPECT_THROW(ops::attention_fwd(out.raw(), saved.raw(), q.raw(), k.raw(), v.raw(), B, T, H, Hkv, D, ctx,
-                                        sh.window, pc, sh.scores),
-                     InputError)
-            << name << ": soft-capped scores are refused on CUDA";
-        continue;
-      }
       ops::attention_fwd(out.raw(), saved.raw(), q.raw(), k.raw(), v.raw(), B, T, H, Hkv, D, ctx, sh.window, pc,
                          sh.scores);
       ops::attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(), saved.raw(),
@@ -449,6 +480,63 @@ TEST(OpHarness, Attention) {
     }
   });
 }
+
+#if QSHARD_WITH_CUDA
+// The eager attention in chunks of 64 query rows (cuda::eager_attention_fwd / _bwd with a layout
+// of the smallest chunk): T 200 is four chunks, the last one short; with a window the later
+// chunks start at a key past 0; packed pieces cross the chunks. Plain and soft-capped scores,
+// GQA 1 and 4, D 64 and 256. Against the oracle, with attention's CUDA tolerances; and the
+// backward run twice gives the same bits (fixed summation order).
+TEST(OpHarness, AttentionEagerChunks) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    if (!ctx.is_cuda()) return;
+    struct Shape {
+      int64_t ratio, window;
+      bool packed;
+      int64_t D;
+      AttentionScores scores;
+    };
+    for (const Shape& sh : {Shape{1, 0, false, 64, {}}, Shape{4, 0, false, 64, {0.0f, 1.0f}},
+                            Shape{2, 48, false, 64, {0.0f, 1.0f}}, Shape{2, 0, true, 64, {0.0f, 1.0f}},
+                            Shape{2, 100, true, 256, {0.0625f, 50.0f}}}) {
+      const int64_t B = 2, T = 200, Hkv = 2, H = Hkv * sh.ratio, D = sh.D;
+      const EagerAttentionLayout layout = eager_attention_layout(T, Hkv, D, /*chunk_bytes=*/1);
+      ASSERT_EQ(64, layout.rows);
+      const float qk = in.adversarial ? 3.0f : 0.5f;
+      std::vector<float> Qf = in.bounded(B * T * H * D, qk), Kf = in.bounded(B * T * Hkv * D, qk);
+      Tensor q = to_act(ctx, Qf), k = to_act(ctx, Kf), v = to_act(ctx, in.vec(B * T * Hkv * D)),
+             dout = to_act(ctx, in.vec(B * T * H * D)), out = to_act(ctx, std::vector<float>(Qf.size()));
+      Tensor dq = to_act(ctx, std::vector<float>(Qf.size(), 9.0f)), dk = to_act(ctx, std::vector<float>(Kf.size(), 9.0f)),
+             dv = to_act(ctx, std::vector<float>(Kf.size(), 9.0f));
+      Tensor saved = Tensor::zeros({B * H * T * 4}, DType::kU8, ctx.compute_device());
+      Tensor ws = Tensor::zeros({static_cast<int64_t>(layout.total())}, DType::kU8, ctx.compute_device());
+      const std::vector<int64_t> pos = packed_positions(B, T, {{70, 1, 60, T - 131}, {5, T - 5}});
+      Tensor pos_dev = Tensor::from_vector({B * T}, DType::kI64, pos).to(ctx.compute_device());
+      const int64_t* pc = sh.packed ? pos_dev.data<int64_t>() : nullptr;
+      auto h = [](Tensor& t) { return static_cast<uint16_t*>(t.raw()); };
+      cuda::eager_attention_fwd(h(out), saved.raw(), h(q), h(k), h(v), B, H, ctx, sh.window, pc, sh.scores, layout,
+                                ws.raw());
+      cuda::eager_attention_bwd(h(dq), h(dk), h(dv), h(dout), h(q), h(k), h(v), h(out), saved.raw(), B, H, ctx,
+                                sh.window, pc, sh.scores, layout, ws.raw());
+      const std::vector<float> dq1 = back(ctx, dq), dk1 = back(ctx, dk), dv1 = back(ctx, dv);
+      cuda::eager_attention_bwd(h(dq), h(dk), h(dv), h(dout), h(q), h(k), h(v), h(out), saved.raw(), B, H, ctx,
+                                sh.window, pc, sh.scores, layout, ws.raw());
+      const AttentionOracle o = attention_oracle(back(ctx, q), back(ctx, k), back(ctx, v), back(ctx, dout), B, T, H,
+                                                 Hkv, D, sh.window, sh.packed ? &pos : nullptr, sh.scores);
+      const std::string name = "eager chunks gqa " + std::to_string(sh.ratio) +
+                               (sh.window ? " window " + std::to_string(sh.window) : "") + (sh.packed ? " packed" : "") +
+                               " D" + std::to_string(D) +
+                               (sh.scores.softcap > 0.0f ? " softcap " + num(sh.scores.softcap) : "");
+      for (const auto& [what, got, want, t] :
+           {std::tuple{" out", back(ctx, out), o.out, 1e-2}, std::tuple{" dq", dq1, o.dq, 2e-2},
+            std::tuple{" dk", dk1, o.dk, 2e-2}, std::tuple{" dv", dv1, o.dv, 2e-2}})
+        report(ctx, (name + what).c_str(), in.adversarial, got, want, t);
+      EXPECT_TRUE(back(ctx, dq) == dq1 && back(ctx, dk) == dk1 && back(ctx, dv) == dv1)
+          << name << ": the backward run twice differs";
+    }
+  });
+}
+#endif
 
 // Generation's cached attention: T queries at positions [P, P + T) over a cache of P + T keys,
 // against the oracle of the whole sequence's causal attention (its rows P..P+T-1); the prompt

@@ -2,9 +2,8 @@
 // job on each folder of tests/data/family through the trainer, forward and backward, against the
 // CPU reference's job. FamilyGpu.MatchesCpu (tests/infer/family_test.cpp) checks the forward's
 // logits; the op harness each op; this checks the backward of a whole model: Gemma's post-attention
-// and post-MLP norms, GeGLU, the sliding layers with their own RoPE (Gemma 3; Gemma 2's soft-capped
-// scores are refused on the GPU: LlamaModel.GpuAttentionRefusesAHeadDimNotAMultipleOf8); Qwen3's
-// q/k norms; Mistral's window.
+// and post-MLP norms, GeGLU, the sliding layers with their own RoPE (Gemma 3), the soft-capped
+// scores and logits (Gemma 2: the eager attention); Qwen3's q/k norms; Mistral's window.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,7 +22,7 @@ namespace {
 TEST(FamilyCuda, LossCurvesFollowTheCpu) {
   if (World::get().device() < 0) GTEST_SKIP() << "no GPU";
   const std::string data = make_token_file("family_cuda.tok", 128, 4000, 0);
-  for (const char* family : {"qwen3", "mistral", "gemma3"}) {
+  for (const char* family : {"qwen3", "mistral", "gemma2", "gemma3"}) {
     SCOPED_TRACE(family);
     TrainConfig cfg = small_config(data);
     cfg.model.path = std::string(QSHARD_TEST_DATA_DIR) + "/family/" + family;
