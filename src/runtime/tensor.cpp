@@ -70,9 +70,11 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
-  Tensor t = empty(shape, dtype, Device::kCpu);
-  if (t.nbytes()) std::memset(t.raw(), 0, t.nbytes());
-  return device == Device::kCpu ? t : t.to(device);
+  Tensor t = empty(shape, dtype, device);
+  // On the device, zeroed there (not a host buffer of zeros copied over: the step's buffers are
+  // tens of GB at long context, and that copy was the run's peak host memory).
+  zero_bytes(t.raw(), device, t.nbytes());
+  return t;
 }
 
 Tensor Tensor::adopt(void* data, const Shape& shape, DType dtype, Device device, std::function<void(void*)> deleter) {
@@ -214,6 +216,7 @@ void zero_bytes_async(void* p, Device device, size_t nbytes, void*) {
   if (device != Device::kCpu) throw Error("device memory zeroed, but qshard was built without CUDA");
   if (nbytes) std::memset(p, 0, nbytes);
 }
+void zero_bytes(void* p, Device device, size_t nbytes) { zero_bytes_async(p, device, nbytes, nullptr); }
 #endif
 
 }  // namespace qshard

@@ -153,5 +153,7 @@ void copy_bytes_anywhere_async(void* dst, const void* src, size_t nbytes, void* 
 // Zeroes `nbytes` at `p` on `device`: cudaMemsetAsync on `stream` for device memory (the host does
 // not wait), a memset on the CPU.
 void zero_bytes_async(void* p, Device device, size_t nbytes, void* stream);
+// The same, done when it returns (device memory: on the legacy default stream, then waited for).
+void zero_bytes(void* p, Device device, size_t nbytes);
 
 }  // namespace qshard
