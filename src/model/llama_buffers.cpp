@@ -114,6 +114,7 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   d.convert_lora = act_t != DType::kF32;
   d.convert_head = backend == Backend::kCuda && head_t != act_t;
   d.kept_sets = std::max<int64_t>(std::min(o.keep_layers, d.L) - 1, 0);
+  d.kept_mlp = o.kept_mlp;
   // Host-kept layers: of those left to recompute (all but the kept sets and the last), through
   // two device staging sets (one when only one layer goes to the host). The whole MLP only.
   const int64_t open = std::max<int64_t>(d.L - 1 - d.kept_sets, 0);
@@ -166,6 +167,10 @@ void add_internals(BufferPlan& p, const LlamaBufferDims& d, Backend backend, int
   // h2 of the working set: chunk-sized with a chunked MLP (each chunk's norm into it).
   if (!kept) p.add(prefix + "h2", mlp_rows * (C + d.fold_r[1]) * esz, life, t(s ? &s->h2 : nullptr));
   p.add(prefix + "rstd2", N * 4, life, t(s ? &s->rstd2 : nullptr));
+  // Without the MLP (kept_mlp false) a kept set leaves gate / up to the backward (two GEMMs from h2,
+  // into the working set's): two thirds of a kept layer's bytes at the 8B shape, half of its
+  // forward's FLOPs.
+  if (kept && !d.kept_mlp) return;
   p.add(prefix + "gate", mlp_rows * d.I * esz, life, t(s ? &s->g : nullptr));
   p.add(prefix + "up", mlp_rows * d.I * esz, life, t(s ? &s->u : nullptr));
 }

@@ -90,6 +90,7 @@ struct LlamaBufferDims {
   bool convert_lora = false;         // LoRA A/B converted from f32 to the activation dtype at bind
   bool convert_head = false;         // the LM head converted into a buffer of the model's
   int64_t kept_sets = 0;             // kept layers but the last
+  bool kept_mlp = true;              // kept sets hold gate / up (false: the backward recomputes them)
   int64_t host_sets = 0;             // host-kept layers (pinned host sets)
   int64_t staging_sets = 0;          // their device staging sets (min(host_sets, 2))
   bool host_checkpoints = false;     // x_l through checkpoint_slots device slots, the rest in pinned memory
@@ -146,6 +147,8 @@ struct LlamaActivations : LlamaInternals {
     static_cast<LlamaInternals&>(*this) = s;
     if (!s.h1) h1 = work.h1;
     if (!s.h2) h2 = work.h2;
+    if (!s.g) g = work.g;  // a kept set without the MLP's gate / up (options.kept_mlp false)
+    if (!s.u) u = work.u;
   }
   void* xs = nullptr;        // [L+1, N, C] layer inputs (checkpoints); xs[L] the final hidden state
   void* m = nullptr;         // [NM, I] silu(g) * u (down_proj input)

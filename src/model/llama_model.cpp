@@ -690,8 +690,12 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
     mark(StepPart::kNorm);
     ops::rmsnorm_fwd(a.h2, a.rstd2, a.x2, layer_.post_norm, N, C, eps, ctx_, fold_ld(1));
     fold_fwd(1, a.h2, N);
-    mark(StepPart::kSwiglu);
-    ops::swiglu_fwd(a.m, a.g, a.u, N * I, ctx_, gated_act());  // m is not kept: one elementwise op
+    if (options_.kept_mlp) {
+      mark(StepPart::kSwiglu);
+      ops::swiglu_fwd(a.m, a.g, a.u, N * I, ctx_, gated_act());  // m is not kept: one elementwise op
+    } else {
+      mlp_rows_fwd(0, N, false);  // gate / up not kept either: their GEMMs from h2, then m
+    }
     if (c.gemma_norms) {  // o_proj's output and its norm's rstd (the working set's), recomputed
       linear_fwd(kO, a.ao, a.a, N);
       ops::rmsnorm_fwd(a.dao, a.rstd_ao, a.ao, layer_.attn_out_norm, N, C, eps, ctx_);

@@ -108,6 +108,11 @@ struct LlamaModelOptions {
   // copy has the compute of the layers between them to hide behind. Same arithmetic: the same bits.
   // REQUIRES the whole MLP (mlp_chunk_rows 0); more than the recomputed layers are clamped.
   int64_t host_keep_layers = 0;
+  // kept_mlp false: the kept layers' sets (device and host) hold no gate / up; a kept layer's
+  // backward recomputes those two GEMMs (and SwiGLU) from h2, as it recomputes h1 and h2. About a
+  // third of a kept layer's bytes at the 8B shape for half of its forward's FLOPs: at a tight
+  // budget three such layers for one whole. Same kernels on the same inputs: the same bits.
+  bool kept_mlp = true;
   // host_checkpoints: the layer inputs x_0..x_L (activation checkpointing's checkpoints) go
   // through checkpoint_slots device slots (at least kCheckpointSlots) instead of one buffer each:
   // x_0..x_L-slots are copied to pinned host memory as the forward writes them and back ahead of

@@ -32,8 +32,10 @@ double library_bytes(double tokens, double hidden, double q_width) {
 }
 
 LlamaModelOptions step_options(const TrainConfig& config, int64_t micro, int64_t chunk_rows, bool host_checkpoints,
-                               int64_t checkpoint_slots = kCheckpointSlots, int64_t checkpoint_every = 1) {
+                               int64_t checkpoint_slots = kCheckpointSlots, int64_t checkpoint_every = 1,
+                               bool kept_mlp = true) {
   LlamaModelOptions mo;
+  mo.kept_mlp = kept_mlp;
   mo.max_batch = micro;
   mo.max_seq = config.data.max_seq_len;
   mo.lora_dropout = static_cast<float>(config.lora.dropout);
@@ -55,16 +57,18 @@ std::string MemoryPlan::describe() const {
   if (keep_layers <= 1)
     s += fmt::format("every layer but the last recomputed in the backward");
   else
-    s += fmt::format("layers {}-{} of {} keep their activations ({} each), the rest recomputed",
-                     layers - keep_layers, layers - 1, layers, human_bytes(per_kept));
+    s += fmt::format("layers {}-{} of {} keep their activations{} ({} each), the rest recomputed",
+                     layers - keep_layers, layers - 1, layers, kept_mlp ? "" : " but the MLP's gate / up",
+                     human_bytes(per_kept));
   if (checkpoint_every > 1) s += "; every second layer input kept (the others recomputed from the one before)";
   if (host_checkpoints)
     s += fmt::format("; the layer inputs in pinned host memory, {} on the {}{}", checkpoint_slots, mem,
                      checkpoint_every > 1 ? " (one the recomputed input's)" : "");
   if (embedding_on_host) s += cuda ? "; the embedding table in pinned host memory" : "; the embedding table whole on every rank";
   if (host_keep_layers > 0)
-    s += fmt::format("; {} more keep theirs in pinned host memory ({}, through {} staging set{} on the {})",
-                     host_keep_layers, human_bytes(host_bytes()), staging_sets(), staging_sets() > 1 ? "s" : "", mem);
+    s += fmt::format("; {} more keep theirs in pinned host memory ({}{}, through {} staging set{} on the {})",
+                     host_keep_layers, kept_mlp ? "" : "without gate / up, ", human_bytes(host_bytes()),
+                     staging_sets(), staging_sets() > 1 ? "s" : "", mem);
   s += fmt::format("; {}: {} {} + step buffers {} + kept {} = {}", mem, measured ? "in use" : "resident (estimate)",
                    human_bytes(resident), human_bytes(step), human_bytes(kept_bytes()), human_bytes(total()));
   if (est_step_s > 0) {
@@ -105,6 +109,8 @@ struct CostInputs {
   double layer_bytes = 0;          // one layer's frozen bytes (what an offloaded layer copies)
   double lora_params = 0;
   double embed_row_bytes = 0;      // one row of the embedding table
+  double gate_up_share = 0;        // gate / up's share of a layer's forward FLOPs (a kept layer
+                                   // without them recomputes that much: LlamaModelOptions::kept_mlp)
   int world = 1;
 };
 
@@ -145,7 +151,15 @@ JobSizes job_sizes(const TrainConfig& config, const LlamaConfig& lc, int world) 
   z.cost = CostInputs{L, static_cast<double>(T),
                       static_cast<double>(config.batch.global_batch_size / std::max(world, 1)), C,
                       useful_flops_per_token(lc, T, static_cast<uint64_t>(z.lora_params)), z.base.projections / L,
-                      z.lora_params, C * other_b, world};
+                      z.lora_params, C * other_b};
+  // A layer's forward per token: its seven projections (2 in out each) and causal attention (about
+  // 2 q T: scores and values over T / 2 keys on average); gate and up are 4 C I of it.
+  const double I = static_cast<double>(lc.intermediate_size);
+  const double q = static_cast<double>(lc.num_attention_heads * lc.head_dim);
+  const double kv = static_cast<double>(lc.num_key_value_heads * lc.head_dim);
+  const double layer_fwd = 4 * C * q + 4 * C * kv + 6 * C * I + 2 * q * static_cast<double>(T);
+  z.cost.gate_up_share = layer_fwd > 0 ? 4 * C * I / layer_fwd : 0.0;
+  z.cost.world = world;
   return z;
 }
 
@@ -164,7 +178,9 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
   const double a = in.flops_per_token / (kMfuRecompute * R);  // seconds per token, full recompute
   const double N = static_cast<double>(p.micro_batch) * in.T;
   const double kept_layers = static_cast<double>(std::max<int64_t>(p.keep_layers, 1) - 1 + p.host_keep_layers);
-  const double kept = in.L > 1 ? std::min(kept_layers / (in.L - 1), 1.0) : 0.0;
+  // A kept layer without gate / up still recomputes those two GEMMs.
+  const double kept = (in.L > 1 ? std::min(kept_layers / (in.L - 1), 1.0) : 0.0) *
+                      (p.kept_mlp ? 1.0 : 1.0 - in.gate_up_share);
   double micro = (N * a + kFixedTokens * a) * (1 - kRecomputeShare * kept);
   const double copy = in.layer_bytes / in.world / h2d;
   if (p.offload_params) {
@@ -282,7 +298,11 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
                           config.lora.r),
         backend, act_t);
     p.step = static_cast<double>(p.step_buffers.total());
-    p.per_kept = llama_kept_layer_bytes(lc, step_options(config, micro, 0, host_ck), backend, act_t, config.lora.r);
+    auto per_kept_of = [&](bool kept_mlp) {
+      return llama_kept_layer_bytes(lc, step_options(config, micro, 0, host_ck, kCheckpointSlots, 1, kept_mlp), backend,
+                                    act_t, config.lora.r);
+    };
+    p.per_kept = per_kept_of(true);
     p.library = cuda ? library_bytes(static_cast<double>(N), static_cast<double>(lc.hidden_size),
                                      static_cast<double>(lc.num_attention_heads * lc.head_dim))
                      : 0.0;
@@ -297,6 +317,19 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     p.host_keep_layers = m.host_keep_layers > 0 ? m.host_keep_layers : 0;
     fill(p);
     if (cuda) p.est_step_s = estimate(p, sizes.cost, rates);
+    // Kept layers without gate / up (LlamaModelOptions::kept_mlp): as configured, or with auto the
+    // faster of the two at the kept layers the budget holds (a third of the bytes each at 8B: more
+    // of them, each recomputing its two GEMMs).
+    const bool weigh_lean = m.kept_mlp == "auto" && cuda && budget > 0 && whole && m.keep_layers < 0 && every == 1;
+    if (m.kept_mlp == "false" || weigh_lean) {
+      MemoryPlan q = p;
+      q.kept_mlp = false;
+      q.per_kept = per_kept_of(false);
+      q.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
+      fill(q);
+      if (cuda) q.est_step_s = estimate(q, sizes.cost, rates);
+      if (!weigh_lean || q.est_step_s < p.est_step_s * (1 - 1e-9)) p = q;
+    }
     // The plan's choice of host-kept layers (a budget on the GPU, the whole MLP): the fastest count
     // whose staging sets fit the budget and whose host sets fit the host memory given to the tier.
     const double host_room = host_room_for(offload_params, 0.0);
@@ -422,12 +455,13 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
   for (const MemoryPlan& p : all)
     if (&p != best && fits(p) && (chosen.runner_up_s <= 0 || p.est_step_s < chosen.runner_up_s)) {
       chosen.runner_up_s = p.est_step_s;
-      chosen.runner_up = fmt::format("micro-batch {}{}{}{}{}{}{}", p.micro_batch, p.offload_params ? ", base offloaded" : "",
+      chosen.runner_up = fmt::format("micro-batch {}{}{}{}{}{}{}{}", p.micro_batch, p.offload_params ? ", base offloaded" : "",
                                      p.offload_optimizer ? ", optimizer on the host" : "",
                                      p.host_keep_layers > 0 ? fmt::format(", {} host-kept", p.host_keep_layers) : "",
                                      p.embedding_on_host ? ", embedding on the host" : "",
                                      p.host_checkpoints ? ", checkpoints on the host" : "",
-                                     p.checkpoint_every > 1 ? ", every second checkpoint" : "");
+                                     p.checkpoint_every > 1 ? ", every second checkpoint" : "",
+                                     p.kept_mlp ? "" : ", kept layers without gate / up");
     }
   if (m.keep_layers > 0 && chosen.mlp_chunk_rows > 0)
     throw InputError(fmt::format("{}: memory.keep_layers = {} keeps whole layers, but the MLP runs in chunks of {} rows "

@@ -75,6 +75,7 @@ struct MemoryPlan {
   int64_t mlp_chunk_rows = 0;    // 0: the whole micro-batch at once
   int64_t keep_layers = 0;
   int64_t host_keep_layers = 0;  // of the layers keep_layers leaves, those kept in pinned host memory
+  bool kept_mlp = true;          // kept layers (device and host) hold gate / up (LlamaModelOptions::kept_mlp)
   bool host_checkpoints = false; // the layer inputs in pinned host memory (memory.host_checkpoints;
                                  // step_buffers count it)
   int64_t checkpoint_slots = 3;  // with host_checkpoints: the layer inputs' device slots (three, or more

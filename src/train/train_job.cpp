@@ -135,6 +135,7 @@ void TrainJob::build_model() {
   if (rt_.ctx.is_cuda()) plan_.est_step_s = plan_step_estimate(plan_, config_, mc, world_, rates_);
   mo_.keep_layers = plan_.keep_layers;
   mo_.host_keep_layers = plan_.host_keep_layers;
+  mo_.kept_mlp = plan_.kept_mlp;
   mo_.host_checkpoints = plan_.host_checkpoints;
   mo_.checkpoint_slots = plan_.checkpoint_slots;
   mo_.checkpoint_every = plan_.checkpoint_every;
@@ -310,6 +311,7 @@ void TrainJob::open_logger() {
   summary_.perf.plan = plan_.describe();
   summary_.perf.keep_layers = plan_.keep_layers;
   summary_.perf.host_keep_layers = plan_.host_keep_layers;
+  summary_.perf.kept_mlp = plan_.kept_mlp;
   summary_.perf.micro_batch = plan_.micro_batch;
   summary_.perf.est_step_s = plan_.est_step_s;
   summary_.perf.mlp_chunk_rows = plan_.mlp_chunk_rows;

@@ -347,7 +347,8 @@ struct StepResult {
 };
 StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dropout, int64_t host = 0,
                     std::vector<int64_t>* host_layers = nullptr, bool host_checkpoints = false,
-                    int64_t checkpoint_slots = kCheckpointSlots, int64_t checkpoint_every = 1) {
+                    int64_t checkpoint_slots = kCheckpointSlots, int64_t checkpoint_every = 1,
+                    bool kept_mlp = true) {
   const int64_t B = 2, T = 5;
   auto tree = random_tree(c, 33);
   LlamaModelOptions opt;
@@ -362,6 +363,7 @@ StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dro
   opt.host_checkpoints = host_checkpoints;
   opt.checkpoint_slots = checkpoint_slots;
   opt.checkpoint_every = checkpoint_every;
+  opt.kept_mlp = kept_mlp;
   LlamaModel model(c, *tree, ctx(), opt);
   if (host_layers) *host_layers = model.host_kept_layers();
   GradStore gs(*tree);
@@ -379,6 +381,16 @@ StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dro
   return r;
 }
 
+// got's loss and every LoRA gradient bit for bit ref's.
+void expect_same_step(const StepResult& got, const StepResult& ref, const std::string& what) {
+  EXPECT_EQ(got.loss, ref.loss) << what;
+  for (const auto& [name, g] : ref.grads) {
+    const std::vector<float>& h = got.grads.at(name);
+    ASSERT_EQ(h.size(), g.size());
+    EXPECT_EQ(0, std::memcmp(h.data(), g.data(), g.size() * sizeof(float))) << name << " " << what;
+  }
+}
+
 TEST(LlamaModel, MemoryPlansGiveTheSameStep) {
   LlamaConfig c = small_config();
   c.num_hidden_layers = 4;
@@ -386,14 +398,8 @@ TEST(LlamaModel, MemoryPlansGiveTheSameStep) {
     const StepResult ref = run_plan(c, 0, 0, dropout);
     ASSERT_EQ(ref.grads.size(), 56u);
     for (const int64_t keep : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{9}}) {
-      const StepResult got = run_plan(c, keep, 0, dropout);
-      EXPECT_EQ(got.loss, ref.loss) << "keep " << keep << " dropout " << dropout;
-      for (const auto& [name, g] : ref.grads) {
-        const std::vector<float>& h = got.grads.at(name);
-        ASSERT_EQ(h.size(), g.size());
-        EXPECT_EQ(0, std::memcmp(h.data(), g.data(), g.size() * sizeof(float)))
-            << name << " keep " << keep << " dropout " << dropout;
-      }
+      expect_same_step(run_plan(c, keep, 0, dropout), ref,
+                       "keep " + std::to_string(keep) + " dropout " + std::to_string(dropout));
     }
     for (const int64_t chunk : {int64_t{3}, int64_t{7}}) {
       const StepResult got = run_plan(c, 0, chunk, dropout);
@@ -408,6 +414,37 @@ TEST(LlamaModel, MemoryPlansGiveTheSameStep) {
       }
     }
   }
+}
+
+// Kept layers without the MLP's gate / up (options.kept_mlp false): their backward recomputes the
+// two GEMMs from h2 with the forward's kernels, so device-kept and host-kept layers give full
+// recompute's loss and LoRA gradients bit for bit (with LoRA dropout too: the same masks); a kept
+// set is smaller by exactly gate's and up's buffers; a kept set whose gate / up were not
+// recomputed (the working set's of another layer) would change the gradients.
+TEST(LlamaModel, KeptLayersWithoutGateUpGiveTheSameStep) {
+  LlamaConfig c = small_config();
+  c.num_hidden_layers = 6;
+  for (const float dropout : {0.0f, 0.25f}) {
+    const StepResult ref = run_plan(c, 0, 0, dropout);
+    struct Case {
+      int64_t keep, host;
+    };
+    for (const Case& k : {Case{2, 0}, Case{4, 0}, Case{9, 0}, Case{3, 2}, Case{0, 5}}) {
+      const StepResult got = run_plan(c, k.keep, 0, dropout, k.host, nullptr, false, kCheckpointSlots, 1, false);
+      expect_same_step(got, ref,
+                       "keep " + std::to_string(k.keep) + " host " + std::to_string(k.host) + " dropout " +
+                           std::to_string(dropout));
+    }
+  }
+  LlamaModelOptions opt;
+  opt.max_batch = 2;
+  opt.max_seq = 5;
+  const double full = llama_kept_layer_bytes(c, opt, Backend::kCpu, DType::kF32, 4);
+  opt.kept_mlp = false;
+  const double lean = llama_kept_layer_bytes(c, opt, Backend::kCpu, DType::kF32, 4);
+  const double gate_up = 2.0 * 10 * static_cast<double>(c.intermediate_size) * 4;  // two [N, I] f32 buffers
+  EXPECT_NEAR(full - lean, gate_up, 2 * 256.0) << "full " << full << " lean " << lean;  // buffer alignment
+  EXPECT_LT(lean, full);
 }
 
 // The host tier (options.host_keep_layers, host_checkpoints): layers whose internals go to (pinned)
@@ -436,12 +473,7 @@ TEST(LlamaModel, HostKeptLayersGiveTheSameStep) {
       const std::string what = "keep " + std::to_string(k.keep) + " host " + std::to_string(k.host) + " dropout " +
                                std::to_string(dropout) + " host checkpoints " + std::to_string(ckpt);
       EXPECT_EQ(layers, k.layers) << what;
-      EXPECT_EQ(got.loss, ref.loss) << what;
-      for (const auto& [name, g] : ref.grads) {
-        const std::vector<float>& h = got.grads.at(name);
-        ASSERT_EQ(h.size(), g.size());
-        EXPECT_EQ(0, std::memcmp(h.data(), g.data(), g.size() * sizeof(float))) << name << " " << what;
-      }
+      expect_same_step(got, ref, what);
     }
   }
   // The plan: two staging sets after the kept sets, one host set per host-kept layer but the last

@@ -78,6 +78,48 @@ TEST(MemoryPlan, BudgetBecomesKeptLayers) {
   EXPECT_NE(p.describe().find("layers 0-31 of 32 keep"), std::string::npos) << p.describe();
 }
 
+// memory.kept_mlp: false makes each kept layer leave gate / up to its backward (8192 rows x 28672
+// bf16 = 470 MB less at 8B, 4 x 2048), so a budget holds about three such layers for one whole,
+// each estimated to recompute gate / up's half of a layer's forward; auto weighs both and takes the
+// faster estimate; true (the default) keeps the whole layer.
+TEST(MemoryPlan, KeptLayersWithoutGateUp) {
+  TrainConfig c = job_8b(4, 2048);
+  LlamaModelOptions mo;
+  mo.max_batch = 4;
+  mo.max_seq = 2048;
+  const double full = llama_kept_layer_bytes(llama(c), mo, Backend::kCuda, DType::kBF16, 16);
+  mo.kept_mlp = false;
+  const double lean = llama_kept_layer_bytes(llama(c), mo, Backend::kCuda, DType::kBF16, 16);
+  EXPECT_NEAR(full - lean, 8192.0 * 28672 * 2, 1024.0);
+  c.memory.gpu_budget_gb = 20;
+  const MemoryPlan whole = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  EXPECT_TRUE(whole.kept_mlp) << whole.describe();
+  c.memory.kept_mlp = "false";
+  MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  EXPECT_FALSE(p.kept_mlp);
+  EXPECT_NEAR(p.per_kept, lean, 1.0);
+  MemoryPlan w = whole;
+  plan_kept_layers(p, c, 8e9, 0);
+  plan_kept_layers(w, c, 8e9, 0);
+  EXPECT_GE(p.keep_layers, 2 * w.keep_layers) << p.describe() << " vs " << w.describe();
+  EXPECT_LE(p.total(), 20e9);
+  EXPECT_NE(p.describe().find("keep their activations but the MLP's gate / up"), std::string::npos) << p.describe();
+  // The estimate: at the same count a lean kept layer saves less than a whole one, more in all.
+  MemoryPlan same = p;
+  same.keep_layers = w.keep_layers;
+  const double t_same = plan_step_estimate(same, c, llama(c), 1), t_whole = plan_step_estimate(w, c, llama(c), 1),
+               t_lean = plan_step_estimate(p, c, llama(c), 1);
+  EXPECT_GT(t_same, t_whole);
+  EXPECT_LT(t_lean, t_whole) << p.describe() << " vs " << w.describe();
+  // auto: the faster estimate of the two (at a budget; true without one).
+  c.memory.kept_mlp = "auto";
+  const MemoryPlan a = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  for (const MemoryPlan& q : plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1))
+    EXPECT_LE(a.est_step_s, q.est_step_s * (1 + 1e-9)) << q.describe();
+  c.memory.gpu_budget_gb = 0;
+  EXPECT_TRUE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1).kept_mlp);
+}
+
 TEST(MemoryPlan, SmallBudgetOffloadsTheBase) {
   TrainConfig c = job_8b(1, 2048);
   c.memory.gpu_budget_gb = 5.5;
