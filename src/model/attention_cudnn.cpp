@@ -265,7 +265,7 @@ void add_pieces(std::unordered_map<int64_t, void*>& pack, const AttentionPieces&
 void* eager_workspace(DeviceContext& ctx, int64_t T, int64_t Hkv, int64_t D) {
   CudnnState& s = state(ctx);
   std::lock_guard<std::mutex> lock(s.mu);
-  const size_t need = eager_attention_layout(T, Hkv, D).total();
+  const size_t need = eager_attention_layout(T, Hkv, D).bound;
   if (need > s.eager_bytes) {
     if (s.eager) {
       ctx.compute().synchronize();

@@ -310,7 +310,7 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   // backward, whose f32 dQ accumulator is about B*T*H*D*4 bytes (the estimate) ----
   // Soft-capped scores (Gemma 2): the eager attention's chunk of scores and the sequence's dK / dV.
   if (d.eager_attention)
-    p.add("attention workspace (eager)", static_cast<int64_t>(eager_attention_layout(d.T, d.Hkv, d.D).total()),
+    p.add("attention workspace (eager)", static_cast<int64_t>(eager_attention_layout(d.T, d.Hkv, d.D).bound),
           BufferLife::kLibrary);
   else if (backend == Backend::kCuda)
     p.add("attention workspace (cuDNN)", N * q * 4, BufferLife::kLibrary);

@@ -149,6 +149,9 @@ struct EagerAttentionLayout {
   int64_t rows = 0, ld = 0;  // query positions a chunk; the scores' row stride (floats)
   size_t scores_bytes = 0, probs_bytes = 0, dkv_bytes = 0;
   size_t total() const { return 2 * scores_bytes + probs_bytes + 2 * dkv_bytes; }
+  // The most total() any sequence length up to T takes (a shorter one may chunk more rows):
+  // what prepare_attention allocates, so that no step allocates.
+  size_t bound = 0;
 };
 constexpr int64_t kEagerAttentionChunkBytes = int64_t{256} << 20;
 EagerAttentionLayout eager_attention_layout(int64_t T, int64_t Hkv, int64_t D,

@@ -117,6 +117,11 @@ EagerAttentionLayout eager_attention_layout(int64_t T, int64_t Hkv, int64_t D, i
   l.scores_bytes = static_cast<size_t>(up(cells * 4, 256));
   l.probs_bytes = static_cast<size_t>(up(cells * 2, 256));
   l.dkv_bytes = static_cast<size_t>(up(T * Hkv * D * 4, 256));
+  // Rows of a shorter sequence: whole when they fit chunk_bytes, else a multiple of 64 within it
+  // (or 64 rows): their three arrays stay within max(chunk_bytes, 64 rows of T), and within all T
+  // rows of T, plus rounding.
+  const int64_t arrays = std::min(std::max(chunk_bytes, 64 * per_row), T * per_row) + 3 * 256;
+  l.bound = std::max(l.total(), static_cast<size_t>(arrays) + 2 * l.dkv_bytes);
   return l;
 }
 

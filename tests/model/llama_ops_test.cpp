@@ -366,5 +366,24 @@ TEST(LlamaOps, DropoutZeroIsExactIdentity) {
   EXPECT_EQ(y, x);
 }
 
+// The eager attention's workspace (CUDA, Gemma 2): the layout of T chunks its rows within the
+// chunk bytes (whole when they fit, else a multiple of 64, at least 64), and its bound (what
+// prepare_attention allocates for T) holds the layout of every shorter sequence, so that a step
+// of a shorter sequence never allocates; at Gemma-2-9B's kv heads (8 x 256) and lengths past the
+// point where chunks begin.
+TEST(LlamaOps, EagerAttentionWorkspaceHoldsShorterSequences) {
+  for (const int64_t T : {int64_t{67}, int64_t{2048}, int64_t{5000}, int64_t{8192}, int64_t{20000}}) {
+    const EagerAttentionLayout top = eager_attention_layout(T, 8, 256);
+    EXPECT_GE(top.bound, top.total());
+    EXPECT_EQ(top.rows, T * 8 * ((T + 7) / 8 * 8) * 10 <= kEagerAttentionChunkBytes ? T : top.rows) << T;
+    EXPECT_TRUE(top.rows == T || top.rows % 64 == 0) << T << " rows " << top.rows;
+    EXPECT_LE(2 * top.scores_bytes + top.probs_bytes, static_cast<size_t>(kEagerAttentionChunkBytes) + 768) << T;
+    for (int64_t t = 1; t <= T; t += std::max<int64_t>(1, T / 997))
+      ASSERT_LE(eager_attention_layout(t, 8, 256).total(), top.bound) << "T " << T << " t " << t;
+  }
+  // A chunk of 64 rows past the chunk bytes (the smallest chunk).
+  EXPECT_EQ(eager_attention_layout(200, 2, 64, /*chunk_bytes=*/1).rows, 64);
+}
+
 }  // namespace
 }  // namespace qshard
