@@ -410,39 +410,47 @@ void LlamaModel::fold_bwd(int g, void* dx, const void* x, int64_t N) {
   mark(StepPart::kOther);
 }
 
-void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t ldx) {
+// An unfolded LoRA term runs FIRST, y = s t B^T (+ residual), and the base GEMM then adds into y
+// (beta 1): y is written twice and read once, where adding the LoRA term after the base GEMM
+// (y += s t B^T) read and wrote it once more. The residual stream (x2 = x + o_proj(a), out =
+// x2 + down_proj(m)) enters the same way, as the first GEMM's C, in place of a separate add.
+void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t ldx, const void* residual) {
   const ProjectionBinding& p = layer_.proj[idx];
   const DType act_t = ctx_.activation_dtype();
   const int g = fold_group(idx);
   const bool folded = g >= 0 && fold_[static_cast<size_t>(g)];
   const int64_t K = folded ? p.in + fold_r_[static_cast<size_t>(g)] : p.in;
-  GemmShape s{N, p.out, K, false, true};
+  const void* c_in = residual;  // what the base GEMM adds (null: nothing)
+  Workspace& ws = ctx_.workspace();
+  const size_t ws_mark = ws.used();
+  if (p.r > 0 && !folded) {
+    QS_CHECK(ldx == 0 || ldx == p.in, "linear_fwd: an unfolded LoRA input must be packed");
+    mark(StepPart::kLora);
+    const DropoutKey key = dropout_key(idx);
+    const void* xd = x;
+    if (key.p > 0.0f) {
+      void* buf = ws.take(N * p.in * dtype_size(act_t), "LoRA dropout input");
+      ops::dropout_fwd(buf, x, key, N, p.in, ctx_);
+      xd = buf;
+    }
+    void* t = ws.take(N * p.r * dtype_size(act_t), "LoRA x A^T");
+    ops::gemm(t, xd, p.lora_A, typed({N, p.r, p.in, false, true}, act_t, act_t, act_t), ctx_);  // t = xd A^T
+    ops::gemm_into(y, t, p.lora_B, residual,
+                   typed({N, p.out, p.r, false, true, p.scaling, residual ? 1.0f : 0.0f}, act_t, act_t, act_t),
+                   ctx_);  // y = s t B^T (+ residual)
+    c_in = y;
+  }
+  GemmShape s{N, p.out, K, false, true, 1.0f, c_in ? 1.0f : 0.0f};
   s.a_type = s.c_type = act_t;
   s.b_type = weights_[idx] ? act_t : p.weight_dtype;  // dequantized into the workspace: the GEMM's dtype
   s.lda = ldx;
   if (folded) s.ldb = K;
   mark(StepPart::kGemm);
-  ops::gemm(y, x, weights_[idx] ? weights_[idx] : p.dense, s, ctx_);  // y = x W^T (folded: [x | t] W_ext^T)
+  // y = x W^T (+ c_in) (folded: [x | t] W_ext^T)
+  ops::gemm_into(y, x, weights_[idx] ? weights_[idx] : p.dense, c_in, s, ctx_);
   mark(StepPart::kOther);
-  if (p.bias) ops::add_bias(y, p.bias, N, p.out, ctx_);
-  if (p.r == 0 || folded) return;
-  QS_CHECK(ldx == 0 || ldx == p.in, "linear_fwd: an unfolded LoRA input must be packed");
-  mark(StepPart::kLora);
-  Workspace& ws = ctx_.workspace();
-  const size_t ws_mark = ws.used();
-  const DropoutKey key = dropout_key(idx);
-  const void* xd = x;
-  if (key.p > 0.0f) {
-    void* buf = ws.take(N * p.in * dtype_size(act_t), "LoRA dropout input");
-    ops::dropout_fwd(buf, x, key, N, p.in, ctx_);
-    xd = buf;
-  }
-  void* t = ws.take(N * p.r * dtype_size(act_t), "LoRA x A^T");
-  ops::gemm(t, xd, p.lora_A, typed({N, p.r, p.in, false, true}, act_t, act_t, act_t), ctx_);  // t = xd A^T
-  ops::gemm(y, t, p.lora_B, typed({N, p.out, p.r, false, true, p.scaling, 1.0f}, act_t, act_t, act_t),
-            ctx_);  // y += s t B^T
   ws.rewind(ws_mark);
-  mark(StepPart::kOther);
+  if (p.bias) ops::add_bias(y, p.bias, N, p.out, ctx_);
 }
 
 // The backward's B operand of projection idx: bitsandbytes' MatMul4Bit.backward multiplies with
@@ -462,6 +470,8 @@ const void* LlamaModel::backward_weight(int idx, GemmShape& s) {
   return w;
 }
 
+// Unfolded without dropout, the LoRA term comes first, dx (+)= s dt A, and the base GEMM then adds
+// into dx (beta 1), as linear_fwd orders its two terms.
 void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N,
                             int64_t ldx) {
   const ProjectionBinding& p = layer_.proj[idx];
@@ -469,18 +479,22 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
   const int g = fold_group(idx);
   const bool folded = g >= 0 && fold_[static_cast<size_t>(g)];
   const int64_t R = folded ? fold_r_[static_cast<size_t>(g)] : 0, W = p.in + R;
-  GemmShape s{N, p.in, p.out, false, false, 1.0f, accumulate_dx ? 1.0f : 0.0f};
-  s.a_type = s.c_type = act_t;
-  s.b_type = weights_[idx] ? act_t : p.weight_dtype;
-  s.ldc = ldx;
-  if (folded) s.ldb = W;  // the first `in` columns of W_ext
-  mark(StepPart::kGemm);
-  Workspace& ws_w = ctx_.workspace();
-  const size_t ws_w_mark = ws_w.used();
-  const void* w_bwd = backward_weight(idx, s);
-  ops::gemm(dx, dy, w_bwd ? w_bwd : p.dense, s, ctx_);  // dx (+)= dy W
-  ws_w.rewind(ws_w_mark);
-  mark(StepPart::kOther);
+  auto base = [&](bool add) {  // dx (+)= dy W
+    GemmShape s{N, p.in, p.out, false, false, 1.0f, add ? 1.0f : 0.0f};
+    s.a_type = s.c_type = act_t;
+    s.b_type = weights_[idx] ? act_t : p.weight_dtype;
+    s.ldc = ldx;
+    if (folded) s.ldb = W;  // the first `in` columns of W_ext
+    mark(StepPart::kGemm);
+    Workspace& ws_w = ctx_.workspace();
+    const size_t ws_w_mark = ws_w.used();
+    const void* w_bwd = backward_weight(idx, s);
+    ops::gemm(dx, dy, w_bwd ? w_bwd : p.dense, s, ctx_);
+    ws_w.rewind(ws_w_mark);
+    mark(StepPart::kOther);
+  };
+  const DropoutKey key = dropout_key(idx);
+  if (p.r == 0 || folded || key.p > 0.0f) base(accumulate_dx);
   if (p.r == 0) return;
   if (folded) {
     // s dt = dy (s B) into dx's extra columns, through W_ext's own [out, R] block (zeros beside
@@ -505,7 +519,6 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
   Workspace& ws = ctx_.workspace();
   const size_t ws_mark = ws.used();
   const size_t esz = dtype_size(act_t);
-  const DropoutKey key = dropout_key(idx);
   const void* xd = x;
   if (key.p > 0.0f) {  // recomputed: the same mask
     void* buf = ws.take(N * p.in * esz, "LoRA dropout input");
@@ -521,15 +534,19 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
   ops::gemm(dt, dy, p.lora_B, typed({N, p.r, p.out, false, false}, act_t, act_t, act_t), ctx_);  // dt = dy B  [N,r]
   if (p.grad_A)  // dA += s dt^T xd
     ops::gemm(p.grad_A, dt, xd, typed({p.r, p.in, N, true, false, p.scaling, 1.0f}, act_t, act_t, f32), ctx_);
-  if (key.p == 0.0f) {  // dx += s dt A straight into dx (on the CPU the same bits as the path below)
-    ops::gemm(dx, dt, p.lora_A, typed({N, p.in, p.r, false, false, p.scaling, 1.0f}, act_t, act_t, act_t), ctx_);
-  } else {
-    void* dxd = ws.take(N * p.in * esz, "LoRA dx");
-    ops::gemm(dxd, dt, p.lora_A, typed({N, p.in, p.r, false, false, p.scaling, 0.0f}, act_t, act_t, act_t),
-              ctx_);  // s dt A
-    ops::dropout_fwd(dxd, dxd, key, N, p.in, ctx_);  // the mask's transpose is itself
-    ops::accumulate(dx, dxd, N * p.in, ctx_);
+  if (key.p == 0.0f) {  // dx (+)= s dt A, then (after the rewind) the base GEMM adds dy W
+    ops::gemm(dx, dt, p.lora_A,
+              typed({N, p.in, p.r, false, false, p.scaling, accumulate_dx ? 1.0f : 0.0f}, act_t, act_t, act_t), ctx_);
+    ws.rewind(ws_mark);
+    mark(StepPart::kOther);
+    base(true);
+    return;
   }
+  void* dxd = ws.take(N * p.in * esz, "LoRA dx");
+  ops::gemm(dxd, dt, p.lora_A, typed({N, p.in, p.r, false, false, p.scaling, 0.0f}, act_t, act_t, act_t),
+            ctx_);  // s dt A
+  ops::dropout_fwd(dxd, dxd, key, N, p.in, ctx_);  // the mask's transpose is itself
+  ops::accumulate(dx, dxd, N * p.in, ctx_);
   ws.rewind(ws_mark);
   mark(StepPart::kOther);
 }
@@ -581,11 +598,11 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
     linear_fwd(kO, a.ao, a.a, N);
     mark(StepPart::kNorm);
     ops::rmsnorm_fwd(a.x2, a.rstd_ao, a.ao, layer_.attn_out_norm, N, C, eps, ctx_);
+    mark(StepPart::kResidual);
+    ops::add(a.x2, x, a.x2, N * C, ctx_);  // residual + attention (HF order)
   } else {
-    linear_fwd(kO, a.x2, a.a, N);
+    linear_fwd(kO, a.x2, a.a, N, 0, x);  // x2 = x + o_proj(a), the residual in the GEMMs' epilogue
   }
-  mark(StepPart::kResidual);
-  ops::add(a.x2, x, a.x2, N * C, ctx_);  // residual + attention (HF order)
   // h2 = norm(x2): whole, or (chunked MLP) per chunk into a chunk-sized h2 (mlp_rows_fwd)
   const bool chunks = chunked(N);
   if (!chunks) {
@@ -609,13 +626,15 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
       mark(StepPart::kNorm);
       ops::rmsnorm_fwd(act(x_out, r0 * C), a.rstd_dn, a.dn, layer_.mlp_out_norm, rows, C, eps, ctx_);
       mark(StepPart::kOther);
-    } else {
-      linear_fwd(kDown, act(x_out, r0 * C), a.m, rows);
+    } else {  // out = x2 + down_proj(m), the residual in the GEMMs' epilogue
+      linear_fwd(kDown, act(x_out, r0 * C), a.m, rows, 0, act(a.x2, r0 * C));
     }
     chunk_row_offset_ = 0;
   }
-  mark(StepPart::kResidual);
-  ops::add(x_out, a.x2, x_out, N * C, ctx_);
+  if (c.gemma_norms) {
+    mark(StepPart::kResidual);
+    ops::add(x_out, a.x2, x_out, N * C, ctx_);
+  }
   mark(StepPart::kOther);
 }
 

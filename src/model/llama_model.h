@@ -292,8 +292,9 @@ class LlamaModel {
   void ring_before(OffloadRing& ring, int i, bool write);
   void dequantize_layer();
   // x (and dx) rows ldx apart (0 = the projection's input width); a folded projection reads its
-  // group's LoRA columns from the same rows.
-  void linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t ldx = 0);
+  // group's LoRA columns from the same rows. residual: y = x W^T (+ LoRA) + residual ([N, out],
+  // may be y), added in the GEMMs' epilogues (no separate pass over y).
+  void linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t ldx = 0, const void* residual = nullptr);
   void linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N, int64_t ldx = 0);
   const void* backward_weight(int idx, GemmShape& s);  // linear_bwd's B: the backward's rounding rule
   // The LoRA fold of group g (0: q|k|v on h1, 1: gate|up on h2): X A^T into x's extra columns

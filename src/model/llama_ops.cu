@@ -721,7 +721,15 @@ void prepare(DeviceContext& ctx) {
 // + beta C^T: cuBLASLt's "A" is our B, its "B" our A, each described as the column-major matrix
 // its row-major storage is.
 void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx) {
+  gemm_into(C, A, B, C, s, ctx);
+}
+
+// C and D share one layout (plan->c); cuBLASLt reads C in the epilogue only when beta != 0, so a
+// separate C costs nothing beyond its read.
+void gemm_into(void* D, const void* A, const void* B, const void* C, const GemmShape& s, DeviceContext& ctx) {
   QS_CHECK(s.a_type == s.b_type, "gemm: A and B must have one dtype on CUDA");
+  QS_CHECK(C || s.beta == 0.0f, "gemm: beta != 0 without C");
+  if (!C) C = D;
   LtState& L = lt(ctx);
   const int64_t lda = s.lda_or_packed(), ldb = s.ldb_or_packed(), ldc = s.ldc_or_packed();
   QS_CHECK(lda >= (s.trans_a ? s.M : s.K) && ldb >= (s.trans_b ? s.K : s.N) && ldc >= s.N,
@@ -778,7 +786,7 @@ void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceConte
     plan = &it->second;
   }
   const float alpha = s.alpha, beta = s.beta;
-  QS_CUBLAS_CHECK(cublasLtMatmul(L.handle, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c,
+  QS_CUBLAS_CHECK(cublasLtMatmul(L.handle, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, D, plan->c,
                                  &plan->algo, L.workspace, kLtWorkspaceBytes, st(ctx)));
 }
 

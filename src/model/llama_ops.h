@@ -38,6 +38,8 @@ namespace qshard {
 // LoRA fold: X and X A^T side by side in one [N, in + R] buffer).
 // batch > 1: `batch` such products, the i-th reading A + i * stride_a, B + i * stride_b and
 // writing C + i * stride_c (elements; the attention's heads as strided views of their rows).
+// gemm_into: D = alpha op(A) op(B) + beta C with C read from its own buffer (ldc, the type and
+// batch strides of D; C may be D): a residual added in the GEMM's epilogue (y = x W^T + x_in).
 struct GemmShape {
   int64_t M = 0, N = 0, K = 0;
   bool trans_a = false, trans_b = false;
@@ -160,6 +162,7 @@ EagerAttentionLayout eager_attention_layout(int64_t T, int64_t Hkv, int64_t D,
 namespace cpu {
 
 void gemm(float* C, const float* A, const void* B, const GemmShape& s, DeviceContext& ctx);
+void gemm_into(float* D, const float* A, const void* B, const float* C, const GemmShape& s, DeviceContext& ctx);
 
 // out[n, :] = weight[ids[n], :] (weight in `weight_type`, widened). Throws InputError for an id
 // outside [0, V), naming it.
@@ -278,6 +281,7 @@ void prepare(DeviceContext& ctx);
 // CUBLAS_COMPUTE_32F). The algorithm is chosen once per shape and cached, so a resumed run is
 // bitwise the straight one on the same GPU.
 void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx);
+void gemm_into(void* D, const void* A, const void* B, const void* C, const GemmShape& s, DeviceContext& ctx);
 void embedding_fwd(uint16_t* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
                    int64_t V, DeviceContext& ctx, float scale = 1.0f);
 void rmsnorm_fwd(uint16_t* out, float* rstd, const uint16_t* x, const float* weight, int64_t N, int64_t C, float eps,
@@ -365,6 +369,7 @@ void prepare(DeviceContext& ctx);
 void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                        int64_t window = 0, int64_t max_pieces = 0, AttentionScores scores = {});
 void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx);
+void gemm_into(void* D, const void* A, const void* B, const void* C, const GemmShape& s, DeviceContext& ctx);
 void embedding_fwd(void* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
                    int64_t V, DeviceContext& ctx, float scale = 1.0f);
 void rmsnorm_fwd(void* out, float* rstd, const void* x, const float* weight, int64_t N, int64_t C, float eps,

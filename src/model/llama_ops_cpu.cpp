@@ -155,13 +155,19 @@ namespace cpu {
 
 // ---- GEMM -------------------------------------------------------------------------------------
 void gemm(float* C, const float* A, const void* B, const GemmShape& s, DeviceContext& ctx) {
+  gemm_into(C, A, B, C, s, ctx);
+}
+
+void gemm_into(float* D, const float* A, const void* B, const float* C, const GemmShape& s, DeviceContext& ctx) {
   QS_CHECK(s.a_type == DType::kF32 && s.c_type == DType::kF32, "CPU gemm: A and C must be f32");
+  QS_CHECK(C || s.beta == 0.0f, "CPU gemm: beta != 0 without C");
   if (s.batch > 1) {  // one product after another
     GemmShape one = s;
     one.batch = 1;
     const size_t bsz = dtype_size(s.b_type);
     for (int64_t i = 0; i < s.batch; ++i)
-      gemm(C + i * s.stride_c, A + i * s.stride_a, static_cast<const char*>(B) + i * s.stride_b * bsz, one, ctx);
+      gemm_into(D + i * s.stride_c, A + i * s.stride_a, static_cast<const char*>(B) + i * s.stride_b * bsz,
+                C ? C + i * s.stride_c : nullptr, one, ctx);
     return;
   }
   const int64_t M = s.M, N = s.N, K = s.K;
@@ -172,8 +178,13 @@ void gemm(float* C, const float* A, const void* B, const GemmShape& s, DeviceCon
   float* acc = ws.take<float>(N, "gemm row");
   float* brow = s.b_type == DType::kF32 ? nullptr : ws.take<float>(std::max(N, K), "gemm B row");
   auto store = [&](int64_t m) {
-    float* c = C + m * ldc;
-    for (int64_t n = 0; n < N; ++n) c[n] = s.beta == 0.0f ? s.alpha * acc[n] : s.alpha * acc[n] + s.beta * c[n];
+    float* d = D + m * ldc;
+    if (s.beta == 0.0f) {
+      for (int64_t n = 0; n < N; ++n) d[n] = s.alpha * acc[n];
+      return;
+    }
+    const float* c = C + m * ldc;
+    for (int64_t n = 0; n < N; ++n) d[n] = s.alpha * acc[n] + s.beta * c[n];
   };
   if (!s.trans_a && s.trans_b) {  // C = A B^T: dot products of rows (B stored [N,K])
     for (int64_t m = 0; m < M; ++m) {

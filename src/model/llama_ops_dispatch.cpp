@@ -48,6 +48,9 @@ void prepare(DeviceContext& ctx) { QS_DISPATCH("prepare", (void)0, cuda::prepare
 void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx) {
   QS_DISPATCH("gemm", cpu::gemm(f(C), f(A), B, s, ctx), cuda::gemm(C, A, B, s, ctx));
 }
+void gemm_into(void* D, const void* A, const void* B, const void* C, const GemmShape& s, DeviceContext& ctx) {
+  QS_DISPATCH("gemm", cpu::gemm_into(f(D), f(A), B, f(C), s, ctx), cuda::gemm_into(D, A, B, C, s, ctx));
+}
 void embedding_fwd(void* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,
                    int64_t V, DeviceContext& ctx, float scale) {
   QS_DISPATCH("embedding_fwd", cpu::embedding_fwd(f(out), ids, weight, weight_type, N, C, V, ctx, scale),

@@ -127,6 +127,39 @@ TEST(OpHarness, GemmLeadingDimensions) {
   });
 }
 
+// gemm_into: D = alpha op(A) op(B) + beta C with C a buffer of its own (the residual stream added
+// in the GEMM's epilogue, LlamaModel::linear_fwd), with ldc > N: D's padding keeps its values, C is
+// left as it was; beta 0 reads no C (null). Tolerances as above.
+TEST(OpHarness, GemmInto) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    for (const float beta : {1.0f, 0.0f}) {
+      const int64_t M = 13, N = 24, K = 16;
+      GemmShape s{M, N, K, false, true, 0.5f, beta};
+      s.a_type = s.b_type = s.c_type = ctx.activation_dtype();
+      s.ldc = N + 8;
+      Tensor a = to_act(ctx, in.vec(M * K)), b = to_act(ctx, in.bounded(N * K)), c = to_act(ctx, in.bounded(M * s.ldc)),
+             d = to_act(ctx, in.bounded(M * s.ldc));
+      const auto A = back(ctx, a), B = back(ctx, b), C0 = back(ctx, c), D0 = back(ctx, d);
+      ops::gemm_into(d.raw(), a.raw(), b.raw(), beta != 0.0f ? c.raw() : nullptr, s, ctx);
+      std::vector<double> want(M * s.ldc);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < s.ldc; ++n) {
+          if (n >= N) {
+            want[m * s.ldc + n] = D0[m * s.ldc + n];
+            continue;
+          }
+          double acc = 0;
+          for (int64_t k = 0; k < K; ++k) acc += double(A[m * K + k]) * B[n * K + k];
+          want[m * s.ldc + n] = 0.5 * acc + beta * C0[m * s.ldc + n];
+        }
+      report(ctx, beta != 0.0f ? "gemm_into C" : "gemm_into no C", in.adversarial, back(ctx, d), want,
+             tol(ctx, 1e-5, 4e-3));
+      const auto C1 = back(ctx, c);
+      for (size_t i = 0; i < C1.size(); ++i) ASSERT_EQ(C1[i], C0[i]) << "gemm_into wrote C at " << i;
+    }
+  });
+}
+
 // RMSNorm forward and backward. CPU tol 1e-5: a mean of C squares in f32, one rsqrt. On CUDA, C = 96
 // (one vector per thread) and 2056 (three, the last partial) run the register-resident kernels,
 // C = 8200 (too wide for them) the 8-wide ones, C = 90 the scalar ones; ld = C + 8 writes the
