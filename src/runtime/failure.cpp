@@ -208,23 +208,26 @@ int run_job(int argc, char** argv, const std::function<int(World&)>& body) {
   if (g_aborting.load()) {
     for (;;) pause();
   }
+  if (agreed) {
+    // Every rank is here (the error was agreed on): after a barrier every rank's earlier output is
+    // out, so the one line comes last (but for mpirun's own note on the exit code, which `mpirun
+    // -q` leaves out). Printed BEFORE MPI_Finalize: a peer that finalized and exited with 2 gets
+    // mpirun to end the job, and a reporter still on its way out was at times killed before its
+    // line (failure_status_input_np3, 1 run in 6 on a loaded 2-core machine).
+    if (mpi_usable()) MPI_Barrier(MPI_COMM_WORLD);
+    logger().flush();
+    std::fflush(stdout);
+    if (reporter) {
+      std::fprintf(stderr, "qshard: error: %s\n", agreed_error.c_str());
+      std::fflush(stderr);
+    }
+  }
   try {
     World::finalize();
   } catch (const std::exception& e) {
     abort_job(1, std::string("MPI finalize failed: ") + e.what());
   }
-  if (agreed) {
-    // After MPI_Finalize: every rank's earlier output is out, so the one line comes last (but for
-    // mpirun's own note on the exit code, which `mpirun -q` leaves out).
-    if (reporter) {
-      logger().flush();
-      std::fflush(stdout);
-      std::fprintf(stderr, "qshard: error: %s\n", agreed_error.c_str());
-      std::fflush(stderr);
-    }
-    return 2;
-  }
-  return 0;
+  return agreed ? 2 : 0;
 }
 
 double parse_collective_timeout_s(const char* text) {
