@@ -636,7 +636,8 @@ TEST(LlamaModel, PackedPositionsGiveEveryPieceItsOwnSequence) {
 }
 
 // Qwen3's q/k-norm inputs and rstd in kept sets, Mistral's window under every plan: kept layers
-// give the recompute's bits, MLP chunks the same step within f32 rounding.
+// (with and without gate / up, on the device and in host memory) give the recompute's bits, MLP
+// chunks the same step within f32 rounding.
 TEST(LlamaModel, FamilyMemoryPlansGiveTheSameStep) {
   for (ModelFamily f : {ModelFamily::kQwen3, ModelFamily::kMistral, ModelFamily::kGemma2, ModelFamily::kGemma3}) {
     SCOPED_TRACE(model_family_name(f));
@@ -644,11 +645,19 @@ TEST(LlamaModel, FamilyMemoryPlansGiveTheSameStep) {
     c.num_hidden_layers = 3;
     if (!c.sliding_layers.empty()) c.sliding_layers = {true, false, true};
     const StepResult ref = run_plan(c, 0, 0, 0.0f);
-    for (const int64_t keep : {int64_t{2}, int64_t{3}}) {
-      const StepResult got = run_plan(c, keep, 0, 0.0f);
-      EXPECT_EQ(got.loss, ref.loss) << "keep " << keep;
+    struct Case {
+      int64_t keep, host;
+      bool kept_mlp;
+    };
+    for (const Case& k : {Case{2, 0, true}, Case{3, 0, true}, Case{2, 0, false}, Case{3, 0, false}, Case{0, 2, false},
+                          Case{2, 1, false}}) {
+      const StepResult got =
+          run_plan(c, k.keep, 0, 0.0f, k.host, nullptr, false, kCheckpointSlots, 1, k.kept_mlp);
+      const std::string what =
+          "keep " + std::to_string(k.keep) + " host " + std::to_string(k.host) + " kept_mlp " + std::to_string(k.kept_mlp);
+      EXPECT_EQ(got.loss, ref.loss) << what;
       for (const auto& [name, g] : ref.grads)
-        EXPECT_EQ(0, std::memcmp(got.grads.at(name).data(), g.data(), g.size() * sizeof(float))) << name << " keep " << keep;
+        EXPECT_EQ(0, std::memcmp(got.grads.at(name).data(), g.data(), g.size() * sizeof(float))) << name << " " << what;
     }
     const StepResult chunked = run_plan(c, 0, 3, 0.0f);
     EXPECT_NEAR(chunked.loss, ref.loss, 1e-6 * std::fabs(ref.loss));
