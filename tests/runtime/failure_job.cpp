@@ -3,7 +3,7 @@
 //   ok      nothing: the job must exit 0.
 //   throw   rank 1 throws qshard::Error at iteration 20, between two all_reduce calls: its peers
 //           are blocked in the next all_reduce and must be ended by the job abort.
-//   signal  rank 0 sends itself SIGTERM at iteration 20.
+//   signal  rank 0 sends itself SIGTERM at iteration 20 and works on (sleeps) until the abort ends it.
 //   hang    rank 1 sleeps instead of calling all_reduce at iteration 5 (a peer that hangs): the
 //           watchdog (QSHARD_COLLECTIVE_TIMEOUT_S set by the test) must end the job.
 //   agreed  ranks 1 and up refuse their input in agree_on_input: every rank must end cleanly with
@@ -36,7 +36,14 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 200; ++i) {
       if (mode == "throw" && world.rank() == 1 && i == 20)
         QS_CHECK(false, "injected failure at iteration " + std::to_string(i));
-      if (mode == "signal" && world.rank() == 0 && i == 20) kill(getpid(), SIGTERM);
+      if (mode == "signal" && world.rank() == 0 && i == 20) {
+        // As in a long job: the abort comes while this rank still works and its peer waits in the
+        // next all_reduce. (Running on, the 200 short iterations ended while the abort was in
+        // flight and the peer in MPI_Finalize, and Open MPI 4.1's mpiexec at times crashed in
+        // PMIx_server_finalize tearing that down.)
+        kill(getpid(), SIGTERM);
+        std::this_thread::sleep_for(std::chrono::seconds(60));
+      }
       if (mode == "hang" && world.rank() == 1 && i == 5) std::this_thread::sleep_for(std::chrono::seconds(120));
       comm.all_reduce(buf.data(), buf.data(), buf.size(), qshard::DType::kF32, qshard::ReduceOp::kAvg, nullptr);
       if (mode == "status" && i == 10)
