@@ -4,7 +4,7 @@
 // bf16 rows, query head h reads kv head h / (H / Hkv), causal, the sliding window and packed
 // pieces as first_key(); the saved state is the rows' log-sum-exp, f32 [B,H,T].
 //
-// Per sequence b, per chunk of `rows` query positions [t0, t1) (eager_attention_rows), per query
+// Per sequence b, per chunk of `rows` query positions [t0, t1) (eager_attention_layout), per query
 // head g of each kv group, the keys [k0, t1) the chunk can see (k0: the chunk's first key):
 //   forward   S = Q K^T (f32, batched over the kv heads: head kvh*G + g reads kv head kvh)
 //             P = softmax(cap(S * scale)) over the row's keys (a kernel; lse kept), bf16

@@ -85,13 +85,8 @@ void zero_bytes_async(void* p, Device device, size_t nbytes, void* stream) {
 }
 
 void zero_bytes(void* p, Device device, size_t nbytes) {
-  if (nbytes == 0) return;
-  if (device == Device::kCuda) {
-    QS_CUDA_CHECK(cudaMemsetAsync(p, 0, nbytes, nullptr));
-    QS_CUDA_CHECK(cudaStreamSynchronize(nullptr));
-    return;
-  }
-  std::memset(p, 0, nbytes);
+  zero_bytes_async(p, device, nbytes, nullptr);  // the legacy default stream
+  if (nbytes != 0 && device == Device::kCuda) QS_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
 }  // namespace qshard
