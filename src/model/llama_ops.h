@@ -145,8 +145,7 @@ size_t attention_saved_bytes(Backend backend, int64_t B, int64_t T, int64_t H, i
 // soft-capped scores, which cuDNN's fused kernels do not take): one sequence at a time, `rows`
 // query positions a chunk. Its workspace: the chunk's f32 scores and their gradient, its bf16
 // probabilities ([Hkv, rows, T rounded up to 8] each, chunk_bytes together at most unless a chunk
-// of 64 rows needs more), and the sequence's f32 dK and dV accumulators ([T, Hkv, D] each). A
-// sequence longer than kEagerWholeRows is cut into chunks of T / kEagerCausalChunks rows at most.
+// of 64 rows needs more), and the sequence's f32 dK and dV accumulators ([T, Hkv, D] each).
 struct EagerAttentionLayout {
   int64_t T = 0, Hkv = 0, D = 0;
   int64_t rows = 0, ld = 0;  // query positions a chunk; the scores' row stride (floats)
@@ -157,9 +156,6 @@ struct EagerAttentionLayout {
   size_t bound = 0;
 };
 constexpr int64_t kEagerAttentionChunkBytes = int64_t{256} << 20;
-// Past kEagerWholeRows rows a sequence runs in chunks of at most T / kEagerCausalChunks rows (rounded
-// up to 64), each against the keys up to its last row only: about 5/8 of the full rectangle.
-constexpr int64_t kEagerWholeRows = 512, kEagerCausalChunks = 4;
 EagerAttentionLayout eager_attention_layout(int64_t T, int64_t Hkv, int64_t D,
                                             int64_t chunk_bytes = kEagerAttentionChunkBytes);
 

@@ -113,17 +113,13 @@ EagerAttentionLayout eager_attention_layout(int64_t T, int64_t Hkv, int64_t D, i
   const int64_t per_row = Hkv * l.ld * (4 + 4 + 2);  // a row's scores, their gradient, probabilities
   const int64_t fit = chunk_bytes / per_row;
   l.rows = fit >= T ? T : std::min(T, std::max<int64_t>(64, fit / 64 * 64));
-  // Causal: a chunk computes the rectangle of its rows against the keys up to its last row, so one
-  // chunk of all T rows does twice the causal work; kEagerCausalChunks chunks of T / n rows do
-  // (1 + 1 / n) / 2 of the rectangle.
-  if (T > kEagerWholeRows) l.rows = std::min(l.rows, std::max<int64_t>(64, up((T + kEagerCausalChunks - 1) / kEagerCausalChunks, 64)));
   const int64_t cells = Hkv * l.rows * l.ld;
   l.scores_bytes = static_cast<size_t>(up(cells * 4, 256));
   l.probs_bytes = static_cast<size_t>(up(cells * 2, 256));
   l.dkv_bytes = static_cast<size_t>(up(T * Hkv * D * 4, 256));
-  // Rows of a shorter sequence: whole when they fit chunk_bytes (and it is short), else a multiple
-  // of 64 within it (or 64 rows): their three arrays stay within max(chunk_bytes, 64 rows of T),
-  // and within all T rows of T, plus rounding.
+  // Rows of a shorter sequence: whole when they fit chunk_bytes, else a multiple of 64 within it
+  // (or 64 rows): their three arrays stay within max(chunk_bytes, 64 rows of T), and within all T
+  // rows of T, plus rounding.
   const int64_t arrays = std::min(std::max(chunk_bytes, 64 * per_row), T * per_row) + 3 * 256;
   l.bound = std::max(l.total(), static_cast<size_t>(arrays) + 2 * l.dkv_bytes);
   return l;

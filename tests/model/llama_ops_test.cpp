@@ -367,8 +367,7 @@ TEST(LlamaOps, DropoutZeroIsExactIdentity) {
 }
 
 // The eager attention's workspace (CUDA, Gemma 2): the layout of T chunks its rows within the
-// chunk bytes (whole when they fit and T is short, else a multiple of 64, at least 64, and at
-// most T / kEagerCausalChunks rows, rounded up to 64, past kEagerWholeRows), and its bound (what
+// chunk bytes (whole when they fit, else a multiple of 64, at least 64), and its bound (what
 // prepare_attention allocates for T) holds the layout of every shorter sequence, so that a step
 // of a shorter sequence never allocates; at Gemma-2-9B's kv heads (8 x 256) and lengths past the
 // point where chunks begin.
@@ -376,13 +375,7 @@ TEST(LlamaOps, EagerAttentionWorkspaceHoldsShorterSequences) {
   for (const int64_t T : {int64_t{67}, int64_t{2048}, int64_t{5000}, int64_t{8192}, int64_t{20000}}) {
     const EagerAttentionLayout top = eager_attention_layout(T, 8, 256);
     EXPECT_GE(top.bound, top.total());
-    const bool fits = T * 8 * ((T + 7) / 8 * 8) * 10 <= kEagerAttentionChunkBytes;
-    if (T <= kEagerWholeRows) EXPECT_EQ(top.rows, fits ? T : top.rows) << T;
-    // Past kEagerWholeRows: chunks of T / kEagerCausalChunks rows at most, rounded up to 64 (the
-    // causal rectangle's waste cut)
-    const int64_t split = std::max<int64_t>(64, ((T + kEagerCausalChunks - 1) / kEagerCausalChunks + 63) / 64 * 64);
-    if (T > kEagerWholeRows) EXPECT_LE(top.rows, split) << T;
-    if (T > kEagerWholeRows && fits) EXPECT_EQ(top.rows, split) << T;
+    EXPECT_EQ(top.rows, T * 8 * ((T + 7) / 8 * 8) * 10 <= kEagerAttentionChunkBytes ? T : top.rows) << T;
     EXPECT_TRUE(top.rows == T || top.rows % 64 == 0) << T << " rows " << top.rows;
     EXPECT_LE(2 * top.scores_bytes + top.probs_bytes, static_cast<size_t>(kEagerAttentionChunkBytes) + 768) << T;
     for (int64_t t = 1; t <= T; t += std::max<int64_t>(1, T / 997))
