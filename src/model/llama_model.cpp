@@ -50,7 +50,9 @@ void check_attention_shape(const LlamaConfig& config, Backend backend, const std
 LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& ctx, const LlamaModelOptions& options)
     : config_(config), ctx_(ctx), options_(options),
       act_(std::make_unique<LlamaActivations>()),
-      profiler_(ctx.compute(), options.profile && ctx.is_cuda()) {
+      profiler_(ctx.compute(), options.profile && ctx.is_cuda(),
+                StepProfiler::events_for(options.max_batch *
+                                         (options.max_seq > 0 ? options.max_seq : config.max_position_embeddings))) {
   const LlamaConfig& c = config_;
   QS_CHECK(c.head_dim % 2 == 0, "head_dim must be even for RoPE");
   check_attention_shape(c, ctx.backend(), "the model");

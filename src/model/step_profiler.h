@@ -5,8 +5,8 @@
 // stream time between consecutive marks to the part the earlier mark opened and adds it into
 // profile(). kWait: from a hook's start to the model's next op (the gather's event waits: exposed
 // communication and h2d copies).
-// Cost: a pool of kEvents timing events made once at construction; no allocation and no host
-// wait in mark(). Past the pool (a step of hundreds of thousands of tokens: its MLP chunks), each
+// Cost: a pool of timing events made once at construction (events_for: kEvents per 65,536 rows of
+// the step); no allocation and no host wait in mark(). Past the pool (a step of hundreds of thousands of tokens: its MLP chunks), each
 // mark re-records one more event, and the time from the pool's last mark to it is kUntimed: the
 // split then still sums to the stream's time; profile().truncated says so.
 // A disabled profiler (the CPU backend, or profiling off) marks nothing: every call is a test of
@@ -50,6 +50,13 @@ struct StepProfile {
 class StepProfiler {
  public:
   static constexpr size_t kEvents = 32768;
+  // The pool for a step of `rows` tokens: kEvents per 65,536 rows (the marks grow with the MLP's
+  // and the LM head's row chunks; at 524,288 rows one pool of kEvents covered under a third of the
+  // step, the rest kUntimed).
+  static size_t events_for(int64_t rows) {
+    const int64_t per = 65536;
+    return kEvents * static_cast<size_t>(rows > per ? (rows + per - 1) / per : 1);
+  }
   // enabled: time with events on `stream` (CUDA streams only: callers pass false on the CPU);
   // `events` marks between two collect() calls are split (tests use a small pool).
   StepProfiler(Stream& stream, bool enabled, size_t events = kEvents);

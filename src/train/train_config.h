@@ -167,11 +167,11 @@ struct MemoryConfig {
                                  // ones rerun from the one before, half the layers' forward again;
                                  // LlamaModelOptions::checkpoint_every); 0: the plan's choice (2 only
                                  // where no plan with 1 fits; 1 without a budget)
-  std::string kept_mlp = "true";  // kept layers (device and host) keep the MLP's gate / up: "true";
+  std::string kept_mlp = "auto";  // kept layers (device and host) keep the MLP's gate / up: "true";
                                   // "false": the backward recomputes those two GEMMs (a third of a
                                   // kept layer's bytes at 8B); "auto": the memory plan's choice by
-                                  // its cost model (true without a budget). Not yet the default:
-                                  // not yet measured on a GPU (LlamaModelOptions::kept_mlp)
+                                  // its cost model (true without a budget, or where the kept layers
+                                  // are set by hand; LlamaModelOptions::kept_mlp)
   std::string embedding = "auto"; // where the (frozen, untied) embedding table lives: "gpu", "host"
                                   // (pinned host memory, the step's rows read in place by the GPU),
                                   // or "auto": the memory plan's choice (the GPU without a budget)

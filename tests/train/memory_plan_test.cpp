@@ -81,7 +81,7 @@ TEST(MemoryPlan, BudgetBecomesKeptLayers) {
 // memory.kept_mlp: false makes each kept layer leave gate / up to its backward (8192 rows x 28672
 // bf16 = 470 MB less at 8B, 4 x 2048), so a budget holds about three such layers for one whole,
 // each estimated to recompute gate / up's half of a layer's forward; auto weighs both and takes the
-// faster estimate; true (the default) keeps the whole layer.
+// faster estimate (the default); true keeps the whole layer.
 TEST(MemoryPlan, KeptLayersWithoutGateUp) {
   TrainConfig c = job_8b(4, 2048);
   LlamaModelOptions mo;
@@ -92,6 +92,8 @@ TEST(MemoryPlan, KeptLayersWithoutGateUp) {
   const double lean = llama_kept_layer_bytes(llama(c), mo, Backend::kCuda, DType::kBF16, 16);
   EXPECT_NEAR(full - lean, 8192.0 * 28672 * 2, 1024.0);
   c.memory.gpu_budget_gb = 20;
+  EXPECT_EQ(c.memory.kept_mlp, "auto");
+  c.memory.kept_mlp = "true";
   const MemoryPlan whole = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
   EXPECT_TRUE(whole.kept_mlp) << whole.describe();
   c.memory.kept_mlp = "false";
@@ -248,6 +250,7 @@ TEST(MemoryPlan, TheFastestCandidateWithinTheBudget) {
   c.memory.gpu_budget_gb = 20;
   c.memory.embedding = "gpu";
   c.memory.host_checkpoints = "false";
+  c.memory.kept_mlp = "true";  // whole kept layers (lean ones fit 29 layers beside the base: KeptLayersWithoutGateUp)
   std::vector<MemoryPlan> all = plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1);
   ASSERT_EQ(all.size(), 2u);  // the base on the GPU or offloaded; the optimizer stays on the GPU
   const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
@@ -499,6 +502,16 @@ TEST(MemoryPlan, EmbeddingInHostMemoryWhereTheGpuIsShort) {
 TEST(MemoryPlan, HostCheckpointsWhereTheGpuIsShort) {
   const PlanRates h200 = h200_rates(803e12, 55.4e9);
   TrainConfig c = eight_within(10.08);
+  {
+    // The default (memory.kept_mlp auto) at this budget: lean kept sets in the host tier beside the
+    // base on the GPU, the plan measured fastest on an H100 (docs/PERFORMANCE.md, session 24:
+    // 12,401-12,440 tokens/s against 12,282-12,336 for whole sets with the base offloaded).
+    const MemoryPlan lean = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+    EXPECT_FALSE(lean.kept_mlp) << lean.describe();
+    EXPECT_FALSE(lean.offload_params) << lean.describe();
+    EXPECT_GT(lean.host_keep_layers, 0) << lean.describe();
+  }
+  c.memory.kept_mlp = "true";  // whole kept sets: the checkpoints' choice below
   const std::vector<MemoryPlan> all = plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
   EXPECT_EQ(std::count_if(all.begin(), all.end(), [](const MemoryPlan& q) { return q.host_checkpoints; }) * 2,
             static_cast<long>(all.size()));
