@@ -7,6 +7,7 @@
 // Usage: bench_lora [--tokens N (8192)] [--iters N (20)] [--rank R (16)]
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -97,8 +98,17 @@ int main(int argc, char** argv) {
   DeviceContext ctx(Backend::kCuda, 0);
   ops::prepare(ctx);
   cudaStream_t st = static_cast<cudaStream_t>(ctx.compute().handle());
-  // One buffer per operand role, large enough for any op (the widest: [N, I + 64] bf16, f32 outputs).
-  const int64_t big = N * (I + 64);
+  // One buffer per operand role, large enough for every op's extent in it (rows x leading
+  // dimension: the W_ext blocks are [I, C + R] whatever the token count, more than [N, I] below
+  // 4,096 tokens), f32 outputs.
+  int64_t big = 0;
+  for (const Op& op : ops_list) {
+    const GemmShape& s = op.s;
+    const int64_t a = (s.trans_a ? s.K : s.M) * (s.lda ? s.lda : (s.trans_a ? s.M : s.K));
+    const int64_t b = (s.trans_b ? s.N : s.K) * (s.ldb ? s.ldb : (s.trans_b ? s.K : s.N));
+    const int64_t c = s.M * (s.ldc ? s.ldc : s.N);
+    big = std::max({big, a, b, c});
+  }
   uint16_t *A, *B;
   void* Cbuf;
   QS_CUDA_CHECK(cudaMalloc(&A, static_cast<size_t>(big) * 2));
