@@ -91,6 +91,17 @@ namespace {
 // gradients: 32 bytes a parameter). Defaults for the rates when none were measured (tests,
 // estimates before a GPU is seen).
 constexpr double kMfuRecompute = 0.54;
+// Attention (PaLM's count, useful_flops_per_token's) runs at the same MFU up to 2048 tokens a
+// sequence and at a higher one as sequences grow (cuDNN's fused kernels: 317 TFLOP/s at 1 x 2048,
+// 532 at 1 x 8192 in isolation, session 19): linear in log2 T up to kMfuAttention from 32,768
+// tokens, fitted to 524,288 tokens on an H100 (730.5 s a step, session 24) and within 3% of the
+// steps at 32,768, 131,072, 262,144 (H100) and 409,600 tokens (H200). With one MFU for all the
+// 524,288-token step was estimated at 1,183 s.
+constexpr double kMfuAttention = 0.895;
+double attention_mfu(double T) {
+  const double x = std::clamp((std::log2(std::max(T, 1.0)) - 11.0) / 4.0, 0.0, 1.0);  // 2048 -> 0, 32768 -> 1
+  return kMfuRecompute + (kMfuAttention - kMfuRecompute) * x;
+}
 constexpr double kRecomputeShare = 0.2;
 constexpr double kFixedTokens = 384;
 constexpr double kOffloadContention = 0.06;
@@ -112,6 +123,7 @@ struct CostInputs {
   double gate_up_share = 0;        // gate / up's share of a layer's forward FLOPs (a kept layer
                                    // without them recomputes that much: LlamaModelOptions::kept_mlp)
   int world = 1;
+  double attention_flops = 0;      // flops_per_token's attention (a token's scores and values, PaLM's count)
 };
 
 // The job's sizes for the cost model (and the resident estimate): the 4-bit base as the build
@@ -159,6 +171,7 @@ JobSizes job_sizes(const TrainConfig& config, const LlamaConfig& lc, int world) 
   const double kv = static_cast<double>(lc.num_key_value_heads * lc.head_dim);
   const double layer_fwd = 4 * C * q + 4 * C * kv + 6 * C * I + 2 * q * static_cast<double>(T);
   z.cost.gate_up_share = layer_fwd > 0 ? 4 * C * I / layer_fwd : 0.0;
+  z.cost.attention_flops = z.cost.flops_per_token - useful_flops_per_token(lc, 0, static_cast<uint64_t>(z.lora_params));
   z.cost.world = world;
   return z;
 }
@@ -175,7 +188,8 @@ int64_t kept_for_room(double room, double per_kept, int64_t layers) {
 double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
   const double R = r.gemm_flops > 0 ? r.gemm_flops : kDefaultGemmFlops;
   const double h2d = r.h2d_bytes_per_second > 0 ? r.h2d_bytes_per_second : kDefaultH2dBytesPerSecond;
-  const double a = in.flops_per_token / (kMfuRecompute * R);  // seconds per token, full recompute
+  const double a = ((in.flops_per_token - in.attention_flops) / kMfuRecompute + in.attention_flops / attention_mfu(in.T)) /
+                   R;  // seconds per token, full recompute
   const double N = static_cast<double>(p.micro_batch) * in.T;
   const double kept_layers = static_cast<double>(std::max<int64_t>(p.keep_layers, 1) - 1 + p.host_keep_layers);
   // A kept layer without gate / up still recomputes those two GEMMs.

@@ -220,6 +220,28 @@ TEST(MemoryPlan, CostModelFollowsTheMeasuredRows) {
   EXPECT_NEAR(tokens_per_s(all, k), 15516, 15516 * 0.08);
 }
 
+// Long sequences, one timed step each (8B, batch 1, every layer recomputed, the layer inputs in
+// pinned host memory; docs/PERFORMANCE.md): attention is most of the step there, and its own MFU
+// in the model keeps the estimate within 5% of each; one MFU for all had the 524,288-token step at
+// 1,183 s.
+TEST(MemoryPlan, CostModelFollowsTheLongSequences) {
+  struct Row {
+    int64_t T, every;
+    double gemm, step_s;
+  };
+  for (const Row& r : {Row{32768, 1, 790e12, 4.69}, Row{131072, 1, 790e12, 46.46}, Row{262144, 2, 788e12, 191.3},
+                       Row{409600, 1, 811e12, 403.3}, Row{524288, 2, 790e12, 730.5}}) {
+    TrainConfig c = job_8b(1, r.T);
+    c.model.init.max_position_embeddings = r.T;
+    c.memory.keep_layers = 0;
+    c.memory.checkpoint_every = r.every;
+    c.memory.host_checkpoints = "true";
+    const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, PlanRates{r.gemm, 55e9});
+    EXPECT_EQ(p.checkpoint_every, r.every);
+    EXPECT_NEAR(p.est_step_s, r.step_s, r.step_s * 0.05) << r.T << ": " << p.describe();
+  }
+}
+
 // Session 12's H200 rows (f236903, 795 TFLOP/s, 55.3 GB/s): every layer kept at 1 and 2 x 2048, the
 // base on the GPU; and at 8 sequences a step within 15 GB, the plan measured fastest: micro-batch 1
 // with every layer kept and the base on the GPU (1.217 s a step) over micro-batch 2, base offloaded,
