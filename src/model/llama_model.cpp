@@ -330,7 +330,7 @@ void LlamaModel::dequantize_layer() {
       } else {
         ops::copy_2d(w, ld, p.dense, p.in, p.out, p.in, 1.0f, ctx_);
       }
-      mark(StepPart::kLora);
+      mark(StepPart::kLoraPack);
       const int64_t off = fold_off_[i];
       ops::copy_2d(act(w, p.in), ld, nullptr, 0, p.out, off, 0.0f, ctx_);
       ops::copy_2d(act(w, p.in + off), ld, p.lora_B, p.r, p.out, p.r, p.scaling, ctx_);

@@ -7,6 +7,7 @@ const char* step_part_name(StepPart p) {
     case StepPart::kDequant: return "dequant";
     case StepPart::kGemm: return "base GEMM";
     case StepPart::kLora: return "LoRA";
+    case StepPart::kLoraPack: return "LoRA fold packing";
     case StepPart::kAttention: return "attention";
     case StepPart::kHead: return "LM head + loss";
     case StepPart::kNorm: return "RMSNorm";

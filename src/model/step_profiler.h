@@ -27,6 +27,7 @@ enum class StepPart : int {
   kDequant,
   kGemm,
   kLora,
+  kLoraPack,  // the LoRA fold's operands packed beside each bound weight (s B blocks, A stacks)
   kAttention,
   kHead,
   kNorm,      // RMSNorm forward / backward
