@@ -14,6 +14,7 @@
 // Thread safety: none; the model's thread. Stream: the one given at construction.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -51,12 +52,12 @@ struct StepProfile {
 class StepProfiler {
  public:
   static constexpr size_t kEvents = 32768;
-  // The pool for a step of `rows` tokens: kEvents per 65,536 rows (the marks grow with the MLP's
-  // and the LM head's row chunks; at 524,288 rows one pool of kEvents covered under a third of the
-  // step, the rest kUntimed).
+  // The pool for a step of `rows` tokens: kEvents per 65,536 rows, at most 8 of them (the marks
+  // grow with the MLP's and the LM head's row chunks; at 524,288 rows one pool of kEvents covered
+  // under a third of the step, the rest kUntimed).
   static size_t events_for(int64_t rows) {
     const int64_t per = 65536;
-    return kEvents * static_cast<size_t>(rows > per ? (rows + per - 1) / per : 1);
+    return kEvents * static_cast<size_t>(std::clamp<int64_t>((rows + per - 1) / per, 1, 8));
   }
   // enabled: time with events on `stream` (CUDA streams only: callers pass false on the CPU);
   // `events` marks between two collect() calls are split (tests use a small pool).
