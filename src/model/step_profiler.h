@@ -6,9 +6,10 @@
 // profile(). kWait: from a hook's start to the model's next op (the gather's event waits: exposed
 // communication and h2d copies).
 // Cost: a pool of timing events made once at construction (events_for: kEvents per 65,536 rows of
-// the step); no allocation and no host wait in mark(). Past the pool (a step of hundreds of thousands of tokens: its MLP chunks), each
-// mark re-records one more event, and the time from the pool's last mark to it is kUntimed: the
-// split then still sums to the stream's time; profile().truncated says so.
+// the step); no allocation and no host wait in mark(). Past the pool (a step of hundreds of
+// thousands of tokens: its MLP chunks), each mark re-records one more event, and the time from
+// the pool's last mark to it is kUntimed: the split then still sums to the stream's time;
+// profile().truncated says so.
 // A disabled profiler (the CPU backend, or profiling off) marks nothing: every call is a test of
 // one pointer.
 // Thread safety: none; the model's thread. Stream: the one given at construction.

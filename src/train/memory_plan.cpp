@@ -171,7 +171,8 @@ JobSizes job_sizes(const TrainConfig& config, const LlamaConfig& lc, int world) 
   const double kv = static_cast<double>(lc.num_key_value_heads * lc.head_dim);
   const double layer_fwd = 4 * C * q + 4 * C * kv + 6 * C * I + 2 * q * static_cast<double>(T);
   z.cost.gate_up_share = layer_fwd > 0 ? 4 * C * I / layer_fwd : 0.0;
-  z.cost.attention_flops = z.cost.flops_per_token - useful_flops_per_token(lc, 0, static_cast<uint64_t>(z.lora_params));
+  z.cost.attention_flops =
+      z.cost.flops_per_token - useful_flops_per_token(lc, 0, static_cast<uint64_t>(z.lora_params));
   z.cost.world = world;
   return z;
 }
@@ -188,8 +189,9 @@ int64_t kept_for_room(double room, double per_kept, int64_t layers) {
 double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
   const double R = r.gemm_flops > 0 ? r.gemm_flops : kDefaultGemmFlops;
   const double h2d = r.h2d_bytes_per_second > 0 ? r.h2d_bytes_per_second : kDefaultH2dBytesPerSecond;
-  const double a = ((in.flops_per_token - in.attention_flops) / kMfuRecompute + in.attention_flops / attention_mfu(in.T)) /
-                   R;  // seconds per token, full recompute
+  // seconds per token, full recompute
+  const double a =
+      ((in.flops_per_token - in.attention_flops) / kMfuRecompute + in.attention_flops / attention_mfu(in.T)) / R;
   const double N = static_cast<double>(p.micro_batch) * in.T;
   const double kept_layers = static_cast<double>(std::max<int64_t>(p.keep_layers, 1) - 1 + p.host_keep_layers);
   // A kept layer without gate / up still recomputes those two GEMMs.
