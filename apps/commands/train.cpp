@@ -191,6 +191,9 @@ void add_bench(CLI::App& sub, BenchArgs& a) {
   add_int_option(sub, "--rank", bo.rank, 1, kMaxBenchCount, "LoRA rank (all seven projections)");
   add_int_option(sub, "--steps", bo.steps, 1, kMaxBenchCount, "timed steps");
   add_int_option(sub, "--warmup", bo.warmup, 0, kMaxBenchCount, "untimed steps first");
+  add_int_option(sub, "--profile-steps", bo.profile_steps, 0, kMaxBenchCount,
+                 "steps after the timed ones with the profiler on, for the time split (0: none); the timed "
+                 "steps run without its events");
   sub.add_flag("--offload", bo.offload, "base shards in pinned host memory (offload.params)");
   sub.add_flag("--offload-optimizer", bo.offload_optimizer,
                "LoRA masters and AdamW state in host memory, AdamW on the host (offload.optimizer)");

@@ -214,6 +214,8 @@ class LlamaModel {
   // The time split accumulated since the last reset (options.profile on CUDA).
   const StepProfile& profile() const { return profiler_.profile(); }
   void reset_profile() { profiler_.reset(); }
+  // Pauses (false) or resumes the profiler's marks (options.profile; between steps): StepProfiler::set_active.
+  void set_profiling(bool on) { profiler_.set_active(on); }
   // logits [B,T,V] f32 on the host (for --dump-logits and tests; written chunk by chunk).
   std::vector<float> forward_logits(std::span<const int64_t> ids, int64_t B, int64_t T);
   // Generation (options.kv_cache_tokens > 0; hooks called): ids (one sequence, T new tokens) at

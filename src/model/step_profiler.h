@@ -65,8 +65,12 @@ class StepProfiler {
   StepProfiler(Stream& stream, bool enabled, size_t events = kEvents);
   // The part that starts now on the stream.
   void mark(StepPart part) {
-    if (timing_) record(part);
+    if (timing_ && active_) record(part);
   }
+  // Paused, mark() records nothing (the events stay made): steps timed on the host without the
+  // marks' cost (`qshard bench` times its steps paused, then splits profiled ones). Between steps.
+  void set_active(bool active) { active_ = active; }
+  bool active() const { return timing_ && active_; }
   // Adds the intervals marked since the last collect() into profile(). REQUIRES: the stream's
   // work up to the last mark has finished (the caller waited for it).
   void collect();
@@ -84,6 +88,7 @@ class StepProfiler {
   void record(StepPart part);
   Stream& stream_;
   std::unique_ptr<Timing> timing_;
+  bool active_ = true;
   StepProfile profile_;
 };
 

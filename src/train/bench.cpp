@@ -59,6 +59,7 @@ TrainConfig bench_config(const BenchOptions& o, const std::string& data_train, i
                                 {"bench --steps", o.steps}})
     check_int(name, v, 1, kMaxBenchCount);
   check_int("bench --warmup", o.warmup, 0, kMaxBenchCount);
+  check_int("bench --profile-steps", o.profile_steps, 0, kMaxBenchCount);
   check_int("bench --micro-batch", o.micro_batch, -1, kMaxBenchCount);
   check_int("bench --keep-layers", o.keep_layers, -1, kMaxBenchSize);
   check_int("bench --host-keep-layers", o.host_keep_layers, -1, kMaxBenchSize);
@@ -89,7 +90,7 @@ TrainConfig bench_config(const BenchOptions& o, const std::string& data_train, i
   c.data.max_seq_len = o.seq;
   c.batch.micro_batch_size = o.micro_batch < 0 ? o.batch : o.micro_batch;
   c.batch.global_batch_size = o.batch * world;
-  c.steps = o.warmup + o.steps;
+  c.steps = o.warmup + o.steps + o.profile_steps;
   c.offload.params = o.offload;
   c.offload.optimizer = o.offload_optimizer;
   c.memory.gpu_budget_gb = o.gpu_budget_gb;
@@ -109,7 +110,7 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
   // Random token ids, the same on every rank (one file per rank: no shared folder needed).
   TrainConfig probe = bench_config(o, "-", size);
   const int64_t V = probe.model.init.vocab_size, T = o.seq;
-  const int64_t sequences = (o.warmup + o.steps) * o.batch * size + 1;
+  const int64_t sequences = (o.warmup + o.steps + o.profile_steps) * o.batch * size + 1;
   std::vector<uint32_t> ids(static_cast<size_t>(sequences * T + 1));
   uint64_t x = 0x2545f4914f6cdd1dull;
   for (uint32_t& id : ids) {
@@ -127,16 +128,25 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
       std::filesystem::remove(p, ec);
     }
   } remove{path};
-  const TrainConfig cfg = bench_config(o, path, size);
+  TrainConfig cfg = bench_config(o, path, size);
   // --set runtime.* (the former environment knobs; a variable that is set still wins).
   set_job_settings({cfg.runtime.collective_timeout_s, cfg.runtime.host_memory_bytes, cfg.runtime.nccl_blocking});
 
   JobRuntime job(world, cfg.device, "bench --device");
   Runtime& rt = job.get();
   TrainCallbacks cb;
-  cb.profile = true;
+  // The timed steps run with the profiler paused (its events would be in their time); the split
+  // comes from profile_steps more steps after them.
+  // No profiler on the CPU backend: no profiled steps there.
+  const int64_t profile_steps = rt.ctx.is_cuda() ? o.profile_steps : 0;
+  cfg.steps -= o.profile_steps - profile_steps;
+  cb.profile = profile_steps > 0;
+  cb.profile_paused = true;
   cb.after_step = [&](int64_t step, LlamaModel& model) {
-    if (step == o.warmup) model.reset_profile();
+    if (step == o.warmup + o.steps) {
+      model.reset_profile();
+      model.set_profiling(true);
+    }
   };
   const TrainSummary s = train(cfg, rt, &cb);
 
@@ -144,10 +154,14 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
   const double copy_bps = measure_copy_bandwidth(rt.ctx), h2d_bps = measure_h2d_bandwidth(rt.ctx);
   const TrainPerf& p = s.perf;
   double secs = 0, tokens = 0;
-  for (size_t i = static_cast<size_t>(o.warmup); i < p.step_seconds.size(); ++i) {
+  const size_t timed_end = static_cast<size_t>(o.warmup + o.steps);
+  for (size_t i = static_cast<size_t>(o.warmup); i < std::min(timed_end, p.step_seconds.size()); ++i) {
     secs += p.step_seconds[i];
     tokens += static_cast<double>(p.step_tokens[i]);
   }
+  double profiled_secs = 0;  // the profiled steps' wall time: what the profiler's marks add
+  for (size_t i = timed_end; i < p.step_seconds.size(); ++i) profiled_secs += p.step_seconds[i];
+  const double profiled_step_s = profile_steps > 0 ? profiled_secs / static_cast<double>(profile_steps) : 0;
   const double tps = secs > 0 ? tokens / secs : 0;
   const double mfu = p.gemm_flops > 0 ? p.flops_per_token * tps / (p.gemm_flops * size) : 0;
   const ModelInitConfig& m = cfg.model.init;
@@ -163,6 +177,8 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
   j["device"] = rt.ctx.describe();
   j["steps_timed"] = o.steps;
   j["warmup"] = o.warmup;
+  j["profile_steps"] = profile_steps;
+  j["profiled_step_s"] = profiled_step_s;
   j["plan"] = {{"offload_params", p.offload_params},   {"offload_optimizer", p.offload_optimizer},
                {"micro_batch", p.micro_batch},         {"est_step_s", p.est_step_s},
                {"keep_layers", p.keep_layers},         {"host_keep_layers", p.host_keep_layers},
@@ -182,7 +198,7 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
   j["losses"] = s.losses;
   j["limits"] = {{"gemm_tflops", p.gemm_flops * 1e-12}, {"copy_gbps", copy_bps * 1e-9}, {"h2d_pinned_gbps", h2d_bps * 1e-9}};
   nlohmann::json split = nlohmann::json::object();
-  const double per = o.steps > 0 ? 1.0 / static_cast<double>(o.steps) : 0;
+  const double per = profile_steps > 0 ? 1.0 / static_cast<double>(profile_steps) : 0;
   for (size_t i = 0; i < s.profile.ms.size(); ++i)
     if (rt.ctx.is_cuda()) split[step_part_name(static_cast<StepPart>(i))] = s.profile.ms[i] * per;
   j["time_split_ms"] = split;
@@ -216,8 +232,11 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
                        copy_bps * 1e-9, h2d_bps * 1e-9);
       double total = 0;
       for (double v : s.profile.ms) total += v;
-      t += fmt::format("  time split per timed step (compute stream, {:.1f} ms{}):\n", total * per,
-                       s.profile.truncated ? "; more marks than the event pool: the rest not split" : "");
+      if (profile_steps > 0)
+        t += fmt::format("  time split per profiled step ({} after the timed ones, {:.1f} ms each against the timed "
+                         "{:.1f} ms; compute stream, {:.1f} ms{}):\n",
+                         profile_steps, 1e3 * profiled_step_s, o.steps ? 1e3 * secs / o.steps : 0.0, total * per,
+                         s.profile.truncated ? "; more marks than the event pool: the rest not split" : "");
       for (size_t i = 0; i < s.profile.ms.size(); ++i)
         if (s.profile.ms[i] > 0)
           t += fmt::format("    {:<22} {:9.2f} ms  {:5.1f}%\n", step_part_name(static_cast<StepPart>(i)),

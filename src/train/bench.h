@@ -12,8 +12,10 @@
 //                 recompute) per second over the bf16 GEMM rate measured in the same run, per GPU;
 //   memory        device memory in use (cudaMemGetInfo: everything, CUDA context included) at its
 //                 most after a step; pinned host memory at its most; the host's peak RSS;
-//   time split    the compute stream's parts per timed step (StepPart; "waiting" is exposed
-//                 gather / host-to-device time);
+//   time split    the compute stream's parts per step (StepPart; "waiting" is exposed
+//                 gather / host-to-device time), from `profile_steps` more steps run after the
+//                 timed ones with the profiler on (the timed steps run without its events), with
+//                 their own wall time beside the timed steps';
 //   limits        measured now: bf16 GEMM TFLOP/s, device copy GB/s (read + write), pinned
 //                 host-to-device GB/s: the ceilings the figures compare against.
 // as a table on stdout and as JSON (--json FILE).
@@ -34,7 +36,7 @@ namespace qshard {
 
 // BenchOptions' ranges (bench_config throws InputError naming the option outside them; the CLI
 // checks the same while parsing): model sizes 0 (the preset's) or 1..kMaxBenchSize; counts
-// (--batch, --seq, --rank, --steps) 1..kMaxBenchCount, --warmup from 0, --micro-batch,
+// (--batch, --seq, --rank, --steps) 1..kMaxBenchCount, --warmup and --profile-steps from 0, --micro-batch,
 // --keep-layers and --mlp-chunk-tokens from -1; gpu_budget_gb in [0, kMaxBenchGb]. TrainConfig's
 // validate then checks how they fit together.
 inline constexpr int64_t kMaxBenchSize = int64_t{1} << 24;   // model.init.vocab_size's cap
@@ -49,8 +51,9 @@ struct BenchOptions {
   int64_t micro_batch = -1;  // sequences per micro-batch: -1 = batch (no accumulation); 0 = the plan's choice
   int64_t seq = 2048;
   int64_t rank = 16;     // LoRA rank
-  int64_t steps = 6;     // timed
+  int64_t steps = 6;     // timed (the profiler paused: its marks cost host and stream time)
   int64_t warmup = 2;
+  int64_t profile_steps = 1;  // after the timed steps, profiled for the time split (0: no split)
   bool offload = false;            // offload.params: the base in pinned host memory
   bool offload_optimizer = false;  // offload.optimizer: LoRA masters and AdamW on the host
   double gpu_budget_gb = 0;

@@ -151,6 +151,7 @@ void TrainJob::build_step_model(std::optional<int64_t> runtime_bytes) {
     mo_.packed_max_pieces = config_.batch.micro_batch_size *
                             std::max(train_data_->max_pieces(), eval_data_ ? eval_data_->max_pieces() : int64_t{1});
   model_ = std::make_unique<LlamaModel>(qm_->config, *qm_->tree, rt_.ctx, mo_);
+  if (callbacks_ && callbacks_->profile && callbacks_->profile_paused) model_->set_profiling(false);
   if (rank_ == 0) QS_LOG_INFO("step buffers: {}", model_->buffer_plan().ledger());
   fsdp_ = std::make_unique<FsdpDriver>(*model_, *qm_);
   account_memory(runtime_bytes);

@@ -89,6 +89,8 @@ struct TrainCallbacks {
   std::function<void(int64_t step, LlamaModel& model)> after_step;
   bool profile = false;  // time the compute stream's parts (as logging.profile does), returned in
                          // TrainSummary::profile and not printed
+  bool profile_paused = false;  // with profile: the model's profiler starts paused (after_step may
+                                // resume it: LlamaModel::set_profiling)
 };
 
 struct TrainSummary {

@@ -43,5 +43,38 @@ TEST(StepProfilerCuda, SplitSumsToTheStreamTimePastThePool) {
   }
 }
 
+// Paused (set_active(false), as `qshard bench` times its steps), marks record nothing: the
+// profile after a paused stretch is what was marked before and after it.
+TEST(StepProfilerCuda, PausedMarksRecordNothing) {
+  if (!cuda_available() || !ops::has_backend(Backend::kCuda)) GTEST_SKIP() << "no GPU";
+  DeviceContext ctx(Backend::kCuda, 0);
+  const int64_t n = int64_t{1} << 24;
+  Tensor buf = Tensor::zeros({n}, DType::kBF16, ctx.compute_device());
+  StepProfiler prof(ctx.compute(), true, 64);
+  EXPECT_TRUE(prof.active());
+  prof.set_active(false);
+  EXPECT_FALSE(prof.active());
+  for (int i = 0; i < 10; ++i) {
+    prof.mark(StepPart::kGemm);
+    ops::zero(buf.raw(), n, ctx);
+  }
+  ctx.compute().synchronize();
+  prof.collect();
+  EXPECT_EQ(prof.profile().intervals, 0);
+  EXPECT_EQ(prof.profile().ms[static_cast<size_t>(StepPart::kGemm)], 0.0);
+  prof.set_active(true);
+  prof.mark(StepPart::kNorm);
+  ops::zero(buf.raw(), n, ctx);
+  prof.mark(StepPart::kOther);
+  ctx.compute().synchronize();
+  prof.collect();
+  EXPECT_EQ(prof.profile().intervals, 1);
+  EXPECT_GT(prof.profile().ms[static_cast<size_t>(StepPart::kNorm)], 0.0);
+  EXPECT_EQ(prof.profile().ms[static_cast<size_t>(StepPart::kGemm)], 0.0);
+  StepProfiler off(ctx.compute(), false);  // never enabled: never active
+  off.set_active(true);
+  EXPECT_FALSE(off.active());
+}
+
 }  // namespace
 }  // namespace qshard
