@@ -314,6 +314,13 @@ void LlamaModel::dequantize_layer() {
   std::array<Dequant4bitArgs, kLlamaProjections.size()> batch_args{};
   std::array<void*, kLlamaProjections.size()> batch_outs{};
   int batch = 0;
+  // The fold's packing (s B blocks and their zeros beside each weight, the A stacks): one launch.
+  std::array<Copy2dBlock, 4 * kLlamaProjections.size()> packs{};
+  static_assert(packs.size() <= static_cast<size_t>(kCopy2dBatchMax));
+  int npacks = 0;
+  auto pack = [&](void* dst, int64_t ld_dst, const void* src, int64_t ld_src, int64_t rows, int64_t cols, float scale) {
+    if (rows * cols > 0) packs[static_cast<size_t>(npacks++)] = Copy2dBlock{dst, ld_dst, src, ld_src, rows, cols, scale};
+  };
   for (size_t i = 0; i < layer_.proj.size(); ++i) {
     const ProjectionBinding& p = layer_.proj[i];
     const int g = fold_group(static_cast<int>(i));
@@ -330,14 +337,12 @@ void LlamaModel::dequantize_layer() {
       } else {
         ops::copy_2d(w, ld, p.dense, p.in, p.out, p.in, 1.0f, ctx_);
       }
-      mark(StepPart::kLoraPack);
       const int64_t off = fold_off_[i];
-      ops::copy_2d(act(w, p.in), ld, nullptr, 0, p.out, off, 0.0f, ctx_);
-      ops::copy_2d(act(w, p.in + off), ld, p.lora_B, p.r, p.out, p.r, p.scaling, ctx_);
-      ops::copy_2d(act(w, p.in + off + p.r), ld, nullptr, 0, p.out, R - off - p.r, 0.0f, ctx_);
+      pack(act(w, p.in), ld, nullptr, 0, p.out, off, 0.0f);
+      pack(act(w, p.in + off), ld, p.lora_B, p.r, p.out, p.r, p.scaling);
+      pack(act(w, p.in + off + p.r), ld, nullptr, 0, p.out, R - off - p.r, 0.0f);
       // A_cat: this projection's A [r, in] at rows off of the group's stack.
-      ops::copy_2d(act(lora_cat(g), off * p.in), p.in, p.lora_A, p.in, p.r, p.in, 1.0f, ctx_);
-      mark(StepPart::kDequant);
+      pack(act(lora_cat(g), off * p.in), p.in, p.lora_A, p.in, p.r, p.in, 1.0f);
       weights_[i] = w;
     } else if (p.quantized) {
       void* w = ws.take(static_cast<size_t>(p.in * p.out) * esz, "dequantized projection");
@@ -353,6 +358,10 @@ void LlamaModel::dequantize_layer() {
       ops::convert(w, act_t, p.dense, p.weight_dtype, p.in * p.out, ctx_);
       weights_[i] = w;
     }
+  }
+  if (npacks > 0) {
+    mark(StepPart::kLoraPack);
+    ops::copy_2d_batch(packs.data(), npacks, ctx_);
   }
   mark(StepPart::kDequant);
   ops::dequantize_4bit_batch(batch_outs.data(), batch_args.data(), batch, ctx_);

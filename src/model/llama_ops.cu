@@ -359,6 +359,23 @@ __global__ void copy_2d_kernel(bf16* dst, int64_t ld_dst, const bf16* src, int64
   }
 }
 
+// copy_2d_batch: blockIdx.y picks the block; the same element rule as copy_2d_kernel.
+struct Copy2dBatchArgs {
+  Copy2dBlock blocks[kCopy2dBatchMax];
+};
+__global__ void copy_2d_batch_kernel(Copy2dBatchArgs args) {
+  const Copy2dBlock& b = args.blocks[blockIdx.y];
+  bf16* dst = static_cast<bf16*>(b.dst);
+  const bf16* src = static_cast<const bf16*>(b.src);
+  const int64_t n = b.rows * b.cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / b.cols, c = i - r * b.cols;
+    dst[r * b.ld_dst + c] =
+        src ? __float2bfloat16_rn(b.scale * __bfloat162float(src[r * b.ld_src + c])) : __float2bfloat16_rn(0.0f);
+  }
+}
+
 __global__ void to_f32_kernel(float* out, const void* x, int dt, int64_t n, float offset) {
   QS_GRID_STRIDE(i, n) out[i] = load_any(x, dt, i) + offset;
 }
@@ -898,6 +915,20 @@ void copy_2d(uint16_t* dst, int64_t ld_dst, const uint16_t* src, int64_t ld_src,
              DeviceContext& ctx) {
   if (rows * cols == 0) return;
   copy_2d_kernel<<<grid_for(rows * cols), 256, 0, st(ctx)>>>(B16(dst), ld_dst, B16(src), ld_src, rows, cols, scale);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+void copy_2d_batch(const Copy2dBlock* blocks, int count, DeviceContext& ctx) {
+  QS_CHECK(count >= 0 && count <= kCopy2dBatchMax, "copy_2d_batch: count out of range");
+  Copy2dBatchArgs args{};
+  int64_t most = 0;
+  for (int i = 0; i < count; ++i) {
+    args.blocks[i] = blocks[i];
+    most = std::max(most, blocks[i].rows * blocks[i].cols);
+  }
+  if (count == 0 || most == 0) return;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((most + 255) / 256, 1024)), static_cast<unsigned>(count));
+  copy_2d_batch_kernel<<<grid, 256, 0, st(ctx)>>>(args);
   QS_CUDA_CHECK_LAUNCH();
 }
 

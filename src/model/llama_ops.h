@@ -159,6 +159,18 @@ constexpr int64_t kEagerAttentionChunkBytes = int64_t{256} << 20;
 EagerAttentionLayout eager_attention_layout(int64_t T, int64_t Hkv, int64_t D,
                                             int64_t chunk_bytes = kEagerAttentionChunkBytes);
 
+// One block of copy_2d_batch: dst[r, c] = scale * src[r, c] for r < rows, c < cols (rows ld_dst /
+// ld_src apart), zeros when src is null; pointers in the twin's element type.
+struct Copy2dBlock {
+  void* dst = nullptr;
+  int64_t ld_dst = 0;
+  const void* src = nullptr;
+  int64_t ld_src = 0;
+  int64_t rows = 0, cols = 0;
+  float scale = 1.0f;
+};
+constexpr int kCopy2dBatchMax = 32;  // blocks in one copy_2d_batch (the CUDA twin's one launch)
+
 namespace cpu {
 
 void gemm(float* C, const float* A, const void* B, const GemmShape& s, DeviceContext& ctx);
@@ -193,6 +205,10 @@ void zero(float* x, int64_t n, DeviceContext& ctx);
 // is null (packing the LoRA fold's operands: scaled B blocks beside a weight, A matrices stacked).
 void copy_2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols, float scale,
              DeviceContext& ctx);
+// copy_2d of each block, as one op (the CUDA twin: one launch for a layer's LoRA fold packing,
+// which was 20 launches of copy_2d a bind). REQUIRES: count <= kCopy2dBatchMax; no block's
+// destination overlaps another's or any source.
+void copy_2d_batch(const Copy2dBlock* blocks, int count, DeviceContext& ctx);
 // y[n, :] += bias (a Linear's bias, f32).
 void add_bias(float* y /*[N,W]*/, const float* bias /*[W]*/, int64_t N, int64_t W, DeviceContext& ctx);
 // out = f32(x) + offset for x in `type` (a frozen norm weight or bias bound in its own dtype;
@@ -294,6 +310,7 @@ void copy(uint16_t* out, const uint16_t* x, int64_t n, DeviceContext& ctx);
 void zero(uint16_t* x, int64_t n, DeviceContext& ctx);
 void copy_2d(uint16_t* dst, int64_t ld_dst, const uint16_t* src, int64_t ld_src, int64_t rows, int64_t cols, float scale,
              DeviceContext& ctx);
+void copy_2d_batch(const Copy2dBlock* blocks, int count, DeviceContext& ctx);
 void add_bias(uint16_t* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx);
 void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx, float offset = 0.0f);
 // The tables are computed on the host (the CPU's cos/sin, bit for bit) and copied: a start-up op.
@@ -382,6 +399,7 @@ void copy(void* out, const void* x, int64_t n, DeviceContext& ctx);
 void zero(void* x, int64_t n, DeviceContext& ctx);
 void copy_2d(void* dst, int64_t ld_dst, const void* src, int64_t ld_src, int64_t rows, int64_t cols, float scale,
              DeviceContext& ctx);
+void copy_2d_batch(const Copy2dBlock* blocks, int count, DeviceContext& ctx);
 void add_bias(void* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx);
 void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx, float offset = 0.0f);
 void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceContext& ctx);

@@ -293,6 +293,15 @@ void copy_2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64
     for (int64_t c = 0; c < cols; ++c) dst[r * ld_dst + c] = src ? scale * src[r * ld_src + c] : 0.0f;
 }
 
+void copy_2d_batch(const Copy2dBlock* blocks, int count, DeviceContext& ctx) {
+  QS_CHECK(count >= 0 && count <= kCopy2dBatchMax, "copy_2d_batch: count out of range");
+  for (int i = 0; i < count; ++i) {
+    const Copy2dBlock& b = blocks[i];
+    copy_2d(static_cast<float*>(b.dst), b.ld_dst, static_cast<const float*>(b.src), b.ld_src, b.rows, b.cols, b.scale,
+            ctx);
+  }
+}
+
 void add_bias(float* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx) {
   (void)ctx;
   for (int64_t n = 0; n < N; ++n)

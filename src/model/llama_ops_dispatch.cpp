@@ -83,6 +83,9 @@ void copy_2d(void* dst, int64_t ld_dst, const void* src, int64_t ld_src, int64_t
   QS_DISPATCH("copy_2d", cpu::copy_2d(f(dst), ld_dst, src ? f(src) : nullptr, ld_src, rows, cols, scale, ctx),
               cuda::copy_2d(h(dst), ld_dst, src ? h(src) : nullptr, ld_src, rows, cols, scale, ctx));
 }
+void copy_2d_batch(const Copy2dBlock* blocks, int count, DeviceContext& ctx) {
+  QS_DISPATCH("copy_2d_batch", cpu::copy_2d_batch(blocks, count, ctx), cuda::copy_2d_batch(blocks, count, ctx));
+}
 void add_bias(void* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx) {
   QS_DISPATCH("add_bias", cpu::add_bias(f(y), bias, N, W, ctx), cuda::add_bias(h(y), bias, N, W, ctx));
 }

@@ -222,6 +222,38 @@ TEST(OpHarness, Copy2d) {
   });
 }
 
+// copy_2d_batch: the LoRA fold's packing in one op: blocks of different sizes (scaled copies and
+// zeros) into two buffers, as copy_2d would write each; the rest untouched. tol 0 against one
+// rounding of scale * x.
+TEST(OpHarness, Copy2dBatch) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    const int64_t rows = 37, ld_dst = 52, ld_src = 11, cat_rows = 3, cat_cols = 29;
+    const size_t esz = dtype_size(ctx.activation_dtype());
+    Tensor src = to_act(ctx, in.vec(rows * ld_src)), dst = to_act(ctx, std::vector<float>(rows * ld_dst, 3.0f));
+    Tensor a = to_act(ctx, in.vec(cat_rows * cat_cols)), cat = to_act(ctx, std::vector<float>(2 * cat_rows * cat_cols, 5.0f));
+    const auto S = back(ctx, src), A = back(ctx, a);
+    auto at = [&](Tensor& t, int64_t elems) { return static_cast<uint8_t*>(t.raw()) + elems * static_cast<int64_t>(esz); };
+    // columns 40..51 of dst: 4 zeros, 5 of src scaled by 0.25, 3 zeros; rows 3..5 of cat: a.
+    const std::vector<Copy2dBlock> blocks = {
+        {at(dst, 40), ld_dst, nullptr, 0, rows, 4, 0.0f},
+        {at(dst, 44), ld_dst, at(src, 2), ld_src, rows, 5, 0.25f},
+        {at(dst, 49), ld_dst, nullptr, 0, rows, 3, 0.0f},
+        {at(cat, cat_rows * cat_cols), cat_cols, a.raw(), cat_cols, cat_rows, cat_cols, 1.0f},
+    };
+    ops::copy_2d_batch(blocks.data(), static_cast<int>(blocks.size()), ctx);
+    auto round = [&](float v) { return ctx.is_cuda() ? bf16_to_f32(f32_to_bf16(v)) : v; };
+    std::vector<double> want(rows * ld_dst, 3.0), want_cat(2 * cat_rows * cat_cols, 5.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 40; c < 44; ++c) want[r * ld_dst + c] = 0.0;
+      for (int64_t c = 0; c < 5; ++c) want[r * ld_dst + 44 + c] = round(0.25f * S[r * ld_src + 2 + c]);
+      for (int64_t c = 49; c < 52; ++c) want[r * ld_dst + c] = 0.0;
+    }
+    for (int64_t i = 0; i < cat_rows * cat_cols; ++i) want_cat[cat_rows * cat_cols + i] = round(A[i]);
+    report(ctx, "copy_2d_batch", in.adversarial, back(ctx, dst), want, 0.0);
+    report(ctx, "copy_2d_batch (stack)", in.adversarial, back(ctx, cat), want_cat, 0.0);
+  });
+}
+
 // SwiGLU and GeGLU (Gemma's tanh gelu) forward and backward. CPU tol 1e-6: one exp or tanh and a
 // few products per element. n = 517 runs CUDA's scalar kernels, n = 1024 the 8-wide ones; the two
 // give the same bits on the same inputs.
