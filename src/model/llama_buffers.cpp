@@ -237,9 +237,11 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   const int64_t dh = N * (C + std::max(d.fold_r[0], d.fold_r[1]));
   if (d.qk_norm) p.add("dh1 = dh2 (= xf)", dh * esz, run, a ? t(&a->dh1) : nullptr);
   else p.add("dh1 = dh2 = da (= xf)", std::max(dh, N * q) * esz, run, a ? t(&a->dh1) : nullptr);
-  p.add("dm", NM * I * esz, run, a ? t(&a->dm) : nullptr);
-  p.add("dg", NM * I * esz, run, a ? t(&a->dg) : nullptr);
-  p.add("du", NM * I * esz, run, a ? t(&a->du) : nullptr);
+  // The MLP's gradients take no buffers of their own: swiglu_bwd writes dg / du over the gate / up
+  // it reads (the set's: kept, staging or working), and dm goes over m, which down_proj's backward
+  // has read by then (its LoRA GEMMs, which read m, run before its dm is first written). LoRA
+  // dropout on down_proj recomputes its masked input after the base GEMM: then dm has its own.
+  if (d.dropout) p.add("dm", NM * I * esz, run, a ? t(&a->dm) : nullptr);
   if (d.qk_norm) p.add("da", N * q * esz, run, a ? t(&a->da) : nullptr);
   p.add(q >= C ? "dq (= dxf)" : "dq", N * q * esz, run, a ? t(&a->dq) : nullptr);
   if (q < C) p.add("dxf", N * C * esz, run, a ? t(&a->dxf) : nullptr);
@@ -322,6 +324,7 @@ void llama_buffer_aliases(const LlamaBufferDims& d, LlamaActivations& a) {
   // norms' gradient buffer and dq (the last layer's internals stay live in the working set; these
   // do not). The MLP's norm gradient (dh2) shares dh1's buffer (llama_buffer_plan).
   a.dh2 = a.dh1;
+  if (!d.dropout) a.dm = a.m;  // the MLP's gradients: llama_buffer_plan
   if (!d.qk_norm) a.da = a.dh1;
   a.xf = a.dh1;
   if (d.H * d.D >= d.C) a.dxf = a.dq;

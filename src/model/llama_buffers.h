@@ -161,9 +161,8 @@ struct LlamaActivations : LlamaInternals {
   float* rstd_dn = nullptr;  // [NM] f32
   void* ddn = nullptr;       // [NM, C] its gradient
   void* dx = nullptr;        // [N, C] the residual stream's gradient (updated in place by each layer)
-  void* dm = nullptr;        // [NM, I]
-  void* dg = nullptr;        // [NM, I]
-  void* du = nullptr;        // [NM, I]
+  void* dm = nullptr;        // [NM, I] (m's buffer without LoRA dropout: llama_buffer_aliases); the
+                             // gate / up gradients go over g / u (model/llama_model.cpp)
   void* dh2 = nullptr;       // [N, C + R_gu] (dh1's buffer: llama_buffer_aliases)
   void* da = nullptr;        // [N, H*D] (dh1's buffer without q/k norms)
   void* dq = nullptr;        // [N, H*D]

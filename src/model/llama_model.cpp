@@ -505,6 +505,9 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
     mark(StepPart::kOther);
   };
   const DropoutKey key = dropout_key(idx);
+  // dx over x (down_proj's dm over m): only where x is read before dx is first written
+  QS_CHECK(dx != x || p.r == 0 || (!folded && key.p == 0.0f && !accumulate_dx),
+           "linear_bwd: the input gradient over the input needs an unfolded projection without dropout");
   if (p.r == 0 || folded || key.p > 0.0f) base(accumulate_dx);
   if (p.r == 0) return;
   if (folded) {
@@ -759,11 +762,13 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
       mark(StepPart::kOther);
       dmlp = a.ddn;
     }
+    // dm over m (llama_buffer_aliases): down_proj's backward reads m (its LoRA input) before it
+    // first writes dm; gate / up's gradients over g / u, which swiglu_bwd reads before it writes.
     linear_bwd(kDown, a.dm, false, dmlp, a.m, rows);
     mark(StepPart::kSwiglu);
-    ops::swiglu_bwd(a.dg, a.du, a.dm, a.g, a.u, rows * I, ctx_, gated_act());
-    linear_bwd(kGate, dh2, false, a.dg, h2, rows, ld2);
-    linear_bwd(kUp, dh2, true, a.du, h2, rows, ld2);
+    ops::swiglu_bwd(a.g, a.u, a.dm, a.g, a.u, rows * I, ctx_, gated_act());
+    linear_bwd(kGate, dh2, false, a.g, h2, rows, ld2);
+    linear_bwd(kUp, dh2, true, a.u, h2, rows, ld2);
     chunk_row_offset_ = 0;
     fold_bwd(1, dh2, h2, rows);
     mark(StepPart::kNorm);  // dx's rows: the gradient at x2 (the later chunks read other rows of dx)

@@ -256,7 +256,9 @@ void attention_cached_fwd(float* out /*[T,H,D]*/, const float* q /*[T,H,D]*/, co
 // h = act(gate) * up (GatedAct: silu by default, Llama's SwiGLU).
 void swiglu_fwd(float* h /*[n]*/, const float* gate, const float* up, int64_t n, DeviceContext& ctx,
                 GatedAct act = GatedAct::kSilu);
-// dgate, dup OVERWRITTEN (act(g) recomputed from the saved gate).
+// dgate, dup OVERWRITTEN (act(g) recomputed from the saved gate). In place allowed: dgate may be
+// gate and dup up (each element's three inputs are read before its two outputs are written); the
+// model's backward writes the gradients over the gate / up it no longer needs.
 void swiglu_bwd(float* dgate, float* dup, const float* dh, const float* gate, const float* up, int64_t n,
                 DeviceContext& ctx, GatedAct act = GatedAct::kSilu);
 

@@ -502,22 +502,22 @@ void swiglu_bwd(float* dgate, float* dup, const float* dh, const float* gate, co
   (void)ctx;
   if (act == GatedAct::kGeluTanh) {
     for (int64_t i = 0; i < n; ++i) {
-      const float g = gate[i];
+      const float g = gate[i], u = up[i], d = dh[i];  // read before either write: in place allowed
       const float th = std::tanh(kGeluTanhC * (g + kGeluTanhK * g * g * g));
-      dup[i] = dh[i] * (0.5f * g * (1.0f + th));
+      dup[i] = d * (0.5f * g * (1.0f + th));
       // d gelu / dg = 0.5 (1 + th) + 0.5 g (1 - th^2) sqrt(2/pi) (1 + 3 k g^2)
       const float dgelu = 0.5f * (1.0f + th) + 0.5f * g * (1.0f - th * th) * kGeluTanhC * (1.0f + 3.0f * kGeluTanhK * g * g);
-      dgate[i] = dh[i] * up[i] * dgelu;
+      dgate[i] = d * u * dgelu;
     }
     return;
   }
   for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
+    const float g = gate[i], u = up[i], d = dh[i];  // read before either write: in place allowed
     const float sig = 1.0f / (1.0f + std::exp(-g));
     const float silu = g * sig;
-    dup[i] = dh[i] * silu;
+    dup[i] = d * silu;
     // d silu / dg = sig * (1 + g * (1 - sig))
-    dgate[i] = dh[i] * up[i] * sig * (1.0f + g * (1.0f - sig));
+    dgate[i] = d * u * sig * (1.0f + g * (1.0f - sig));
   }
 }
 

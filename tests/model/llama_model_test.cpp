@@ -511,6 +511,31 @@ TEST(LlamaModel, HostKeptLayersGiveTheSameStep) {
   EXPECT_TRUE(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4).host_checkpoints);
 }
 
+// The MLP's gradients take no buffers: dg / du go over gate / up, dm over m (llama_buffer_plan);
+// with LoRA dropout on, dm has its own (down_proj's masked input is recomputed after its base
+// GEMM wrote dm). The steps are the same bits either way (PlansGiveTheSameStep and the others).
+TEST(LlamaModel, MlpGradientsGoOverTheForwardsBuffers) {
+  const LlamaConfig c = small_config();
+  LlamaModelOptions opt;
+  opt.max_batch = 2;
+  opt.max_seq = 16;
+  for (const int64_t chunk : {int64_t{0}, int64_t{8}}) {
+    opt.mlp_chunk_rows = chunk;
+    opt.lora_dropout = 0.0f;
+    const BufferPlan p = llama_buffer_plan(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4),
+                                           Backend::kCuda, DType::kBF16);
+    opt.lora_dropout = 0.1f;
+    const BufferPlan pd = llama_buffer_plan(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4),
+                                            Backend::kCuda, DType::kBF16);
+    const int64_t nm = chunk > 0 ? chunk : 2 * 16;
+    const int64_t one = (nm * c.intermediate_size * 2 + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
+    EXPECT_EQ(pd.total(BufferLife::kRun) - p.total(BufferLife::kRun), one) << pd.ledger(100);
+    for (const char* name : {" dm ", " dg ", " du "})
+      EXPECT_EQ(p.ledger(100).find(name), std::string::npos) << name << " in " << p.ledger(100);
+    EXPECT_NE(pd.ledger(100).find(" dm "), std::string::npos) << pd.ledger(100);
+  }
+}
+
 // Every second layer input kept (LlamaModelOptions::checkpoint_every 2): the odd layers' inputs
 // rerun from the one before in the backward. Bitwise full recompute's step: odd and even layer
 // counts, with LoRA dropout (the rerun draws the same masks), the MLP in chunks, the inputs in

@@ -301,6 +301,16 @@ TEST(OpHarness, SwiGlu) {
           ASSERT_EQ(c1[i], c2[i]) << op << "_bwd dup wide vs scalar at " << i;
         }
       }
+      // In place, as the model's backward runs it (dgate over gate, dup over up): the same bits as
+      // into separate buffers, through the wide path (n) and the scalar one (n - 1 of an odd n).
+      const int64_t m = n % 8 == 0 ? n : n - 1;
+      Tensor gi = to_act(ctx, Gt), ui = to_act(ctx, U);
+      ops::swiglu_bwd(gi.raw(), ui.raw(), d.raw(), gi.raw(), ui.raw(), m, ctx, act);
+      const auto dg1 = back(ctx, dg), du1 = back(ctx, du), dgi = back(ctx, gi), dui = back(ctx, ui);
+      for (int64_t i = 0; i < m; ++i) {
+        ASSERT_EQ(dgi[i], dg1[i]) << op << "_bwd dgate in place at " << i;
+        ASSERT_EQ(dui[i], du1[i]) << op << "_bwd dup in place at " << i;
+      }
     });
 }
 

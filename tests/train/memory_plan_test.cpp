@@ -162,7 +162,8 @@ TEST(MemoryPlan, LongSequencesChunkTheMlp) {
   TrainConfig whole = c;
   whole.memory.mlp_chunk_tokens = 0;
   const MemoryPlan w = plan_memory(whole, llama(whole), Backend::kCuda, DType::kBF16, 1);
-  EXPECT_GT(w.step - p.step, 6 * 65536.0 * 14336 * 2 * 0.8);  // six [N, I] bf16 buffers fewer
+  // three [N, I] bf16 buffers fewer: gate, up, m (their gradients go over them: llama_buffer_plan)
+  EXPECT_GT(w.step - p.step, 3 * 65536.0 * 14336 * 2 * 0.9);
   c.memory.gpu_budget_gb = 1000;  // a budget does not keep layers while the MLP is chunked
   p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
   plan_kept_layers(p, c, 8e9, 0);
