@@ -9,7 +9,8 @@
 #              budgets the peer reaches (10, 20, 27, 90 GB) -> q8b.jsonl
 #   peer       bench_peer.py at the shapes of the table (checkpointing on / off) -> peer.jsonl
 #   long       the longest 8B sequences at batch 1 (LONG_SEQS, default "131072 262144"), one timed
-#              step each -> long.jsonl; PEER_LONG_SEQS for the peer (default none)
+#              step each -> long.jsonl (no profiled step unless LONG_PROFILE=1); PEER_LONG_SEQS for the
+#              peer (default none)
 #   b70        the Llama-3.1-70B shape at 1 x 2048: base offloaded to pinned host memory, then
 #              resident on the GPU (B70_RUNS: other modes, batches, flags) -> b70.jsonl
 #   plan8b     the 8B shape at 8 sequences a step under budgets (PLAN_BUDGETS), the plan choosing the
@@ -150,7 +151,7 @@ for stage in "$@"; do
       ;;
     long)
       for s in ${LONG_SEQS:-131072 262144}; do
-        qbench "$OUT/long.jsonl" "8b_1x$s" --preset 8b --batch 1 --seq "$s" --steps 1 --warmup "${LONG_WARMUP:-0}"
+        qbench "$OUT/long.jsonl" "8b_1x$s" --preset 8b --batch 1 --seq "$s" --steps 1 --warmup "${LONG_WARMUP:-0}" --profile-steps "${LONG_PROFILE:-0}"
       done
       ;;
     b70)  # B70_RUNS: mode:batch[:extra bench flags, comma-separated], mode offload | resident
