@@ -14,6 +14,8 @@ grep -q 'layers 1-3 of 4 keep their activations' "$w/b1.txt" || fail "plan not p
 grep -Eq '"keep_layers": 3' "$w/b1.json" || fail "plan not in the JSON"
 grep -Eq '"tokens_per_s": [1-9]' "$w/b1.json" || fail "no tokens/s in the JSON"
 [ "$(grep -A4 '"losses"' "$w/b1.json" | grep -Ec '^ +[0-9]')" = 3 ] || fail "not 3 losses"
+# no profiler on the CPU: no profiled step after the timed ones (--profile-steps' default 1 is CUDA's)
+grep -Eq '"profile_steps": 0' "$w/b1.json" || fail "a profiled step on the CPU"
 "$mpiexec" "$@" -np 2 "$q" bench --preset tiny --device cpu --seq 32 --steps 2 --warmup 1 --mlp-chunk-tokens 8 \
   --json "$w/b2.json" > "$w/b2.txt"
 grep -Eq '"ranks": 2' "$w/b2.json" || fail "np 2: ranks not 2"
