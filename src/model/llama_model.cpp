@@ -935,8 +935,10 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
   OffloadRing* ck = ckpt_ring_.get();
   if (ck) ring_before(*ck, checkpoint_index(L), false);
   head_forward_backward(x_final, targets, a.dx, B, T, normalizer);
+  mark(StepPart::kOffload);
   if (ck) ck->after_read(checkpoint_index(L), ctx_.compute());
   if (after_root) after_root(Pass::kBackward);
+  mark(StepPart::kOther);
   for (int64_t l = L - 1; l >= 0; --l) {
     const int i = checkpoint_index(l);
     if (i < 0) {  // checkpoint_every 2: x_l from checkpoint x_l-1, layer l-1's forward again
@@ -948,7 +950,9 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
       bind_layer(l - 1);
       if (ck) ring_before(*ck, j, false);
       layer_forward_kept(checkpoint_at(l - 1, NC), checkpoint_at(l, NC), B, T, -1);
+      mark(StepPart::kOffload);
       if (after_layer) after_layer(l - 1, Pass::kForward);
+      mark(StepPart::kOther);
     }
     mark(StepPart::kWait);
     if (before_layer) before_layer(l, Pass::kBackward);
@@ -958,9 +962,11 @@ void LlamaModel::forward_backward(std::span<const int64_t> ids, std::span<const 
     if (h >= 0) ring_before(*kept_ring_, h, false);
     if (ck && i >= 0) ring_before(*ck, i, false);
     layer_backward_impl(checkpoint_at(l, NC), a.dx, a.dx, B, T, h >= 0 ? staging_set(h) : kept_set(l));
+    mark(StepPart::kOffload);
     if (ck && i >= 0) ck->after_read(i, ctx_.compute());
     if (h >= 0) kept_ring_->after_read(h, ctx_.compute());
     if (after_layer) after_layer(l, Pass::kBackward);
+    mark(StepPart::kOther);
   }
 }
 
@@ -1004,9 +1010,12 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
   auto x_at = [&](int64_t l) { return keep_checkpoints ? checkpoint_at(l, NC) : act(a.xs, slot(l) * NC); };
   bind_root();
   if (ck) ring_before(*ck, 0, true);
+  mark(StepPart::kEmbed);
   embed(ids, x_at(0), B, T);
+  mark(StepPart::kOffload);
   if (ck) ck->after_write(0, ctx_.compute());
   if (after_root) after_root(Pass::kForward);
+  mark(StepPart::kOther);
   for (int64_t l = 0; l < L; ++l) {
     mark(StepPart::kWait);
     if (before_layer) before_layer(l, Pass::kForward);
@@ -1018,9 +1027,11 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
     if (i >= 0) ring_before(*ck, i, true);
     layer_forward_kept(x_at(l), x_at(l + 1), B, T, h >= 0 ? staging_set(h) : keep_checkpoints ? kept_set(l) : -1,
                        cache_pos);
+    mark(StepPart::kOffload);
     if (i >= 0) ck->after_write(i, ctx_.compute());
     if (h >= 0) kept_ring_->after_write(h, ctx_.compute());
     if (after_layer) after_layer(l, Pass::kForward);
+    mark(StepPart::kOther);
   }
   return x_at(L);
 }

@@ -15,6 +15,8 @@ const char* step_part_name(StepPart p) {
     case StepPart::kSwiglu: return "SwiGLU";
     case StepPart::kResidual: return "residual add / copy";
     case StepPart::kBind: return "bind (conversions)";
+    case StepPart::kEmbed: return "embedding lookup";
+    case StepPart::kOffload: return "offload hand-offs and hooks";
     case StepPart::kOther: return "other kernels";
     case StepPart::kWait: return "waits (gather / h2d)";
     case StepPart::kUntimed: return "past the event pool (not split)";

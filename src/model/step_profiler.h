@@ -37,6 +37,8 @@ enum class StepPart : int {
   kSwiglu,    // SwiGLU forward / backward
   kResidual,  // residual adds and copies
   kBind,      // per-layer parameter conversions at bind (norms, biases, LoRA)
+  kEmbed,     // the embedding lookup (from pinned host memory where the table lives there)
+  kOffload,   // the host tier's / checkpoints' copy hand-offs and the units' release and gradient hooks
   kOther,
   kWait,
   kUntimed,  // past the event pool: not split
