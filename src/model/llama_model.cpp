@@ -131,6 +131,10 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   staging_->slot = std::max<int64_t>(N, (d.ragged_ints * 4 + 7) / 8);
   staging_->base =
       static_cast<int64_t*>(staging_->pinned.allocate(static_cast<size_t>(kStagingSlots * staging_->slot) * 8));
+  QS_CHECK(staging_->base != nullptr, "could not allocate the pinned staging for ids and targets");
+  QS_CHECK(!ctx_.is_cuda() || device_reads_at_host_address(staging_->base),
+           "the GPU cannot read pinned host memory at its host address (unified addressing), which the ids' and "
+           "targets' uploads need");
   if (d.ragged_ints > 0) ragged_host_.resize(static_cast<size_t>(d.ragged_ints));
   for (int i = 0; i < kStagingSlots; ++i) staging_->done.emplace_back();
 

@@ -719,6 +719,13 @@ cudaDataType_t cuda_type(DType t) {
   }
 }
 
+// Host -> device in a kernel: 4-byte words, then the tail bytes (src pinned host memory, mapped
+// by unified addressing: each load a PCIe read, no copy engine).
+__global__ void upload_kernel(uint8_t* dst, const uint8_t* src, int64_t words, int64_t bytes) {
+  QS_GRID_STRIDE(i, words) reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(src)[i];
+  QS_GRID_STRIDE(j, bytes - words * 4) dst[words * 4 + j] = src[words * 4 + j];
+}
+
 }  // namespace
 
 void prepare(DeviceContext& ctx) {
@@ -898,6 +905,15 @@ void accumulate(uint16_t* out, const uint16_t* b, int64_t n, DeviceContext& ctx)
 void copy(uint16_t* out, const uint16_t* x, int64_t n, DeviceContext& ctx) {
   if (n == 0 || out == x) return;
   QS_CUDA_CHECK(cudaMemcpyAsync(out, x, static_cast<size_t>(n) * 2, cudaMemcpyDeviceToDevice, st(ctx)));
+}
+
+void upload(void* dst, const void* src, size_t bytes, DeviceContext& ctx) {
+  if (bytes == 0) return;
+  const bool aligned = reinterpret_cast<uintptr_t>(dst) % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 4 == 0;
+  const int64_t n = static_cast<int64_t>(bytes), words = aligned ? n / 4 : 0;
+  upload_kernel<<<grid_for(std::max(words, n - words * 4)), 256, 0, st(ctx)>>>(
+      static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), words, n);
+  QS_CUDA_CHECK(cudaGetLastError());
 }
 
 void zero(uint16_t* x, int64_t n, DeviceContext& ctx) {

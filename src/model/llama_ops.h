@@ -313,6 +313,9 @@ void zero(uint16_t* x, int64_t n, DeviceContext& ctx);
 void copy_2d(uint16_t* dst, int64_t ld_dst, const uint16_t* src, int64_t ld_src, int64_t rows, int64_t cols, float scale,
              DeviceContext& ctx);
 void copy_2d_batch(const Copy2dBlock* blocks, int count, DeviceContext& ctx);
+// upload_async's twin: a kernel reads `src` (pinned host memory, mapped by unified addressing) in
+// place; no copy engine.
+void upload(void* dst, const void* src, size_t bytes, DeviceContext& ctx);
 void add_bias(uint16_t* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx);
 void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx, float offset = 0.0f);
 // The tables are computed on the host (the CPU's cos/sin, bit for bit) and copied: a start-up op.
@@ -444,6 +447,10 @@ void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, 
 bool gemm_supports(const DeviceContext& ctx, DType a_type, DType b_type);
 // Host -> device copy of `bytes` on the compute stream (`src` pinned host memory on CUDA, so the
 // host does not wait; the caller keeps it unchanged until the copy is done). A memcpy on the CPU.
+// On CUDA a kernel reads `src` in place (cuda::upload), not the copy engine: a cudaMemcpyAsync
+// there queued behind the other streams' large host-to-device copies (the offloaded base's
+// prefetch, 110 MB a layer at 8B) and held the compute stream about 2.7 ms each upload (the ids
+// and the targets of every micro-batch).
 void upload_async(void* dst, const void* src, size_t bytes, DeviceContext& ctx);
 // A 4-bit weight as a GEMM's B operand, in the activation dtype, by bitsandbytes 0.50.2's two rules
 // (table value * absmax in f32; a nested absmax is f32(f32(code * nested_absmax) + offset)):

@@ -186,11 +186,7 @@ bool gemm_supports(const DeviceContext& ctx, DType a_type, DType b_type) {
 }
 void upload_async(void* dst, const void* src, size_t bytes, DeviceContext& ctx) {
   if (bytes == 0) return;
-  if (ctx.backend() == Backend::kCpu) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-  copy_bytes_async(dst, Device::kCuda, src, Device::kCpu, bytes, ctx.stream());
+  QS_DISPATCH("upload_async", std::memcpy(dst, src, bytes), cuda::upload(dst, src, bytes, ctx));
 }
 // The forward's operand: the CPU GEMM reads the f32 products as they are; CUDA writes bf16 with
 // one rounding.

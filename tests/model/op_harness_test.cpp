@@ -254,6 +254,35 @@ TEST(OpHarness, Copy2dBatch) {
   });
 }
 
+// Host -> device uploads from pinned host memory (CUDA: a kernel reading it in place): exact bytes
+// at whole words, with a tail, from an unaligned source, and past one block's grid stride; the
+// bytes after the destination's span keep theirs.
+TEST(OpHarness, Upload) {
+  for (auto& ctx : backends()) {
+    PinnedHostAllocator pinned;
+    const size_t most = 300001;
+    auto* host = static_cast<uint8_t*>(pinned.allocate(most + 8));
+    for (size_t i = 0; i < most + 8; ++i) host[i] = static_cast<uint8_t>((i * 131 + 7) % 251);
+    if (ctx->is_cuda()) {
+      ASSERT_TRUE(device_reads_at_host_address(host));
+    }
+    for (const auto& [offset, n] : std::vector<std::pair<size_t, size_t>>{{0, 148}, {0, 151}, {1, 301}, {0, most}, {3, 5}}) {
+      const std::vector<uint8_t> fill(n + 16, 0xAB);
+      Tensor dst = Tensor::from_bytes({static_cast<int64_t>(n + 16)}, DType::kU8, fill).to(ctx->compute_device());
+      ops::upload_async(dst.raw(), host + offset, n, *ctx);
+      ctx->compute().synchronize();
+      const Tensor got = dst.to(Device::kCpu);
+      const auto* g = static_cast<const uint8_t*>(got.raw());
+      size_t wrong = 0;
+      for (size_t i = 0; i < n; ++i) wrong += g[i] != host[offset + i];
+      for (size_t i = n; i < n + 16; ++i) wrong += g[i] != 0xAB;
+      std::printf("  upload %-6s %zu bytes from offset %zu: %zu wrong\n", backend_name(ctx->backend()), n, offset, wrong);
+      EXPECT_EQ(wrong, 0u) << n << " bytes from offset " << offset << " on " << backend_name(ctx->backend());
+    }
+    pinned.release(host);
+  }
+}
+
 // SwiGLU and GeGLU (Gemma's tanh gelu) forward and backward. CPU tol 1e-6: one exp or tanh and a
 // few products per element. n = 517 runs CUDA's scalar kernels, n = 1024 the 8-wide ones; the two
 // give the same bits on the same inputs.
@@ -1003,7 +1032,7 @@ TEST(OpHarness, DequantizeForwardAndBackwardRules) {
 
     // Rows of row_len values into a wider buffer (out_ld apart; the padding untouched): 64 / 40
     // (rows crossing quantization blocks) take CUDA's vector path, 20 / 23 its scalar one.
-    for (const auto [row_len, ld] : {std::pair<int64_t, int64_t>{64, 72}, {40, 48}, {20, 23}}) {
+    for (const auto& [row_len, ld] : {std::pair<int64_t, int64_t>{64, 72}, {40, 48}, {20, 23}}) {
       Dequant4bitArgs r = a;
       r.row_len = row_len;
       r.out_ld = ld;
