@@ -352,13 +352,13 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     // The plan's choice of host-kept layers (a budget on the GPU, the whole MLP): the fastest count
     // whose staging sets fit the budget and whose host sets fit the host memory given to the tier.
     const double host_room = host_room_for(offload_params, 0.0);
-    // Not beside an offloaded base: its shards cross host to device every layer both ways already,
-    // and on the H200 the two tiers together stalled the step (8B, 8 sequences: 11,613 tokens/s at
-    // 10 GB and 11,396 at 15 GB with the base offloaded and 15 / 11 host-kept layers, against
-    // 12,034 and 13,070 without them; the cost model had them 5-20% faster).
-    // Nor beside checkpoints in host memory: their copies queue with the tier's (H200, 8B, 8
-    // sequences: 47-72 ms of waits at 10-12.5 GB with both, where the model counted none).
-    if (cuda && budget > 0 && whole && m.host_keep_layers < 0 && !offload_params && !host_ck && every == 1) {
+    // Beside an offloaded base and beside checkpoints in host memory too (all of them at once: 8B,
+    // 8 x 2048 in one micro-batch, 8.79-16.1 GB on an H100: 13,527-13,738 tokens/s, the fastest
+    // measured at each of those budgets, 3-15 ms of waits a step). Sessions 16-18 refused both
+    // combinations after H200 runs that stalled (11,613 tokens/s at 10 GB with the base offloaded,
+    // 47-72 ms of waits beside host checkpoints), when the ids' and targets' uploads still queued on
+    // the copy engine behind the offload streams' copies (LlamaModel::upload_bytes).
+    if (cuda && budget > 0 && whole && m.host_keep_layers < 0 && every == 1) {
       for (int64_t h = 1; h < p.layers; ++h) {
         MemoryPlan q = p;
         q.host_keep_layers = h;

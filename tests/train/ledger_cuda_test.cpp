@@ -145,5 +145,36 @@ TEST(LedgerCuda, CheckpointPlansKeepTheLosses) {
   }
 }
 
+// Every tier at once, as the plans at the tightest budgets take them (memory_plan_test's
+// TightBudgetsTakeEveryTierAtOnce): the base offloaded, the embedding table, the layer inputs and
+// the kept layers' sets (without gate / up) in pinned host memory, the rings' copies out and back on
+// their two streams beside the base's host-to-device copies: full recompute's losses, bit for bit,
+// and nothing allocated inside the step. Six layers: five host-kept through two staging sets (three
+// copied out and back), seven layer inputs through three slots (four copied).
+TEST(LedgerCuda, EveryTierAtOnceKeepsTheLosses) {
+  World& world = World::get();
+  if (world.device() < 0) GTEST_SKIP() << "no GPU";
+  TrainConfig c = ledger_job(make_token_file("ledger_tiers.tok", 32000, 40000, 0));
+  c.model.init.num_hidden_layers = 6;
+  c.steps = 3;
+  c.memory.keep_layers = 0;
+  c.memory.host_checkpoints = "false";
+  JobRuntime jr(world, DeviceChoice::kCuda, "device");
+  const TrainSummary ref = train(c, jr.get());
+  ASSERT_EQ(ref.losses.size(), 3u);
+  c.offload.params = true;
+  c.memory.embedding = "host";
+  c.memory.host_checkpoints = "true";
+  c.memory.keep_layers = 1;
+  c.memory.host_keep_layers = 5;
+  c.memory.kept_mlp = "false";
+  const TrainSummary all = train(c, jr.get());
+  for (const char* part : {"base offloaded to pinned host memory", "the layer inputs in pinned host memory",
+                           "the embedding table in pinned host memory", "5 more keep theirs in pinned host memory"})
+    EXPECT_NE(all.perf.plan.find(part), std::string::npos) << part << " in: " << all.perf.plan;
+  EXPECT_EQ(all.losses, ref.losses) << all.perf.plan;
+  EXPECT_EQ(all.perf.inside.device_allocs, 0u) << all.perf.plan;
+}
+
 }  // namespace
 }  // namespace qshard

@@ -329,23 +329,45 @@ TEST(MemoryPlan, CostModelFollowsTheHostTierRows) {
   EXPECT_LT(at(10), at(0));
 }
 
+// The tightest budgets (8B, 8 sequences of 2048, H100 rates, 100 GB of host memory free): the plan
+// takes the whole batch in one micro-batch, the base offloaded (at 12.48 GB either way), the layer
+// inputs and most kept layers in pinned host memory, as measured fastest (13,527-13,738 tokens/s at 8.79-16.1 GB, against
+// 12,957 for micro-batch 2 with 32 kept layers on the GPU at 8.79 GB; session 26).
+TEST(MemoryPlan, TightBudgetsTakeEveryTierAtOnce) {
+  PlanRates h100{785e12, 52e9};
+  h100.host_available_bytes = 100e9;
+  TrainConfig c = job_8b(0, 2048);
+  c.batch.global_batch_size = 8;
+  for (const double gb : {8.79, 10.08, 12.48}) {
+    c.memory.gpu_budget_gb = gb;
+    const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h100);
+    std::printf("  %.2f GB: %s\n", gb, p.describe().c_str());
+    EXPECT_EQ(p.micro_batch, 8) << p.describe();
+    EXPECT_TRUE(p.host_checkpoints) << p.describe();
+    if (gb < 12) EXPECT_TRUE(p.offload_params) << p.describe();  // at 12.48 GB either (1 ms apart)
+    EXPECT_GT(p.host_keep_layers, 2) << p.describe();
+    EXPECT_LE(p.total(), gb * 1e9) << p.describe();
+  }
+}
+
 // The host tier: where the GPU budget holds few kept layers, the plan keeps more in pinned host
 // memory when the copies hide behind the compute (8B, 8 sequences of 2048, 12 GB on an H200 with
 // 100 GB of host memory free): faster than the same plan without them, two staging sets within the
-// budget, the host sets within half the host's memory or memory.host_budget_gb; never beside an
-// offloaded base; none where every layer fits the GPU, none without room on the host; a
-// configured count is kept (clamped to the recomputed layers), on the CPU too.
+// budget, the host sets within half the host's memory or memory.host_budget_gb; beside an
+// offloaded base too; none where every layer fits the GPU, none without room on the host; a
+// configured count is kept (clamped to the recomputed layers), on the CPU too. Micro-batches of 2
+// (device-kept layers beside the tier, for the measured memory to turn into).
 TEST(MemoryPlan, HostTierWhereTheGpuIsShort) {
   PlanRates h200{795e12, 55.3e9};
   h200.host_available_bytes = 100e9;
-  TrainConfig c = job_8b(0, 2048);  // the plan chooses the micro-batch too
+  TrainConfig c = job_8b(2, 2048);
   c.batch.global_batch_size = 8;
   c.memory.gpu_budget_gb = 12;
-  c.memory.host_checkpoints = "false";  // the tier alone (never beside checkpoints in host memory)
+  c.memory.host_checkpoints = "false";  // the tier alone
   MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
-  EXPECT_FALSE(p.offload_params) << p.describe();
-  for (const MemoryPlan& q : plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200))
-    if (q.offload_params) EXPECT_EQ(q.host_keep_layers, 0) << q.describe();
+  const std::vector<MemoryPlan> candidates = plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+  EXPECT_TRUE(std::any_of(candidates.begin(), candidates.end(),
+                          [](const MemoryPlan& q) { return q.offload_params && q.host_keep_layers > 2; }));
   EXPECT_GT(p.host_keep_layers, 2) << p.describe();
   EXPECT_LT(p.host_keep_layers, 32) << p.describe();
   EXPECT_LE(p.total(), 12e9) << p.describe();
@@ -471,10 +493,10 @@ PlanRates h200_rates(double gemm, double h2d) {
 
 TEST(MemoryPlan, EmbeddingInHostMemoryWhereTheGpuIsShort) {
   const PlanRates h200 = h200_rates(795e12, 55.3e9);
-  TrainConfig c = eight_within(10);
+  TrainConfig c = eight_within(8.79);  // Unsloth's 2 x 2048 memory (8.19 GiB)
   const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
   EXPECT_TRUE(p.embedding_on_host) << p.describe();
-  EXPECT_LE(p.total(), 10e9) << p.describe();
+  EXPECT_LE(p.total(), 8.79e9) << p.describe();
   EXPECT_NE(p.describe().find("embedding table in pinned host memory"), std::string::npos) << p.describe();
   TrainConfig gpu = c;
   gpu.memory.embedding = "gpu";
@@ -526,13 +548,15 @@ TEST(MemoryPlan, HostCheckpointsWhereTheGpuIsShort) {
   const PlanRates h200 = h200_rates(803e12, 55.4e9);
   TrainConfig c = eight_within(10.08);
   {
-    // The default (memory.kept_mlp auto) at this budget: lean kept sets in the host tier beside the
-    // base on the GPU, the plan measured fastest on an H100 (docs/PERFORMANCE.md, session 24:
-    // 12,401-12,440 tokens/s against 12,282-12,336 for whole sets with the base offloaded).
+    // The default (memory.kept_mlp auto) at this budget: the whole batch in one micro-batch, lean
+    // kept sets in the host tier beside the layer inputs in host memory, the plan measured fastest
+    // on an H100 (docs/PERFORMANCE.md, session 26: 13,565-13,603 tokens/s against 12,960-12,965 for
+    // micro-batch 2 with the base on the GPU and 26 host-kept layers, session 24's choice).
     const MemoryPlan lean = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
     EXPECT_FALSE(lean.kept_mlp) << lean.describe();
-    EXPECT_FALSE(lean.offload_params) << lean.describe();
-    EXPECT_GT(lean.host_keep_layers, 0) << lean.describe();
+    EXPECT_EQ(lean.micro_batch, 8) << lean.describe();
+    EXPECT_TRUE(lean.host_checkpoints) << lean.describe();
+    EXPECT_GT(lean.host_keep_layers, 2) << lean.describe();
   }
   c.memory.kept_mlp = "true";  // whole kept sets: the checkpoints' choice below
   const std::vector<MemoryPlan> all = plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
@@ -549,8 +573,6 @@ TEST(MemoryPlan, HostCheckpointsWhereTheGpuIsShort) {
             << a.describe();
       }
   for (const MemoryPlan& q : all) {
-    // Never beside the host tier (their copies queued together on the H200).
-    EXPECT_FALSE(q.host_checkpoints && q.host_keep_layers > 0) << q.describe();
     // cuDNN's attention workspace grows with the micro-batch: 1.3 GB at 4 x 2048 (measured 1.25-1.3).
     if (q.micro_batch == 4) EXPECT_NEAR(q.library, 1.3e9, 0.1e9);
     if (q.micro_batch == 1) EXPECT_NEAR(q.library, 0.4e9, 0.1e9);
