@@ -913,7 +913,7 @@ void upload(void* dst, const void* src, size_t bytes, DeviceContext& ctx) {
   const int64_t n = static_cast<int64_t>(bytes), words = aligned ? n / 4 : 0;
   upload_kernel<<<grid_for(std::max(words, n - words * 4)), 256, 0, st(ctx)>>>(
       static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), words, n);
-  QS_CUDA_CHECK(cudaGetLastError());
+  QS_CUDA_CHECK_LAUNCH();
 }
 
 void zero(uint16_t* x, int64_t n, DeviceContext& ctx) {

@@ -353,11 +353,11 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     // whose staging sets fit the budget and whose host sets fit the host memory given to the tier.
     const double host_room = host_room_for(offload_params, 0.0);
     // Beside an offloaded base and beside checkpoints in host memory too (all of them at once: 8B,
-    // 8 x 2048 in one micro-batch, 8.79-16.1 GB on an H100: 13,527-13,738 tokens/s, the fastest
-    // measured at each of those budgets, 3-15 ms of waits a step). Sessions 16-18 refused both
-    // combinations after H200 runs that stalled (11,613 tokens/s at 10 GB with the base offloaded,
-    // 47-72 ms of waits beside host checkpoints), when the ids' and targets' uploads still queued on
-    // the copy engine behind the offload streams' copies (LlamaModel::upload_bytes).
+    // 8 x 2048 in one micro-batch, 8.79-12.48 GB on an H100: 13,527-13,663 tokens/s, the fastest
+    // measured at those budgets, 3-15 ms of waits a step). Sessions 16-18 refused both combinations
+    // after H200 runs that stalled (11,613 tokens/s at 10 GB with the base offloaded, 47-72 ms of
+    // waits beside host checkpoints), made while the ids' and targets' uploads still went through
+    // the copy engine (LlamaModel::upload_bytes); not re-measured on an H200 since.
     if (cuda && budget > 0 && whole && m.host_keep_layers < 0 && every == 1) {
       for (int64_t h = 1; h < p.layers; ++h) {
         MemoryPlan q = p;

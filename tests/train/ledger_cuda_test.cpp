@@ -148,7 +148,7 @@ TEST(LedgerCuda, CheckpointPlansKeepTheLosses) {
 // Every tier at once, as the plans at the tightest budgets take them (memory_plan_test's
 // TightBudgetsTakeEveryTierAtOnce): the base offloaded, the embedding table, the layer inputs and
 // the kept layers' sets (without gate / up) in pinned host memory, the rings' copies out and back on
-// their two streams beside the base's host-to-device copies: full recompute's losses, bit for bit,
+// the offload stream beside the base's host-to-device copies: full recompute's losses, bit for bit,
 // and nothing allocated inside the step. Six layers: five host-kept through two staging sets (three
 // copied out and back), seven layer inputs through three slots (four copied).
 TEST(LedgerCuda, EveryTierAtOnceKeepsTheLosses) {

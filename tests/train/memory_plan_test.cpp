@@ -331,8 +331,8 @@ TEST(MemoryPlan, CostModelFollowsTheHostTierRows) {
 
 // The tightest budgets (8B, 8 sequences of 2048, H100 rates, 100 GB of host memory free): the plan
 // takes the whole batch in one micro-batch, the base offloaded (at 12.48 GB either way), the layer
-// inputs and most kept layers in pinned host memory, as measured fastest (13,527-13,738 tokens/s at 8.79-16.1 GB, against
-// 12,957 for micro-batch 2 with 32 kept layers on the GPU at 8.79 GB; session 26).
+// inputs and most kept layers in pinned host memory, as measured fastest (13,527-13,663 tokens/s at
+// 8.79-12.48 GB, against 12,957 for micro-batch 2 with 32 kept layers on the GPU at 8.79 GB; session 26).
 TEST(MemoryPlan, TightBudgetsTakeEveryTierAtOnce) {
   PlanRates h100{785e12, 52e9};
   h100.host_available_bytes = 100e9;
