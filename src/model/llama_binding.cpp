@@ -105,8 +105,9 @@ LlamaTreeSlots::LlamaTreeSlots(const LlamaConfig& c, Module& root, const DeviceC
       if (in_workspace(*ps.weight)) layer_dequant += pw.in * pw.out;
       // The backward's rounded copy (LlamaModel::backward_weight): on the CPU reserved for every 4-bit
       // projection, as the config's estimate does (llama_buffer_dims); on CUDA for an f16-made one.
+      // (with A's r rows below W where the backward is row-folded: LlamaModel::linear_bwd)
       if (pw.quantized && (ctx.backend() == Backend::kCpu || ops::dequant_rules_differ(ctx, pw.weight_dtype)))
-        d.round_elems = std::max(d.round_elems, pw.in * pw.out);
+        d.round_elems = std::max(d.round_elems, pw.in * (pw.out + pw.r));
     }
     d.lora_elems = std::max(d.lora_elems, layer_lora);
     d.dequant_elems = std::max(d.dequant_elems, layer_dequant);
@@ -128,6 +129,10 @@ LlamaTreeSlots::LlamaTreeSlots(const LlamaConfig& c, Module& root, const DeviceC
         const ProjectionWeights& pw = lw.proj[static_cast<size_t>(idx)];
         extra += pw.out * R + (in_workspace(*ls.proj[static_cast<size_t>(idx)].weight) ? 0 : pw.out * pw.in);
       }
+      // gate|up folded: down_proj's backward row-folded, its dequantized weight with A's r rows
+      // below it (LlamaModel::dequantize_layer)
+      const ProjectionWeights& down = lw.proj[kDown];
+      if (g == 1 && down.quantized && down.r > 0 && down.r <= R) extra += down.r * down.in;
       d.fold_extra[g] = std::max(d.fold_extra[g], extra);
     }
     ls.input_norm = require_slot(root.find_module(prefix + "input_layernorm"), prefix + "input_layernorm", "weight");

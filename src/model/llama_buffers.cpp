@@ -105,11 +105,13 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   // The backward's rounded copy of one projection (model/llama_ops.h, dequantize_4bit_rounded): on
   // the CPU reserved whatever the QuantState's dtype (the config does not say it), on CUDA needed
   // only for an f16-made model (the tree's measured dims count it; this estimate leaves it out).
-  d.round_elems = backend == Backend::kCpu ? d.C * std::max(q, d.I) : 0;
+  // (each with its A's r rows below: linear_bwd's row fold)
+  d.round_elems = backend == Backend::kCpu ? std::max({d.C * (q + r), q * (d.C + r), d.C * (d.I + r), d.I * (d.C + r)}) : 0;
   d.lora_elems = r * (7 * d.C + 2 * q + 2 * kv + 3 * d.I);
   if (r > 0 && o.fold_lora) {
     d.fold_r = {3 * r, 2 * r};
-    d.fold_extra = {(q + 2 * kv) * 3 * r, 2 * d.I * 2 * r};  // R more columns per output row
+    // R more columns per output row; gate|up's: and down_proj's A rows (its backward row-folded)
+    d.fold_extra = {(q + 2 * kv) * 3 * r, 2 * d.I * 2 * r + r * d.I};
   }
   d.convert_lora = act_t != DType::kF32;
   d.convert_head = backend == Backend::kCuda && head_t != act_t;

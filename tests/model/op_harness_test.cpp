@@ -222,6 +222,21 @@ TEST(OpHarness, Copy2d) {
   });
 }
 
+// copy_2d of whole 16-byte words (CUDA's word kernel: scale 1, widths and strides multiples of 8,
+// aligned bases), as the row fold copies dy beside its s dt columns: exact, the gaps untouched.
+TEST(OpHarness, Copy2dWords) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    const int64_t rows = 67, cols = 64, ld_src = 72, ld_dst = 80;
+    Tensor src = to_act(ctx, in.vec(rows * ld_src)), dst = to_act(ctx, std::vector<float>(rows * ld_dst, 3.0f));
+    const auto S = back(ctx, src);
+    ops::copy_2d(dst.raw(), ld_dst, src.raw(), ld_src, rows, cols, 1.0f, ctx);
+    std::vector<double> want(rows * ld_dst, 3.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) want[r * ld_dst + c] = S[r * ld_src + c];
+    report(ctx, "copy_2d (words)", in.adversarial, back(ctx, dst), want, 0.0);
+  });
+}
+
 // copy_2d_batch: the LoRA fold's packing in one op: blocks of different sizes (scaled copies and
 // zeros) into two buffers, as copy_2d would write each; the rest untouched. tol 0 against one
 // rounding of scale * x.
