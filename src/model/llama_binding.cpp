@@ -129,10 +129,16 @@ LlamaTreeSlots::LlamaTreeSlots(const LlamaConfig& c, Module& root, const DeviceC
         const ProjectionWeights& pw = lw.proj[static_cast<size_t>(idx)];
         extra += pw.out * R + (in_workspace(*ls.proj[static_cast<size_t>(idx)].weight) ? 0 : pw.out * pw.in);
       }
-      // gate|up folded: down_proj's backward row-folded, its dequantized weight with A's r rows
-      // below it (LlamaModel::dequantize_layer)
+      // q|k|v folded: o_proj's backward row-folded; gate|up folded: down_proj's; each one's
+      // dequantized weight with A's r rows below it (LlamaModel::dequantize_layer)
+      const ProjectionWeights& o = lw.proj[kO];
       const ProjectionWeights& down = lw.proj[kDown];
-      if (g == 1 && down.quantized && down.r > 0 && down.r <= R) extra += down.r * down.in;
+      // (a dense weight in the activation dtype is copied there whole)
+      const auto rows = [&](const ProjectionWeights& pw, int idx) {
+        return pw.r * pw.in + (in_workspace(*ls.proj[static_cast<size_t>(idx)].weight) ? 0 : pw.out * pw.in);
+      };
+      if (g == 0 && o.r > 0) extra += rows(o, kO);
+      if (g == 1 && down.r > 0 && down.r <= R) extra += rows(down, kDown);
       d.fold_extra[g] = std::max(d.fold_extra[g], extra);
     }
     ls.input_norm = require_slot(root.find_module(prefix + "input_layernorm"), prefix + "input_layernorm", "weight");

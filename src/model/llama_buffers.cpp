@@ -111,7 +111,8 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   if (r > 0 && o.fold_lora) {
     d.fold_r = {3 * r, 2 * r};
     // R more columns per output row; gate|up's: and down_proj's A rows (its backward row-folded)
-    d.fold_extra = {(q + 2 * kv) * 3 * r, 2 * d.I * 2 * r + r * d.I};
+    // (q|k|v's: and o_proj's A rows, its backward row-folded too)
+    d.fold_extra = {(q + 2 * kv) * 3 * r + r * q, 2 * d.I * 2 * r + r * d.I};
   }
   d.convert_lora = act_t != DType::kF32;
   d.convert_head = backend == Backend::kCuda && head_t != act_t;
@@ -245,7 +246,10 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   // dropout on down_proj recomputes its masked input after the base GEMM: then dm has its own.
   if (d.dropout) p.add("dm", NM * I * esz, run, a ? t(&a->dm) : nullptr);
   if (d.qk_norm) p.add("da", N * q * esz, run, a ? t(&a->da) : nullptr);
-  p.add(q >= C ? "dq (= dxf)" : "dq", N * q * esz, run, a ? t(&a->dq) : nullptr);
+  // q|k|v folded: o_proj's backward row-folded, [dy | s dt] ([N, C + r]) in dq's buffer before
+  // attention's backward writes dq (LlamaModel::linear_bwd)
+  const int64_t dq_elems = d.fold_r[0] > 0 && d.max_r > 0 ? std::max(N * q, N * (C + d.max_r)) : N * q;
+  p.add(q >= C ? "dq (= dxf)" : "dq", dq_elems * esz, run, a ? t(&a->dq) : nullptr);
   if (q < C) p.add("dxf", N * C * esz, run, a ? t(&a->dxf) : nullptr);
   p.add("dk", N * kv * esz, run, a ? t(&a->dk) : nullptr);
   p.add("dv", N * kv * esz, run, a ? t(&a->dv) : nullptr);

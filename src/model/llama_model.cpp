@@ -313,11 +313,14 @@ void LlamaModel::dequantize_layer() {
     fold_[g] = fold;
     fold_r_[g] = fold ? R : 0;
   }
-  // down_proj's backward row-folded (linear_bwd): with gate|up folded, whose input-gradient buffer
-  // (dh2, rows C + R_gu apart) holds [dy | s dt] for it, and a 4-bit weight dequantized here.
-  {
-    const ProjectionBinding& d = layer_.proj[kDown];
-    row_fold_ = fold_[1] && d.r > 0 && d.r <= fold_r_[1] && d.quantized && d.lora_A;
+  // The backwards row-folded (linear_bwd), each with a weight this path widens (4-bit, or dense in
+  // the activation dtype: copied) and a buffer
+  // for [dy | s dt]: down_proj's with gate|up folded, in their input-gradient buffer (dh2, rows
+  // C + R_gu apart); o_proj's with q|k|v folded, in dq's buffer (llama_buffer_plan sizes it).
+  row_fold_.fill(false);
+  for (const auto [idx, on] : {std::pair{kO, fold_[0]}, std::pair{kDown, fold_[1] && layer_.proj[kDown].r <= fold_r_[1]}}) {
+    const ProjectionBinding& p = layer_.proj[static_cast<size_t>(idx)];
+    row_fold_[static_cast<size_t>(idx)] = on && p.r > 0 && p.lora_A && (p.quantized || p.weight_dtype == act_t);
   }
   // The 4-bit projections are dequantized by one batched launch after the loop (the LoRA packing
   // writes other columns of the folded buffers, so it may run first).
@@ -355,11 +358,16 @@ void LlamaModel::dequantize_layer() {
       pack(act(lora_cat(g), off * p.in), p.in, p.lora_A, p.in, p.r, p.in, 1.0f);
       weights_[i] = w;
     } else if (p.quantized) {
-      const bool rows = static_cast<int>(i) == kDown && row_fold_;  // [W; A]: A's r rows below W
+      const bool rows = row_fold_[i];  // [W; A]: A's r rows below W
       void* w = ws.take(static_cast<size_t>(p.in * (p.out + (rows ? p.r : 0))) * esz, "dequantized projection");
       batch_args[batch] = p.q;  // the forward's rule (the backward's: backward_weight)
       batch_outs[batch++] = w;
       if (rows) pack(act(w, p.out * p.in), p.in, p.lora_A, p.in, p.r, p.in, 1.0f);
+      weights_[i] = w;
+    } else if (p.weight_dtype == act_t && row_fold_[i]) {  // [W; A]: W copied, A's r rows below it
+      void* w = ws.take(static_cast<size_t>(p.in * (p.out + p.r)) * esz, "row-folded projection");
+      pack(w, p.in, p.dense, p.in, p.out, p.in, 1.0f);
+      pack(act(w, p.out * p.in), p.in, p.lora_A, p.in, p.r, p.in, 1.0f);
       weights_[i] = w;
     } else if (p.weight_dtype == act_t) {
       weights_[i] = p.dense;
@@ -496,7 +504,7 @@ const void* LlamaModel::backward_weight(int idx, GemmShape& s, bool row_fold) {
 }
 
 // Unfolded without dropout, the LoRA term comes first, dx (+)= s dt A, and the base GEMM then adds
-// into dx (beta 1), as linear_fwd orders its two terms. Row-folded (down_proj with row_fold_ and
+// into dx (beta 1), as linear_fwd orders its two terms. Row-folded (o_proj / down_proj, row_fold_, and
 // dy_ext given): dy_ext = [dy | s dy B] ([N, out + r]), and dx (+)= dy_ext [W; A] is the base GEMM
 // itself with K = out + r: no GEMM of K = r over dx (N x in, 14336 wide at 8B) and no second pass
 // of the base GEMM's epilogue over it.
@@ -508,7 +516,7 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
   const bool folded = g >= 0 && fold_[static_cast<size_t>(g)];
   const int64_t R = folded ? fold_r_[static_cast<size_t>(g)] : 0, W = p.in + R;
   const DropoutKey key = dropout_key(idx);
-  const bool row_fold = dy_ext && idx == kDown && row_fold_ && p.r > 0 && !folded && key.p == 0.0f;
+  const bool row_fold = dy_ext && row_fold_[static_cast<size_t>(idx)] && p.r > 0 && !folded && key.p == 0.0f;
   auto base = [&](bool add) {  // dx (+)= dy W (row-folded: dx (+)= [dy | s dt] [W; A])
     GemmShape s{N, p.in, row_fold ? p.out + p.r : p.out, false, false, 1.0f, add ? 1.0f : 0.0f};
     s.a_type = s.c_type = act_t;
@@ -829,7 +837,8 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
     ops::rmsnorm_bwd(a.dao, dx, a.ao, layer_.attn_out_norm, a.rstd_ao, N, C, ctx_);
     dattn = a.dao;
   }
-  linear_bwd(kO, a.da, false, dattn, a.a, N);
+  // row-folded: [dy | s dt] in dq's buffer (rows C + r apart), which attention's backward writes after
+  linear_bwd(kO, a.da, false, dattn, a.a, N, 0, a.dq);
   mark(StepPart::kAttention);
   ops::attention_bwd(a.dq, a.dk, a.dv, a.da, a.q, a.k, a.v, a.a, a.att_saved, B, T, H, Hkv, D, ctx_,
                      layer_window(c, layer_.layer), pos_ ? &pieces_ : nullptr, attention_scores());

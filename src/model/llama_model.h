@@ -298,7 +298,7 @@ class LlamaModel {
   // may be y), added in the GEMMs' epilogues (no separate pass over y).
   void linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t ldx = 0, const void* residual = nullptr);
   // dy_ext: room for [N, out + r] in the activation dtype where the projection's backward may run
-  // row-folded (down_proj: row_fold_), else null.
+  // row-folded (o_proj, down_proj: row_fold_), else null.
   void linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N, int64_t ldx = 0,
                   void* dy_ext = nullptr);
   // linear_bwd's B: the backward's rounding rule; row_fold: [W; A] (A's r rows below W)
@@ -338,9 +338,10 @@ class LlamaModel {
   std::array<bool, 2> fold_{};
   std::array<int64_t, 2> fold_r_{};
   std::array<int64_t, 7> fold_off_{};
-  // down_proj's backward row-folded (set by dequantize_layer): its dequantized weight has A's r
-  // rows below W ([W; A], [out + r, in]), and dm = [dy | s dt] [W; A] is one GEMM (linear_bwd).
-  bool row_fold_ = false;
+  // Per projection whether its backward is row-folded (set by dequantize_layer; o_proj and
+  // down_proj): its dequantized weight has A's r rows below W ([W; A], [out + r, in]), and
+  // dx = [dy | s dt] [W; A] is one GEMM (linear_bwd).
+  std::array<bool, 7> row_fold_{};
   StepProfiler profiler_;
   void mark(StepPart part) { profiler_.mark(part); }
   struct Staging;  // pinned host slots for ids/targets uploads
