@@ -309,7 +309,7 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   // taken in the activation dtype: bf16 on the GPU holds the layer's weights in half the f32 bytes.
   const int64_t layer_ws =
       (d.dequant_elems + d.fold_extra[0] + d.fold_extra[1] + d.round_elems + dropout_ws + 2 * N * d.max_r) * esz +
-      gemm_scratch * 4;
+      (gemm_scratch + std::max(d.fold_r[0], d.fold_r[1]) * C) * 4;  // (+ a fold group's A gradients, f32)
   // f32 logits, and their gradient in the activation dtype when the GEMM does not take f32 with the head
   const int64_t head_ws = (d.head_rows * V * 2 + gemm_scratch) * 4;
   p.add(layer_ws >= head_ws ? "workspace (a layer's scratch)" : "workspace (an LM-head chunk)",

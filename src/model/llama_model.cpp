@@ -425,14 +425,24 @@ void LlamaModel::fold_bwd(int g, void* dx, const void* x, int64_t N) {
   const DType act_t = ctx_.activation_dtype();
   const void* a_cat = lora_cat(g);
   mark(StepPart::kLora);
-  for (int idx : kFoldGroups[static_cast<size_t>(g)]) {
-    if (idx < 0) continue;
-    const ProjectionBinding& p = layer_.proj[static_cast<size_t>(idx)];
-    if (!p.grad_A) continue;
-    GemmShape s = typed({p.r, C, N, true, false, 1.0f, 1.0f}, act_t, act_t, DType::kF32);
-    s.lda = ld;
-    s.ldb = ld;
-    ops::gemm(p.grad_A, act(dx, C + fold_off_[static_cast<size_t>(idx)]), x, s, ctx_);  // dA += (s dt)^T x
+  // dA_j += (s dt_j)^T x for the whole group as ONE GEMM over x ([R, C] f32 in the workspace; one
+  // read of x, not one a projection), each projection's rows then added to its gradient.
+  bool any = false;
+  for (int idx : kFoldGroups[static_cast<size_t>(g)]) any = any || (idx >= 0 && layer_.proj[static_cast<size_t>(idx)].grad_A);
+  if (any) {
+    Workspace& ws = ctx_.workspace();
+    const size_t ws_mark = ws.used();
+    auto* da = static_cast<float*>(ws.take(static_cast<size_t>(R * C) * sizeof(float), "LoRA A gradients (fold group)"));
+    GemmShape sa = typed({R, C, N, true, false, 1.0f, 0.0f}, act_t, act_t, DType::kF32);
+    sa.lda = ld;
+    sa.ldb = ld;
+    ops::gemm(da, act(dx, C), x, sa, ctx_);  // (s dt_cat)^T x
+    for (int idx : kFoldGroups[static_cast<size_t>(g)]) {
+      if (idx < 0) continue;
+      const ProjectionBinding& p = layer_.proj[static_cast<size_t>(idx)];
+      if (p.grad_A) ops::accumulate_f32(p.grad_A, da + fold_off_[static_cast<size_t>(idx)] * C, p.r * C, ctx_);
+    }
+    ws.rewind(ws_mark);
   }
   GemmShape s = typed({N, C, R, false, false, 1.0f, 1.0f}, act_t, act_t, act_t);
   s.lda = ld;

@@ -72,6 +72,9 @@ void add(void* out, const void* a, const void* b, int64_t n, DeviceContext& ctx)
 void accumulate(void* out, const void* b, int64_t n, DeviceContext& ctx) {
   QS_DISPATCH("accumulate", cpu::accumulate(f(out), f(b), n, ctx), cuda::accumulate(h(out), h(b), n, ctx));
 }
+void accumulate_f32(float* out, const float* b, int64_t n, DeviceContext& ctx) {
+  QS_DISPATCH("accumulate_f32", cpu::accumulate(out, b, n, ctx), cuda::accumulate_f32(out, b, n, ctx));
+}
 void copy(void* out, const void* x, int64_t n, DeviceContext& ctx) {
   QS_DISPATCH("copy", cpu::copy(f(out), f(x), n, ctx), cuda::copy(h(out), h(x), n, ctx));
 }
