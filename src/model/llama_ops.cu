@@ -359,10 +359,6 @@ __global__ void copy_2d_kernel(bf16* dst, int64_t ld_dst, const bf16* src, int64
   }
 }
 
-__global__ void accumulate_f32_kernel(float* out, const float* b, int64_t n) {
-  QS_GRID_STRIDE(i, n) out[i] += b[i];
-}
-
 // copy_2d of whole 16-byte words (scale 1, columns and both strides multiples of 8, both bases
 // 16-byte aligned): the row fold's [dy | ..] copy (LlamaModel::linear_bwd) of N x C elements,
 // which the element kernel's 64-bit division per element held well under the copy rate.
@@ -916,12 +912,6 @@ void add(uint16_t* out, const uint16_t* a, const uint16_t* b, int64_t n, DeviceC
 }
 
 void accumulate(uint16_t* out, const uint16_t* b, int64_t n, DeviceContext& ctx) { add(out, out, b, n, ctx); }
-
-void accumulate_f32(float* out, const float* b, int64_t n, DeviceContext& ctx) {
-  if (n == 0) return;
-  accumulate_f32_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(out, b, n);
-  QS_CUDA_CHECK_LAUNCH();
-}
 
 void copy(uint16_t* out, const uint16_t* x, int64_t n, DeviceContext& ctx) {
   if (n == 0 || out == x) return;

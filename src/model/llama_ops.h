@@ -308,7 +308,6 @@ void rmsnorm_bwd(uint16_t* dx, const uint16_t* dout, const uint16_t* x, const fl
                  int64_t N, int64_t C, DeviceContext& ctx, int64_t ld_dout = 0);
 void add(uint16_t* out, const uint16_t* a, const uint16_t* b, int64_t n, DeviceContext& ctx);
 void accumulate(uint16_t* out, const uint16_t* b, int64_t n, DeviceContext& ctx);
-void accumulate_f32(float* out, const float* b, int64_t n, DeviceContext& ctx);
 void copy(uint16_t* out, const uint16_t* x, int64_t n, DeviceContext& ctx);
 void zero(uint16_t* x, int64_t n, DeviceContext& ctx);
 void copy_2d(uint16_t* dst, int64_t ld_dst, const uint16_t* src, int64_t ld_src, int64_t rows, int64_t cols, float scale,
@@ -401,7 +400,7 @@ void rmsnorm_bwd(void* dx, const void* dout, const void* x, const float* weight,
                  int64_t C, DeviceContext& ctx, int64_t ld_dout = 0);
 void add(void* out, const void* a, const void* b, int64_t n, DeviceContext& ctx);
 void accumulate(void* out, const void* b, int64_t n, DeviceContext& ctx);
-// out += b over f32 whatever the activation dtype (a LoRA gradient; the CPU twin is accumulate's).
+// out += b over f32 whatever the activation dtype (a LoRA gradient): runtime/accumulate.h's twins.
 void accumulate_f32(float* out, const float* b, int64_t n, DeviceContext& ctx);
 void copy(void* out, const void* x, int64_t n, DeviceContext& ctx);
 void zero(void* x, int64_t n, DeviceContext& ctx);
