@@ -105,8 +105,9 @@ LlamaTreeSlots::LlamaTreeSlots(const LlamaConfig& c, Module& root, const DeviceC
       if (in_workspace(*ps.weight)) layer_dequant += pw.in * pw.out;
       // The backward's rounded copy (LlamaModel::backward_weight): on the CPU reserved for every 4-bit
       // projection, as the config's estimate does (llama_buffer_dims); on CUDA for an f16-made one.
+      // (with A's r rows below W where the backward is row-folded: LlamaModel::linear_bwd)
       if (pw.quantized && (ctx.backend() == Backend::kCpu || ops::dequant_rules_differ(ctx, pw.weight_dtype)))
-        d.round_elems = std::max(d.round_elems, pw.in * pw.out);
+        d.round_elems = std::max(d.round_elems, pw.in * (pw.out + pw.r));
     }
     d.lora_elems = std::max(d.lora_elems, layer_lora);
     d.dequant_elems = std::max(d.dequant_elems, layer_dequant);
@@ -128,6 +129,16 @@ LlamaTreeSlots::LlamaTreeSlots(const LlamaConfig& c, Module& root, const DeviceC
         const ProjectionWeights& pw = lw.proj[static_cast<size_t>(idx)];
         extra += pw.out * R + (in_workspace(*ls.proj[static_cast<size_t>(idx)].weight) ? 0 : pw.out * pw.in);
       }
+      // q|k|v folded: o_proj's backward row-folded; gate|up folded: down_proj's; each one's
+      // dequantized weight with A's r rows below it (LlamaModel::dequantize_layer)
+      const ProjectionWeights& o = lw.proj[kO];
+      const ProjectionWeights& down = lw.proj[kDown];
+      // (a dense weight in the activation dtype is copied there whole)
+      const auto rows = [&](const ProjectionWeights& pw, int idx) {
+        return pw.r * pw.in + (in_workspace(*ls.proj[static_cast<size_t>(idx)].weight) ? 0 : pw.out * pw.in);
+      };
+      if (g == 0 && o.r > 0) extra += rows(o, kO);
+      if (g == 1 && down.r > 0 && down.r <= R) extra += rows(down, kDown);
       d.fold_extra[g] = std::max(d.fold_extra[g], extra);
     }
     ls.input_norm = require_slot(root.find_module(prefix + "input_layernorm"), prefix + "input_layernorm", "weight");

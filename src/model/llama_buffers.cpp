@@ -105,11 +105,14 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   // The backward's rounded copy of one projection (model/llama_ops.h, dequantize_4bit_rounded): on
   // the CPU reserved whatever the QuantState's dtype (the config does not say it), on CUDA needed
   // only for an f16-made model (the tree's measured dims count it; this estimate leaves it out).
-  d.round_elems = backend == Backend::kCpu ? d.C * std::max(q, d.I) : 0;
+  // (each with its A's r rows below: linear_bwd's row fold)
+  d.round_elems = backend == Backend::kCpu ? std::max({d.C * (q + r), q * (d.C + r), d.C * (d.I + r), d.I * (d.C + r)}) : 0;
   d.lora_elems = r * (7 * d.C + 2 * q + 2 * kv + 3 * d.I);
   if (r > 0 && o.fold_lora) {
     d.fold_r = {3 * r, 2 * r};
-    d.fold_extra = {(q + 2 * kv) * 3 * r, 2 * d.I * 2 * r};  // R more columns per output row
+    // R more columns per output row; gate|up's: and down_proj's A rows (its backward row-folded)
+    // (q|k|v's: and o_proj's A rows, its backward row-folded too)
+    d.fold_extra = {(q + 2 * kv) * 3 * r + r * q, 2 * d.I * 2 * r + r * d.I};
   }
   d.convert_lora = act_t != DType::kF32;
   d.convert_head = backend == Backend::kCuda && head_t != act_t;
@@ -243,7 +246,10 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   // dropout on down_proj recomputes its masked input after the base GEMM: then dm has its own.
   if (d.dropout) p.add("dm", NM * I * esz, run, a ? t(&a->dm) : nullptr);
   if (d.qk_norm) p.add("da", N * q * esz, run, a ? t(&a->da) : nullptr);
-  p.add(q >= C ? "dq (= dxf)" : "dq", N * q * esz, run, a ? t(&a->dq) : nullptr);
+  // q|k|v folded: o_proj's backward row-folded, [dy | s dt] ([N, C + r]) in dq's buffer before
+  // attention's backward writes dq (LlamaModel::linear_bwd)
+  const int64_t dq_elems = d.fold_r[0] > 0 && d.max_r > 0 ? std::max(N * q, N * (C + d.max_r)) : N * q;
+  p.add(q >= C ? "dq (= dxf)" : "dq", dq_elems * esz, run, a ? t(&a->dq) : nullptr);
   if (q < C) p.add("dxf", N * C * esz, run, a ? t(&a->dxf) : nullptr);
   p.add("dk", N * kv * esz, run, a ? t(&a->dk) : nullptr);
   p.add("dv", N * kv * esz, run, a ? t(&a->dv) : nullptr);
@@ -303,7 +309,7 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   // taken in the activation dtype: bf16 on the GPU holds the layer's weights in half the f32 bytes.
   const int64_t layer_ws =
       (d.dequant_elems + d.fold_extra[0] + d.fold_extra[1] + d.round_elems + dropout_ws + 2 * N * d.max_r) * esz +
-      gemm_scratch * 4;
+      (gemm_scratch + std::max(d.fold_r[0], d.fold_r[1]) * C) * 4;  // (+ a fold group's A gradients, f32)
   // f32 logits, and their gradient in the activation dtype when the GEMM does not take f32 with the head
   const int64_t head_ws = (d.head_rows * V * 2 + gemm_scratch) * 4;
   p.add(layer_ws >= head_ws ? "workspace (a layer's scratch)" : "workspace (an LM-head chunk)",

@@ -313,6 +313,15 @@ void LlamaModel::dequantize_layer() {
     fold_[g] = fold;
     fold_r_[g] = fold ? R : 0;
   }
+  // The backwards row-folded (linear_bwd), each with a weight this path widens (4-bit, or dense in
+  // the activation dtype: copied) and a buffer
+  // for [dy | s dt]: down_proj's with gate|up folded, in their input-gradient buffer (dh2, rows
+  // C + R_gu apart); o_proj's with q|k|v folded, in dq's buffer (llama_buffer_plan sizes it).
+  row_fold_.fill(false);
+  for (const auto [idx, on] : {std::pair{kO, fold_[0]}, std::pair{kDown, fold_[1] && layer_.proj[kDown].r <= fold_r_[1]}}) {
+    const ProjectionBinding& p = layer_.proj[static_cast<size_t>(idx)];
+    row_fold_[static_cast<size_t>(idx)] = on && p.r > 0 && p.lora_A && (p.quantized || p.weight_dtype == act_t);
+  }
   // The 4-bit projections are dequantized by one batched launch after the loop (the LoRA packing
   // writes other columns of the folded buffers, so it may run first).
   std::array<Dequant4bitArgs, kLlamaProjections.size()> batch_args{};
@@ -349,9 +358,16 @@ void LlamaModel::dequantize_layer() {
       pack(act(lora_cat(g), off * p.in), p.in, p.lora_A, p.in, p.r, p.in, 1.0f);
       weights_[i] = w;
     } else if (p.quantized) {
-      void* w = ws.take(static_cast<size_t>(p.in * p.out) * esz, "dequantized projection");
+      const bool rows = row_fold_[i];  // [W; A]: A's r rows below W
+      void* w = ws.take(static_cast<size_t>(p.in * (p.out + (rows ? p.r : 0))) * esz, "dequantized projection");
       batch_args[batch] = p.q;  // the forward's rule (the backward's: backward_weight)
       batch_outs[batch++] = w;
+      if (rows) pack(act(w, p.out * p.in), p.in, p.lora_A, p.in, p.r, p.in, 1.0f);
+      weights_[i] = w;
+    } else if (p.weight_dtype == act_t && row_fold_[i]) {  // [W; A]: W copied, A's r rows below it
+      void* w = ws.take(static_cast<size_t>(p.in * (p.out + p.r)) * esz, "row-folded projection");
+      pack(w, p.in, p.dense, p.in, p.out, p.in, 1.0f);
+      pack(act(w, p.out * p.in), p.in, p.lora_A, p.in, p.r, p.in, 1.0f);
       weights_[i] = w;
     } else if (p.weight_dtype == act_t) {
       weights_[i] = p.dense;
@@ -409,14 +425,24 @@ void LlamaModel::fold_bwd(int g, void* dx, const void* x, int64_t N) {
   const DType act_t = ctx_.activation_dtype();
   const void* a_cat = lora_cat(g);
   mark(StepPart::kLora);
-  for (int idx : kFoldGroups[static_cast<size_t>(g)]) {
-    if (idx < 0) continue;
-    const ProjectionBinding& p = layer_.proj[static_cast<size_t>(idx)];
-    if (!p.grad_A) continue;
-    GemmShape s = typed({p.r, C, N, true, false, 1.0f, 1.0f}, act_t, act_t, DType::kF32);
-    s.lda = ld;
-    s.ldb = ld;
-    ops::gemm(p.grad_A, act(dx, C + fold_off_[static_cast<size_t>(idx)]), x, s, ctx_);  // dA += (s dt)^T x
+  // dA_j += (s dt_j)^T x for the whole group as ONE GEMM over x ([R, C] f32 in the workspace; one
+  // read of x, not one a projection), each projection's rows then added to its gradient.
+  bool any = false;
+  for (int idx : kFoldGroups[static_cast<size_t>(g)]) any = any || (idx >= 0 && layer_.proj[static_cast<size_t>(idx)].grad_A);
+  if (any) {
+    Workspace& ws = ctx_.workspace();
+    const size_t ws_mark = ws.used();
+    auto* da = static_cast<float*>(ws.take(static_cast<size_t>(R * C) * sizeof(float), "LoRA A gradients (fold group)"));
+    GemmShape sa = typed({R, C, N, true, false, 1.0f, 0.0f}, act_t, act_t, DType::kF32);
+    sa.lda = ld;
+    sa.ldb = ld;
+    ops::gemm(da, act(dx, C), x, sa, ctx_);  // (s dt_cat)^T x
+    for (int idx : kFoldGroups[static_cast<size_t>(g)]) {
+      if (idx < 0) continue;
+      const ProjectionBinding& p = layer_.proj[static_cast<size_t>(idx)];
+      if (p.grad_A) ops::accumulate_f32(p.grad_A, da + fold_off_[static_cast<size_t>(idx)] * C, p.r * C, ctx_);
+    }
+    ws.rewind(ws_mark);
   }
   GemmShape s = typed({N, C, R, false, false, 1.0f, 1.0f}, act_t, act_t, act_t);
   s.lda = ld;
@@ -473,29 +499,36 @@ void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t 
 // products (ops::dequantize_4bit). Where the two differ (a bf16-made weight on the CPU) the rounded
 // weight is dequantized again, packed [out, in], into the workspace (the caller rewinds it) and
 // s.ldb set to match; else the forward's operand (weights_[idx], nullptr for a dense weight).
-const void* LlamaModel::backward_weight(int idx, GemmShape& s) {
+const void* LlamaModel::backward_weight(int idx, GemmShape& s, bool row_fold) {
   const ProjectionBinding& p = layer_.proj[idx];
   if (!p.quantized || !ops::dequant_rules_differ(ctx_, p.weight_dtype)) return weights_[idx];
   mark(StepPart::kDequant);
-  void* w = ctx_.workspace().take(static_cast<size_t>(p.in * p.out) * dtype_size(ctx_.activation_dtype()),
+  const int64_t rows = p.out + (row_fold ? p.r : 0);
+  void* w = ctx_.workspace().take(static_cast<size_t>(p.in * rows) * dtype_size(ctx_.activation_dtype()),
                                   "dequantized projection (backward)");
   ops::dequantize_4bit_rounded(w, p.q, p.weight_dtype, ctx_);
+  if (row_fold) ops::copy_2d(act(w, p.out * p.in), p.in, p.lora_A, p.in, p.r, p.in, 1.0f, ctx_);
   s.ldb = 0;
   mark(StepPart::kGemm);
   return w;
 }
 
 // Unfolded without dropout, the LoRA term comes first, dx (+)= s dt A, and the base GEMM then adds
-// into dx (beta 1), as linear_fwd orders its two terms.
+// into dx (beta 1), as linear_fwd orders its two terms. Row-folded (o_proj / down_proj, row_fold_, and
+// dy_ext given): dy_ext = [dy | s dy B] ([N, out + r]), and dx (+)= dy_ext [W; A] is the base GEMM
+// itself with K = out + r: no GEMM of K = r over dx (N x in, 14336 wide at 8B) and no second pass
+// of the base GEMM's epilogue over it.
 void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N,
-                            int64_t ldx) {
+                            int64_t ldx, void* dy_ext) {
   const ProjectionBinding& p = layer_.proj[idx];
   const DType act_t = ctx_.activation_dtype();
   const int g = fold_group(idx);
   const bool folded = g >= 0 && fold_[static_cast<size_t>(g)];
   const int64_t R = folded ? fold_r_[static_cast<size_t>(g)] : 0, W = p.in + R;
-  auto base = [&](bool add) {  // dx (+)= dy W
-    GemmShape s{N, p.in, p.out, false, false, 1.0f, add ? 1.0f : 0.0f};
+  const DropoutKey key = dropout_key(idx);
+  const bool row_fold = dy_ext && row_fold_[static_cast<size_t>(idx)] && p.r > 0 && !folded && key.p == 0.0f;
+  auto base = [&](bool add) {  // dx (+)= dy W (row-folded: dx (+)= [dy | s dt] [W; A])
+    GemmShape s{N, p.in, row_fold ? p.out + p.r : p.out, false, false, 1.0f, add ? 1.0f : 0.0f};
     s.a_type = s.c_type = act_t;
     s.b_type = weights_[idx] ? act_t : p.weight_dtype;
     s.ldc = ldx;
@@ -503,17 +536,42 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
     mark(StepPart::kGemm);
     Workspace& ws_w = ctx_.workspace();
     const size_t ws_w_mark = ws_w.used();
-    const void* w_bwd = backward_weight(idx, s);
-    ops::gemm(dx, dy, w_bwd ? w_bwd : p.dense, s, ctx_);
+    const void* w_bwd = backward_weight(idx, s, row_fold);
+    ops::gemm(dx, row_fold ? dy_ext : dy, w_bwd ? w_bwd : p.dense, s, ctx_);
     ws_w.rewind(ws_w_mark);
     mark(StepPart::kOther);
   };
-  const DropoutKey key = dropout_key(idx);
   // dx over x (down_proj's dm over m): only where x is read before dx is first written
   QS_CHECK(dx != x || p.r == 0 || (!folded && key.p == 0.0f && !accumulate_dx),
            "linear_bwd: the input gradient over the input needs an unfolded projection without dropout");
   if (p.r == 0 || folded || key.p > 0.0f) base(accumulate_dx);
   if (p.r == 0) return;
+  if (row_fold) {
+    QS_CHECK(ldx == 0 || ldx == p.in, "linear_bwd: a row-folded projection's input must be packed");
+    QS_CHECK(weights_[idx], "linear_bwd: a row-folded projection's weight must be in the workspace");
+    const int64_t ld = p.out + p.r;
+    mark(StepPart::kLora);
+    Workspace& ws = ctx_.workspace();
+    const size_t ws_mark = ws.used();
+    void* t = ws.take(N * p.r * dtype_size(act_t), "LoRA x A^T");
+    ops::gemm(t, x, p.lora_A, typed({N, p.r, p.in, false, true}, act_t, act_t, act_t), ctx_);  // t = x A^T
+    if (p.grad_B)  // dB += s dy^T t  (f32 gradient)
+      ops::gemm(p.grad_B, dy, t, typed({p.out, p.r, N, true, false, p.scaling, 1.0f}, act_t, act_t, DType::kF32),
+                ctx_);
+    ws.rewind(ws_mark);
+    ops::copy_2d(dy_ext, ld, dy, p.out, N, p.out, 1.0f, ctx_);  // dy_ext = [dy | ..]
+    GemmShape st = typed({N, p.r, p.out, false, false, p.scaling, 0.0f}, act_t, act_t, act_t);
+    st.ldc = ld;
+    ops::gemm(act(dy_ext, p.out), dy, p.lora_B, st, ctx_);  // [.. | s dt], s dt = s dy B
+    if (p.grad_A) {  // dA += (s dt)^T x
+      GemmShape sa = typed({p.r, p.in, N, true, false, 1.0f, 1.0f}, act_t, act_t, DType::kF32);
+      sa.lda = ld;
+      ops::gemm(p.grad_A, act(dy_ext, p.out), x, sa, ctx_);
+    }
+    mark(StepPart::kOther);
+    base(accumulate_dx);  // dx (+)= [dy | s dt] [W; A]; x (m) read above, dx may go over it
+    return;
+  }
   if (folded) {
     // s dt = dy (s B) into dx's extra columns, through W_ext's own [out, R] block (zeros beside
     // this projection's s B: the group's sum lands each dt in its columns). A separate GEMM: as
@@ -768,7 +826,9 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
     }
     // dm over m (llama_buffer_aliases): down_proj's backward reads m (its LoRA input) before it
     // first writes dm; gate / up's gradients over g / u, which swiglu_bwd reads before it writes.
-    linear_bwd(kDown, a.dm, false, dmlp, a.m, rows);
+    // row-folded: [dy | s dt] in this chunk's rows of dh2 (rows C + R_gu >= C + r apart), which
+    // gate / up's backward writes only after down_proj's has read them
+    linear_bwd(kDown, a.dm, false, dmlp, a.m, rows, 0, dh2);
     mark(StepPart::kSwiglu);
     ops::swiglu_bwd(a.g, a.u, a.dm, a.g, a.u, rows * I, ctx_, gated_act());
     linear_bwd(kGate, dh2, false, a.g, h2, rows, ld2);
@@ -787,7 +847,8 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
     ops::rmsnorm_bwd(a.dao, dx, a.ao, layer_.attn_out_norm, a.rstd_ao, N, C, ctx_);
     dattn = a.dao;
   }
-  linear_bwd(kO, a.da, false, dattn, a.a, N);
+  // row-folded: [dy | s dt] in dq's buffer (rows C + r apart), which attention's backward writes after
+  linear_bwd(kO, a.da, false, dattn, a.a, N, 0, a.dq);
   mark(StepPart::kAttention);
   ops::attention_bwd(a.dq, a.dk, a.dv, a.da, a.q, a.k, a.v, a.a, a.att_saved, B, T, H, Hkv, D, ctx_,
                      layer_window(c, layer_.layer), pos_ ? &pieces_ : nullptr, attention_scores());

@@ -297,8 +297,12 @@ class LlamaModel {
   // group's LoRA columns from the same rows. residual: y = x W^T (+ LoRA) + residual ([N, out],
   // may be y), added in the GEMMs' epilogues (no separate pass over y).
   void linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t ldx = 0, const void* residual = nullptr);
-  void linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N, int64_t ldx = 0);
-  const void* backward_weight(int idx, GemmShape& s);  // linear_bwd's B: the backward's rounding rule
+  // dy_ext: room for [N, out + r] in the activation dtype where the projection's backward may run
+  // row-folded (o_proj, down_proj: row_fold_), else null.
+  void linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N, int64_t ldx = 0,
+                  void* dy_ext = nullptr);
+  // linear_bwd's B: the backward's rounding rule; row_fold: [W; A] (A's r rows below W)
+  const void* backward_weight(int idx, GemmShape& s, bool row_fold = false);
   // The LoRA fold of group g (0: q|k|v on h1, 1: gate|up on h2): X A^T into x's extra columns
   // (forward); after the group's input-gradient GEMMs, the A gradients and dx += (s dt) A.
   void fold_fwd(int g, void* x, int64_t N);
@@ -334,6 +338,10 @@ class LlamaModel {
   std::array<bool, 2> fold_{};
   std::array<int64_t, 2> fold_r_{};
   std::array<int64_t, 7> fold_off_{};
+  // Per projection whether its backward is row-folded (set by dequantize_layer; o_proj and
+  // down_proj): its dequantized weight has A's r rows below W ([W; A], [out + r, in]), and
+  // dx = [dy | s dt] [W; A] is one GEMM (linear_bwd).
+  std::array<bool, 7> row_fold_{};
   StepProfiler profiler_;
   void mark(StepPart part) { profiler_.mark(part); }
   struct Staging;  // pinned host slots for ids/targets uploads

@@ -359,6 +359,17 @@ __global__ void copy_2d_kernel(bf16* dst, int64_t ld_dst, const bf16* src, int64
   }
 }
 
+// copy_2d of whole 16-byte words (scale 1, columns and both strides multiples of 8, both bases
+// 16-byte aligned): the row fold's [dy | ..] copy (LlamaModel::linear_bwd) of N x C elements,
+// which the element kernel's 64-bit division per element held well under the copy rate.
+__global__ void copy_2d_words_kernel(uint4* dst, int64_t ld_dst, const uint4* src, int64_t ld_src, int64_t rows,
+                                     int64_t cols) {
+  QS_GRID_STRIDE(i, rows * cols) {
+    const int64_t r = i / cols, c = i - r * cols;
+    dst[r * ld_dst + c] = src[r * ld_src + c];
+  }
+}
+
 // copy_2d_batch: blockIdx.y picks the block; the same element rule as copy_2d_kernel.
 struct Copy2dBatchArgs {
   Copy2dBlock blocks[kCopy2dBatchMax];
@@ -930,7 +941,15 @@ void add_bias(uint16_t* y, const float* bias, int64_t N, int64_t W, DeviceContex
 void copy_2d(uint16_t* dst, int64_t ld_dst, const uint16_t* src, int64_t ld_src, int64_t rows, int64_t cols, float scale,
              DeviceContext& ctx) {
   if (rows * cols == 0) return;
-  copy_2d_kernel<<<grid_for(rows * cols), 256, 0, st(ctx)>>>(B16(dst), ld_dst, B16(src), ld_src, rows, cols, scale);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (src && scale == 1.0f && cols % 8 == 0 && ld_dst % 8 == 0 && ld_src % 8 == 0 && aligned(dst) && aligned(src)) {
+    const int64_t words = rows * (cols / 8);
+    copy_2d_words_kernel<<<grid_for(words), 256, 0, st(ctx)>>>(reinterpret_cast<uint4*>(dst), ld_dst / 8,
+                                                                reinterpret_cast<const uint4*>(src), ld_src / 8, rows,
+                                                                cols / 8);
+  } else {
+    copy_2d_kernel<<<grid_for(rows * cols), 256, 0, st(ctx)>>>(B16(dst), ld_dst, B16(src), ld_src, rows, cols, scale);
+  }
   QS_CUDA_CHECK_LAUNCH();
 }
 

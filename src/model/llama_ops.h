@@ -400,6 +400,8 @@ void rmsnorm_bwd(void* dx, const void* dout, const void* x, const float* weight,
                  int64_t C, DeviceContext& ctx, int64_t ld_dout = 0);
 void add(void* out, const void* a, const void* b, int64_t n, DeviceContext& ctx);
 void accumulate(void* out, const void* b, int64_t n, DeviceContext& ctx);
+// out += b over f32 whatever the activation dtype (a LoRA gradient): runtime/accumulate.h's twins.
+void accumulate_f32(float* out, const float* b, int64_t n, DeviceContext& ctx);
 void copy(void* out, const void* x, int64_t n, DeviceContext& ctx);
 void zero(void* x, int64_t n, DeviceContext& ctx);
 void copy_2d(void* dst, int64_t ld_dst, const void* src, int64_t ld_src, int64_t rows, int64_t cols, float scale,

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/llama_ops.h"
+#include "runtime/accumulate.h"
 #include "runtime/dispatch.h"
 #include "runtime/error.h"
 
@@ -71,6 +72,11 @@ void add(void* out, const void* a, const void* b, int64_t n, DeviceContext& ctx)
 }
 void accumulate(void* out, const void* b, int64_t n, DeviceContext& ctx) {
   QS_DISPATCH("accumulate", cpu::accumulate(f(out), f(b), n, ctx), cuda::accumulate(h(out), h(b), n, ctx));
+}
+void accumulate_f32(float* out, const float* b, int64_t n, DeviceContext& ctx) {
+  // runtime/accumulate.h's twins (the sharded manager's gradient accumulation: one kernel for both).
+  QS_DISPATCH("accumulate_f32", qshard::cpu::accumulate_f32(out, b, n, ctx.stream()),
+              qshard::cuda::accumulate_f32(out, b, n, ctx.stream()));
 }
 void copy(void* out, const void* x, int64_t n, DeviceContext& ctx) {
   QS_DISPATCH("copy", cpu::copy(f(out), f(x), n, ctx), cuda::copy(h(out), h(x), n, ctx));

@@ -1,13 +1,13 @@
 // dispatch.h: the one rule by which every layer chooses between a kernel's CPU and CUDA twins.
 //
-// The twin rule (model/llama_ops.h, quant/blockwise.h, shard/accumulate.h, optim/adamw.h): each
+// The twin rule (model/llama_ops.h, quant/blockwise.h, runtime/accumulate.h, optim/adamw.h): each
 // kernel is `cpu::name` (the reference: plain loops, written to be read) and `cuda::name` (the
 // kernels), with the same name and parameters and a trailing DeviceContext& or stream (cudaStream_t
 // as void*; the CPU twin ignores it). Headers declare both unconditionally; the CUDA twins are
 // defined only in CUDA builds (the layer's .cu files), which is fine because only the layer's
 // dispatch file calls them.
 // The dispatch: one `<layer>_dispatch.cpp` per layer (model/llama_ops_dispatch.cpp,
-// quant/blockwise_dispatch.cpp, shard/accumulate_dispatch.cpp, optim/optim_dispatch.cpp) picks the
+// quant/blockwise_dispatch.cpp, runtime/accumulate_dispatch.cpp, optim/optim_dispatch.cpp) picks the
 // twin from where the work runs - the DeviceContext's backend, or the Device of the tensors or
 // pointers it is given - with QS_DISPATCH_TWIN below. Code outside the dispatch files calls the
 // dispatch, never a cuda:: twin, so it needs no `#if QSHARD_WITH_CUDA`: that test appears only in

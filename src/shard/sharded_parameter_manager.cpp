@@ -7,7 +7,7 @@
 
 #include "runtime/allocator.h"
 #include "runtime/parallel.h"
-#include "shard/accumulate.h"
+#include "runtime/accumulate.h"
 
 namespace qshard {
 

@@ -222,6 +222,40 @@ TEST(OpHarness, Copy2d) {
   });
 }
 
+// copy_2d of whole 16-byte words (CUDA's word kernel: scale 1, widths and strides multiples of 8,
+// aligned bases), as the row fold copies dy beside its s dt columns: exact, the gaps untouched.
+TEST(OpHarness, Copy2dWords) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    const int64_t rows = 67, cols = 64, ld_src = 72, ld_dst = 80;
+    Tensor src = to_act(ctx, in.vec(rows * ld_src)), dst = to_act(ctx, std::vector<float>(rows * ld_dst, 3.0f));
+    const auto S = back(ctx, src);
+    ops::copy_2d(dst.raw(), ld_dst, src.raw(), ld_src, rows, cols, 1.0f, ctx);
+    std::vector<double> want(rows * ld_dst, 3.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) want[r * ld_dst + c] = S[r * ld_src + c];
+    report(ctx, "copy_2d (words)", in.adversarial, back(ctx, dst), want, 0.0);
+  });
+}
+
+// accumulate_f32: a fold group's A gradients added into each projection's f32 gradient, whatever
+// the activation dtype: one float add each, exact.
+TEST(OpHarness, AccumulateF32) {
+  for (auto& ctx : backends()) {
+    const int64_t n = 70001;
+    std::vector<float> out(n), b(n);
+    for (int64_t i = 0; i < n; ++i) out[i] = 0.37f * static_cast<float>(i % 97) - 11.0f, b[i] = 1e-3f * static_cast<float>(i % 89) - 0.04f;
+    Tensor to = Tensor::from_vector({n}, DType::kF32, out).to(ctx->compute_device());
+    Tensor tb = Tensor::from_vector({n}, DType::kF32, b).to(ctx->compute_device());
+    ops::accumulate_f32(static_cast<float*>(to.raw()), static_cast<const float*>(tb.raw()), n - 1, *ctx);
+    ctx->compute().synchronize();
+    const Tensor got = to.to(Device::kCpu);
+    const auto* g = static_cast<const float*>(got.raw());
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += g[i] != (i < n - 1 ? out[i] + b[i] : out[i]);
+    EXPECT_EQ(wrong, 0) << (ctx->is_cuda() ? "cuda" : "cpu");
+  }
+}
+
 // copy_2d_batch: the LoRA fold's packing in one op: blocks of different sizes (scaled copies and
 // zeros) into two buffers, as copy_2d would write each; the rest untouched. tol 0 against one
 // rounding of scale * x.

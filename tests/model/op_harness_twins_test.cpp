@@ -18,7 +18,7 @@
 #include "model/op_harness.h"
 #include "optim/adamw.h"
 #include "quant/blockwise.h"
-#include "shard/accumulate.h"
+#include "runtime/accumulate.h"
 
 namespace qshard {
 namespace {

@@ -17,7 +17,7 @@
 #include "runtime/nccl_communicator.h"
 #endif
 #include "runtime/world.h"
-#include "shard/accumulate.h"
+#include "runtime/accumulate.h"
 #include "shard/sharded_parameter_manager.h"
 
 namespace qshard {

@@ -1,5 +1,5 @@
 // CPU twins of accumulate.h (the reference).
-#include "shard/accumulate.h"
+#include "runtime/accumulate.h"
 
 namespace qshard {
 

@@ -4,7 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "runtime/cuda_check.h"
-#include "shard/accumulate.h"
+#include "runtime/accumulate.h"
 
 namespace qshard {
 namespace {

@@ -1,7 +1,7 @@
 // The one dispatch of accumulate.h: the twin of the tensors' device (runtime/dispatch.h: a CPU
 // build has no CUDA twins).
 #include "runtime/dispatch.h"
-#include "shard/accumulate.h"
+#include "runtime/accumulate.h"
 
 namespace qshard {
 
