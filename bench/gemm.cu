@@ -3,11 +3,17 @@
 // beside the alternatives: the heuristic's first algorithm against the fastest of its first 16,
 // q/k/v and gate/up fused into one GEMM, and the backward's dx = dy W with W stored transposed.
 // bf16 in and out, f32 accumulation. TFLOP/s = 2 M N K / time.
-// Usage: bench_gemm [--tokens N] [--iters N] [--json FILE]
+// --sustain S: first S seconds of back-to-back GEMMs (the heuristic's first algorithm) for the
+// square shape and the layer's largest ones, in windows of about 0.5 s: the first window is the
+// burst rate a short measurement sees (qshard's MFU denominator: ten 8192^3 GEMMs, ~14 ms), the
+// last the rate under sustained load, where a power-capped card has lowered its clock (a training
+// step is seconds of such load).
+// Usage: bench_gemm [--tokens N] [--iters N] [--sustain SECONDS] [--json FILE]
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -107,16 +113,73 @@ Result run_case(const Case& c, const void* A, const void* B, void* C, int iters)
   return r;
 }
 
+// Back-to-back launches of the heuristic's first algorithm for `seconds`, timed in windows of about
+// 0.5 s (the launch count from a short first timing); TFLOP/s per window.
+std::vector<double> sustain_case(const Case& c, const void* A, const void* B, void* C, double seconds) {
+  cublasLtMatmulDesc_t op;
+  LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = c.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = c.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  cublasLtMatrixLayout_t la, lb, lc;
+  if (c.trans_b) LT_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, c.K, c.N, c.ldb));
+  else LT_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, c.N, c.K, c.ldb));
+  if (c.trans_a) LT_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, c.M, c.K, c.lda));
+  else LT_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, c.K, c.M, c.lda));
+  LT_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, c.N, c.M, c.ldc));
+  cublasLtMatmulPreference_t pref;
+  LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
+                                                sizeof(kWorkspace)));
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  LT_CHECK(cublasLtMatmulAlgoGetHeuristic(g_lt, op, la, lb, lc, lc, pref, 1, &heur, &found));
+  std::vector<double> rates;
+  if (found > 0) {
+    const float alpha = 1.0f, beta = c.accumulate ? 1.0f : 0.0f;
+    auto launch = [&] {
+      LT_CHECK(cublasLtMatmul(g_lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur.algo, g_ws, kWorkspace,
+                              nullptr));
+    };
+    auto timed = [&](int n) {
+      QS_CUDA_CHECK(cudaEventRecord(g_e0));
+      for (int k = 0; k < n; ++k) launch();
+      QS_CUDA_CHECK(cudaEventRecord(g_e1));
+      QS_CUDA_CHECK(cudaEventSynchronize(g_e1));
+      float ms = 0;
+      QS_CUDA_CHECK(cudaEventElapsedTime(&ms, g_e0, g_e1));
+      return static_cast<double>(ms);
+    };
+    launch();
+    const double first_ms = timed(3) / 3;
+    const int per_window = std::max(1, static_cast<int>(500.0 / std::max(first_ms, 1e-3)));
+    const double flop = 2.0 * c.M * c.N * c.K * per_window;
+    for (double spent = 0; spent < seconds * 1e3;) {
+      const double ms = timed(per_window);
+      spent += ms;
+      rates.push_back(flop / (ms * 1e-3) / 1e12);
+    }
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(op);
+  return rates;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t T = 8192;
   int iters = 20;
+  double sustain_s = 0;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) T = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--sustain") && i + 1 < argc) sustain_s = std::atof(argv[++i]);
   }
   LT_CHECK(cublasLtCreate(&g_lt));
   QS_CUDA_CHECK(cudaMalloc(&g_ws, kWorkspace));
@@ -179,7 +242,31 @@ int main(int argc, char** argv) {
             ", \"top1_ms\": " + std::to_string(r.top1_ms) + ", \"best_ms\": " + std::to_string(r.best_ms) +
             ", \"best_index\": " + std::to_string(r.best_index) + "}";
   }
-  json += "]}\n";
+  json += "]";
+  if (sustain_s > 0) {
+    // The square shape and the layer's two largest GEMMs (gate|up forward, folded; down forward).
+    std::printf("\nsustained (%.0f s each, windows of ~0.5 s): TFLOP/s first window / median / last window\n",
+                sustain_s);
+    json += ", \"sustained\": [";
+    bool first_case = true;
+    for (const char* name : {"square 8192^3", "fwd gate_up fused", "fwd down"}) {
+      for (const Case& c : cases) {
+        if (c.name != name) continue;
+        std::vector<double> w = sustain_case(c, A, B, Cbuf, sustain_s);
+        if (w.empty()) continue;
+        std::vector<double> sorted = w;
+        std::sort(sorted.begin(), sorted.end());
+        std::printf("| %s | %.0f | %.0f | %.0f | %zu windows |\n", name, w.front(), sorted[sorted.size() / 2], w.back(),
+                    w.size());
+        json += std::string(first_case ? "" : ", ") + "{\"name\": \"" + c.name + "\", \"windows_tflops\": [";
+        for (size_t k = 0; k < w.size(); ++k) json += (k ? ", " : "") + std::to_string(w[k]);
+        json += "]}";
+        first_case = false;
+      }
+    }
+    json += "]";
+  }
+  json += "}\n";
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");
     if (f) {
