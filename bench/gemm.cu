@@ -63,108 +63,93 @@ struct Result {
   int best_index = 0, algos = 0;
 };
 
-Result run_case(const Case& c, const void* A, const void* B, void* C, int iters) {
+// A case's cuBLASLt description (cuBLASLt's A = our B, its B = our A) and its heuristic's first
+// `want` algorithms (want <= 16).
+struct LtCase {
   cublasLtMatmulDesc_t op;
-  LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = c.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = c.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   cublasLtMatrixLayout_t la, lb, lc;
-  if (c.trans_b) LT_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, c.K, c.N, c.ldb));
-  else LT_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, c.N, c.K, c.ldb));
-  if (c.trans_a) LT_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, c.M, c.K, c.lda));
-  else LT_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, c.K, c.M, c.lda));
-  LT_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, c.N, c.M, c.ldc));
-  cublasLtMatmulPreference_t pref;
-  LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
-                                                sizeof(kWorkspace)));
   cublasLtMatmulHeuristicResult_t heur[16];
   int found = 0;
-  LT_CHECK(cublasLtMatmulAlgoGetHeuristic(g_lt, op, la, lb, lc, lc, pref, 16, heur, &found));
+  LtCase(const Case& c, int want) {
+    LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = c.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = c.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (c.trans_b) LT_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, c.K, c.N, c.ldb));
+    else LT_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, c.N, c.K, c.ldb));
+    if (c.trans_a) LT_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, c.M, c.K, c.lda));
+    else LT_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, c.K, c.M, c.lda));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, c.N, c.M, c.ldc));
+    cublasLtMatmulPreference_t pref;
+    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
+                                                  sizeof(kWorkspace)));
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(g_lt, op, la, lb, lc, lc, pref, want, heur, &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+  }
+  ~LtCase() {
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(op);
+  }
+  LtCase(const LtCase&) = delete;
+  LtCase& operator=(const LtCase&) = delete;
+};
+
+// Milliseconds of n back-to-back calls of launch() on the default stream (events around them).
+template <typename F>
+double time_launches(F&& launch, int n) {
+  QS_CUDA_CHECK(cudaEventRecord(g_e0));
+  for (int k = 0; k < n; ++k) launch();
+  QS_CUDA_CHECK(cudaEventRecord(g_e1));
+  QS_CUDA_CHECK(cudaEventSynchronize(g_e1));
+  float ms = 0;
+  QS_CUDA_CHECK(cudaEventElapsedTime(&ms, g_e0, g_e1));
+  return static_cast<double>(ms);
+}
+
+cublasStatus_t matmul(const LtCase& lt, const Case& c, const cublasLtMatmulAlgo_t& algo, const void* A, const void* B,
+                      void* C) {
   const float alpha = 1.0f, beta = c.accumulate ? 1.0f : 0.0f;
+  return cublasLtMatmul(g_lt, lt.op, &alpha, B, lt.la, A, lt.lb, &beta, C, lt.lc, C, lt.lc, &algo, g_ws, kWorkspace,
+                        nullptr);
+}
+
+Result run_case(const Case& c, const void* A, const void* B, void* C, int iters) {
+  const LtCase lt(c, 16);
   Result r;
-  r.algos = found;
-  for (int i = 0; i < found; ++i) {
-    auto launch = [&] {
-      return cublasLtMatmul(g_lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur[i].algo, g_ws, kWorkspace,
-                            nullptr);
-    };
+  r.algos = lt.found;
+  for (int i = 0; i < lt.found; ++i) {
+    auto launch = [&] { return matmul(lt, c, lt.heur[i].algo, A, B, C); };
     if (launch() != CUBLAS_STATUS_SUCCESS) continue;
     launch();
-    QS_CUDA_CHECK(cudaEventRecord(g_e0));
-    for (int k = 0; k < iters; ++k) launch();
-    QS_CUDA_CHECK(cudaEventRecord(g_e1));
-    QS_CUDA_CHECK(cudaEventSynchronize(g_e1));
-    float ms = 0;
-    QS_CUDA_CHECK(cudaEventElapsedTime(&ms, g_e0, g_e1));
-    const double per = ms / iters;
+    const double per = time_launches(launch, iters) / iters;
     if (i == 0) r.top1_ms = per;
     if (r.best_ms == 0 || per < r.best_ms) {
       r.best_ms = per;
       r.best_index = i;
     }
   }
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(lc);
-  cublasLtMatmulDescDestroy(op);
   return r;
 }
 
 // Back-to-back launches of the heuristic's first algorithm for `seconds`, timed in windows of about
 // 0.5 s (the launch count from a short first timing); TFLOP/s per window.
 std::vector<double> sustain_case(const Case& c, const void* A, const void* B, void* C, double seconds) {
-  cublasLtMatmulDesc_t op;
-  LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = c.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = c.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  cublasLtMatrixLayout_t la, lb, lc;
-  if (c.trans_b) LT_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, c.K, c.N, c.ldb));
-  else LT_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, c.N, c.K, c.ldb));
-  if (c.trans_a) LT_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, c.M, c.K, c.lda));
-  else LT_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, c.K, c.M, c.lda));
-  LT_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, c.N, c.M, c.ldc));
-  cublasLtMatmulPreference_t pref;
-  LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
-                                                sizeof(kWorkspace)));
-  cublasLtMatmulHeuristicResult_t heur{};
-  int found = 0;
-  LT_CHECK(cublasLtMatmulAlgoGetHeuristic(g_lt, op, la, lb, lc, lc, pref, 1, &heur, &found));
+  const LtCase lt(c, 1);
   std::vector<double> rates;
-  if (found > 0) {
-    const float alpha = 1.0f, beta = c.accumulate ? 1.0f : 0.0f;
-    auto launch = [&] {
-      LT_CHECK(cublasLtMatmul(g_lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur.algo, g_ws, kWorkspace,
-                              nullptr));
-    };
-    auto timed = [&](int n) {
-      QS_CUDA_CHECK(cudaEventRecord(g_e0));
-      for (int k = 0; k < n; ++k) launch();
-      QS_CUDA_CHECK(cudaEventRecord(g_e1));
-      QS_CUDA_CHECK(cudaEventSynchronize(g_e1));
-      float ms = 0;
-      QS_CUDA_CHECK(cudaEventElapsedTime(&ms, g_e0, g_e1));
-      return static_cast<double>(ms);
-    };
-    launch();
-    const double first_ms = timed(3) / 3;
-    const int per_window = std::max(1, static_cast<int>(500.0 / std::max(first_ms, 1e-3)));
-    const double flop = 2.0 * c.M * c.N * c.K * per_window;
-    for (double spent = 0; spent < seconds * 1e3;) {
-      const double ms = timed(per_window);
-      spent += ms;
-      rates.push_back(flop / (ms * 1e-3) / 1e12);
-    }
+  if (lt.found == 0) return rates;
+  auto launch = [&] { LT_CHECK(matmul(lt, c, lt.heur[0].algo, A, B, C)); };
+  launch();
+  const double first_ms = time_launches(launch, 3) / 3;
+  const int per_window = std::max(1, static_cast<int>(500.0 / std::max(first_ms, 1e-3)));
+  const double flop = 2.0 * c.M * c.N * c.K * per_window;
+  for (double spent = 0; spent < seconds * 1e3;) {
+    const double ms = time_launches(launch, per_window);
+    spent += ms;
+    rates.push_back(flop / (ms * 1e-3) / 1e12);
   }
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(lc);
-  cublasLtMatmulDescDestroy(op);
   return rates;
 }
 

@@ -318,7 +318,7 @@ void LlamaModel::dequantize_layer() {
   // for [dy | s dt]: down_proj's with gate|up folded, in their input-gradient buffer (dh2, rows
   // C + R_gu apart); o_proj's with q|k|v folded, in dq's buffer (llama_buffer_plan sizes it).
   row_fold_.fill(false);
-  for (const auto [idx, on] : {std::pair{kO, fold_[0]}, std::pair{kDown, fold_[1] && layer_.proj[kDown].r <= fold_r_[1]}}) {
+  for (const auto& [idx, on] : {std::pair{kO, fold_[0]}, std::pair{kDown, fold_[1] && layer_.proj[kDown].r <= fold_r_[1]}}) {
     const ProjectionBinding& p = layer_.proj[static_cast<size_t>(idx)];
     row_fold_[static_cast<size_t>(idx)] = on && p.r > 0 && p.lora_A && (p.quantized || p.weight_dtype == act_t);
   }

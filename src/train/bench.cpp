@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include <fmt/format.h>
 
 #include "checkpoint/safetensors.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
+#include "runtime/gpu_monitor.h"
 #include "runtime/input_file.h"
 #include "runtime/job_settings.h"
 #include "runtime/log.h"
@@ -142,13 +144,20 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
   cfg.steps -= o.profile_steps - profile_steps;
   cb.profile = profile_steps > 0;
   cb.profile_paused = true;
+  // The SM clock, power and clock-event reasons over the timed steps (NVML on a host thread).
+  std::unique_ptr<GpuMonitor> clocks = rt.ctx.is_cuda() ? std::make_unique<GpuMonitor>(100) : nullptr;
+  if (clocks && o.warmup == 0 && o.steps > 0) clocks->start();
+  GpuClockSummary clock_summary;
   cb.after_step = [&](int64_t step, LlamaModel& model) {
+    if (clocks && step == o.warmup && o.steps > 0) clocks->start();
     if (step == o.warmup + o.steps) {
+      if (clocks) clock_summary = clocks->stop();
       model.reset_profile();
       model.set_profiling(true);
     }
   };
   const TrainSummary s = train(cfg, rt, &cb);
+  if (clocks && !clock_summary.available()) clock_summary = clocks->stop();
 
   // The ceilings, measured now (CUDA).
   const double copy_bps = measure_copy_bandwidth(rt.ctx), h2d_bps = measure_h2d_bandwidth(rt.ctx);
@@ -202,6 +211,16 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
   for (size_t i = 0; i < s.profile.ms.size(); ++i)
     if (rt.ctx.is_cuda()) split[step_part_name(static_cast<StepPart>(i))] = s.profile.ms[i] * per;
   j["time_split_ms"] = split;
+  if (clock_summary.available())
+    j["gpu_clock"] = {{"samples", clock_summary.samples},
+                      {"sm_mhz_median", clock_summary.sm_mhz_median},
+                      {"sm_mhz_p10", clock_summary.sm_mhz_p10},
+                      {"sm_mhz_p90", clock_summary.sm_mhz_p90},
+                      {"sm_mhz_max", clock_summary.sm_mhz_max},
+                      {"power_w_median", clock_summary.power_w_median},
+                      {"power_limit_w", clock_summary.power_limit_w},
+                      {"power_capped_share", clock_summary.power_capped_share},
+                      {"thermal_share", clock_summary.thermal_share}};
   j["memory_ledger"] = p.ledger.to_json();
 
   if (rank == 0) {
@@ -230,6 +249,8 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
       t += fmt::format("  {:<26} {:.2f} GiB\n", "peak host memory (RSS)", gib(static_cast<double>(peak_rss_bytes())));
       t += fmt::format("  {:<26} copy {:.0f} GB/s, pinned host-to-device {:.1f} GB/s\n", "limits measured now",
                        copy_bps * 1e-9, h2d_bps * 1e-9);
+      if (clock_summary.available())
+        t += fmt::format("  {:<26} {}\n", "GPU during timed steps", clock_summary.describe());
       double total = 0;
       for (double v : s.profile.ms) total += v;
       if (profile_steps > 0)
