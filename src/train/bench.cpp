@@ -157,7 +157,6 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
     }
   };
   const TrainSummary s = train(cfg, rt, &cb);
-  if (clocks && !clock_summary.available()) clock_summary = clocks->stop();
 
   // The ceilings, measured now (CUDA).
   const double copy_bps = measure_copy_bandwidth(rt.ctx), h2d_bps = measure_h2d_bandwidth(rt.ctx);
