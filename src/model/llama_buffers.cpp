@@ -118,6 +118,7 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   d.convert_head = backend == Backend::kCuda && head_t != act_t;
   d.kept_sets = std::max<int64_t>(std::min(o.keep_layers, d.L) - 1, 0);
   d.kept_mlp = o.kept_mlp;
+  d.host_kept_mlp = o.host_kept_mlp;
   // Host-kept layers: of those left to recompute (all but the kept sets and the last), through
   // two device staging sets (one when only one layer goes to the host). The whole MLP only.
   const int64_t open = std::max<int64_t>(d.L - 1 - d.kept_sets, 0);
@@ -145,8 +146,9 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
 namespace {
 
 // One set of a layer's internals: into the working set (prefix "") or a kept set.
+// mlp: a kept set holds gate / up (the working set always does).
 void add_internals(BufferPlan& p, const LlamaBufferDims& d, Backend backend, int64_t esz, BufferLife life,
-                   const std::string& prefix, int64_t mlp_rows, LlamaInternals* s) {
+                   const std::string& prefix, int64_t mlp_rows, LlamaInternals* s, bool mlp = true) {
   const int64_t N = d.N, C = d.C, q = d.H * d.D, kv = d.Hkv * d.D;
   auto t = [&](auto* field) { return s ? reinterpret_cast<void**>(field) : nullptr; };
   // A kept set has no h1 / h2: the backward recomputes them (one RMSNorm and the fold's x A^T each)
@@ -170,10 +172,10 @@ void add_internals(BufferPlan& p, const LlamaBufferDims& d, Backend backend, int
   // h2 of the working set: chunk-sized with a chunked MLP (each chunk's norm into it).
   if (!kept) p.add(prefix + "h2", mlp_rows * (C + d.fold_r[1]) * esz, life, t(s ? &s->h2 : nullptr));
   p.add(prefix + "rstd2", N * 4, life, t(s ? &s->rstd2 : nullptr));
-  // Without the MLP (kept_mlp false) a kept set leaves gate / up to the backward (two GEMMs from h2,
-  // into the working set's): two thirds of a kept layer's bytes at the 8B shape, half of its
-  // forward's FLOPs.
-  if (kept && !d.kept_mlp) return;
+  // Without the MLP (kept_mlp / host_kept_mlp false) a kept set leaves gate / up to the backward (two
+  // GEMMs from h2, into the working set's): two thirds of a kept layer's bytes at the 8B shape, half
+  // of its forward's FLOPs.
+  if (kept && !mlp) return;
   p.add(prefix + "gate", mlp_rows * d.I * esz, life, t(s ? &s->g : nullptr));
   p.add(prefix + "up", mlp_rows * d.I * esz, life, t(s ? &s->u : nullptr));
 }
@@ -200,9 +202,10 @@ int64_t llama_checkpoint_ring_slots(const LlamaBufferDims& d) {
   return d.checkpoint_slots - (llama_checkpoint_buffers(d.L, d.checkpoint_every) - d.checkpoints);
 }
 
-int64_t llama_kept_set_bytes(const LlamaBufferDims& d, Backend backend, DType act_t) {
+int64_t llama_kept_set_bytes(const LlamaBufferDims& d, Backend backend, DType act_t, bool host_tier) {
   BufferPlan one;
-  add_internals(one, d, backend, static_cast<int64_t>(dtype_size(act_t)), BufferLife::kKept, "", d.N, nullptr);
+  add_internals(one, d, backend, static_cast<int64_t>(dtype_size(act_t)), BufferLife::kKept, "", d.N, nullptr,
+                host_tier ? d.host_kept_mlp : d.kept_mlp);
   return one.total(BufferLife::kKept);
 }
 
@@ -282,14 +285,14 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   if (a) a->kept.assign(static_cast<size_t>(d.kept_sets + d.staging_sets), LlamaInternals{});
   for (int64_t i = 0; i < d.kept_sets; ++i)
     add_internals(p, d, backend, esz, BufferLife::kKept, "kept[" + std::to_string(i) + "].", N,
-                  a ? &a->kept[static_cast<size_t>(i)] : nullptr);
+                  a ? &a->kept[static_cast<size_t>(i)] : nullptr, d.kept_mlp);
   for (int64_t i = 0; i < d.staging_sets; ++i)
     add_internals(p, d, backend, esz, BufferLife::kKept, "host-kept staging[" + std::to_string(i) + "].", N,
-                  a ? &a->kept[static_cast<size_t>(d.kept_sets + i)] : nullptr);
+                  a ? &a->kept[static_cast<size_t>(d.kept_sets + i)] : nullptr, d.host_kept_mlp);
   // ---- host-kept layers but the last staging_sets (those stay in their staging set from their
   // forward to their backward): one set's bytes each in pinned host memory (the model allocates it) ----
   if (d.host_sets > d.staging_sets) {
-    const int64_t set = llama_kept_set_bytes(d, backend, act_t);
+    const int64_t set = llama_kept_set_bytes(d, backend, act_t, true);
     for (int64_t i = 0; i < d.host_sets - d.staging_sets; ++i)
       p.add("host kept[" + std::to_string(i) + "]", set, BufferLife::kHost);
   }

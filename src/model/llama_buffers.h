@@ -90,7 +90,8 @@ struct LlamaBufferDims {
   bool convert_lora = false;         // LoRA A/B converted from f32 to the activation dtype at bind
   bool convert_head = false;         // the LM head converted into a buffer of the model's
   int64_t kept_sets = 0;             // kept layers but the last
-  bool kept_mlp = true;              // kept sets hold gate / up (false: the backward recomputes them)
+  bool kept_mlp = true;              // device kept sets hold gate / up (false: the backward recomputes them)
+  bool host_kept_mlp = true;         // the host tier's sets (staging and host) hold gate / up
   int64_t host_sets = 0;             // host-kept layers (pinned host sets)
   int64_t staging_sets = 0;          // their device staging sets (min(host_sets, 2))
   bool host_checkpoints = false;     // x_l through checkpoint_slots device slots, the rest in pinned memory
@@ -147,7 +148,7 @@ struct LlamaActivations : LlamaInternals {
     static_cast<LlamaInternals&>(*this) = s;
     if (!s.h1) h1 = work.h1;
     if (!s.h2) h2 = work.h2;
-    if (!s.g) g = work.g;  // a kept set without the MLP's gate / up (options.kept_mlp false)
+    if (!s.g) g = work.g;  // a kept set without the MLP's gate / up (options.kept_mlp / host_kept_mlp false)
     if (!s.u) u = work.u;
   }
   void* xs = nullptr;        // [L+1, N, C] layer inputs (checkpoints); xs[L] the final hidden state
@@ -205,8 +206,10 @@ int64_t llama_checkpoint_buffers(int64_t L, int64_t every);
 // The device slots of the checkpoint ring (host_checkpoints): the dims' slots less the scratch.
 int64_t llama_checkpoint_ring_slots(const LlamaBufferDims& dims);
 
-// One kept set's bytes (each kept set, staging set and host set is this many, contiguous).
-int64_t llama_kept_set_bytes(const LlamaBufferDims& dims, Backend backend, DType activation_dtype);
+// One kept set's bytes: a device kept set's, or (host_tier) a staging set's and a host set's. The
+// kept storage holds the kept sets, then the staging sets, each contiguous at its own size.
+int64_t llama_kept_set_bytes(const LlamaBufferDims& dims, Backend backend, DType activation_dtype,
+                             bool host_tier = false);
 
 // After the plan's allocation: the buffers that share another's memory (dh2, da, xf, dxf).
 void llama_buffer_aliases(const LlamaBufferDims& dims, LlamaActivations& a);

@@ -108,11 +108,15 @@ struct LlamaModelOptions {
   // copy has the compute of the layers between them to hide behind. Same arithmetic: the same bits.
   // REQUIRES the whole MLP (mlp_chunk_rows 0); more than the recomputed layers are clamped.
   int64_t host_keep_layers = 0;
-  // kept_mlp false: the kept layers' sets (device and host) hold no gate / up; a kept layer's
-  // backward recomputes those two GEMMs (and SwiGLU) from h2, as it recomputes h1 and h2. About a
-  // third of a kept layer's bytes at the 8B shape for half of its forward's FLOPs: at a tight
-  // budget three such layers for one whole. Same kernels on the same inputs: the same bits.
+  // kept_mlp false: the device-kept layers' sets hold no gate / up; a kept layer's backward
+  // recomputes those two GEMMs (and SwiGLU) from h2, as it recomputes h1 and h2. About a third of a
+  // kept layer's bytes at the 8B shape for half of its forward's FLOPs: at a tight budget three such
+  // layers for one whole. host_kept_mlp: the same for the host tier's sets (staging and host), on
+  // its own: device sets whole beside lean host sets spend the device's room on whole layers while
+  // the host tier's copies (bound by PCIe) carry a third of the bytes each. Same kernels on the
+  // same inputs: the same bits.
   bool kept_mlp = true;
+  bool host_kept_mlp = true;
   // host_checkpoints: the layer inputs x_0..x_L (activation checkpointing's checkpoints) go
   // through checkpoint_slots device slots (at least kCheckpointSlots) instead of one buffer each:
   // x_0..x_L-slots are copied to pinned host memory as the forward writes them and back ahead of
@@ -161,10 +165,11 @@ LlamaStepBytes llama_step_bytes(const BufferPlan& plan);
 LlamaStepBytes llama_step_bytes(const LlamaConfig& config, const LlamaModelOptions& options, Backend backend,
                                 DType activation_dtype, DType head_dtype, int64_t lora_r);
 
-// One kept layer's internals (LlamaModelOptions::keep_layers: each kept layer but the last costs this;
-// each host-kept layer this many bytes of pinned host memory, and two staging sets this much each).
+// One kept layer's internals (LlamaModelOptions::keep_layers: each kept layer but the last costs this,
+// with options.kept_mlp's gate / up or not). host_tier: a host-kept layer's instead (options.host_kept_mlp):
+// this many bytes of pinned host memory each, and two staging sets this much each on the device.
 double llama_kept_layer_bytes(const LlamaConfig& config, const LlamaModelOptions& options, Backend backend,
-                              DType activation_dtype, int64_t lora_r);
+                              DType activation_dtype, int64_t lora_r, bool host_tier = false);
 
 // The GPU's fused attention (cuDNN) takes only a head_dim that is a multiple of 8, and no soft-capped
 // scores (Gemma 2's attn_logit_softcapping): on Backend::kCuda either is an InputError naming

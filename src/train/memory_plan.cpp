@@ -66,9 +66,9 @@ std::string MemoryPlan::describe() const {
                      checkpoint_every > 1 ? " (one the recomputed input's)" : "");
   if (embedding_on_host) s += cuda ? "; the embedding table in pinned host memory" : "; the embedding table whole on every rank";
   if (host_keep_layers > 0)
-    s += fmt::format("; {} more keep theirs in pinned host memory ({}{}, through {} staging set{} on the {})",
-                     host_keep_layers, kept_mlp ? "" : "without gate / up, ", human_bytes(host_bytes()),
-                     staging_sets(), staging_sets() > 1 ? "s" : "", mem);
+    s += fmt::format("; {} more keep theirs in pinned host memory ({}{}, through {} staging set{} of {} on the {})",
+                     host_keep_layers, host_kept_mlp ? "" : "without gate / up, ", human_bytes(host_bytes()),
+                     staging_sets(), staging_sets() > 1 ? "s" : "", human_bytes(per_host_kept), mem);
   s += fmt::format("; {}: {} {} + step buffers {} + kept {} = {}", mem, measured ? "in use" : "resident (estimate)",
                    human_bytes(resident), human_bytes(step), human_bytes(kept_bytes()), human_bytes(total()));
   if (est_step_s > 0) {
@@ -124,7 +124,8 @@ struct CostInputs {
   double lora_params = 0;
   double embed_row_bytes = 0;      // one row of the embedding table
   double gate_up_share = 0;        // gate / up's share of a layer's forward FLOPs (a kept layer
-                                   // without them recomputes that much: LlamaModelOptions::kept_mlp)
+                                   // without them recomputes that much: LlamaModelOptions::kept_mlp,
+                                   // host_kept_mlp)
   int world = 1;
   double attention_flops = 0;      // flops_per_token's attention (a token's scores and values, PaLM's count)
 };
@@ -196,10 +197,14 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
   const double a =
       ((in.flops_per_token - in.attention_flops) / kMfuRecompute + in.attention_flops / attention_mfu(in.T)) / R;
   const double N = static_cast<double>(p.micro_batch) * in.T;
-  const double kept_layers = static_cast<double>(std::max<int64_t>(p.keep_layers, 1) - 1 + p.host_keep_layers);
-  // A kept layer without gate / up still recomputes those two GEMMs.
-  const double kept = (in.L > 1 ? std::min(kept_layers / (in.L - 1), 1.0) : 0.0) *
-                      (p.kept_mlp ? 1.0 : 1.0 - in.gate_up_share);
+  // The kept fraction of the layers (device- or host-kept): a kept layer without gate / up still
+  // recomputes those two GEMMs.
+  const double device_kept = std::min(static_cast<double>(std::max<int64_t>(p.keep_layers, 1) - 1), in.L - 1);
+  const double host_kept = std::min(static_cast<double>(p.host_keep_layers), in.L - 1 - device_kept);
+  const double kept = in.L > 1 ? (device_kept * (p.kept_mlp ? 1.0 : 1.0 - in.gate_up_share) +
+                                  host_kept * (p.host_kept_mlp ? 1.0 : 1.0 - in.gate_up_share)) /
+                                     (in.L - 1)
+                               : 0.0;
   double micro = (N * a + kFixedTokens * a) * (1 - kRecomputeShare * kept);
   const double copy = in.layer_bytes / in.world / h2d;
   if (p.offload_params) {
@@ -223,7 +228,7 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
     // ones are spread over (the recomputed range: two staging sets let the compute run at most two
     // sets ahead of the copies); what that compute cannot cover is exposed. Fitted to the H200 rows
     // of docs/PERFORMANCE.md (session 16) within 8%.
-    const double sets = static_cast<double>(p.host_keep_layers - 2) * p.per_kept / h2d;
+    const double sets = static_cast<double>(p.host_keep_layers - 2) * p.per_host_kept / h2d;
     const double open = in.L - static_cast<double>(std::max<int64_t>(p.keep_layers, 1));
     const double fwd = N * a * (1 - kRecomputeShare) / 3 * open / in.L;
     const double recomputed = std::max(0.0, open - static_cast<double>(p.host_keep_layers));
@@ -321,7 +326,8 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
       return llama_kept_layer_bytes(lc, step_options(config, micro, 0, host_ck, kCheckpointSlots, 1, kept_mlp), backend,
                                     act_t, config.lora.r);
     };
-    p.per_kept = per_kept_of(true);
+    const double whole_set = per_kept_of(true);
+    p.per_kept = p.per_host_kept = whole_set;
     p.library = cuda ? library_bytes(static_cast<double>(N), static_cast<double>(lc.hidden_size),
                                      static_cast<double>(lc.num_attention_heads * lc.head_dim))
                      : 0.0;
@@ -330,25 +336,21 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     const bool whole = p.mlp_chunk_rows == 0 && p.per_kept > 0;
     auto fill = [&](MemoryPlan& q) {  // the device-kept layers the budget holds beside q's staging sets
       if (m.keep_layers < 0 && budget > 0 && whole && every == 1)
-        q.keep_layers = kept_for_room(budget - q.resident - q.step - q.per_kept * q.staging_sets(), q.per_kept, q.layers);
+        q.keep_layers = kept_for_room(budget - q.resident - q.step - q.staging_bytes(), q.per_kept, q.layers);
       q.host_keep_layers = std::clamp<int64_t>(q.host_keep_layers, 0, whole ? open_layers(q) : 0);
     };
+    p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
     p.host_keep_layers = m.host_keep_layers > 0 ? m.host_keep_layers : 0;
-    fill(p);
-    if (cuda) p.est_step_s = estimate(p, sizes.cost, rates);
-    // Kept layers without gate / up (LlamaModelOptions::kept_mlp): as configured, or with auto the
-    // faster of the two at the kept layers the budget holds (a third of the bytes each at 8B: more
-    // of them, each recomputing its two GEMMs).
+    // Kept layers without gate / up (LlamaModelOptions::kept_mlp, host_kept_mlp): as configured, or
+    // with auto the fastest of three at the kept layers the budget holds: whole sets; lean ones (a
+    // third of the bytes each at 8B: more of them, each recomputing its two GEMMs); whole on the
+    // device beside lean ones in the host tier (whose copies PCIe bounds: a third of the bytes each).
     const bool weigh_lean = m.kept_mlp == "auto" && cuda && budget > 0 && whole && m.keep_layers < 0 && every == 1;
-    if (m.kept_mlp == "false" || weigh_lean) {
-      MemoryPlan q = p;
-      q.kept_mlp = false;
-      q.per_kept = per_kept_of(false);
-      q.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
-      fill(q);
-      if (cuda) q.est_step_s = estimate(q, sizes.cost, rates);
-      if (!weigh_lean || q.est_step_s < p.est_step_s * (1 - 1e-9)) p = q;
-    }
+    std::vector<std::pair<bool, bool>> shapes;  // (kept_mlp, host_kept_mlp), preferred first on a tie
+    if (m.kept_mlp == "false") shapes = {{false, false}};
+    else if (m.kept_mlp == "device") shapes = {{true, false}};
+    else if (weigh_lean) shapes = {{true, true}, {false, false}, {true, false}};
+    else shapes = {{true, true}};
     // The plan's choice of host-kept layers (a budget on the GPU, the whole MLP): the fastest count
     // whose staging sets fit the budget and whose host sets fit the host memory given to the tier.
     const double host_room = host_room_for(offload_params, 0.0);
@@ -358,16 +360,29 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     // after H200 runs that stalled (11,613 tokens/s at 10 GB with the base offloaded, 47-72 ms of
     // waits beside host checkpoints), made while the ids' and targets' uploads still went through
     // the copy engine (LlamaModel::upload_bytes); not re-measured on an H200 since.
-    if (cuda && budget > 0 && whole && m.host_keep_layers < 0 && every == 1) {
-      for (int64_t h = 1; h < p.layers; ++h) {
-        MemoryPlan q = p;
-        q.host_keep_layers = h;
-        if (q.resident + q.step + q.per_kept * q.staging_sets() > budget || q.host_bytes() > host_room) break;
-        fill(q);
-        if (q.host_keep_layers < h) break;  // no layers left to recompute
-        q.est_step_s = estimate(q, sizes.cost, rates);
-        if (q.est_step_s < p.est_step_s * (1 - 1e-9)) p = q;
-      }
+    // (none without host memory to give it: its staging sets alone would be device-kept layers)
+    const bool choose_host = cuda && budget > 0 && whole && m.host_keep_layers < 0 && every == 1 && host_room > 0;
+    const MemoryPlan base = p;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      MemoryPlan v = base;
+      v.kept_mlp = shapes[i].first;
+      v.host_kept_mlp = shapes[i].second;
+      v.per_kept = v.kept_mlp ? whole_set : per_kept_of(false);
+      v.per_host_kept = v.host_kept_mlp ? whole_set : per_kept_of(false);
+      fill(v);
+      if (cuda) v.est_step_s = estimate(v, sizes.cost, rates);
+      MemoryPlan best = v;
+      if (choose_host)
+        for (int64_t h = 1; h < v.layers; ++h) {
+          MemoryPlan q = v;
+          q.host_keep_layers = h;
+          if (q.resident + q.step + q.staging_bytes() > budget || q.host_bytes() > host_room) break;
+          fill(q);
+          if (q.host_keep_layers < h) break;  // no layers left to recompute
+          q.est_step_s = estimate(q, sizes.cost, rates);
+          if (q.est_step_s < best.est_step_s * (1 - 1e-9)) best = q;
+        }
+      if (i == 0 || best.est_step_s < p.est_step_s * (1 - 1e-9)) p = best;
     }
     return p;
   };
@@ -450,7 +465,7 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
   // Within the budget: the fastest estimate; ties (the CPU, no budget) keep the config's order (the
   // base on the GPU first, the optimizer on the GPU first). Nothing fits: the smallest.
   auto fits = [&](const MemoryPlan& p) {
-    return budget <= 0 || p.resident + p.step + p.per_kept * p.staging_sets() <= budget;
+    return budget <= 0 || p.resident + p.step + p.staging_bytes() <= budget;
   };
   const MemoryPlan* best = nullptr;
   for (const MemoryPlan& p : all)
@@ -466,7 +481,7 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
           "needs {} ({}). Raise memory.gpu_budget_gb, or make the step smaller (data.max_seq_len {}, "
           "batch.micro_batch_size {})",
           config.source, m.gpu_budget_gb, human_bytes(budget), all.size(),
-          human_bytes(best->resident + best->step + best->per_kept * best->staging_sets()), best->describe(), T,
+          human_bytes(best->resident + best->step + best->staging_bytes()), best->describe(), T,
           config.batch.micro_batch_size == 0 ? std::string("0: the plan's choice") : std::to_string(config.batch.micro_batch_size)));
   }
   MemoryPlan chosen = *best;
@@ -480,7 +495,9 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
                                      p.embedding_on_host ? ", embedding on the host" : "",
                                      p.host_checkpoints ? ", checkpoints on the host" : "",
                                      p.checkpoint_every > 1 ? ", every second checkpoint" : "",
-                                     p.kept_mlp ? "" : ", kept layers without gate / up");
+                                     !p.kept_mlp ? ", kept layers without gate / up"
+                                     : p.host_kept_mlp || p.host_keep_layers == 0 ? ""
+                                                                                  : ", host-kept layers without gate / up");
     }
   if (m.keep_layers > 0 && chosen.mlp_chunk_rows > 0)
     throw InputError(fmt::format("{}: memory.keep_layers = {} keeps whole layers, but the MLP runs in chunks of {} rows "
@@ -508,10 +525,10 @@ void plan_kept_layers(MemoryPlan& p, const TrainConfig& config, double in_use_by
   // The host tier's staging sets were sized against the estimate: with more in use than estimated
   // they give way (one set, then none) rather than take the plan past its budget.
   if (config.memory.host_keep_layers < 0 && p.budget > 0)
-    while (p.host_keep_layers > 0 && p.resident + p.step + p.per_kept * p.staging_sets() > p.budget)
+    while (p.host_keep_layers > 0 && p.resident + p.step + p.staging_bytes() > p.budget)
       p.host_keep_layers = p.host_keep_layers > 1 ? 1 : 0;
   if (config.memory.keep_layers < 0 && p.budget > 0 && p.mlp_chunk_rows == 0 && p.per_kept > 0)
-    p.keep_layers = kept_for_room(p.budget - p.resident - p.step - p.per_kept * p.staging_sets(), p.per_kept, p.layers);
+    p.keep_layers = kept_for_room(p.budget - p.resident - p.step - p.staging_bytes(), p.per_kept, p.layers);
   p.host_keep_layers = std::min(p.host_keep_layers, p.mlp_chunk_rows == 0 ? open_layers(p) : int64_t{0});
 }
 

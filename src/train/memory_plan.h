@@ -24,7 +24,9 @@
 //     memory each, copied out in the forward and back before the backward at the measured
 //     host-to-device rate). The cost model counts the copies that the compute cannot hide; the
 //     host memory is memory.host_budget_gb, or half of what the host can still take. Chosen only
-//     with the base on the GPU (an offloaded base's copies and the tier's stalled each other).
+//     with the base on the GPU (an offloaded base's copies and the tier's stalled each other);
+//   - whether each tier's kept sets hold the MLP's gate / up (memory.kept_mlp; auto: whole, lean,
+//     or whole on the device beside a lean host tier, each with its own host-kept count).
 // The cost model (GPU): a micro-batch of N tokens takes (N + N0) a (1 - s k) seconds, a = useful
 // FLOPs per token / (0.53 x the measured GEMM rate), N0 = 384 tokens of per-micro-batch fixed work
 // (dequantizing the base, launches), s = 0.2 the recompute's share, k the kept fraction of the
@@ -75,7 +77,8 @@ struct MemoryPlan {
   int64_t mlp_chunk_rows = 0;    // 0: the whole micro-batch at once
   int64_t keep_layers = 0;
   int64_t host_keep_layers = 0;  // of the layers keep_layers leaves, those kept in pinned host memory
-  bool kept_mlp = true;          // kept layers (device and host) hold gate / up (LlamaModelOptions::kept_mlp)
+  bool kept_mlp = true;          // device-kept layers hold gate / up (LlamaModelOptions::kept_mlp)
+  bool host_kept_mlp = true;     // host-kept layers do (LlamaModelOptions::host_kept_mlp)
   bool host_checkpoints = false; // the layer inputs in pinned host memory (memory.host_checkpoints;
                                  // step_buffers count it)
   int64_t checkpoint_slots = 3;  // with host_checkpoints: the layer inputs' device slots (three, or more
@@ -91,8 +94,9 @@ struct MemoryPlan {
   bool measured = false;  // resident is the device memory in use after the build, not an estimate
   double step = 0;      // LlamaModel's activation buffers and workspace at keep_layers 0 (step_buffers' total)
   BufferPlan step_buffers;  // those buffers, entry by entry (model/llama_buffers.h; ledger() prints them)
-  double per_kept = 0;  // each kept layer but the last (and each host-kept layer's staging set on the
-                        // GPU, at most two; its host set in pinned host memory)
+  double per_kept = 0;       // each device-kept layer but the last
+  double per_host_kept = 0;  // each host-kept layer's set: its staging sets on the GPU (at most two),
+                             // its host sets in pinned host memory (per_kept unless host_kept_mlp differs)
   // The cost model (GPU plans): the estimated seconds of one optimizer step, how many plans were
   // weighed, and the fastest other one that fits.
   double est_step_s = 0;
@@ -100,10 +104,13 @@ struct MemoryPlan {
   std::string runner_up;
   double runner_up_s = 0;
   int64_t staging_sets() const { return std::min<int64_t>(host_keep_layers, 2); }
+  double staging_bytes() const { return per_host_kept * static_cast<double>(staging_sets()); }
   double kept_bytes() const {
-    return per_kept * static_cast<double>((keep_layers > 1 ? keep_layers - 1 : 0) + staging_sets());
+    return per_kept * static_cast<double>(keep_layers > 1 ? keep_layers - 1 : 0) + staging_bytes();
   }
-  double host_bytes() const { return per_kept * static_cast<double>(std::max<int64_t>(host_keep_layers - 2, 0)); }
+  double host_bytes() const {
+    return per_host_kept * static_cast<double>(std::max<int64_t>(host_keep_layers - 2, 0));
+  }
   double total() const { return resident + step + kept_bytes(); }
   std::string describe() const;
 };

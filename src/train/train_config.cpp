@@ -317,10 +317,11 @@ const std::vector<Field>& fields() {
       QS_FIELD("memory.checkpoint_every", memory.checkpoint_every, "0, 1, 2 (0 = the plan's choice)",
                "keep every layer input for the backward (1) or every second one (2: each odd layer's input is "
                "recomputed from the one before, about half the layers' forward again; needs every layer recomputed)"),
-      QS_FIELD("memory.kept_mlp", memory.kept_mlp, "true, false, auto",
+      QS_FIELD("memory.kept_mlp", memory.kept_mlp, "true, false, device, auto",
                "kept layers (device and host) keep the MLP's gate / up projections (true), or their backward "
-               "recomputes those two GEMMs, a third of a kept layer's bytes at 8B (false); auto: the memory plan's "
-               "choice by its cost model (true without a budget)"),
+               "recomputes those two GEMMs, a third of a kept layer's bytes at 8B (false); device: the layers kept on "
+               "the GPU keep them, the host-kept ones do not (their copies carry a third of the bytes); auto: the "
+               "memory plan's choice of the three by its cost model (true without a budget)"),
       QS_FIELD("memory.embedding", memory.embedding, "auto, gpu, host",
                "where the embedding table lives: the GPU, pinned host memory (the step's rows read in place), or "
                "the memory plan's choice (auto; the GPU without a budget)"),
@@ -728,8 +729,9 @@ void TrainConfig::validate(int world_size) const {
   ck.require(memory.host_checkpoints == "auto" || memory.host_checkpoints == "true" ||
                  memory.host_checkpoints == "false",
              "memory.host_checkpoints", memory.host_checkpoints, "auto, true or false");
-  ck.require(memory.kept_mlp == "auto" || memory.kept_mlp == "true" || memory.kept_mlp == "false", "memory.kept_mlp",
-             memory.kept_mlp, "auto, true or false");
+  ck.require(memory.kept_mlp == "auto" || memory.kept_mlp == "true" || memory.kept_mlp == "false" ||
+                 memory.kept_mlp == "device",
+             "memory.kept_mlp", memory.kept_mlp, "auto, true, false or device");
   ck.require(memory.gpu_budget_gb >= 0 && memory.gpu_budget_gb <= 1e6, "memory.gpu_budget_gb", memory.gpu_budget_gb,
              "a number of GB in [0, 1e6] (0 = no plan)");
   ck.require(memory.keep_layers >= -1, "memory.keep_layers", memory.keep_layers, ">= -1 (-1 = the plan's choice)");

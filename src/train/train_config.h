@@ -169,9 +169,11 @@ struct MemoryConfig {
                                  // where no plan with 1 fits; 1 without a budget)
   std::string kept_mlp = "auto";  // kept layers (device and host) keep the MLP's gate / up: "true";
                                   // "false": the backward recomputes those two GEMMs (a third of a
-                                  // kept layer's bytes at 8B); "auto": the memory plan's choice by
-                                  // its cost model (true without a budget, or where the kept layers
-                                  // are set by hand; LlamaModelOptions::kept_mlp)
+                                  // kept layer's bytes at 8B); "device": the device-kept layers keep
+                                  // them, the host-kept ones do not; "auto": the memory plan's choice
+                                  // of the three by its cost model (true without a budget, or where
+                                  // the kept layers are set by hand; LlamaModelOptions::kept_mlp,
+                                  // host_kept_mlp)
   std::string embedding = "auto"; // where the (frozen, untied) embedding table lives: "gpu", "host"
                                   // (pinned host memory, the step's rows read in place by the GPU),
                                   // or "auto": the memory plan's choice (the GPU without a budget)

@@ -136,6 +136,7 @@ void TrainJob::build_model() {
   mo_.keep_layers = plan_.keep_layers;
   mo_.host_keep_layers = plan_.host_keep_layers;
   mo_.kept_mlp = plan_.kept_mlp;
+  mo_.host_kept_mlp = plan_.host_kept_mlp;
   mo_.host_checkpoints = plan_.host_checkpoints;
   mo_.checkpoint_slots = plan_.checkpoint_slots;
   mo_.checkpoint_every = plan_.checkpoint_every;
@@ -313,6 +314,7 @@ void TrainJob::open_logger() {
   summary_.perf.keep_layers = plan_.keep_layers;
   summary_.perf.host_keep_layers = plan_.host_keep_layers;
   summary_.perf.kept_mlp = plan_.kept_mlp;
+  summary_.perf.host_kept_mlp = plan_.host_kept_mlp;
   summary_.perf.micro_batch = plan_.micro_batch;
   summary_.perf.est_step_s = plan_.est_step_s;
   summary_.perf.mlp_chunk_rows = plan_.mlp_chunk_rows;

@@ -64,7 +64,8 @@ struct TrainPerf {
   int64_t peak_gpu_bytes = 0;         // device memory in use (cudaMemGetInfo), the most seen after a step
   std::string plan;                   // the memory plan, described
   int64_t keep_layers = 0, host_keep_layers = 0, mlp_chunk_rows = 0;
-  bool kept_mlp = true;               // kept layers hold gate / up (memory.kept_mlp)
+  bool kept_mlp = true;               // device-kept layers hold gate / up (memory.kept_mlp)
+  bool host_kept_mlp = true;          // host-kept layers do
   int64_t micro_batch = 0;            // sequences per micro-batch (the plan's choice with batch.micro_batch_size 0)
   double est_step_s = 0;              // the memory plan's cost model (GPU)
   double first_step_done_s = 0;       // seconds from the launch to the end of the first step run here

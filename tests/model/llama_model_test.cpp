@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -348,7 +349,7 @@ struct StepResult {
 StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dropout, int64_t host = 0,
                     std::vector<int64_t>* host_layers = nullptr, bool host_checkpoints = false,
                     int64_t checkpoint_slots = kCheckpointSlots, int64_t checkpoint_every = 1,
-                    bool kept_mlp = true) {
+                    bool kept_mlp = true, std::optional<bool> host_kept_mlp = std::nullopt) {
   const int64_t B = 2, T = 5;
   auto tree = random_tree(c, 33);
   LlamaModelOptions opt;
@@ -364,6 +365,7 @@ StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dro
   opt.checkpoint_slots = checkpoint_slots;
   opt.checkpoint_every = checkpoint_every;
   opt.kept_mlp = kept_mlp;
+  opt.host_kept_mlp = host_kept_mlp.value_or(kept_mlp);
   LlamaModel model(c, *tree, ctx(), opt);
   if (host_layers) *host_layers = model.host_kept_layers();
   GradStore gs(*tree);
@@ -445,6 +447,50 @@ TEST(LlamaModel, KeptLayersWithoutGateUpGiveTheSameStep) {
   const double gate_up = 2.0 * 10 * static_cast<double>(c.intermediate_size) * 4;  // two [N, I] f32 buffers
   EXPECT_NEAR(full - lean, gate_up, 2 * 256.0) << "full " << full << " lean " << lean;  // buffer alignment
   EXPECT_LT(lean, full);
+}
+
+// Each tier its own shape (options.kept_mlp for the device-kept sets, host_kept_mlp for the host
+// tier's staging and host sets): whole device sets beside lean host sets, and the other way round,
+// give full recompute's bits, over one staging set and two (host sets stored), with dropout; the
+// kept storage holds the kept sets at their size, then the staging sets at theirs (a staging set
+// taken at the device sets' offset or size would copy the wrong bytes: other gradients), and the
+// pinned host sets are the host tier's size.
+TEST(LlamaModel, KeptMlpPerTierGivesTheSameStep) {
+  LlamaConfig c = small_config();
+  c.num_hidden_layers = 8;
+  for (const float dropout : {0.0f, 0.25f}) {
+    const StepResult ref = run_plan(c, 0, 0, dropout);
+    struct Case {
+      int64_t keep, host;
+    };
+    for (const Case& k : {Case{3, 1}, Case{3, 2}, Case{3, 4}, Case{2, 6}, Case{0, 5}})
+      for (const bool device_whole : {true, false}) {
+        std::vector<int64_t> layers;
+        const StepResult got =
+            run_plan(c, k.keep, 0, dropout, k.host, &layers, false, kCheckpointSlots, 1, device_whole, !device_whole);
+        const std::string what = "keep " + std::to_string(k.keep) + " host " + std::to_string(k.host) +
+                                 " device sets whole " + std::to_string(device_whole) + " dropout " +
+                                 std::to_string(dropout);
+        EXPECT_EQ(static_cast<int64_t>(layers.size()), std::min<int64_t>(k.host, 7 - std::max<int64_t>(k.keep - 1, 0)))
+            << what;
+        expect_same_step(got, ref, what);
+      }
+  }
+  LlamaModelOptions opt;
+  opt.max_batch = 2;
+  opt.max_seq = 16;
+  opt.keep_layers = 3;
+  opt.host_keep_layers = 4;
+  opt.host_kept_mlp = false;
+  const LlamaBufferDims d = llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4);
+  const int64_t whole = llama_kept_set_bytes(d, Backend::kCuda, DType::kBF16);
+  const int64_t lean = llama_kept_set_bytes(d, Backend::kCuda, DType::kBF16, true);
+  EXPECT_NEAR(static_cast<double>(whole - lean), 2.0 * 32 * static_cast<double>(c.intermediate_size) * 2, 2 * 256.0);
+  const BufferPlan p = llama_buffer_plan(d, Backend::kCuda, DType::kBF16);
+  EXPECT_EQ(p.total(BufferLife::kKept), 2 * whole + 2 * lean);
+  EXPECT_EQ(p.total(BufferLife::kHost), 2 * lean);
+  EXPECT_EQ(llama_kept_layer_bytes(c, opt, Backend::kCuda, DType::kBF16, 4), static_cast<double>(whole));
+  EXPECT_EQ(llama_kept_layer_bytes(c, opt, Backend::kCuda, DType::kBF16, 4, true), static_cast<double>(lean));
 }
 
 // The host tier (options.host_keep_layers, host_checkpoints): layers whose internals go to (pinned)

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <map>
 
 #include "model/llama_model.h"
 #include "common/test_util.h"
@@ -390,14 +392,14 @@ TEST(MemoryPlan, HostTierWhereTheGpuIsShort) {
   for (const double more : {0.2e9, 0.6e9, 1.5e9}) {
     MemoryPlan over = p;
     plan_kept_layers(over, c, p.resident + more, 0);
-    EXPECT_LE(over.resident + over.step + over.per_kept * over.staging_sets(), 12e9) << more << " " << over.describe();
+    EXPECT_LE(over.resident + over.step + over.staging_bytes(), 12e9) << more << " " << over.describe();
     EXPECT_LE(over.host_keep_layers, p.host_keep_layers);
   }
   // The host's room: memory.host_budget_gb caps the host sets (two staging sets need none).
   c.memory.host_budget_gb = 1;
   p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
   EXPECT_LE(p.host_bytes(), 1e9) << p.describe();
-  EXPECT_LE(p.host_keep_layers, 2 + static_cast<int64_t>(1e9 / p.per_kept)) << p.describe();
+  EXPECT_LE(p.host_keep_layers, 2 + static_cast<int64_t>(1e9 / p.per_host_kept)) << p.describe();
   c.memory.host_budget_gb = 0;
   PlanRates no_host = h200;
   no_host.host_available_bytes = 0;  // unknown: no host tier by choice
@@ -544,6 +546,61 @@ TEST(MemoryPlan, EmbeddingInHostMemoryWhereTheGpuIsShort) {
 // the layer inputs to pinned host memory (2 GB at micro-batch 4) when the room buys more kept layers
 // than the copies cost; with every layer on the GPU anyway it does not; without a budget it stays
 // as configured.
+// memory.kept_mlp per tier (8B, 8 sequences of 2048 in micro-batches of 2, 12.48 GB on an H200
+// with 100 GB of host memory free): device keeps the device-kept layers whole and the host tier's
+// lean (a third of the bytes each over PCIe: per_host_kept the lean set's, the staging sets and the
+// host sets that size, the device sets the whole one's); the estimate counts each tier's recompute
+// of gate / up; auto weighs the three shapes and is at least as fast as each of them asked for.
+TEST(MemoryPlan, KeptMlpPerTier) {
+  const PlanRates h200 = h200_rates(795e12, 55.3e9);
+  TrainConfig c = eight_within(12.48);
+  c.batch.micro_batch_size = 2;
+  c.memory.host_checkpoints = "false";
+  LlamaModelOptions mo;
+  mo.max_batch = 2;
+  mo.max_seq = 2048;
+  const double whole = llama_kept_layer_bytes(llama(c), mo, Backend::kCuda, DType::kBF16, 16);
+  mo.kept_mlp = false;
+  const double lean = llama_kept_layer_bytes(llama(c), mo, Backend::kCuda, DType::kBF16, 16);
+  std::map<std::string, MemoryPlan> by;
+  for (const char* shape : {"true", "false", "device", "auto"}) {
+    c.memory.kept_mlp = shape;
+    by[shape] = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+    std::printf("  kept_mlp %s: %s\n", shape, by[shape].describe().c_str());
+    EXPECT_LE(by[shape].total(), 12.48e9) << by[shape].describe();
+  }
+  const MemoryPlan& d = by["device"];
+  EXPECT_TRUE(d.kept_mlp && !d.host_kept_mlp) << d.describe();
+  EXPECT_NEAR(d.per_kept, whole, 1.0);
+  EXPECT_NEAR(d.per_host_kept, lean, 1.0);
+  ASSERT_GT(d.host_keep_layers, 2) << d.describe();
+  EXPECT_NEAR(d.staging_bytes(), 2 * lean, 2.0);
+  EXPECT_NEAR(d.host_bytes(), static_cast<double>(d.host_keep_layers - 2) * lean, 64.0);
+  EXPECT_NEAR(d.kept_bytes(), static_cast<double>(std::max<int64_t>(d.keep_layers - 1, 0)) * whole + 2 * lean, 64.0);
+  EXPECT_NE(d.describe().find("pinned host memory (without gate / up"), std::string::npos) << d.describe();
+  EXPECT_EQ(d.describe().find("keep their activations but the MLP's gate / up"), std::string::npos) << d.describe();
+  EXPECT_TRUE(by["true"].kept_mlp && by["true"].host_kept_mlp);
+  EXPECT_TRUE(!by["false"].kept_mlp && !by["false"].host_kept_mlp);
+  // The estimate: the host tier lean recomputes gate / up there (slower at the same counts, the
+  // copies' saving aside); whole sets there at the same counts estimate faster.
+  MemoryPlan same = d;
+  same.host_kept_mlp = true;
+  same.per_host_kept = whole;
+  c.memory.kept_mlp = "device";
+  EXPECT_GT(plan_step_estimate(d, c, llama(c), 1, h200), 0.0);
+  MemoryPlan no_copies = d, no_copies_whole = same;
+  no_copies.host_keep_layers = no_copies_whole.host_keep_layers = 2;  // staging sets only: nothing crosses
+  EXPECT_GT(plan_step_estimate(no_copies, c, llama(c), 1, h200), plan_step_estimate(no_copies_whole, c, llama(c), 1, h200));
+  // auto: the fastest of the three shapes
+  for (const char* shape : {"true", "false", "device"})
+    EXPECT_LE(by["auto"].est_step_s, by[shape].est_step_s * (1 + 1e-9)) << shape << ": " << by[shape].describe();
+  // Stage 2 keeps the staging sets' room at the host tier's size.
+  MemoryPlan s2 = d;
+  plan_kept_layers(s2, c, d.resident, 0);
+  EXPECT_LE(s2.total(), 12.48e9) << s2.describe();
+  EXPECT_EQ(s2.staging_bytes(), d.staging_bytes());
+}
+
 TEST(MemoryPlan, HostCheckpointsWhereTheGpuIsShort) {
   const PlanRates h200 = h200_rates(803e12, 55.4e9);
   TrainConfig c = eight_within(10.08);
@@ -553,7 +610,7 @@ TEST(MemoryPlan, HostCheckpointsWhereTheGpuIsShort) {
     // on an H100 (docs/PERFORMANCE.md, session 26: 13,565-13,603 tokens/s against 12,960-12,965 for
     // micro-batch 2 with the base on the GPU and 26 host-kept layers, session 24's choice).
     const MemoryPlan lean = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
-    EXPECT_FALSE(lean.kept_mlp) << lean.describe();
+    EXPECT_FALSE(lean.host_kept_mlp) << lean.describe();
     EXPECT_EQ(lean.micro_batch, 8) << lean.describe();
     EXPECT_TRUE(lean.host_checkpoints) << lean.describe();
     EXPECT_GT(lean.host_keep_layers, 2) << lean.describe();

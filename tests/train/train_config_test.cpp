@@ -433,6 +433,15 @@ TEST(TrainConfig, RuntimeKeys) {
             std::string::npos);
 }
 
+// memory.kept_mlp: true, false, device (the device-kept layers whole, the host tier's lean) or auto.
+TEST(TrainConfig, KeptMlpIsChecked) {
+  for (const char* ok : {"memory.kept_mlp=true", "memory.kept_mlp=false", "memory.kept_mlp=device", "memory.kept_mlp=auto"})
+    EXPECT_NO_THROW(parse_train_config(kMinimal, "x.yaml", {ok}).validate(1)) << ok;
+  EXPECT_NE(error_of([] { parse_train_config(kMinimal, "x.yaml", {"memory.kept_mlp=host"}).validate(1); })
+                .find("memory.kept_mlp = host: expected auto, true, false or device"),
+            std::string::npos);
+}
+
 // memory.checkpoint_every: 0, 1 or 2, and 2 only where every layer is recomputed.
 TEST(TrainConfig, CheckpointEveryIsChecked) {
   for (const char* ok : {"memory.checkpoint_every=0", "memory.checkpoint_every=1", "memory.checkpoint_every=2"})
