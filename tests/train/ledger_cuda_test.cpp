@@ -150,7 +150,8 @@ TEST(LedgerCuda, CheckpointPlansKeepTheLosses) {
 // the kept layers' sets (without gate / up) in pinned host memory, the rings' copies out and back on
 // the offload stream beside the base's host-to-device copies: full recompute's losses, bit for bit,
 // and nothing allocated inside the step. Six layers: five host-kept through two staging sets (three
-// copied out and back), seven layer inputs through three slots (four copied).
+// copied out and back), seven layer inputs through three slots (four copied); then whole device sets
+// beside lean host ones.
 TEST(LedgerCuda, EveryTierAtOnceKeepsTheLosses) {
   World& world = World::get();
   if (world.device() < 0) GTEST_SKIP() << "no GPU";
@@ -174,6 +175,17 @@ TEST(LedgerCuda, EveryTierAtOnceKeepsTheLosses) {
     EXPECT_NE(all.perf.plan.find(part), std::string::npos) << part << " in: " << all.perf.plan;
   EXPECT_EQ(all.losses, ref.losses) << all.perf.plan;
   EXPECT_EQ(all.perf.inside.device_allocs, 0u) << all.perf.plan;
+  // Each tier its own shape (memory.kept_mlp: device): two whole device-kept sets beside three lean
+  // host-kept layers (two staging sets of the lean size after the whole ones, one copied out and back).
+  c.memory.keep_layers = 3;
+  c.memory.host_keep_layers = 3;
+  c.memory.kept_mlp = "device";
+  const TrainSummary mixed = train(c, jr.get());
+  EXPECT_TRUE(mixed.perf.kept_mlp && !mixed.perf.host_kept_mlp) << mixed.perf.plan;
+  EXPECT_NE(mixed.perf.plan.find("3 more keep theirs in pinned host memory (without gate / up"), std::string::npos)
+      << mixed.perf.plan;
+  EXPECT_EQ(mixed.losses, ref.losses) << mixed.perf.plan;
+  EXPECT_EQ(mixed.perf.inside.device_allocs, 0u) << mixed.perf.plan;
 }
 
 }  // namespace
