@@ -8,7 +8,10 @@
 // burst rate a short measurement sees (qshard's MFU denominator: ten 8192^3 GEMMs, ~14 ms), the
 // last the rate under sustained load, where a power-capped card has lowered its clock (a training
 // step is seconds of such load).
-// Usage: bench_gemm [--tokens N] [--iters N] [--sustain SECONDS] [--json FILE]
+// --sustain-algos K: the same for each of the heuristic's first K algorithms in turn, after a
+// warm-up of the first (the card at its capped clock before any is timed) and the first once more
+// at the end (the drift): which algorithm is fastest under the power cap, not in a burst.
+// Usage: bench_gemm [--tokens N] [--iters N] [--sustain SECONDS] [--sustain-algos K] [--json FILE]
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -134,13 +137,15 @@ Result run_case(const Case& c, const void* A, const void* B, void* C, int iters)
   return r;
 }
 
-// Back-to-back launches of the heuristic's first algorithm for `seconds`, timed in windows of about
-// 0.5 s (the launch count from a short first timing); TFLOP/s per window.
-std::vector<double> sustain_case(const Case& c, const void* A, const void* B, void* C, double seconds) {
-  const LtCase lt(c, 1);
+// Back-to-back launches of the heuristic's algorithm `algo` (0: its first) for `seconds`, timed in
+// windows of about 0.5 s (the launch count from a short first timing); TFLOP/s per window. Empty
+// when the heuristic has no such algorithm or it refuses the problem.
+std::vector<double> sustain_case(const Case& c, const void* A, const void* B, void* C, double seconds, int algo = 0) {
+  const LtCase lt(c, algo + 1);
   std::vector<double> rates;
-  if (lt.found == 0) return rates;
-  auto launch = [&] { LT_CHECK(matmul(lt, c, lt.heur[0].algo, A, B, C)); };
+  if (lt.found <= algo) return rates;
+  if (matmul(lt, c, lt.heur[algo].algo, A, B, C) != CUBLAS_STATUS_SUCCESS) return rates;
+  auto launch = [&] { LT_CHECK(matmul(lt, c, lt.heur[algo].algo, A, B, C)); };
   launch();
   const double first_ms = time_launches(launch, 3) / 3;
   const int per_window = std::max(1, static_cast<int>(500.0 / std::max(first_ms, 1e-3)));
@@ -159,12 +164,14 @@ int main(int argc, char** argv) {
   int64_t T = 8192;
   int iters = 20;
   double sustain_s = 0;
+  int sustain_algos = 1;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) T = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--sustain") && i + 1 < argc) sustain_s = std::atof(argv[++i]);
+    else if (!std::strcmp(argv[i], "--sustain-algos") && i + 1 < argc) sustain_algos = std::clamp(std::atoi(argv[++i]), 1, 16);
   }
   LT_CHECK(cublasLtCreate(&g_lt));
   QS_CUDA_CHECK(cudaMalloc(&g_ws, kWorkspace));
@@ -245,6 +252,35 @@ int main(int argc, char** argv) {
                     w.size());
         json += std::string(first_case ? "" : ", ") + "{\"name\": \"" + c.name + "\", \"windows_tflops\": [";
         for (size_t k = 0; k < w.size(); ++k) json += (k ? ", " : "") + std::to_string(w[k]);
+        json += "]}";
+        first_case = false;
+      }
+    }
+    json += "]";
+  }
+  if (sustain_s > 0 && sustain_algos > 1) {
+    // Each of the first K algorithms under sustained load: the first warms the card up (untimed
+    // in the comparison), then each in turn, then the first again (the drift between).
+    std::printf("\nsustained per algorithm (%.0f s each after a warm-up): median TFLOP/s\n", sustain_s);
+    json += ", \"sustained_algos\": [";
+    bool first_case = true;
+    for (const char* name : {"fwd gate_up fused", "fwd down", "bwd gate_up fused dx (NN)", "bwd down dx (NN)"}) {
+      for (const Case& c : cases) {
+        if (c.name != name) continue;
+        auto median = [](std::vector<double> w) {
+          std::sort(w.begin(), w.end());
+          return w.empty() ? 0.0 : w[w.size() / 2];
+        };
+        sustain_case(c, A, B, Cbuf, sustain_s);  // warm-up
+        std::printf("| %s |", name);
+        json += std::string(first_case ? "" : ", ") + "{\"name\": \"" + c.name + "\", \"median_tflops\": [";
+        for (int k = 0; k <= sustain_algos; ++k) {
+          const int algo = k < sustain_algos ? k : 0;  // the last: the first again
+          const double m = median(sustain_case(c, A, B, Cbuf, sustain_s, algo));
+          std::printf(" %s%d: %.0f |", k < sustain_algos ? "" : "again ", algo, m);
+          json += (k ? ", " : "") + std::to_string(m);
+        }
+        std::printf("\n");
         json += "]}";
         first_case = false;
       }
