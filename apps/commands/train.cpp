@@ -204,6 +204,9 @@ void add_bench(CLI::App& sub, BenchArgs& a) {
   add_int_option(sub, "--mlp-chunk-tokens", bo.mlp_chunk_tokens, -1, kMaxBenchCount, "memory.mlp_chunk_tokens (-1: auto, 0: never)");
   sub.add_option("--set", bo.set, "any other config key: --set lora.dropout=0.1 (repeatable)");
   sub.add_option("--json", bo.json, "write the result as JSON here");
+  add_int_option(sub, "--list-plans", bo.list_plans, 0, 1000,
+                 "list the memory plan's this many fastest plans for the job on a GPU (estimates at an H200's "
+                 "rates, within --gpu-budget-gb) and exit without building anything (0: run the bench)");
   sub.add_option("--device", a.device, "auto (the GPU when there is one) | cpu | cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub.footer("Example:\n  qshard bench --preset tiny --device cpu --steps 3\n"

@@ -22,6 +22,8 @@
 #include "runtime/runtime.h"
 #include "runtime/tensor.h"
 #include "train/flops.h"
+#include "train/memory_plan.h"
+#include "train/qlora_model.h"
 #include "text/token_file.h"
 #include "train/trainer.h"
 
@@ -67,6 +69,7 @@ TrainConfig bench_config(const BenchOptions& o, const std::string& data_train, i
   check_int("bench --host-keep-layers", o.host_keep_layers, -1, kMaxBenchSize);
   check_int("bench --mlp-chunk-tokens", o.mlp_chunk_tokens, -1, kMaxBenchCount);
   check_double("bench --gpu-budget-gb", o.gpu_budget_gb, 0, kMaxBenchGb);
+  check_int("bench --list-plans", o.list_plans, 0, 1000);
   TrainConfig c;
   c.source = "qshard bench";
   ModelInitConfig& m = c.model.init;
@@ -106,9 +109,82 @@ TrainConfig bench_config(const BenchOptions& o, const std::string& data_train, i
   return c;
 }
 
+nlohmann::json list_memory_plans(const BenchOptions& o, int world, std::string* text) {
+  const TrainConfig c = bench_config(o, "-", world);
+  const LlamaConfig lc = job_llama_config(c.model);
+  PlanRates rates;  // the cost model's defaults (an H200's), this host's free memory
+  rates.host_available_bytes = static_cast<double>(host_memory_available().bytes);
+  std::vector<MemoryPlan> all = plan_candidates(c, lc, Backend::kCuda, DType::kBF16, world, rates);
+  const MemoryPlan chosen = plan_memory(c, lc, Backend::kCuda, DType::kBF16, world, rates);  // throws: none fits
+  std::vector<const MemoryPlan*> fit;
+  for (const MemoryPlan& p : all)
+    if (p.fits()) fit.push_back(&p);
+  std::stable_sort(fit.begin(), fit.end(),
+                   [](const MemoryPlan* a, const MemoryPlan* b) { return a->est_step_s < b->est_step_s; });
+  // The plan's own choice first (on a tie plan_memory keeps the earlier candidate).
+  const auto same = [&](const MemoryPlan* p) {
+    return p->est_step_s == chosen.est_step_s && p->micro_batch == chosen.micro_batch &&
+           p->offload_params == chosen.offload_params && p->offload_optimizer == chosen.offload_optimizer &&
+           p->host_keep_layers == chosen.host_keep_layers && p->kept_mlp == chosen.kept_mlp &&
+           p->host_kept_mlp == chosen.host_kept_mlp && p->embedding_on_host == chosen.embedding_on_host &&
+           p->host_checkpoints == chosen.host_checkpoints && p->checkpoint_every == chosen.checkpoint_every;
+  };
+  const auto it = std::find_if(fit.begin(), fit.end(), same);
+  if (it != fit.end()) std::rotate(fit.begin(), it, it + 1);
+  const double tokens = static_cast<double>(c.batch.global_batch_size * c.data.max_seq_len);
+  nlohmann::json j;
+  j["weighed"] = all.size();
+  j["fit"] = fit.size();
+  j["gpu_budget_gb"] = o.gpu_budget_gb;
+  j["tokens_per_step"] = tokens;
+  j["chosen_est_step_s"] = chosen.est_step_s;
+  j["plans"] = nlohmann::json::array();
+  std::string t = fmt::format(
+      "memory plans for {} x {} tokens a step on {} GPU{}{}: {} weighed, {} fit; estimated at an H200's rates "
+      "(GEMM {:.0f} TFLOP/s, host to device {:.0f} GB/s), {} of host memory free\n",
+      c.batch.global_batch_size, c.data.max_seq_len, world, world > 1 ? "s" : "",
+      o.gpu_budget_gb > 0 ? fmt::format(" within {} GB", o.gpu_budget_gb) : std::string(" (no budget)"), all.size(),
+      fit.size(), kPlanDefaultGemmFlops / 1e12, kPlanDefaultH2dBytesPerSecond / 1e9,
+      human_bytes(rates.host_available_bytes));
+  t += fmt::format("{:>3}  {:>9}  {:>9}  {:>7}  {}\n", "#", "s a step", "tokens/s", "GPU GB", "the plan");
+  for (size_t i = 0; i < fit.size() && static_cast<int64_t>(i) < o.list_plans; ++i) {
+    const MemoryPlan& p = *fit[i];
+    const double tps = p.est_step_s > 0 ? tokens / p.est_step_s : 0.0;  // every rank's tokens
+    t += fmt::format("{:>3}  {:>9.3f}  {:>9.0f}  {:>7.2f}  {}{}\n", i + 1, p.est_step_s, tps, p.total() / 1e9, p.brief(),
+                     i == 0 ? "  (the plan's choice)" : "");
+    j["plans"].push_back({{"est_step_s", p.est_step_s},
+                          {"est_tokens_per_s", tps},
+                          {"gpu_bytes", p.total()},
+                          {"host_kept_bytes", p.host_bytes()},
+                          {"micro_batch", p.micro_batch},
+                          {"offload_params", p.offload_params},
+                          {"offload_optimizer", p.offload_optimizer},
+                          {"keep_layers", p.keep_layers},
+                          {"host_keep_layers", p.host_keep_layers},
+                          {"kept_mlp", p.kept_mlp},
+                          {"host_kept_mlp", p.host_kept_mlp},
+                          {"embedding_on_host", p.embedding_on_host},
+                          {"host_checkpoints", p.host_checkpoints},
+                          {"checkpoint_every", p.checkpoint_every},
+                          {"brief", p.brief()}});
+  }
+  j["text"] = t;
+  if (text) *text = t;
+  return j;
+}
+
 nlohmann::json run_bench(const BenchOptions& o, World& world) {
   const int rank = world.rank(), size = world.size();
   if (!o.json.empty()) check_output_file(o.json, "bench --json");  // before anything runs (a FIFO would block)
+  if (o.list_plans > 0) {
+    std::string text;
+    nlohmann::json j = list_memory_plans(o, size, &text);
+    if (rank == 0) {
+      std::fputs(text.c_str(), stdout);
+      if (!o.json.empty()) write_file_atomic(o.json, j.dump(2) + "\n");
+    }
+    return j;
+  }
   // Random token ids, the same on every rank (one file per rank: no shared folder needed).
   TrainConfig probe = bench_config(o, "-", size);
   const int64_t V = probe.model.init.vocab_size, T = o.seq;

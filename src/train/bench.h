@@ -63,6 +63,7 @@ struct BenchOptions {
   DeviceChoice device = DeviceChoice::kAuto;
   std::vector<std::string> set;  // further config overrides, key=value
   std::string json;              // write the result here (rank 0)
+  int64_t list_plans = 0;        // > 0: list the memory plan's this many fastest plans and exit (list_memory_plans)
   std::string token_dir;         // where the random token file goes (default: the temp folder)
 };
 
@@ -70,6 +71,16 @@ struct BenchOptions {
 TrainConfig bench_config(const BenchOptions& options, const std::string& data_train, int world_size);
 
 // Runs the bench on this rank; rank 0 prints the table and writes the JSON. Returns the JSON.
+// With options.list_plans > 0 it runs nothing: list_memory_plans, printed and written by rank 0.
 nlohmann::json run_bench(const BenchOptions& options, World& world);
+
+// The plans the memory plan weighs for this bench's job on a GPU (train/memory_plan.h: the cost
+// model at its default rates, an H200's as measured in docs/PERFORMANCE.md; the host memory this
+// machine has free), those within --gpu-budget-gb, fastest first, at most options.list_plans: each
+// with its estimated step time and tokens/s, its estimated GPU memory and its choices (the first is
+// the plan's). The kept layers are the estimate's: a run fills the budget with the memory it
+// measures after the build. Nothing is built or allocated. JSON: {"plans": [...], "weighed",
+// "fit", ...}; `text` the table. Throws the plan's InputError when no plan fits the budget.
+nlohmann::json list_memory_plans(const BenchOptions& options, int world_size, std::string* text = nullptr);
 
 }  // namespace qshard

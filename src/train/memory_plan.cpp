@@ -79,6 +79,20 @@ std::string MemoryPlan::describe() const {
   return s;
 }
 
+std::string MemoryPlan::brief() const {
+  std::string s = fmt::format("micro-batch {}", micro_batch);
+  if (offload_params) s += ", base offloaded";
+  if (offload_optimizer) s += ", optimizer on the host";
+  if (mlp_chunk_rows > 0) s += fmt::format(", MLP in chunks of {} rows", mlp_chunk_rows);
+  if (keep_layers > 1) s += fmt::format(", {} kept{}", keep_layers, kept_mlp ? "" : " without gate / up");
+  if (host_keep_layers > 0)
+    s += fmt::format(", {} host-kept{}", host_keep_layers, host_kept_mlp ? "" : " without gate / up");
+  if (embedding_on_host) s += ", embedding on the host";
+  if (host_checkpoints) s += ", checkpoints on the host";
+  if (checkpoint_every > 1) s += ", every second checkpoint";
+  return s;
+}
+
 namespace {
 
 // The cost model's constants, measured on one H200 (docs/PERFORMANCE.md, sessions 11 and 12,
@@ -109,8 +123,8 @@ constexpr double kRecomputeShare = 0.2;
 constexpr double kFixedTokens = 384;
 constexpr double kOffloadContention = 0.06;
 constexpr double kHostAdamBytesPerSecond = 10e9;
-constexpr double kDefaultGemmFlops = 790e12;
-constexpr double kDefaultH2dBytesPerSecond = 55e9;
+constexpr double kDefaultGemmFlops = kPlanDefaultGemmFlops;
+constexpr double kDefaultH2dBytesPerSecond = kPlanDefaultH2dBytesPerSecond;
 // The lookup's read of its rows from pinned host memory (in place, through unified addressing) as
 // a share of the pinned copy rate.
 constexpr double kHostReadShare = 0.5;
@@ -464,9 +478,7 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
   const std::vector<MemoryPlan> all = plan_candidates(config, lc, backend, act_t, world, rates);
   // Within the budget: the fastest estimate; ties (the CPU, no budget) keep the config's order (the
   // base on the GPU first, the optimizer on the GPU first). Nothing fits: the smallest.
-  auto fits = [&](const MemoryPlan& p) {
-    return budget <= 0 || p.resident + p.step + p.staging_bytes() <= budget;
-  };
+  auto fits = [](const MemoryPlan& p) { return p.fits(); };
   const MemoryPlan* best = nullptr;
   for (const MemoryPlan& p : all)
     if (fits(p) && (!best || p.est_step_s < best->est_step_s * (1 - 1e-9))) best = &p;
@@ -489,15 +501,7 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
   for (const MemoryPlan& p : all)
     if (&p != best && fits(p) && (chosen.runner_up_s <= 0 || p.est_step_s < chosen.runner_up_s)) {
       chosen.runner_up_s = p.est_step_s;
-      chosen.runner_up = fmt::format("micro-batch {}{}{}{}{}{}{}{}", p.micro_batch, p.offload_params ? ", base offloaded" : "",
-                                     p.offload_optimizer ? ", optimizer on the host" : "",
-                                     p.host_keep_layers > 0 ? fmt::format(", {} host-kept", p.host_keep_layers) : "",
-                                     p.embedding_on_host ? ", embedding on the host" : "",
-                                     p.host_checkpoints ? ", checkpoints on the host" : "",
-                                     p.checkpoint_every > 1 ? ", every second checkpoint" : "",
-                                     !p.kept_mlp ? ", kept layers without gate / up"
-                                     : p.host_kept_mlp || p.host_keep_layers == 0 ? ""
-                                                                                  : ", host-kept layers without gate / up");
+      chosen.runner_up = p.brief();
     }
   if (m.keep_layers > 0 && chosen.mlp_chunk_rows > 0)
     throw InputError(fmt::format("{}: memory.keep_layers = {} keeps whole layers, but the MLP runs in chunks of {} rows "

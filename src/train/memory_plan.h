@@ -61,7 +61,9 @@ inline constexpr int64_t kAutoChunkAbove = 16384;  // tokens per micro-batch
 inline constexpr int64_t kAutoChunkRows = 8192;
 
 // The rates the cost model reads (measured at start on the GPU; 0: the H200's, as measured in
-// docs/PERFORMANCE.md).
+// docs/PERFORMANCE.md: these).
+inline constexpr double kPlanDefaultGemmFlops = 790e12;
+inline constexpr double kPlanDefaultH2dBytesPerSecond = 55e9;
 struct PlanRates {
   double gemm_flops = 0;            // bf16 GEMM FLOP/s (flops.h measure_gemm_flops)
   double h2d_bytes_per_second = 0;  // pinned host to device (flops.h measure_h2d_bandwidth)
@@ -112,7 +114,12 @@ struct MemoryPlan {
     return per_host_kept * static_cast<double>(std::max<int64_t>(host_keep_layers - 2, 0));
   }
   double total() const { return resident + step + kept_bytes(); }
+  // Within the budget on the GPU (none: always): the base, the step's buffers and the staging sets
+  // (the device-kept layers fill what is left).
+  bool fits() const { return budget <= 0 || resident + step + staging_bytes() <= budget; }
   std::string describe() const;
+  // One line of the choices: "micro-batch 8, base offloaded, 3 kept, 28 host-kept without gate / up, ...".
+  std::string brief() const;
 };
 
 // LoRA parameters of rank `r` on `targets` (module names, e.g. "q_proj") over every layer:

@@ -12,6 +12,7 @@
 #include "model/llama_model.h"
 #include "common/test_util.h"
 #include "runtime/error.h"
+#include "train/bench.h"
 #include "train/qlora_model.h"
 
 namespace qshard {
@@ -599,6 +600,41 @@ TEST(MemoryPlan, KeptMlpPerTier) {
   plan_kept_layers(s2, c, d.resident, 0);
   EXPECT_LE(s2.total(), 12.48e9) << s2.describe();
   EXPECT_EQ(s2.staging_bytes(), d.staging_bytes());
+}
+
+// qshard bench --list-plans N: the plans within the budget, fastest first (the first the plan's own
+// choice), at most N, each within the budget with its estimate and tokens/s, named in the table;
+// nothing built. No plan fitting is the plan's own error.
+TEST(MemoryPlan, BenchListsThePlans) {
+  BenchOptions o;
+  o.preset = "8b";
+  o.batch = 8;
+  o.micro_batch = 0;
+  o.gpu_budget_gb = 12.48;
+  o.list_plans = 5;
+  std::string text;
+  const nlohmann::json j = list_memory_plans(o, 1, &text);
+  std::printf("%s", text.c_str());
+  ASSERT_EQ(j["plans"].size(), 5u) << text;
+  EXPECT_GT(j["fit"].get<size_t>(), 5u);
+  EXPECT_GE(j["weighed"].get<size_t>(), j["fit"].get<size_t>());
+  EXPECT_EQ(j["plans"][0]["est_step_s"].get<double>(), j["chosen_est_step_s"].get<double>()) << text;
+  for (size_t i = 0; i < 5; ++i) {
+    const nlohmann::json& p = j["plans"][i];
+    EXPECT_LE(p["gpu_bytes"].get<double>(), 12.48e9) << text;
+    if (i > 1) EXPECT_LE(j["plans"][i - 1]["est_step_s"].get<double>(), p["est_step_s"].get<double>()) << text;
+    EXPECT_NEAR(p["est_tokens_per_s"].get<double>() * p["est_step_s"].get<double>(), 8.0 * 2048, 1e-6);
+    EXPECT_NE(text.find(p["brief"].get<std::string>()), std::string::npos) << text;
+  }
+  EXPECT_NE(text.find("(the plan's choice)"), std::string::npos) << text;
+  EXPECT_NE(text.find("within 12.48 GB"), std::string::npos) << text;
+  o.gpu_budget_gb = 1;  // not even the root unit fits: the plan's error, naming the budget
+  try {
+    list_memory_plans(o, 1);
+    ADD_FAILURE() << "1 GB listed plans";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("memory.gpu_budget_gb = 1"), std::string::npos) << e.what();
+  }
 }
 
 TEST(MemoryPlan, HostCheckpointsWhereTheGpuIsShort) {
