@@ -114,30 +114,24 @@ nlohmann::json list_memory_plans(const BenchOptions& o, int world, std::string* 
   const LlamaConfig lc = job_llama_config(c.model);
   PlanRates rates;  // the cost model's defaults (an H200's), this host's free memory
   rates.host_available_bytes = static_cast<double>(host_memory_available().bytes);
-  std::vector<MemoryPlan> all = plan_candidates(c, lc, Backend::kCuda, DType::kBF16, world, rates);
-  const MemoryPlan chosen = plan_memory(c, lc, Backend::kCuda, DType::kBF16, world, rates);  // throws: none fits
+  const std::vector<MemoryPlan> all = plan_candidates(c, lc, Backend::kCuda, DType::kBF16, world, rates);
+  const MemoryPlan* chosen = fastest_fitting(all);
+  if (!chosen) plan_memory(c, lc, Backend::kCuda, DType::kBF16, world, rates);  // throws: no plan fits the budget
+  QS_CHECK(chosen != nullptr, "list_memory_plans: no plan fits, and the plan did not refuse the budget");
+  // The plan's own choice first (on a tie plan_memory keeps the earlier candidate), then by estimate.
   std::vector<const MemoryPlan*> fit;
   for (const MemoryPlan& p : all)
-    if (p.fits()) fit.push_back(&p);
+    if (p.fits() && &p != chosen) fit.push_back(&p);
   std::stable_sort(fit.begin(), fit.end(),
                    [](const MemoryPlan* a, const MemoryPlan* b) { return a->est_step_s < b->est_step_s; });
-  // The plan's own choice first (on a tie plan_memory keeps the earlier candidate).
-  const auto same = [&](const MemoryPlan* p) {
-    return p->est_step_s == chosen.est_step_s && p->micro_batch == chosen.micro_batch &&
-           p->offload_params == chosen.offload_params && p->offload_optimizer == chosen.offload_optimizer &&
-           p->host_keep_layers == chosen.host_keep_layers && p->kept_mlp == chosen.kept_mlp &&
-           p->host_kept_mlp == chosen.host_kept_mlp && p->embedding_on_host == chosen.embedding_on_host &&
-           p->host_checkpoints == chosen.host_checkpoints && p->checkpoint_every == chosen.checkpoint_every;
-  };
-  const auto it = std::find_if(fit.begin(), fit.end(), same);
-  if (it != fit.end()) std::rotate(fit.begin(), it, it + 1);
+  fit.insert(fit.begin(), chosen);
   const double tokens = static_cast<double>(c.batch.global_batch_size * c.data.max_seq_len);
   nlohmann::json j;
   j["weighed"] = all.size();
   j["fit"] = fit.size();
   j["gpu_budget_gb"] = o.gpu_budget_gb;
   j["tokens_per_step"] = tokens;
-  j["chosen_est_step_s"] = chosen.est_step_s;
+  j["chosen_est_step_s"] = chosen->est_step_s;
   j["plans"] = nlohmann::json::array();
   std::string t = fmt::format(
       "memory plans for {} x {} tokens a step on {} GPU{}{}: {} weighed, {} fit; estimated at an H200's rates "

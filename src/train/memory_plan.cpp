@@ -340,7 +340,7 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
       return llama_kept_layer_bytes(lc, step_options(config, micro, 0, host_ck, kCheckpointSlots, 1, kept_mlp), backend,
                                     act_t, config.lora.r);
     };
-    const double whole_set = per_kept_of(true);
+    const double whole_set = per_kept_of(true), lean_set = per_kept_of(false);
     p.per_kept = p.per_host_kept = whole_set;
     p.library = cuda ? library_bytes(static_cast<double>(N), static_cast<double>(lc.hidden_size),
                                      static_cast<double>(lc.num_attention_heads * lc.head_dim))
@@ -381,8 +381,8 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
       MemoryPlan v = base;
       v.kept_mlp = shapes[i].first;
       v.host_kept_mlp = shapes[i].second;
-      v.per_kept = v.kept_mlp ? whole_set : per_kept_of(false);
-      v.per_host_kept = v.host_kept_mlp ? whole_set : per_kept_of(false);
+      v.per_kept = v.kept_mlp ? whole_set : lean_set;
+      v.per_host_kept = v.host_kept_mlp ? whole_set : lean_set;
       fill(v);
       if (cuda) v.est_step_s = estimate(v, sizes.cost, rates);
       MemoryPlan best = v;
@@ -470,6 +470,13 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
   return all;
 }
 
+const MemoryPlan* fastest_fitting(const std::vector<MemoryPlan>& all) {
+  const MemoryPlan* best = nullptr;
+  for (const MemoryPlan& p : all)
+    if (p.fits() && (!best || p.est_step_s < best->est_step_s * (1 - 1e-9))) best = &p;
+  return best;
+}
+
 MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend backend, DType act_t, int world,
                        const PlanRates& rates) {
   const MemoryConfig& m = config.memory;
@@ -478,10 +485,7 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
   const std::vector<MemoryPlan> all = plan_candidates(config, lc, backend, act_t, world, rates);
   // Within the budget: the fastest estimate; ties (the CPU, no budget) keep the config's order (the
   // base on the GPU first, the optimizer on the GPU first). Nothing fits: the smallest.
-  auto fits = [](const MemoryPlan& p) { return p.fits(); };
-  const MemoryPlan* best = nullptr;
-  for (const MemoryPlan& p : all)
-    if (fits(p) && (!best || p.est_step_s < best->est_step_s * (1 - 1e-9))) best = &p;
+  const MemoryPlan* best = fastest_fitting(all);
   if (!best) {
     for (const MemoryPlan& p : all)
       if (!best || p.resident + p.step < best->resident + best->step) best = &p;
@@ -499,7 +503,7 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
   MemoryPlan chosen = *best;
   chosen.candidates = static_cast<int>(all.size());
   for (const MemoryPlan& p : all)
-    if (&p != best && fits(p) && (chosen.runner_up_s <= 0 || p.est_step_s < chosen.runner_up_s)) {
+    if (&p != best && p.fits() && (chosen.runner_up_s <= 0 || p.est_step_s < chosen.runner_up_s)) {
       chosen.runner_up_s = p.est_step_s;
       chosen.runner_up = p.brief();
     }

@@ -135,6 +135,9 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& model, Back
 // plan_memory prefers on a tie.
 std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaConfig& model, Backend backend,
                                         DType activation_dtype, int world, const PlanRates& rates = {});
+// Within its budget and fastest by the estimate, the earliest on a tie (plan_memory's choice among
+// plan_candidates' plans); null when none fits.
+const MemoryPlan* fastest_fitting(const std::vector<MemoryPlan>& plans);
 // The cost model's step time for `plan` (after stage 2 changed its kept layers).
 double plan_step_estimate(const MemoryPlan& plan, const TrainConfig& config, const LlamaConfig& model, int world,
                           const PlanRates& rates = {});
