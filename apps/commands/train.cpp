@@ -207,6 +207,10 @@ void add_bench(CLI::App& sub, BenchArgs& a) {
   add_int_option(sub, "--list-plans", bo.list_plans, 0, 1000,
                  "list the memory plan's this many fastest plans for the job on a GPU (estimates at an H200's "
                  "rates, within --gpu-budget-gb) and exit without building anything (0: run the bench)");
+  add_int_option(sub, "--try-plans", bo.try_plans, 0, 1000,
+                 "run the memory plan's this many fastest plans within --gpu-budget-gb one after another "
+                 "(--warmup + --steps steps each) and name the fastest as measured, with the --set overrides "
+                 "that pin it (0: run the bench once)");
   sub.add_option("--device", a.device, "auto (the GPU when there is one) | cpu | cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub.footer("Example:\n  qshard bench --preset tiny --device cpu --steps 3\n"

@@ -70,6 +70,7 @@ TrainConfig bench_config(const BenchOptions& o, const std::string& data_train, i
   check_int("bench --mlp-chunk-tokens", o.mlp_chunk_tokens, -1, kMaxBenchCount);
   check_double("bench --gpu-budget-gb", o.gpu_budget_gb, 0, kMaxBenchGb);
   check_int("bench --list-plans", o.list_plans, 0, 1000);
+  check_int("bench --try-plans", o.try_plans, 0, 1000);
   TrainConfig c;
   c.source = "qshard bench";
   ModelInitConfig& m = c.model.init;
@@ -160,25 +161,20 @@ nlohmann::json list_memory_plans(const BenchOptions& o, int world, std::string* 
                           {"embedding_on_host", p.embedding_on_host},
                           {"host_checkpoints", p.host_checkpoints},
                           {"checkpoint_every", p.checkpoint_every},
-                          {"brief", p.brief()}});
+                          {"brief", p.brief()},
+                          {"pins", p.pins()}});
   }
   j["text"] = t;
   if (text) *text = t;
   return j;
 }
 
-nlohmann::json run_bench(const BenchOptions& o, World& world) {
+namespace {
+
+// One bench: builds the job, runs its steps, measures. `report`: rank 0 prints the table and writes
+// --json (try_memory_plans' trials do neither).
+nlohmann::json run_one(const BenchOptions& o, World& world, bool report) {
   const int rank = world.rank(), size = world.size();
-  if (!o.json.empty()) check_output_file(o.json, "bench --json");  // before anything runs (a FIFO would block)
-  if (o.list_plans > 0) {
-    std::string text;
-    nlohmann::json j = list_memory_plans(o, size, &text);
-    if (rank == 0) {
-      std::fputs(text.c_str(), stdout);
-      if (!o.json.empty()) write_file_atomic(o.json, j.dump(2) + "\n");
-    }
-    return j;
-  }
   // Random token ids, the same on every rank (one file per rank: no shared folder needed).
   TrainConfig probe = bench_config(o, "-", size);
   const int64_t V = probe.model.init.vocab_size, T = o.seq;
@@ -292,7 +288,7 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
                       {"thermal_share", clock_summary.thermal_share}};
   j["memory_ledger"] = p.ledger.to_json();
 
-  if (rank == 0) {
+  if (rank == 0 && report) {
     std::string t;
     t += fmt::format("qshard bench: {} (L {}, hidden {}, intermediate {}, vocab {}), {} x {} tokens per rank, "
                      "LoRA r {} on all seven projections, {} rank{} on {}\n",
@@ -339,6 +335,161 @@ nlohmann::json run_bench(const BenchOptions& o, World& world) {
       write_file_atomic(o.json, j.dump(2) + "\n");
     }
   }
+  return j;
+}
+
+// The choices a plan's shape is made of (list_memory_plans' and run_one's "plan" objects alike);
+// the kept layers' counts are not among them (stage 2 sets them from the memory measured after the
+// build).
+bool same_shape(const nlohmann::json& a, const nlohmann::json& b) {
+  for (const char* k : {"micro_batch", "offload_params", "offload_optimizer", "kept_mlp", "embedding_on_host",
+                        "host_checkpoints", "checkpoint_every"})
+    if (a.at(k) != b.at(k)) return false;
+  // host_kept_mlp only where the plan has host-kept layers
+  return a.at("host_keep_layers") == 0 || a.at("host_kept_mlp") == b.at("host_kept_mlp");
+}
+
+// "micro-batch 2, base offloaded, 15 kept, ..." from a run's "plan" object (MemoryPlan::brief()).
+std::string brief_of(const nlohmann::json& p) {
+  MemoryPlan m;
+  m.micro_batch = p.at("micro_batch");
+  m.offload_params = p.at("offload_params");
+  m.offload_optimizer = p.at("offload_optimizer");
+  m.mlp_chunk_rows = p.value("mlp_chunk_rows", int64_t{0});
+  m.keep_layers = p.at("keep_layers");
+  m.host_keep_layers = p.at("host_keep_layers");
+  m.kept_mlp = p.at("kept_mlp");
+  m.host_kept_mlp = p.at("host_kept_mlp");
+  m.embedding_on_host = p.at("embedding_on_host");
+  m.host_checkpoints = p.at("host_checkpoints");
+  m.checkpoint_every = p.at("checkpoint_every");
+  return m.brief();
+}
+
+}  // namespace
+
+nlohmann::json run_bench(const BenchOptions& o, World& world) {
+  const int rank = world.rank(), size = world.size();
+  if (!o.json.empty()) check_output_file(o.json, "bench --json");  // before anything runs (a FIFO would block)
+  if (o.list_plans > 0 && o.try_plans > 0)
+    throw InputError(fmt::format("bench --list-plans {} and --try-plans {}: one or the other (--list-plans "
+                                 "estimates the plans, --try-plans runs them)",
+                                 o.list_plans, o.try_plans));
+  if (o.list_plans > 0 || o.try_plans > 0) {
+    std::string text;
+    nlohmann::json j = o.list_plans > 0 ? list_memory_plans(o, size, &text) : try_memory_plans(o, world, &text);
+    if (rank == 0) {
+      std::fputs(text.c_str(), stdout);
+      std::fflush(stdout);
+      if (!o.json.empty()) write_file_atomic(o.json, j.dump(2) + "\n");
+    }
+    return j;
+  }
+  return run_one(o, world, true);
+}
+
+nlohmann::json try_memory_plans(const BenchOptions& o, World& world, std::string* text) {
+  if (world.size() != 1)
+    throw InputError(fmt::format("bench --try-plans {}: runs on one rank (this job has {}); list the plans with "
+                                 "--list-plans and run one with the --set overrides it shows",
+                                 o.try_plans, world.size()));
+  if (o.gpu_budget_gb <= 0)
+    throw InputError(fmt::format("bench --try-plans {}: needs --gpu-budget-gb (the plans tried are the fastest "
+                                 "estimated within it)",
+                                 o.try_plans));
+  BenchOptions lo = o;
+  lo.list_plans = o.try_plans;
+  lo.try_plans = 0;
+  const nlohmann::json listing = list_memory_plans(lo, 1);
+  const double budget = o.gpu_budget_gb * 1e9;
+  const std::vector<nlohmann::json> plans = listing.at("plans");
+  nlohmann::json j;
+  j["gpu_budget_gb"] = o.gpu_budget_gb;
+  j["tokens_per_step"] = listing.at("tokens_per_step");
+  j["weighed"] = listing.at("weighed");
+  j["fit"] = listing.at("fit");
+  j["trials"] = nlohmann::json::array();
+  std::string device;
+  int fastest = -1;
+  double fastest_tps = 0;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const nlohmann::json& plan = plans[i];
+    const std::vector<std::string> pins = plan.at("pins");
+    BenchOptions ro = o;
+    ro.try_plans = 0;
+    ro.list_plans = 0;
+    ro.json.clear();
+    ro.profile_steps = 0;
+    ro.micro_batch = plan.at("micro_batch");
+    ro.set.insert(ro.set.end(), pins.begin(), pins.end());  // after the command's own: the pins win
+    nlohmann::json t = {{"plan", plan.at("brief")},
+                        {"est_step_s", plan.at("est_step_s")},
+                        {"est_tokens_per_s", plan.at("est_tokens_per_s")},
+                        {"pins", pins}};
+    QS_LOG_INFO("bench --try-plans: {} of {}: {}", i + 1, plans.size(), plan.at("brief").get<std::string>());
+    try {
+      const nlohmann::json r = run_one(ro, world, false);
+      const int64_t peak = r.at("peak_gpu_bytes");
+      const bool within = peak <= 0 || static_cast<double>(peak) <= budget;  // the CPU measures no device memory
+      t["tokens_per_s"] = r.at("tokens_per_s");
+      t["step_s"] = r.at("step_s");
+      t["peak_gpu_bytes"] = peak;
+      t["within_budget"] = within;
+      t["ran_as"] = brief_of(r.at("plan"));
+      t["as_listed"] = same_shape(plan, r.at("plan"));
+      t["losses"] = r.at("losses");
+      device = r.at("device");
+      const double tps = r.at("tokens_per_s");
+      if (within && tps > fastest_tps) fastest = static_cast<int>(i), fastest_tps = tps;
+      QS_LOG_INFO("bench --try-plans: {} of {}: {:.0f} tokens/s (estimated {:.0f}), peak {:.2f} GiB", i + 1,
+                  plans.size(), tps, plan.at("est_tokens_per_s").get<double>(), gib(static_cast<double>(peak)));
+    } catch (const std::exception& e) {
+      t["error"] = e.what();
+      QS_LOG_WARN("bench --try-plans: {} of {} failed: {}", i + 1, plans.size(), e.what());
+    }
+    j["trials"].push_back(std::move(t));
+  }
+  j["device"] = device;
+  j["fastest"] = fastest;
+  j["pins"] = fastest >= 0 ? j["trials"][static_cast<size_t>(fastest)]["pins"] : nlohmann::json::array();
+
+  std::string s = fmt::format(
+      "memory plans tried for {} tokens a step within {} GB on {} ({} warm-up + {} timed steps each; the "
+      "estimates at an H200's rates):\n",
+      listing.at("tokens_per_step").get<double>(), o.gpu_budget_gb, device.empty() ? std::string("-") : device,
+      o.warmup, o.steps);
+  s += fmt::format("{:>3}  {:>9}  {:>9}  {:>8}  {:>8}  {}\n", "#", "estimated", "tokens/s", "step s", "peak GiB",
+                   "the plan as it ran");
+  for (size_t i = 0; i < j["trials"].size(); ++i) {
+    const nlohmann::json& t = j["trials"][i];
+    if (t.contains("error")) {
+      s += fmt::format("{:>3}  {:>9.0f}  {:>9}  {:>8}  {:>8}  {}: failed: {}\n", i + 1,
+                       t.at("est_tokens_per_s").get<double>(), "-", "-", "-", t.at("plan").get<std::string>(),
+                       t.at("error").get<std::string>());
+      continue;
+    }
+    const int64_t peak = t.at("peak_gpu_bytes");
+    s += fmt::format("{:>3}  {:>9.0f}  {:>9.0f}  {:>8.3f}  {:>8}  {}{}{}{}\n", i + 1,
+                     t.at("est_tokens_per_s").get<double>(), t.at("tokens_per_s").get<double>(),
+                     t.at("step_s").get<double>(), peak > 0 ? fmt::format("{:.2f}", gib(static_cast<double>(peak))) : "-",
+                     t.at("ran_as").get<std::string>(), t.at("within_budget").get<bool>() ? "" : "  (over the budget)",
+                     t.at("as_listed").get<bool>() ? "" : fmt::format("  (listed as: {})", t.at("plan").get<std::string>()),
+                     static_cast<int>(i) == fastest ? "  <- the fastest" : "");
+  }
+  if (fastest >= 0) {
+    s += fmt::format("fastest as measured within the budget: #{} ({:.0f} tokens/s; the plan's own choice, #1: {}). "
+                     "Pin it with:\n ",
+                     fastest + 1, fastest_tps,
+                     j["trials"][0].contains("tokens_per_s")
+                         ? fmt::format("{:.0f}", j["trials"][0]["tokens_per_s"].get<double>())
+                         : std::string("failed"));
+    for (const std::string& kv : j["pins"].get<std::vector<std::string>>()) s += " --set " + kv;
+    s += "\n";
+  } else {
+    s += "no plan ran within the budget\n";
+  }
+  j["text"] = s;
+  if (text) *text = s;
   return j;
 }
 

@@ -64,6 +64,8 @@ struct BenchOptions {
   std::vector<std::string> set;  // further config overrides, key=value
   std::string json;              // write the result here (rank 0)
   int64_t list_plans = 0;        // > 0: list the memory plan's this many fastest plans and exit (list_memory_plans)
+  int64_t try_plans = 0;         // > 0: run the memory plan's this many fastest plans one after another and
+                                 // name the fastest as measured (try_memory_plans)
   std::string token_dir;         // where the random token file goes (default: the temp folder)
 };
 
@@ -72,6 +74,7 @@ TrainConfig bench_config(const BenchOptions& options, const std::string& data_tr
 
 // Runs the bench on this rank; rank 0 prints the table and writes the JSON. Returns the JSON.
 // With options.list_plans > 0 it runs nothing: list_memory_plans, printed and written by rank 0.
+// With options.try_plans > 0: try_memory_plans.
 nlohmann::json run_bench(const BenchOptions& options, World& world);
 
 // The plans the memory plan weighs for this bench's job on a GPU (train/memory_plan.h: the cost
@@ -82,5 +85,16 @@ nlohmann::json run_bench(const BenchOptions& options, World& world);
 // measures after the build. Nothing is built or allocated. JSON: {"plans": [...], "weighed",
 // "fit", ...}; `text` the table. Throws the plan's InputError when no plan fits the budget.
 nlohmann::json list_memory_plans(const BenchOptions& options, int world_size, std::string* text = nullptr);
+
+// The plan measured, not estimated: the first options.try_plans plans of list_memory_plans, each
+// pinned (MemoryPlan::pins()) and run as a bench of its own (options.warmup + options.steps steps,
+// no profiled ones) one after another in this process; each with its estimate, its measured
+// tokens/s, step time and peak device memory in use, and whether that peak kept to the budget. The
+// fastest as measured among those that kept to it is named with the --set overrides that pin it
+// (a job file's memory.* keys). A plan that fails to run (its build or step throws) is reported
+// with its error and the rest still run. One rank (the listing reads this host's free memory).
+// JSON: {"trials": [{"plan", "est_step_s", "tokens_per_s", "step_s", "peak_gpu_bytes",
+// "within_budget", "pins", "ran_as", "error"}...], "fastest": index or -1, "pins": [...]}.
+nlohmann::json try_memory_plans(const BenchOptions& options, World& world, std::string* text = nullptr);
 
 }  // namespace qshard

@@ -93,6 +93,19 @@ std::string MemoryPlan::brief() const {
   return s;
 }
 
+std::vector<std::string> MemoryPlan::pins() const {
+  QS_CHECK(kept_mlp || !host_kept_mlp, "MemoryPlan::pins: host-kept layers whole beside lean device-kept ones");
+  std::vector<std::string> v = {fmt::format("batch.micro_batch_size={}", micro_batch),
+                                offload_params ? "offload.params=true" : "memory.base=gpu"};
+  if (offload_optimizer) v.push_back("offload.optimizer=true");
+  v.push_back(fmt::format("memory.embedding={}", embedding_on_host ? "host" : "gpu"));
+  v.push_back(fmt::format("memory.host_checkpoints={}", host_checkpoints ? "true" : "false"));
+  v.push_back(fmt::format("memory.checkpoint_every={}", checkpoint_every));
+  v.push_back(fmt::format("memory.kept_mlp={}", !kept_mlp ? "false" : host_kept_mlp ? "true" : "device"));
+  v.push_back(fmt::format("memory.host_keep_layers={}", host_keep_layers));
+  return v;
+}
+
 namespace {
 
 // The cost model's constants, measured on one H200 (docs/PERFORMANCE.md, sessions 11 and 12,
@@ -417,7 +430,7 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
   // Offloading by choice (not because nothing else fits) needs the host to hold the pinned shards
   // beside the build's own copy of the base, with room to spare: three bases' worth.
   const bool host_room = rates.host_available_bytes <= 0 || rates.host_available_bytes >= 3 * (proj_b + root) / world;
-  const bool choose_offload = cuda && budget > 0 && !config.offload.params;
+  const bool choose_offload = cuda && budget > 0 && !config.offload.params && m.base == "auto";
   std::vector<MemoryPlan> all;
   // The optimizer on the host as the config asks, else on the GPU first; on the host only when no
   // candidate fits with it on the GPU (and the plan may choose: a budget on the GPU).

@@ -5,8 +5,9 @@
 //   - the micro-batch, when batch.micro_batch_size is 0 (auto): any divisor of the rank's share of
 //     the global batch, gradient accumulation making up the rest (the GPU; the CPU takes 1);
 //   - whether the frozen base's shards live on the GPU or in pinned host memory (offload.params;
-//     a config that asks for it keeps it); whether the LoRA optimizer state goes to the host too
-//     (offload.optimizer: AdamW on the host), only when no plan fits with it on the GPU;
+//     a config that asks for it keeps it, memory.base: gpu keeps them on the GPU); whether the
+//     LoRA optimizer state goes to the host too (offload.optimizer: AdamW on the host), only when
+//     no plan fits with it on the GPU;
 //   - whether the embedding table (frozen, untied) stays on the GPU or in pinned host memory, read
 //     in place by the lookup (memory.embedding; auto: the plan weighs both: the host saves V x C
 //     bytes of the GPU, 1.05 GB at 8B, for a read of the step's rows over PCIe);
@@ -120,6 +121,12 @@ struct MemoryPlan {
   std::string describe() const;
   // One line of the choices: "micro-batch 8, base offloaded, 3 kept, 28 host-kept without gate / up, ...".
   std::string brief() const;
+  // The config overrides (key=value, as --set takes them) that make plan_memory choose this plan's
+  // shape at its budget: the micro-batch, where the base, the optimizer, the embedding and the
+  // layer inputs live, every second checkpoint, each tier's gate / up and the host-kept layers. The
+  // device-kept layers stay the plan's (stage 2 fills the budget with the memory measured after the
+  // build).
+  std::vector<std::string> pins() const;
 };
 
 // LoRA parameters of rank `r` on `targets` (module names, e.g. "q_proj") over every layer:

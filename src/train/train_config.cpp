@@ -322,6 +322,9 @@ const std::vector<Field>& fields() {
                "recomputes those two GEMMs, a third of a kept layer's bytes at 8B (false); device: the layers kept on "
                "the GPU keep them, the host-kept ones do not (their copies carry a third of the bytes); auto: the "
                "memory plan's choice of the three by its cost model (true without a budget)"),
+      QS_FIELD("memory.base", memory.base, "auto, gpu",
+               "where the frozen base lives with offload.params off: the GPU (gpu), or the memory plan's choice "
+               "(auto: pinned host memory where the budget needs it or that is faster)"),
       QS_FIELD("memory.embedding", memory.embedding, "auto, gpu, host",
                "where the embedding table lives: the GPU, pinned host memory (the step's rows read in place), or "
                "the memory plan's choice (auto; the GPU without a budget)"),
@@ -726,6 +729,9 @@ void TrainConfig::validate(int world_size) const {
   // memory
   ck.require(memory.embedding == "auto" || memory.embedding == "gpu" || memory.embedding == "host", "memory.embedding",
              memory.embedding, "auto, gpu or host");
+  ck.require(memory.base == "auto" || memory.base == "gpu", "memory.base", memory.base, "auto or gpu");
+  ck.require(memory.base != "gpu" || !offload.params, "memory.base", memory.base,
+             "auto with offload.params: true (the base goes to pinned host memory), or set offload.params: false");
   ck.require(memory.host_checkpoints == "auto" || memory.host_checkpoints == "true" ||
                  memory.host_checkpoints == "false",
              "memory.host_checkpoints", memory.host_checkpoints, "auto, true or false");

@@ -174,6 +174,10 @@ struct MemoryConfig {
                                   // of the three by its cost model (true without a budget, or where
                                   // the kept layers are set by hand; LlamaModelOptions::kept_mlp,
                                   // host_kept_mlp)
+  std::string base = "auto";      // where the frozen base's shards live with offload.params off: "gpu"
+                                  // (never offloaded by the plan), or "auto": the memory plan may move
+                                  // them to pinned host memory, to fit the budget or where that is
+                                  // faster (offload.params: true puts them there in any case)
   std::string embedding = "auto"; // where the (frozen, untied) embedding table lives: "gpu", "host"
                                   // (pinned host memory, the step's rows read in place by the GPU),
                                   // or "auto": the memory plan's choice (the GPU without a budget)

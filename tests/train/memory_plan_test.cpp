@@ -637,6 +637,67 @@ TEST(MemoryPlan, BenchListsThePlans) {
   }
 }
 
+// MemoryPlan::pins(): each plan the listing shows, pinned by its overrides, is the plan plan_memory
+// then makes (bench --try-plans runs them so): at two budgets, every plan within them.
+TEST(MemoryPlan, PinsMakeEachListedPlan) {
+  const PlanRates h200 = h200_rates(795e12, 55.3e9);
+  for (double gb : {10.08, 12.48}) {
+    const TrainConfig c = eight_within(gb);
+    const std::vector<MemoryPlan> all = plan_candidates(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+    int tried = 0, offloaded = 0, resident = 0, lean_host = 0;
+    for (const MemoryPlan& want : all) {
+      if (!want.fits()) continue;
+      TrainConfig pinned = c;
+      for (const std::string& kv : want.pins()) apply_override(pinned, kv);
+      pinned.validate(1);
+      const MemoryPlan got = plan_memory(pinned, llama(pinned), Backend::kCuda, DType::kBF16, 1, h200);
+      const std::string why = want.brief() + " pinned became " + got.brief();
+      EXPECT_EQ(got.micro_batch, want.micro_batch) << why;
+      EXPECT_EQ(got.offload_params, want.offload_params) << why;
+      EXPECT_EQ(got.offload_optimizer, want.offload_optimizer) << why;
+      EXPECT_EQ(got.embedding_on_host, want.embedding_on_host) << why;
+      EXPECT_EQ(got.host_checkpoints, want.host_checkpoints) << why;
+      EXPECT_EQ(got.checkpoint_every, want.checkpoint_every) << why;
+      EXPECT_EQ(got.kept_mlp, want.kept_mlp) << why;
+      EXPECT_EQ(got.host_keep_layers, want.host_keep_layers) << why;
+      if (want.host_keep_layers > 0) EXPECT_EQ(got.host_kept_mlp, want.host_kept_mlp) << why;
+      EXPECT_NEAR(got.est_step_s, want.est_step_s, 1e-9 * want.est_step_s) << why;
+      ++tried;
+      (want.offload_params ? offloaded : resident) += 1;
+      lean_host += want.host_keep_layers > 0 && !want.host_kept_mlp;
+    }
+    EXPECT_GT(tried, 10) << gb;
+    EXPECT_GT(offloaded, 0) << gb;
+    EXPECT_GT(resident, 0) << gb;
+    EXPECT_GT(lean_host, 0) << gb;
+  }
+}
+
+// memory.base: gpu keeps the base on the GPU where the plan would offload it (10.08 GB at 8B), and
+// a budget no plan with it resident fits is refused rather than offloaded; with offload.params it
+// is a contradiction, named.
+TEST(MemoryPlan, BaseOnTheGpuWhenAsked) {
+  const PlanRates h200 = h200_rates(795e12, 55.3e9);
+  TrainConfig c = eight_within(10.08);
+  ASSERT_TRUE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200).offload_params);
+  c.memory.base = "gpu";
+  const MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+  EXPECT_FALSE(p.offload_params) << p.describe();
+  EXPECT_LE(p.resident + p.step + p.staging_bytes(), 10.08e9) << p.describe();
+  c.memory.gpu_budget_gb = 5;  // below the resident base beside its root unit and the runtime
+  EXPECT_THROW(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200), InputError);
+  c.offload.params = true;
+  try {
+    c.validate(1);
+    ADD_FAILURE() << "memory.base gpu with offload.params passed";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("memory.base"), std::string::npos) << e.what();
+  }
+  c.offload.params = false;
+  c.memory.base = "host";
+  EXPECT_THROW(c.validate(1), InputError);
+}
+
 TEST(MemoryPlan, HostCheckpointsWhereTheGpuIsShort) {
   const PlanRates h200 = h200_rates(803e12, 55.4e9);
   TrainConfig c = eight_within(10.08);
