@@ -398,11 +398,29 @@ nlohmann::json try_memory_plans(const BenchOptions& o, World& world, std::string
                                  "estimated within it)",
                                  o.try_plans));
   BenchOptions lo = o;
-  lo.list_plans = o.try_plans;
+  lo.list_plans = 1000;  // every plan that fits
   lo.try_plans = 0;
   const nlohmann::json listing = list_memory_plans(lo, 1);
   const double budget = o.gpu_budget_gb * 1e9;
-  const std::vector<nlohmann::json> plans = listing.at("plans");
+  // Which plans: the plan's own choice, then the fastest estimate of each shape not yet tried (the
+  // micro-batch, the base's place, each tier's gate / up, a host tier or none: where the cost model
+  // is least sure of itself), then the next fastest estimates, up to try_plans of them.
+  const std::vector<nlohmann::json> listed = listing.at("plans");
+  std::vector<nlohmann::json> plans;
+  std::vector<bool> taken(listed.size(), false);
+  std::vector<std::string> shapes;
+  for (size_t i = 0; i < listed.size() && static_cast<int64_t>(plans.size()) < o.try_plans; ++i) {
+    const nlohmann::json& p = listed[i];
+    const std::string shape = fmt::format("{} {} {} {} {}", p.at("micro_batch").get<int64_t>(),
+                                          p.at("offload_params").get<bool>(), p.at("kept_mlp").get<bool>(),
+                                          p.at("host_kept_mlp").get<bool>(), p.at("host_keep_layers").get<int64_t>() > 0);
+    if (std::find(shapes.begin(), shapes.end(), shape) != shapes.end()) continue;
+    shapes.push_back(shape);
+    plans.push_back(p);
+    taken[i] = true;
+  }
+  for (size_t i = 0; i < listed.size() && static_cast<int64_t>(plans.size()) < o.try_plans; ++i)
+    if (!taken[i]) plans.push_back(listed[i]);
   nlohmann::json j;
   j["gpu_budget_gb"] = o.gpu_budget_gb;
   j["tokens_per_step"] = listing.at("tokens_per_step");
@@ -454,10 +472,10 @@ nlohmann::json try_memory_plans(const BenchOptions& o, World& world, std::string
   j["pins"] = fastest >= 0 ? j["trials"][static_cast<size_t>(fastest)]["pins"] : nlohmann::json::array();
 
   std::string s = fmt::format(
-      "memory plans tried for {} tokens a step within {} GB on {} ({} warm-up + {} timed steps each; the "
+      "memory plans tried for {} tokens a step within {} GB on {} ({} warm-up + {} timed step{} each; the "
       "estimates at an H200's rates):\n",
       listing.at("tokens_per_step").get<double>(), o.gpu_budget_gb, device.empty() ? std::string("-") : device,
-      o.warmup, o.steps);
+      o.warmup, o.steps, o.steps == 1 ? "" : "s");
   s += fmt::format("{:>3}  {:>9}  {:>9}  {:>8}  {:>8}  {}\n", "#", "estimated", "tokens/s", "step s", "peak GiB",
                    "the plan as it ran");
   for (size_t i = 0; i < j["trials"].size(); ++i) {

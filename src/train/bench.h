@@ -86,7 +86,9 @@ nlohmann::json run_bench(const BenchOptions& options, World& world);
 // "fit", ...}; `text` the table. Throws the plan's InputError when no plan fits the budget.
 nlohmann::json list_memory_plans(const BenchOptions& options, int world_size, std::string* text = nullptr);
 
-// The plan measured, not estimated: the first options.try_plans plans of list_memory_plans, each
+// The plan measured, not estimated: options.try_plans of list_memory_plans' plans (the plan's own
+// choice, then the fastest estimate of each shape not yet tried: micro-batch, the base's place,
+// each tier's gate / up, a host tier or none; then the next fastest estimates), each
 // pinned (MemoryPlan::pins()) and run as a bench of its own (options.warmup + options.steps steps,
 // no profiled ones) one after another in this process; each with its estimate, its measured
 // tokens/s, step time and peak device memory in use, and whether that peak kept to the budget. The
