@@ -467,6 +467,23 @@ nlohmann::json try_memory_plans(const BenchOptions& o, World& world, std::string
     }
     j["trials"].push_back(std::move(t));
   }
+  // A plan changes no arithmetic within one micro-batch size (memory_plan.h): the trials of one
+  // micro-batch must give the same losses, bit for bit. Each trial names the first of its size.
+  std::string mismatch;
+  for (size_t i = 0; i < j["trials"].size(); ++i) {
+    nlohmann::json& t = j["trials"][i];
+    if (!t.contains("losses")) continue;
+    for (size_t k = 0; k < i; ++k) {
+      const nlohmann::json& u = j["trials"][k];
+      if (!u.contains("losses")) continue;
+      if (plans[k].at("micro_batch") != plans[i].at("micro_batch")) continue;
+      t["same_losses_as"] = k;
+      t["losses_match"] = u.at("losses") == t.at("losses");
+      if (!t["losses_match"].get<bool>()) mismatch += fmt::format(" #{} against #{};", i + 1, k + 1);
+      break;
+    }
+  }
+  j["losses_match"] = mismatch.empty();
   j["device"] = device;
   j["fastest"] = fastest;
   j["pins"] = fastest >= 0 ? j["trials"][static_cast<size_t>(fastest)]["pins"] : nlohmann::json::array();
@@ -506,6 +523,9 @@ nlohmann::json try_memory_plans(const BenchOptions& o, World& world, std::string
   } else {
     s += "no plan ran within the budget\n";
   }
+  s += mismatch.empty() ? "losses: each plan's the same, bit for bit, as every other plan's of its micro-batch\n"
+                        : "LOSSES DIFFER between plans of one micro-batch (a plan changed the arithmetic):" + mismatch +
+                              "\n";
   j["text"] = s;
   if (text) *text = s;
   return j;

@@ -34,6 +34,8 @@ grep -Eq '"checkpoint_slots": 3' "$w/b3.json" || fail "checkpoint slots: not in 
 [ "$(grep -c '"as_listed": true' "$w/b4.json")" = 3 ] || fail "try-plans: a trial did not run as listed"
 grep -Eq '"fastest": [0-2],' "$w/b4.json" || fail "try-plans: no fastest trial"
 grep -q 'Pin it with:' "$w/b4.txt" || fail "try-plans: no pins printed"
+grep -q 'losses: each plan.s the same' "$w/b4.txt" || fail "try-plans: losses differ between plans of one micro-batch"
+grep -Eq '"losses_match": true' "$w/b4.json" || fail "try-plans: no two plans of one micro-batch compared"
 grep -Eq -- '--set batch.micro_batch_size=[124] --set memory.(base=gpu|offload.params=true)' "$w/b4.txt" || fail "try-plans: pins"
 if "$q" bench --preset tiny --device cpu --try-plans 2 > "$w/b5.txt" 2>&1; then fail "try-plans without a budget ran"; fi
 grep -q 'needs --gpu-budget-gb' "$w/b5.txt" || fail "try-plans without a budget: not named"
