@@ -260,7 +260,7 @@ nlohmann::json run_one(const BenchOptions& o, World& world, bool report) {
                {"mlp_chunk_rows", p.mlp_chunk_rows},   {"embedding_on_host", p.embedding_on_host},
                {"host_checkpoints", p.host_checkpoints}, {"checkpoint_slots", p.checkpoint_slots},
                {"checkpoint_every", p.checkpoint_every}, {"gpu_budget_gb", o.gpu_budget_gb},
-               {"text", p.plan}};
+               {"brief", p.plan_brief},                {"text", p.plan}};
   j["tokens_per_s"] = tps;
   j["step_s"] = o.steps > 0 ? secs / static_cast<double>(o.steps) : 0;
   j["mfu"] = mfu;
@@ -349,23 +349,6 @@ bool same_shape(const nlohmann::json& a, const nlohmann::json& b) {
   return a.at("host_keep_layers") == 0 || a.at("host_kept_mlp") == b.at("host_kept_mlp");
 }
 
-// "micro-batch 2, base offloaded, 15 kept, ..." from a run's "plan" object (MemoryPlan::brief()).
-std::string brief_of(const nlohmann::json& p) {
-  MemoryPlan m;
-  m.micro_batch = p.at("micro_batch");
-  m.offload_params = p.at("offload_params");
-  m.offload_optimizer = p.at("offload_optimizer");
-  m.mlp_chunk_rows = p.value("mlp_chunk_rows", int64_t{0});
-  m.keep_layers = p.at("keep_layers");
-  m.host_keep_layers = p.at("host_keep_layers");
-  m.kept_mlp = p.at("kept_mlp");
-  m.host_kept_mlp = p.at("host_kept_mlp");
-  m.embedding_on_host = p.at("embedding_on_host");
-  m.host_checkpoints = p.at("host_checkpoints");
-  m.checkpoint_every = p.at("checkpoint_every");
-  return m.brief();
-}
-
 }  // namespace
 
 nlohmann::json run_bench(const BenchOptions& o, World& world) {
@@ -438,7 +421,6 @@ nlohmann::json try_memory_plans(const BenchOptions& o, World& world, std::string
     ro.list_plans = 0;
     ro.json.clear();
     ro.profile_steps = 0;
-    ro.micro_batch = plan.at("micro_batch");
     ro.set.insert(ro.set.end(), pins.begin(), pins.end());  // after the command's own: the pins win
     nlohmann::json t = {{"plan", plan.at("brief")},
                         {"est_step_s", plan.at("est_step_s")},
@@ -453,7 +435,7 @@ nlohmann::json try_memory_plans(const BenchOptions& o, World& world, std::string
       t["step_s"] = r.at("step_s");
       t["peak_gpu_bytes"] = peak;
       t["within_budget"] = within;
-      t["ran_as"] = brief_of(r.at("plan"));
+      t["ran_as"] = r.at("plan").at("brief");
       t["as_listed"] = same_shape(plan, r.at("plan"));
       t["losses"] = r.at("losses");
       device = r.at("device");
@@ -470,6 +452,7 @@ nlohmann::json try_memory_plans(const BenchOptions& o, World& world, std::string
   // A plan changes no arithmetic within one micro-batch size (memory_plan.h): the trials of one
   // micro-batch must give the same losses, bit for bit. Each trial names the first of its size.
   std::string mismatch;
+  int compared = 0;
   for (size_t i = 0; i < j["trials"].size(); ++i) {
     nlohmann::json& t = j["trials"][i];
     if (!t.contains("losses")) continue;
@@ -479,11 +462,13 @@ nlohmann::json try_memory_plans(const BenchOptions& o, World& world, std::string
       if (plans[k].at("micro_batch") != plans[i].at("micro_batch")) continue;
       t["same_losses_as"] = k;
       t["losses_match"] = u.at("losses") == t.at("losses");
+      ++compared;
       if (!t["losses_match"].get<bool>()) mismatch += fmt::format(" #{} against #{};", i + 1, k + 1);
       break;
     }
   }
   j["losses_match"] = mismatch.empty();
+  j["losses_compared"] = compared;
   j["device"] = device;
   j["fastest"] = fastest;
   j["pins"] = fastest >= 0 ? j["trials"][static_cast<size_t>(fastest)]["pins"] : nlohmann::json::array();
@@ -523,9 +508,9 @@ nlohmann::json try_memory_plans(const BenchOptions& o, World& world, std::string
   } else {
     s += "no plan ran within the budget\n";
   }
-  s += mismatch.empty() ? "losses: each plan's the same, bit for bit, as every other plan's of its micro-batch\n"
-                        : "LOSSES DIFFER between plans of one micro-batch (a plan changed the arithmetic):" + mismatch +
-                              "\n";
+  s += !mismatch.empty() ? "LOSSES DIFFER between plans of one micro-batch (a plan changed the arithmetic):" + mismatch + "\n"
+       : compared > 0     ? "losses: each plan's the same, bit for bit, as every other plan's of its micro-batch\n"
+                          : "losses: no two plans of one micro-batch to compare\n";
   j["text"] = s;
   if (text) *text = s;
   return j;

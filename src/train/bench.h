@@ -97,7 +97,7 @@ nlohmann::json list_memory_plans(const BenchOptions& options, int world_size, st
 // with its error and the rest still run. One rank (the listing reads this host's free memory).
 // JSON: {"trials": [{"plan", "est_step_s", "tokens_per_s", "step_s", "peak_gpu_bytes",
 // "within_budget", "pins", "ran_as", "losses", "same_losses_as", "losses_match", "error"}...],
-// "fastest": index or -1, "pins": [...], "losses_match"}: the trials of one micro-batch size give
+// "fastest": index or -1, "pins": [...], "losses_match", "losses_compared"}: the trials of one micro-batch size give
 // the same losses bit for bit (a plan changes no arithmetic), each compared with the first of its size.
 nlohmann::json try_memory_plans(const BenchOptions& options, World& world, std::string* text = nullptr);
 

@@ -311,6 +311,7 @@ void TrainJob::open_logger() {
   summary_.perf.gemm_flops = gemm_flops_;
   summary_.perf.flops_per_token = flops_per_token_;
   summary_.perf.plan = plan_.describe();
+  summary_.perf.plan_brief = plan_.brief();
   summary_.perf.keep_layers = plan_.keep_layers;
   summary_.perf.host_keep_layers = plan_.host_keep_layers;
   summary_.perf.kept_mlp = plan_.kept_mlp;

@@ -63,6 +63,7 @@ struct TrainPerf {
   double flops_per_token = 0;         // useful work (train/flops.h)
   int64_t peak_gpu_bytes = 0;         // device memory in use (cudaMemGetInfo), the most seen after a step
   std::string plan;                   // the memory plan, described
+  std::string plan_brief;             // its choices on one line (MemoryPlan::brief())
   int64_t keep_layers = 0, host_keep_layers = 0, mlp_chunk_rows = 0;
   bool kept_mlp = true;               // device-kept layers hold gate / up (memory.kept_mlp)
   bool host_kept_mlp = true;          // host-kept layers do
