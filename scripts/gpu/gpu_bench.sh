@@ -33,7 +33,7 @@ OUT=${OUT:-build/bench_out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 [ -n "${GPU:-}" ] && export CUDA_VISIBLE_DEVICES=$GPU
-Q=build/qshard
+Q=${QSHARD:-build/qshard}  # QSHARD: another binary (a prebuilt one carried in)
 LOGS=build/bench_logs  # per-run logs stay on the machine: $OUT holds few files (JSON lines, summaries)
 mkdir -p "$LOGS"
 STEPS=${STEPS:-4}

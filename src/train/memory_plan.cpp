@@ -129,11 +129,15 @@ double attention_mfu(double T) {
   const double x = std::clamp((std::log2(std::max(T, 1.0)) - 11.0) / 4.0, 0.0, 1.0);  // 2048 -> 0, 32768 -> 1
   return kMfuRecompute + (kMfuAttention - kMfuRecompute) * x;
 }
-constexpr double kRecomputeShare = 0.2;
-// 384 tokens (fit on an H200 with full recompute). On an H100 in session 25, with every layer kept
-// and the bench's steps timed without the profiler's events: 21.4 ms a micro-batch against 61 us a
-// token, about 350 tokens (session 24's 496 had the events in it).
-constexpr double kFixedTokens = 384;
+// Refitted (session 31) to 36 trials of `qshard bench --try-plans` on an H100 (8 x 2048, budgets
+// 10.08-21.47 GB, docs/PERFORMANCE.md): with these the plan's choice is the fastest measured at 10.08
+// and 12.48 GB and within 1% of it at 16.1 and 21.47 GB, the estimates' spread 0.9% about their mean.
+// The fixed cost is a micro-batch's whole (dequantizing the base, the head, the LoRA's small GEMMs,
+// launches): a kept layer saves its recompute, not any of that. With the fixed cost scaled by the
+// recompute (as before) and 290 tokens, micro-batch 1 with 27 layers kept was chosen at 12.48 GB and
+// ran at 13,914 tokens/s, against 14,589 for micro-batch 2 with 22.
+constexpr double kRecomputeShare = 0.29;
+constexpr double kFixedTokens = 350;
 constexpr double kOffloadContention = 0.06;
 constexpr double kHostAdamBytesPerSecond = 10e9;
 constexpr double kDefaultGemmFlops = kPlanDefaultGemmFlops;
@@ -232,7 +236,7 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
                                   host_kept * (p.host_kept_mlp ? 1.0 : 1.0 - in.gate_up_share)) /
                                      (in.L - 1)
                                : 0.0;
-  double micro = (N * a + kFixedTokens * a) * (1 - kRecomputeShare * kept);
+  double micro = N * a * (1 - kRecomputeShare * kept) + kFixedTokens * a;
   const double copy = in.layer_bytes / in.world / h2d;
   if (p.offload_params) {
     // Each layer's shard crosses host to device once in the forward and once in the backward,

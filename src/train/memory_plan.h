@@ -28,14 +28,15 @@
 //     with the base on the GPU (an offloaded base's copies and the tier's stalled each other);
 //   - whether each tier's kept sets hold the MLP's gate / up (memory.kept_mlp; auto: whole, lean,
 //     or whole on the device beside a lean host tier, each with its own host-kept count).
-// The cost model (GPU): a micro-batch of N tokens takes (N + N0) a (1 - s k) seconds, a = useful
-// FLOPs per token / (0.53 x the measured GEMM rate), N0 = 384 tokens of per-micro-batch fixed work
-// (dequantizing the base, launches), s = 0.2 the recompute's share, k the kept fraction of the
-// layers (device- or host-kept); an offloaded base adds, per layer, the part of its host-to-device copy (at the measured
-// bandwidth) longer than that layer's forward (and its backward); a host optimizer adds 32 bytes a
-// LoRA parameter at 10 GB/s. Constants from the H200 runs of docs/PERFORMANCE.md (session 11): the
-// model puts the 8B shape's measured rows within 6%, the 70B offloaded / resident ratio at 0.87
-// (measured 0.91). The base is offloaded when that is faster within the budget (room for kept
+// The cost model (GPU): a micro-batch of N tokens takes N a (1 - s k) + N0 a seconds, a = useful
+// FLOPs per token / (0.54 x the measured GEMM rate), N0 = 350 tokens of per-micro-batch fixed work
+// (dequantizing the base, the head, the LoRA's small GEMMs, launches), s = 0.29 the recompute's share,
+// k the kept fraction of the layers (device- or host-kept); an offloaded base adds, per layer, the part
+// of its host-to-device copy (at the measured bandwidth) longer than that layer's forward (and its
+// backward); a host optimizer adds 32 bytes a LoRA parameter at 10 GB/s. Constants from the H200 runs
+// of docs/PERFORMANCE.md (session 11), N0 and s refitted to session 31's 27 plans tried on an H100
+// (memory_plan.cpp): the plan's choice the fastest measured at 10.08 and 12.48 GB, within 1% at 16.1
+// and 21.47 GB. The base is offloaded when that is faster within the budget (room for kept
 // layers), not only when it must be.
 // Two stages: plan_memory() before the model is built (estimates: offload and chunking), then
 // plan_kept_layers() once it is, with the device memory actually in use (CUDA; the estimate on the
