@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   std::printf("%s, H %lld, Hkv %lld, D %lld, causal; %d timed calls each\n",
               softcap > 0.0f ? "eager attention (soft-capped scores)" : "fused attention (cuDNN SDPA)",
               static_cast<long long>(H), static_cast<long long>(Hkv), static_cast<long long>(D), iters);
-  std::printf("%-8s %-17s %9s %9s %9s %9s %9s\n", "shape", "backward", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s",
+  std::printf("%-8s %-20s %9s %9s %9s %9s %9s\n", "shape", "backward", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s",
               "f+b TF/s");
   for (const auto& [B, T] : shapes) {
     const int64_t nq = B * T * H * D, nkv = B * T * Hkv * D;
@@ -95,13 +95,21 @@ int main(int argc, char** argv) {
       if (softcap > 0.0f && !det) break;  // the eager attention has one algorithm
       cuda::set_attention_deterministic(ctx, det);
       cuda::prepare_attention(ctx, B, T, H, Hkv, D, 0, 0, scores);
+      // What ran: the deterministic backward may run in calls of fewer sequences, or (one sequence
+      // past its workspace limit) fall back to the non-deterministic one.
+      const cuda::AttentionBackwardPlan bp = cuda::attention_backward_plan(ctx, B, T, H, Hkv, D, 0, 0, scores);
+      const std::string label = softcap > 0.0f    ? std::string("eager")
+                                : !bp.deterministic ? std::string(det ? "non-det (fallback)" : "non-deterministic")
+                                : bp.sequences_per_call < B
+                                    ? "det, " + std::to_string(bp.sequences_per_call) + " seq a call"
+                                    : std::string("deterministic");
       const double f = timer.mean_ms(
           iters, [&] { cuda::attention_fwd(o, stats, q, k, v, B, T, H, Hkv, D, ctx, 0, nullptr, scores); });
       const double bw = timer.mean_ms(iters, [&] {
         cuda::attention_bwd(dq, dk, dv, dO, q, k, v, o, stats, B, T, H, Hkv, D, ctx, 0, nullptr, scores);
       });
-      std::printf("%lldx%-6lld %-17s %9.3f %9.1f %9.3f %9.1f %9.1f\n", static_cast<long long>(B),
-                  static_cast<long long>(T), softcap > 0.0f ? "eager" : det ? "deterministic" : "non-deterministic", f,
+      std::printf("%lldx%-6lld %-20s %9.3f %9.1f %9.3f %9.1f %9.1f\n", static_cast<long long>(B),
+                  static_cast<long long>(T), label.c_str(), f,
                   fwd_flop / f / 1e9, bw,
                   bwd_flop / bw / 1e9, (fwd_flop + bwd_flop) / (f + bw) / 1e9);
     }

@@ -4,7 +4,15 @@
 // the row statistics (log-sum-exp, f32 [B,H,T]) the backward needs. Graphs are built once per
 // shape (prepare_attention at model construction; another shape builds on first use) and cached
 // with their plans; the backward uses cuDNN's deterministic algorithm so a resumed run is bitwise
-// the straight one on the same GPU. cuDNN 9.10.0 and 9.10.1 are refused (known-bad SDPA).
+// the straight one on the same GPU. Its workspace grows with the batch's tokens (about 36 bytes a
+// token per hidden unit at the 8B shape: 2.4 GB at 8 x 2048): past the limit (2 GiB) the backward
+// runs in calls of fewer whole sequences (each sequence's attention is its own), the most whose
+// workspace is within the limit, or, lean (set_attention_lean_workspace: a job with a memory
+// budget), within what the non-deterministic algorithm would take with its f32 dQ accumulator.
+// 8 x 2048 on an H100 (session 31): 2 calls of 4 (1.2 GB) 1.96 ms a layer, lean 4 calls of 2
+// (0.6 GB) 2.16 ms, against the non-deterministic 1.84 ms (0.5 GB). Only where one sequence is past
+// the bound (long sequences, or packed data past it) does the non-deterministic one run, with a note.
+// cuDNN 9.10.0 and 9.10.1 are refused (known-bad SDPA).
 // Packed data (AttentionPieces): the B*T rows as up to P sequences of their own in cuDNN's ragged
 // layout (THD: each piece's rows where they are, found by element offsets; a padding mask with
 // each piece's length; the row statistics ragged too, [B*T, H]); graphs of their own, for P.
@@ -39,8 +47,9 @@ void check(fe::error_t e, const char* what) {
   if (e.is_bad()) throw Error(std::string("cuDNN attention: ") + what + ": " + e.get_message());
 }
 
-// The most workspace the deterministic backward may take before the non-deterministic one is used.
-int64_t attention_workspace_limit() { return int64_t{2} << 30; }
+// The most workspace the deterministic backward may take in one call before it runs in chunks of
+// sequences (or, where one sequence is past it, the non-deterministic one is used).
+constexpr int64_t kAttentionWorkspaceLimit = int64_t{2} << 30;
 
 // uids of the graphs' tensors
 enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
@@ -50,15 +59,22 @@ enum : int64_t { kSeqQ = 20, kSeqKv, kOffQ, kOffK, kOffV, kOffO, kOffStats, kOff
 struct Graphs {
   std::shared_ptr<fe::graph::Graph> fwd, bwd;
   int64_t fwd_ws = 0, bwd_ws = 0;
+  int64_t bwd_batch = 0;         // sequences per backward call (the batch unless chunked)
+  bool bwd_deterministic = true;
 };
 
 struct CudnnState {
   cudnnHandle_t handle = nullptr;
   std::mutex mu;
-  // (B, T, H, Hkv, D, window, P, deterministic, scale): P > 0 the packed graphs of up to P pieces;
-  // scale the graphs' attn_scale (scale_for(D))
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, float>, Graphs> graphs;
+  // (B, T, H, Hkv, D, window, P, deterministic, scale, chunk, lean): P > 0 the packed graphs of up to
+  // P pieces; scale the graphs' attn_scale (scale_for(D)); chunk the backward's forced sequences a
+  // call; lean the bound on its chunks' workspace
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, float, int64_t, bool>,
+           Graphs>
+      graphs;
   bool deterministic = true;  // the backward's algorithm (set_attention_deterministic)
+  int64_t chunk = 0;          // set_attention_backward_sequences (0: by the workspace limit)
+  bool lean = false;          // set_attention_lean_workspace
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
   void* eager = nullptr;  // the eager attention's workspace (soft-capped scores)
@@ -136,26 +152,26 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
   QS_CHECK(window <= std::numeric_limits<int>::max(), "attention: sliding window too large");
   const float scale = scores.scale_for(D);  // HF: head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5
   QS_CHECK(scores.softcap <= 0.0f, "cuDNN attention: soft-capped scores are the eager attention's");
-  const auto key = std::make_tuple(B, T, H, Hkv, D, window, P, s.deterministic, scale);
+  const auto key = std::make_tuple(B, T, H, Hkv, D, window, P, s.deterministic, scale, s.chunk, s.lean);
   auto it = s.graphs.find(key);
   if (it != s.graphs.end()) return it->second;
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
   const int64_t Bg = P > 0 ? P : B;  // the graphs' batch: the pieces when packed
-  // A [B, T, heads, D] operand as cuDNN's [Bg, heads, T, D]; packed, each piece's rows found by the
-  // offsets `off` (the batch stride is then unused).
-  auto operand = [&](fe::graph::Graph& g, const char* name, int64_t uid, int64_t heads, int64_t off_uid) {
-    TensorPtr t = g.tensor(bthd(name, uid, Bg, T, heads, D));
+  // A [B, T, heads, D] operand as cuDNN's [Bc, heads, T, D] (Bc: Bg, or a chunk of the sequences);
+  // packed, each piece's rows found by the offsets `off` (the batch stride is then unused).
+  auto operand = [&](fe::graph::Graph& g, const char* name, int64_t uid, int64_t heads, int64_t off_uid, int64_t Bc) {
+    TensorPtr t = g.tensor(bthd(name, uid, Bc, T, heads, D));
     if (P > 0) t->set_ragged_offset(index_tensor(g, (std::string(name) + " offsets").c_str(), off_uid, P + 1));
     return t;
   };
   auto output = [&](fe::graph::Graph& g, const TensorPtr& t, const char* name, int64_t uid, int64_t heads,
-                    int64_t off_uid) {
-    t->set_output(true).set_uid(uid).set_dim({Bg, heads, T, D}).set_stride({T * heads * D, D, heads * D, 1});
+                    int64_t off_uid, int64_t Bc) {
+    t->set_output(true).set_uid(uid).set_dim({Bc, heads, T, D}).set_stride({T * heads * D, D, heads * D, 1});
     if (P > 0) t->set_ragged_offset(index_tensor(g, (std::string(name) + " offsets").c_str(), off_uid, P + 1));
   };
   // The row statistics: [B, H, T] (BHSD), or packed [B*T, H] per row, ragged.
-  auto stats_layout = [&](fe::graph::Graph& g, fe::graph::Tensor_attributes& t) {
-    t.set_data_type(fe::DataType_t::FLOAT).set_dim({Bg, H, T, 1});
+  auto stats_layout = [&](fe::graph::Graph& g, fe::graph::Tensor_attributes& t, int64_t Bc) {
+    t.set_data_type(fe::DataType_t::FLOAT).set_dim({Bc, H, T, 1});
     if (P > 0)
       t.set_stride({H * T, 1, H, 1}).set_ragged_offset(index_tensor(g, "Stats offsets", kOffStats, P + 1));
     else
@@ -175,28 +191,28 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
   Graphs gr;
   {
     auto g = bf16_graph();
-    TensorPtr q = operand(*g, "Q", kQ, H, kOffQ);
-    TensorPtr k = operand(*g, "K", kK, Hkv, kOffK);
-    TensorPtr v = operand(*g, "V", kV, Hkv, kOffV);
+    TensorPtr q = operand(*g, "Q", kQ, H, kOffQ, Bg);
+    TensorPtr k = operand(*g, "K", kK, Hkv, kOffK, Bg);
+    TensorPtr v = operand(*g, "V", kV, Hkv, kOffV, Bg);
     auto opts = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(scale);
     masks(*g, opts);
     auto [o, stats] = g->sdpa(q, k, v, opts);
-    output(*g, o, "O", kO, H, kOffO);
+    output(*g, o, "O", kO, H, kOffO, Bg);
     stats->set_output(true).set_uid(kStats);
-    stats_layout(*g, *stats);
+    stats_layout(*g, *stats, Bg);
     finish(*g, s.handle, gr.fwd_ws, "forward graph");
     gr.fwd = g;
   }
-  auto backward_graph = [&](bool deterministic, int64_t& ws) {
+  auto backward_graph = [&](bool deterministic, int64_t Bc, int64_t& ws) {
     auto g = bf16_graph();
-    TensorPtr q = operand(*g, "Q", kQ, H, kOffQ);
-    TensorPtr k = operand(*g, "K", kK, Hkv, kOffK);
-    TensorPtr v = operand(*g, "V", kV, Hkv, kOffV);
-    TensorPtr o = operand(*g, "O", kO, H, kOffO);
-    TensorPtr d_o = operand(*g, "dO", kDO, H, kOffDO);
+    TensorPtr q = operand(*g, "Q", kQ, H, kOffQ, Bc);
+    TensorPtr k = operand(*g, "K", kK, Hkv, kOffK, Bc);
+    TensorPtr v = operand(*g, "V", kV, Hkv, kOffV, Bc);
+    TensorPtr o = operand(*g, "O", kO, H, kOffO, Bc);
+    TensorPtr d_o = operand(*g, "dO", kDO, H, kOffDO, Bc);
     fe::graph::Tensor_attributes stats_attr;
     stats_attr.set_name("Stats").set_uid(kStats);
-    stats_layout(*g, stats_attr);
+    stats_layout(*g, stats_attr, Bc);
     TensorPtr stats = g->tensor(stats_attr);
     auto opts = fe::graph::SDPA_backward_attributes()
                     .set_name("sdpa_backward")
@@ -204,28 +220,56 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
                     .set_deterministic_algorithm(deterministic);
     masks(*g, opts);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, opts);
-    output(*g, dq, "dQ", kDQ, H, kOffDQ);
-    output(*g, dk, "dK", kDK, Hkv, kOffDK);
-    output(*g, dv, "dV", kDV, Hkv, kOffDV);
+    output(*g, dq, "dQ", kDQ, H, kOffDQ, Bc);
+    output(*g, dk, "dK", kDK, Hkv, kOffDK, Bc);
+    output(*g, dv, "dV", kDV, Hkv, kOffDV, Bc);
     finish(*g, s.handle, ws, "backward graph");
     return g;
   };
-  gr.bwd = backward_graph(s.deterministic, gr.bwd_ws);
-  // The deterministic backward's workspace grows with the sequence (it failed to allocate at
-  // 131072 tokens next to the step's 65 GB on an H200): past attention_workspace_limit() the
-  // non-deterministic algorithm (an f32 dQ accumulator, ~B*H*T*D*4 bytes) takes over. The same
-  // run is then not bitwise repeatable in its attention gradients; a note says so once.
-  if (s.deterministic && gr.bwd_ws > attention_workspace_limit()) {
+  const bool forced = s.chunk > 0 && s.chunk < Bg && Bg % s.chunk == 0 && P == 0 && s.deterministic;
+  gr.bwd = backward_graph(s.deterministic, forced ? s.chunk : Bg, gr.bwd_ws);
+  gr.bwd_batch = forced ? s.chunk : Bg;
+  gr.bwd_deterministic = s.deterministic;
+  if (!forced && s.deterministic && gr.bwd_ws > kAttentionWorkspaceLimit) {
+    // The deterministic backward's workspace grows with the tokens (it failed to allocate at
+    // 131072 tokens next to the step's 65 GB on an H200). Calls of fewer whole sequences (unpacked
+    // data: the batch stride separates them), the most whose workspace is within the bound; else
+    // the non-deterministic one. Built here, at start-up.
     const int64_t det_ws = gr.bwd_ws;
-    gr.bwd = backward_graph(false, gr.bwd_ws);
-    static std::once_flag noted;
-    std::call_once(noted, [&] {
-      std::fprintf(stderr,
-                   "qshard: note: attention backward at %lld x %lld tokens: cuDNN's deterministic algorithm wants "
-                   "%.1f GB of workspace; using the non-deterministic one (%.1f GB): attention gradients are not "
-                   "bitwise repeatable at this length\n",
-                   static_cast<long long>(B), static_cast<long long>(T), det_ws / 1e9, gr.bwd_ws / 1e9);
-    });
+    int64_t nd_ws = 0;
+    std::shared_ptr<fe::graph::Graph> nd;
+    int64_t bound = kAttentionWorkspaceLimit;
+    if (s.lean) {  // no more than the non-deterministic backward and its f32 dQ accumulator
+      nd = backward_graph(false, Bg, nd_ws);
+      bound = std::min(bound, nd_ws + Bg * T * H * D * 4);
+    }
+    // From the largest chunk its workspace, taken as proportional to the sequences, would fit.
+    const int64_t first = std::min(Bg / 2, static_cast<int64_t>(static_cast<double>(Bg) * bound / det_ws));
+    for (int64_t b = P > 0 ? 0 : first; b >= 1; --b) {
+      if (Bg % b != 0) continue;
+      int64_t ws = 0;
+      auto g = backward_graph(true, b, ws);
+      if (ws <= bound) {
+        gr.bwd = g;
+        gr.bwd_ws = ws;
+        gr.bwd_batch = b;
+        break;
+      }
+    }
+    if (gr.bwd_batch == Bg) {
+      gr.bwd = nd ? nd : backward_graph(false, Bg, nd_ws);
+      gr.bwd_ws = nd_ws;
+      gr.bwd_deterministic = false;
+      static std::once_flag noted;
+      std::call_once(noted, [&] {
+        std::fprintf(stderr,
+                     "qshard: note: attention backward at %lld x %lld tokens%s: cuDNN's deterministic algorithm "
+                     "wants %.1f GB of workspace%s; using the non-deterministic one (%.1f GB): attention gradients "
+                     "are not bitwise repeatable at this length\n",
+                     static_cast<long long>(B), static_cast<long long>(T), P > 0 ? " (packed)" : "", det_ws / 1e9,
+                     P > 0 ? "" : ", one sequence a call too much", nd_ws / 1e9);
+      });
+    }
   }
   // One workspace for every graph, grown here (a build is start-up work, never inside a step
   // once prepare_attention has seen the step's shape).
@@ -292,15 +336,16 @@ void set_attention_deterministic(DeviceContext& ctx, bool deterministic) {
   s.deterministic = deterministic;
 }
 
-void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
+bool prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
                        int64_t max_pieces, AttentionScores scores) {
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
-  if (scores.softcap > 0.0f) {  // the eager attention: its workspace, no graphs
+  if (scores.softcap > 0.0f) {  // the eager attention: its workspace, no graphs (its order is fixed)
     eager_workspace(ctx, T, Hkv, D);
-    return;
+    return true;
   }
-  graphs_for(ctx, B, T, H, Hkv, D, window, 0, scores);
-  if (max_pieces > 0) graphs_for(ctx, B, T, H, Hkv, D, window, max_pieces, scores);
+  bool deterministic = graphs_for(ctx, B, T, H, Hkv, D, window, 0, scores).bwd_deterministic;
+  if (max_pieces > 0) deterministic &= graphs_for(ctx, B, T, H, Hkv, D, window, max_pieces, scores).bwd_deterministic;
+  return deterministic;
 }
 
 void attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
@@ -331,13 +376,43 @@ void attention_bwd(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dou
     return;
   }
   Graphs& gr = graphs_for(ctx, B, T, H, Hkv, D, window, pieces_of(pieces), scores);
-  std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<uint16_t*>(q)},   {kK, const_cast<uint16_t*>(k)},
-                                             {kV, const_cast<uint16_t*>(v)},   {kO, const_cast<uint16_t*>(out)},
-                                             {kDO, const_cast<uint16_t*>(dout)}, {kStats, const_cast<void*>(saved)},
-                                             {kDQ, dq},                        {kDK, dk},
-                                             {kDV, dv}};
-  if (pieces) add_pieces(pack, *pieces);
-  run(ctx, *gr.bwd, pack, "backward");
+  // In chunks of gr.bwd_batch sequences (the whole batch unless its deterministic workspace was too
+  // large): sequence c's rows start c T heads D elements in, its statistics c H T floats in.
+  const int64_t b = pieces ? B : gr.bwd_batch;
+  for (int64_t c = 0; c < B; c += b) {
+    const int64_t oq = c * T * H * D, okv = c * T * Hkv * D;
+    std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<uint16_t*>(q + oq)},
+                                               {kK, const_cast<uint16_t*>(k + okv)},
+                                               {kV, const_cast<uint16_t*>(v + okv)},
+                                               {kO, const_cast<uint16_t*>(out + oq)},
+                                               {kDO, const_cast<uint16_t*>(dout + oq)},
+                                               {kStats, static_cast<float*>(const_cast<void*>(saved)) + c * H * T},
+                                               {kDQ, dq + oq},
+                                               {kDK, dk + okv},
+                                               {kDV, dv + okv}};
+    if (pieces) add_pieces(pack, *pieces);
+    run(ctx, *gr.bwd, pack, "backward");
+  }
+}
+
+void set_attention_lean_workspace(DeviceContext& ctx, bool lean) {
+  CudnnState& s = state(ctx);
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.lean = lean;
+}
+
+void set_attention_backward_sequences(DeviceContext& ctx, int64_t n) {
+  QS_CHECK(n >= 0, "attention: sequences a backward call must be >= 0");
+  CudnnState& s = state(ctx);
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.chunk = n;
+}
+
+AttentionBackwardPlan attention_backward_plan(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                              int64_t D, int64_t window, int64_t max_pieces, AttentionScores scores) {
+  if (scores.softcap > 0.0f) return {B, true, static_cast<int64_t>(eager_attention_layout(T, Hkv, D).bound)};
+  const Graphs& gr = graphs_for(ctx, B, T, H, Hkv, D, window, max_pieces, scores);
+  return {max_pieces > 0 ? B : gr.bwd_batch, gr.bwd_deterministic, gr.bwd_ws};
 }
 
 }  // namespace qshard::cuda

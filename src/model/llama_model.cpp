@@ -109,9 +109,11 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
     if (std::find(windows.begin(), windows.end(), layer_window(c, l)) == windows.end())
       windows.push_back(layer_window(c, l));
+  ops::set_attention_lean_workspace(ctx_, options.attention_lean_workspace);
   for (int64_t w : windows)
-    ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D, w,
-                           ctx_.backend() == Backend::kCuda ? max_pieces_ : 0, attention_scores());
+    attention_deterministic_ &= ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D, w,
+                                                       ctx_.backend() == Backend::kCuda ? max_pieces_ : 0,
+                                                       attention_scores());
   const std::optional<int64_t> after_libraries = ctx_.memory_in_use();
   if (before_libraries && after_libraries) library_bytes_ = std::max<int64_t>(*after_libraries - *before_libraries, 0);
   rp.linear_factor = c.rope_scaling.rope_type == "linear" ? c.rope_scaling.factor : 1.0;

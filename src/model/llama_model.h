@@ -147,6 +147,10 @@ struct LlamaModelOptions {
   // sequence counts as a piece): CUDA's attention graphs are built for it, and a pass with more is
   // refused. 0: max_batch * max_seq (every token its own piece; large graphs: pass the data's).
   int64_t packed_max_pieces = 0;
+  // CUDA: bound cuDNN's deterministic attention backward, where its workspace is past 2 GiB, by the
+  // non-deterministic one's (more calls of fewer sequences: ops::set_attention_lean_workspace) rather
+  // than by 2 GiB. A job with a memory budget sets it.
+  bool attention_lean_workspace = false;
 };
 
 // What a LlamaModel allocates for `options` (its activation buffers, the workspace it reserves,
@@ -260,6 +264,9 @@ class LlamaModel {
   // The device memory the libraries took when the model prepared them (cuBLAS / cuDNN handles,
   // kernels, the attention workspace): measured, nullopt on the CPU or when they were ready before.
   std::optional<int64_t> library_bytes() const { return library_bytes_; }
+  // Whether the attention backward is bitwise repeatable at the model's shapes (false where cuDNN's
+  // non-deterministic backward runs: ops::prepare_attention).
+  bool attention_deterministic() const { return attention_deterministic_; }
   // Every buffer this model allocated (its tree's plan; the entries' targets are its own).
   const BufferPlan& buffer_plan() const { return plan_; }
   // The layers whose internals go to pinned host memory in forward_backward (ascending).
@@ -362,6 +369,7 @@ class LlamaModel {
   int64_t chunk_row_offset_ = 0;  // the MLP chunk's first row (dropout keys are per global row)
   bool training_ = true;
   std::optional<int64_t> library_bytes_;
+  bool attention_deterministic_ = true;
 };
 
 }  // namespace qshard

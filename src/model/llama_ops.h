@@ -352,12 +352,34 @@ void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, 
 // scores: the scale is the graphs' attn_scale. A soft-cap (softcap > 0, Gemma 2) runs the eager
 // attention below instead (cuDNN 9.19 refused its soft-capped backward graph: attention_cudnn.cpp);
 // prepare_attention then allocates its workspace (eager_attention_layout).
-void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+// Returns whether every backward prepared here (plain and packed) is deterministic. lean_workspace:
+// cuda::set_attention_lean_workspace (a no-op on the CPU).
+void set_attention_lean_workspace(DeviceContext& ctx, bool lean);
+bool prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                        int64_t window = 0, int64_t max_pieces = 0, AttentionScores scores = {});
 // The backward's algorithm for graphs built from now on: cuDNN's deterministic one (the default:
-// bitwise repeatable gradients; past 2 GiB of workspace the other regardless) or its
-// non-deterministic one (dQ accumulated by atomics in f32).
+// bitwise repeatable gradients; past 2 GiB of workspace in chunks of whole sequences, and the other
+// where one sequence is past it) or its non-deterministic one (dQ accumulated by atomics in f32).
 void set_attention_deterministic(DeviceContext& ctx, bool deterministic);
+// Graphs built from now on bound the deterministic backward's calls (past its 2 GiB limit) by the
+// non-deterministic backward's workspace and dQ accumulator (lean: a job with a memory budget) or by
+// the limit (the default; fewer calls, faster).
+void set_attention_lean_workspace(DeviceContext& ctx, bool lean);
+// Graphs built from now on run the deterministic backward in calls of n sequences where n divides
+// the batch (unpacked data); 0 (the default): chunks only past the workspace limit. Tests force
+// chunks at small shapes with it; each sequence's attention is its own, so the chunks' results are
+// the whole batch's.
+void set_attention_backward_sequences(DeviceContext& ctx, int64_t n);
+// How the backward at this shape runs (building its graphs if they are not yet): sequences a call
+// (B when not chunked; packed data is never chunked), whether deterministic, its workspace bytes.
+struct AttentionBackwardPlan {
+  int64_t sequences_per_call = 0;
+  bool deterministic = true;
+  int64_t workspace_bytes = 0;
+};
+AttentionBackwardPlan attention_backward_plan(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                              int64_t D, int64_t window = 0, int64_t max_pieces = 0,
+                                              AttentionScores scores = {});
 void attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
                    int64_t T, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
                    const AttentionPieces* pieces = nullptr, AttentionScores scores = {});
@@ -387,8 +409,10 @@ bool has_backend(Backend backend, const char* op = nullptr);
 void prepare(DeviceContext& ctx);
 // Start-up work of attention for one shape (the fused kernels' graphs); a no-op on the CPU.
 // max_pieces > 0: also packed data's graphs, for passes of up to that many pieces. scores: the
-// layers' (a model whose layers differ prepares each kind).
-void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+// layers' (a model whose layers differ prepares each kind). Returns whether the backward at this
+// shape is bitwise repeatable (false where cuDNN's non-deterministic backward runs: one sequence's
+// deterministic workspace past its limit, or packed data past it).
+bool prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                        int64_t window = 0, int64_t max_pieces = 0, AttentionScores scores = {});
 void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx);
 void gemm_into(void* D, const void* A, const void* B, const void* C, const GemmShape& s, DeviceContext& ctx);

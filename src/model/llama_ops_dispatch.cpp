@@ -120,10 +120,19 @@ void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T
     cpu_call;                                          \
   } while (0)
 #endif
-void prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
+void set_attention_lean_workspace(DeviceContext& ctx, bool lean) {
+#if QSHARD_WITH_CUDA && QSHARD_WITH_CUDNN
+  if (ctx.backend() == Backend::kCuda) cuda::set_attention_lean_workspace(ctx, lean);
+#endif
+  (void)ctx;
+  (void)lean;
+}
+bool prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
                        int64_t max_pieces, AttentionScores scores) {
+  bool deterministic = true;  // the CPU's attention is
   QS_DISPATCH_ATTENTION("prepare_attention", ((void)window, (void)max_pieces, (void)scores),
-                        cuda::prepare_attention(ctx, B, T, H, Hkv, D, window, max_pieces, scores));
+                        deterministic = cuda::prepare_attention(ctx, B, T, H, Hkv, D, window, max_pieces, scores));
+  return deterministic;
 }
 void attention_fwd(void* out, void* saved, const void* q, const void* k, const void* v, int64_t B, int64_t T,
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window,

@@ -261,6 +261,7 @@ nlohmann::json run_one(const BenchOptions& o, World& world, bool report) {
                {"host_checkpoints", p.host_checkpoints}, {"checkpoint_slots", p.checkpoint_slots},
                {"checkpoint_every", p.checkpoint_every}, {"gpu_budget_gb", o.gpu_budget_gb},
                {"brief", p.plan_brief},                {"text", p.plan}};
+  j["attention_deterministic"] = p.attention_deterministic;
   j["tokens_per_s"] = tps;
   j["step_s"] = o.steps > 0 ? secs / static_cast<double>(o.steps) : 0;
   j["mfu"] = mfu;
@@ -438,6 +439,7 @@ nlohmann::json try_memory_plans(const BenchOptions& o, World& world, std::string
       t["ran_as"] = r.at("plan").at("brief");
       t["as_listed"] = same_shape(plan, r.at("plan"));
       t["losses"] = r.at("losses");
+      t["attention_deterministic"] = r.at("attention_deterministic");
       device = r.at("device");
       const double tps = r.at("tokens_per_s");
       if (within && tps > fastest_tps) fastest = static_cast<int>(i), fastest_tps = tps;
@@ -450,15 +452,21 @@ nlohmann::json try_memory_plans(const BenchOptions& o, World& world, std::string
     j["trials"].push_back(std::move(t));
   }
   // A plan changes no arithmetic within one micro-batch size (memory_plan.h): the trials of one
-  // micro-batch must give the same losses, bit for bit. Each trial names the first of its size.
+  // micro-batch must give the same losses, bit for bit. Each trial names the first of its size. Not
+  // where the attention backward is cuDNN's non-deterministic one (no two runs repeat, one plan's
+  // neither): those are counted apart.
   std::string mismatch;
-  int compared = 0;
+  int compared = 0, unrepeatable = 0;
   for (size_t i = 0; i < j["trials"].size(); ++i) {
     nlohmann::json& t = j["trials"][i];
     if (!t.contains("losses")) continue;
+    if (!t.at("attention_deterministic").get<bool>()) {
+      ++unrepeatable;
+      continue;
+    }
     for (size_t k = 0; k < i; ++k) {
       const nlohmann::json& u = j["trials"][k];
-      if (!u.contains("losses")) continue;
+      if (!u.contains("losses") || !u.at("attention_deterministic").get<bool>()) continue;
       if (plans[k].at("micro_batch") != plans[i].at("micro_batch")) continue;
       t["same_losses_as"] = k;
       t["losses_match"] = u.at("losses") == t.at("losses");
@@ -469,6 +477,7 @@ nlohmann::json try_memory_plans(const BenchOptions& o, World& world, std::string
   }
   j["losses_match"] = mismatch.empty();
   j["losses_compared"] = compared;
+  j["losses_unrepeatable"] = unrepeatable;
   j["device"] = device;
   j["fastest"] = fastest;
   j["pins"] = fastest >= 0 ? j["trials"][static_cast<size_t>(fastest)]["pins"] : nlohmann::json::array();
@@ -511,6 +520,10 @@ nlohmann::json try_memory_plans(const BenchOptions& o, World& world, std::string
   s += !mismatch.empty() ? "LOSSES DIFFER between plans of one micro-batch (a plan changed the arithmetic):" + mismatch + "\n"
        : compared > 0     ? "losses: each plan's the same, bit for bit, as every other plan's of its micro-batch\n"
                           : "losses: no two plans of one micro-batch to compare\n";
+  if (unrepeatable > 0)
+    s += fmt::format("losses of {} plan(s) not compared: their attention backward is cuDNN's non-deterministic one "
+                     "(one sequence's deterministic workspace is past its limit), which no two runs repeat\n",
+                     unrepeatable);
   j["text"] = s;
   if (text) *text = s;
   return j;

@@ -19,15 +19,23 @@ namespace {
 // libraries' handles and workspaces, taken at their first use in the step. cuDNN's attention
 // workspace grows with the micro-batch's tokens: its deterministic backward, measured on the H200
 // at the 8B shape (hidden 4096), 0.35 GB at 2048 tokens and 1.25-1.3 GB at 8192, about 36 bytes per
-// token per hidden unit. Past 2 GiB (attention_cudnn.cpp: from ~14.6k tokens at the 8B shape) the
-// non-deterministic backward takes over, whose workspace is about 8 bytes per token per q column
-// (measured: 0.5 GB at 16,384 tokens, 13.48 GB at 409,600); the step's buffers already count half of
-// it (llama_buffers.cpp: "attention workspace (cuDNN)", the f32 dQ accumulator).
+// token per hidden unit. Past 2 GiB (attention_cudnn.cpp: from ~14.6k tokens at the 8B shape) it
+// runs in calls of b sequences, the most whose workspace is within 2 GiB, or with a budget (lean)
+// within what the non-deterministic backward would take (about 8 bytes per token per q column,
+// measured: 0.5 GB at 16,384 tokens, 13.48 GB at 409,600) with its f32 dQ accumulator (4 more,
+// which the step's buffers count: llama_buffers.cpp, "attention workspace (cuDNN)"); where one
+// sequence is past that, the non-deterministic backward itself.
 constexpr double kRuntimeBytes = 0.75e9;
-constexpr double kAttentionWorkspaceLimit = 2.0 * (1 << 30);  // attention_workspace_limit()
-double library_bytes(double tokens, double hidden, double q_width) {
+constexpr double kAttentionWorkspaceLimit = 2.0 * (1 << 30);  // attention_cudnn.cpp's
+double library_bytes(int64_t micro, double T, double hidden, double q_width, bool lean) {
+  const double tokens = static_cast<double>(micro) * T;
   const double deterministic = 36.0 * tokens * hidden;
   if (deterministic <= kAttentionWorkspaceLimit) return 0.1e9 + deterministic;
+  const double bound = lean ? std::min(kAttentionWorkspaceLimit, 12.0 * tokens * q_width) : kAttentionWorkspaceLimit;
+  for (int64_t b = micro / 2; b >= 1; --b) {
+    const double ws = 36.0 * static_cast<double>(b) * T * hidden;
+    if (micro % b == 0 && ws <= bound) return 0.1e9 + (lean ? std::max(ws - 4.0 * tokens * q_width, 0.0) : ws);
+  }
   return 0.1e9 + 4.0 * tokens * q_width;  // the half the step's buffers do not count
 }
 
@@ -359,8 +367,8 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     };
     const double whole_set = per_kept_of(true), lean_set = per_kept_of(false);
     p.per_kept = p.per_host_kept = whole_set;
-    p.library = cuda ? library_bytes(static_cast<double>(N), static_cast<double>(lc.hidden_size),
-                                     static_cast<double>(lc.num_attention_heads * lc.head_dim))
+    p.library = cuda ? library_bytes(micro, static_cast<double>(T), static_cast<double>(lc.hidden_size),
+                                     static_cast<double>(lc.num_attention_heads * lc.head_dim), budget > 0)
                      : 0.0;
     p.resident = resident(offload_params, offload_opt, embed_host) + p.library;
     p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;

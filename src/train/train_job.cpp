@@ -141,6 +141,7 @@ void TrainJob::build_model() {
   mo_.checkpoint_slots = plan_.checkpoint_slots;
   mo_.checkpoint_every = plan_.checkpoint_every;
   mo_.mlp_chunk_rows = plan_.mlp_chunk_rows;
+  mo_.attention_lean_workspace = config_.memory.gpu_budget_gb > 0;  // memory_plan.cpp's library_bytes
   if (rank_ == 0) QS_LOG_INFO("{}", plan_.describe());
   open_data();
   build_step_model(runtime_bytes);
@@ -312,6 +313,7 @@ void TrainJob::open_logger() {
   summary_.perf.flops_per_token = flops_per_token_;
   summary_.perf.plan = plan_.describe();
   summary_.perf.plan_brief = plan_.brief();
+  summary_.perf.attention_deterministic = model_->attention_deterministic();
   summary_.perf.keep_layers = plan_.keep_layers;
   summary_.perf.host_keep_layers = plan_.host_keep_layers;
   summary_.perf.kept_mlp = plan_.kept_mlp;

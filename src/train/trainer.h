@@ -64,6 +64,7 @@ struct TrainPerf {
   int64_t peak_gpu_bytes = 0;         // device memory in use (cudaMemGetInfo), the most seen after a step
   std::string plan;                   // the memory plan, described
   std::string plan_brief;             // its choices on one line (MemoryPlan::brief())
+  bool attention_deterministic = true;  // the attention backward bitwise repeatable (LlamaModel's)
   int64_t keep_layers = 0, host_keep_layers = 0, mlp_chunk_rows = 0;
   bool kept_mlp = true;               // device-kept layers hold gate / up (memory.kept_mlp)
   bool host_kept_mlp = true;          // host-kept layers do

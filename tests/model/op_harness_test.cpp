@@ -676,6 +676,83 @@ TEST(OpHarness, AttentionEagerChunks) {
 }
 #endif
 
+#if QSHARD_WITH_CUDA && QSHARD_WITH_CUDNN
+// cuDNN's deterministic backward in calls of n sequences (cuda::set_attention_backward_sequences):
+// each sequence's attention is its own, so 6 sequences in calls of 3, 2 and 1 give the whole
+// batch's gradients bit for bit (and the oracle's, within attention's CUDA tolerances), with and
+// without a sliding window, GQA 4, D 64 and 128. And the automatic choice at the 8B layer's shapes:
+// 4 x 2048 in one call (1.2 GB of workspace); 8 x 2048, whose one call would want 2.4 GB (over
+// the 2 GiB limit; before, the non-deterministic algorithm ran there), in calls of fewer sequences,
+// still deterministic.
+TEST(OpHarness, AttentionBackwardInChunks) {
+  for_each_case([](DeviceContext& ctx, Inputs& in) {
+    if (!ctx.is_cuda()) return;
+    struct Shape {
+      int64_t window, D;
+    };
+    for (const Shape& sh : {Shape{0, 64}, Shape{16, 64}, Shape{0, 128}}) {
+      const int64_t B = 6, T = 67, Hkv = 2, H = 8, D = sh.D;
+      const float qk = in.adversarial ? 3.0f : 0.5f;
+      std::vector<float> Qf = in.bounded(B * T * H * D, qk), Kf = in.bounded(B * T * Hkv * D, qk);
+      Tensor q = to_act(ctx, Qf), k = to_act(ctx, Kf), v = to_act(ctx, in.vec(B * T * Hkv * D)),
+             dout = to_act(ctx, in.vec(B * T * H * D)), out = to_act(ctx, std::vector<float>(Qf.size()));
+      Tensor dq = to_act(ctx, std::vector<float>(Qf.size(), 9.0f)), dk = to_act(ctx, std::vector<float>(Kf.size(), 9.0f)),
+             dv = to_act(ctx, std::vector<float>(Kf.size(), 9.0f));
+      Tensor saved = Tensor::zeros({static_cast<int64_t>(attention_saved_bytes(ctx.backend(), B, T, H, Hkv, D))},
+                                   DType::kU8, ctx.compute_device());
+      ops::attention_fwd(out.raw(), saved.raw(), q.raw(), k.raw(), v.raw(), B, T, H, Hkv, D, ctx, sh.window);
+      auto backward = [&] {
+        ops::attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(), saved.raw(),
+                           B, T, H, Hkv, D, ctx, sh.window);
+        return std::vector<std::vector<float>>{back(ctx, dq), back(ctx, dk), back(ctx, dv)};
+      };
+      const cuda::AttentionBackwardPlan whole = cuda::attention_backward_plan(ctx, B, T, H, Hkv, D, sh.window);
+      ASSERT_EQ(whole.sequences_per_call, B);
+      ASSERT_TRUE(whole.deterministic);
+      const std::vector<std::vector<float>> want = backward();
+      const AttentionOracle o = attention_oracle(back(ctx, q), back(ctx, k), back(ctx, v), back(ctx, dout), B, T, H,
+                                                 Hkv, D, sh.window, nullptr, {});
+      for (const int64_t n : {3, 2, 1}) {
+        cuda::set_attention_backward_sequences(ctx, n);
+        const cuda::AttentionBackwardPlan plan = cuda::attention_backward_plan(ctx, B, T, H, Hkv, D, sh.window);
+        EXPECT_EQ(plan.sequences_per_call, n);
+        EXPECT_TRUE(plan.deterministic);
+        const std::vector<std::vector<float>> got = backward();
+        const std::string name = "attention backward in calls of " + std::to_string(n) +
+                                 (sh.window ? " window " + std::to_string(sh.window) : "") + " D" + std::to_string(D);
+        report(ctx, (name + " dq").c_str(), in.adversarial, got[0], o.dq, 2e-2);
+        report(ctx, (name + " dk").c_str(), in.adversarial, got[1], o.dk, 2e-2);
+        report(ctx, (name + " dv").c_str(), in.adversarial, got[2], o.dv, 2e-2);
+        EXPECT_TRUE(got == want) << name << ": not the whole batch's gradients bit for bit";
+      }
+      cuda::set_attention_backward_sequences(ctx, 0);
+    }
+    if (in.adversarial) return;  // the 8B shapes once
+    const cuda::AttentionBackwardPlan four = cuda::attention_backward_plan(ctx, 4, 2048, 32, 8, 128);
+    EXPECT_EQ(four.sequences_per_call, 4);
+    EXPECT_TRUE(four.deterministic);
+    const cuda::AttentionBackwardPlan eight = cuda::attention_backward_plan(ctx, 8, 2048, 32, 8, 128);
+    std::printf("  8 x 2048: %lld sequences a call, %s, %.2f GB of workspace\n",
+                static_cast<long long>(eight.sequences_per_call),
+                eight.deterministic ? "deterministic" : "non-deterministic", eight.workspace_bytes / 1e9);
+    EXPECT_TRUE(eight.deterministic);
+    EXPECT_LT(eight.sequences_per_call, 8);
+    EXPECT_EQ(8 % eight.sequences_per_call, 0);
+    EXPECT_LE(eight.workspace_bytes, int64_t{2} << 30);
+    // Lean (a job with a memory budget): calls of fewer sequences, no more workspace.
+    cuda::set_attention_lean_workspace(ctx, true);
+    const cuda::AttentionBackwardPlan lean = cuda::attention_backward_plan(ctx, 8, 2048, 32, 8, 128);
+    cuda::set_attention_lean_workspace(ctx, false);
+    std::printf("  8 x 2048, lean: %lld sequences a call, %s, %.2f GB of workspace\n",
+                static_cast<long long>(lean.sequences_per_call),
+                lean.deterministic ? "deterministic" : "non-deterministic", lean.workspace_bytes / 1e9);
+    EXPECT_TRUE(lean.deterministic);
+    EXPECT_LE(lean.sequences_per_call, eight.sequences_per_call);
+    EXPECT_LE(lean.workspace_bytes, eight.workspace_bytes);
+  });
+}
+#endif
+
 // Generation's cached attention: T queries at positions [P, P + T) over a cache of P + T keys,
 // against the oracle of the whole sequence's causal attention (its rows P..P+T-1); the prompt
 // (P = 0), one token after a long prefix, a few tokens after one; GQA 1 and 4, D 64 and 128; and
