@@ -38,6 +38,16 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   QS_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
+std::string device_name() {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  return prop.name;
+}
+
 int64_t device_memory_in_use() {
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {

@@ -206,6 +206,7 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 }
 int64_t device_memory_in_use() { return 0; }
 int64_t device_memory_free() { return -1; }
+std::string device_name() { return {}; }
 void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes, void*) {
   copy_bytes(dst, dst_device, src, src_device, nbytes);
 }

@@ -142,6 +142,9 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 int64_t device_memory_in_use();
 // Free bytes of the current GPU's memory (cudaMemGetInfo); -1 in a build without CUDA or without a GPU.
 int64_t device_memory_free();
+// The current GPU's name as CUDA reports it ("NVIDIA H100 80GB HBM3"); "" in a build without CUDA
+// or without a GPU.
+std::string device_name();
 // Asynchronous copy enqueued on `stream` (a cudaStream_t): the host does not wait, and must keep
 // `src` unchanged (and pinned, for a true DMA) until the stream passes the copy. Host to host
 // is a plain memmove.

@@ -95,4 +95,17 @@ double measure_h2d_bandwidth(DeviceContext& ctx) {
   return r;
 }
 
+double dense_bf16_spec_flops(const std::string& device_name) {
+  auto has = [&](const char* part) { return device_name.find(part) != std::string::npos; };
+  // The more specific names first: an "H100 NVL" or "H100 PCIe" is an H100 too.
+  if (has("H100 NVL") || has("H200 NVL")) return 835e12;
+  if (has("H100 PCIe")) return 756e12;
+  if (has("H100") || has("H200")) return 989.4e12;  // SXM; GH200's GPU too
+  if (has("B200")) return 2250e12;
+  if (has("A100")) return 312e12;
+  if (has("L40S")) return 362e12;
+  if (has("RTX 4090")) return 165.2e12;
+  return 0;
+}
+
 }  // namespace qshard

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "checkpoint/hf_config.h"
 #include "runtime/device_context.h"
@@ -28,5 +29,11 @@ double job_gemm_flops(DeviceContext& ctx, double gemm_tflops);
 // copy of 1 GiB (bytes per second) on ctx's stream, best of 5; 0 on the CPU. Start-up work: allocates.
 double measure_copy_bandwidth(DeviceContext& ctx);
 double measure_h2d_bandwidth(DeviceContext& ctx);
+// The dense bf16 tensor-core rate of the GPU named `device_name` (as CUDA names it:
+// runtime/tensor.h device_name()) from NVIDIA's data sheets, without sparsity, FLOP/s: H100 / H200
+// SXM and GH200 989.4 TFLOP/s, H100 / H200 NVL 835, H100 PCIe 756, A100 312, L40S 362, RTX 4090
+// 165.2 (f32 accumulate), B200 2,250; 0 for any other name. MFU against it beside the measured
+// GEMM rate: a card under its power cap runs below both.
+double dense_bf16_spec_flops(const std::string& device_name);
 
 }  // namespace qshard

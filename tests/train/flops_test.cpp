@@ -34,5 +34,22 @@ TEST(Flops, NoGemmRateOnTheCpu) {
   EXPECT_EQ(measure_gemm_flops(cpu), 0.0);
 }
 
+// The data sheets' dense bf16 rates by the names CUDA reports (the H100 and H200 the device tool
+// lends report "NVIDIA H100 80GB HBM3" and "NVIDIA H200"); a variant's own rate before its family's.
+TEST(Flops, DenseBf16SpecByName) {
+  EXPECT_DOUBLE_EQ(dense_bf16_spec_flops("NVIDIA H100 80GB HBM3"), 989.4e12);
+  EXPECT_DOUBLE_EQ(dense_bf16_spec_flops("NVIDIA H200"), 989.4e12);
+  EXPECT_DOUBLE_EQ(dense_bf16_spec_flops("NVIDIA GH200 480GB"), 989.4e12);
+  EXPECT_DOUBLE_EQ(dense_bf16_spec_flops("NVIDIA H100 PCIe"), 756e12);
+  EXPECT_DOUBLE_EQ(dense_bf16_spec_flops("NVIDIA H100 NVL"), 835e12);
+  EXPECT_DOUBLE_EQ(dense_bf16_spec_flops("NVIDIA H200 NVL"), 835e12);
+  EXPECT_DOUBLE_EQ(dense_bf16_spec_flops("NVIDIA A100-SXM4-80GB"), 312e12);
+  EXPECT_DOUBLE_EQ(dense_bf16_spec_flops("NVIDIA L40S"), 362e12);
+  EXPECT_DOUBLE_EQ(dense_bf16_spec_flops("NVIDIA GeForce RTX 4090"), 165.2e12);
+  EXPECT_DOUBLE_EQ(dense_bf16_spec_flops("NVIDIA B200"), 2250e12);
+  EXPECT_EQ(dense_bf16_spec_flops("Tesla T4"), 0.0);  // none known: no MFU of the spec
+  EXPECT_EQ(dense_bf16_spec_flops(""), 0.0);           // the CPU
+}
+
 }  // namespace
 }  // namespace qshard
