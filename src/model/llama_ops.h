@@ -352,9 +352,7 @@ void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, 
 // scores: the scale is the graphs' attn_scale. A soft-cap (softcap > 0, Gemma 2) runs the eager
 // attention below instead (cuDNN 9.19 refused its soft-capped backward graph: attention_cudnn.cpp);
 // prepare_attention then allocates its workspace (eager_attention_layout).
-// Returns whether every backward prepared here (plain and packed) is deterministic. lean_workspace:
-// cuda::set_attention_lean_workspace (a no-op on the CPU).
-void set_attention_lean_workspace(DeviceContext& ctx, bool lean);
+// Returns whether every backward prepared here (plain and packed) is deterministic.
 bool prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                        int64_t window = 0, int64_t max_pieces = 0, AttentionScores scores = {});
 // The backward's algorithm for graphs built from now on: cuDNN's deterministic one (the default:
@@ -414,6 +412,9 @@ void prepare(DeviceContext& ctx);
 // deterministic workspace past its limit, or packed data past it).
 bool prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                        int64_t window = 0, int64_t max_pieces = 0, AttentionScores scores = {});
+// cuda::set_attention_lean_workspace on the CUDA backend (before prepare_attention); a no-op on
+// the CPU and in a build without cuDNN.
+void set_attention_lean_workspace(DeviceContext& ctx, bool lean);
 void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceContext& ctx);
 void gemm_into(void* D, const void* A, const void* B, const void* C, const GemmShape& s, DeviceContext& ctx);
 void embedding_fwd(void* out, const int64_t* ids, const void* weight, DType weight_type, int64_t N, int64_t C,

@@ -123,9 +123,10 @@ void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T
 void set_attention_lean_workspace(DeviceContext& ctx, bool lean) {
 #if QSHARD_WITH_CUDA && QSHARD_WITH_CUDNN
   if (ctx.backend() == Backend::kCuda) cuda::set_attention_lean_workspace(ctx, lean);
-#endif
+#else
   (void)ctx;
   (void)lean;
+#endif
 }
 bool prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
                        int64_t max_pieces, AttentionScores scores) {

@@ -96,9 +96,11 @@ nlohmann::json list_memory_plans(const BenchOptions& options, int world_size, st
 // (a job file's memory.* keys). A plan that fails to run (its build or step throws) is reported
 // with its error and the rest still run. One rank (the listing reads this host's free memory).
 // JSON: {"trials": [{"plan", "est_step_s", "tokens_per_s", "step_s", "peak_gpu_bytes",
-// "within_budget", "pins", "ran_as", "losses", "same_losses_as", "losses_match", "error"}...],
-// "fastest": index or -1, "pins": [...], "losses_match", "losses_compared"}: the trials of one micro-batch size give
-// the same losses bit for bit (a plan changes no arithmetic), each compared with the first of its size.
+// "within_budget", "pins", "ran_as", "losses", "attention_deterministic", "same_losses_as",
+// "losses_match", "error"}...], "fastest": index or -1, "pins": [...], "losses_match",
+// "losses_compared", "losses_unrepeatable"}: the trials of one micro-batch size give the same losses
+// bit for bit (a plan changes no arithmetic), each compared with the first of its size; a trial whose
+// attention backward is the non-deterministic one is left out (losses_unrepeatable counts them).
 nlohmann::json try_memory_plans(const BenchOptions& options, World& world, std::string* text = nullptr);
 
 }  // namespace qshard
