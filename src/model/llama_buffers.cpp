@@ -119,6 +119,9 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   d.kept_sets = std::max<int64_t>(std::min(o.keep_layers, d.L) - 1, 0);
   d.kept_mlp = o.kept_mlp;
   d.host_kept_mlp = o.host_kept_mlp;
+  // Full sets (h1, h2 and m kept too): whole sets of a whole MLP only (a lean set's backward reruns
+  // the MLP's GEMMs and SwiGLU anyway; a chunked MLP keeps no layer).
+  d.full_sets = o.kept_mlp && d.NM == d.N ? std::clamp<int64_t>(o.full_kept_sets, 0, d.kept_sets) : 0;
   // Host-kept layers: of those left to recompute (all but the kept sets and the last), through
   // two device staging sets (one when only one layer goes to the host). The whole MLP only.
   const int64_t open = std::max<int64_t>(d.L - 1 - d.kept_sets, 0);
@@ -146,14 +149,17 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
 namespace {
 
 // One set of a layer's internals: into the working set (prefix "") or a kept set.
-// mlp: a kept set holds gate / up (the working set always does).
+// mlp: a kept set holds gate / up (the working set always does). full: a kept set holds h1, h2 and
+// m too (the working set's m is llama_buffer_plan's own entry).
 void add_internals(BufferPlan& p, const LlamaBufferDims& d, Backend backend, int64_t esz, BufferLife life,
-                   const std::string& prefix, int64_t mlp_rows, LlamaInternals* s, bool mlp = true) {
+                   const std::string& prefix, int64_t mlp_rows, LlamaInternals* s, bool mlp = true,
+                   bool full = false) {
   const int64_t N = d.N, C = d.C, q = d.H * d.D, kv = d.Hkv * d.D;
   auto t = [&](auto* field) { return s ? reinterpret_cast<void**>(field) : nullptr; };
   // A kept set has no h1 / h2: the backward recomputes them (one RMSNorm and the fold's x A^T each)
-  // into the working set's, a sixth less memory per kept layer for two memory-bound kernels.
-  const bool kept = life == BufferLife::kKept;
+  // into the working set's, a sixth less memory per kept layer for two memory-bound kernels. A full
+  // set keeps them (and m): where memory is left once every layer is kept.
+  const bool kept = life == BufferLife::kKept && !full;
   if (!kept) p.add(prefix + "h1", N * (C + d.fold_r[0]) * esz, life, t(s ? &s->h1 : nullptr));
   p.add(prefix + "rstd1", N * 4, life, t(s ? &s->rstd1 : nullptr));
   p.add(prefix + "q", N * q * esz, life, t(s ? &s->q : nullptr));
@@ -178,6 +184,7 @@ void add_internals(BufferPlan& p, const LlamaBufferDims& d, Backend backend, int
   if (kept && !mlp) return;
   p.add(prefix + "gate", mlp_rows * d.I * esz, life, t(s ? &s->g : nullptr));
   p.add(prefix + "up", mlp_rows * d.I * esz, life, t(s ? &s->u : nullptr));
+  if (full) p.add(prefix + "m", mlp_rows * d.I * esz, life, t(s ? &s->m : nullptr));
 }
 
 }  // namespace
@@ -202,11 +209,16 @@ int64_t llama_checkpoint_ring_slots(const LlamaBufferDims& d) {
   return d.checkpoint_slots - (llama_checkpoint_buffers(d.L, d.checkpoint_every) - d.checkpoints);
 }
 
-int64_t llama_kept_set_bytes(const LlamaBufferDims& d, Backend backend, DType act_t, bool host_tier) {
+int64_t llama_kept_set_bytes(const LlamaBufferDims& d, Backend backend, DType act_t, bool host_tier, bool full) {
   BufferPlan one;
   add_internals(one, d, backend, static_cast<int64_t>(dtype_size(act_t)), BufferLife::kKept, "", d.N, nullptr,
-                host_tier ? d.host_kept_mlp : d.kept_mlp);
+                host_tier ? d.host_kept_mlp : d.kept_mlp, full && !host_tier);
   return one.total(BufferLife::kKept);
+}
+
+int64_t llama_kept_sets_bytes(const LlamaBufferDims& d, Backend backend, DType act_t) {
+  return d.full_sets * llama_kept_set_bytes(d, backend, act_t, false, true) +
+         (d.kept_sets - d.full_sets) * llama_kept_set_bytes(d, backend, act_t);
 }
 
 BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType act_t, LlamaActivations* a) {
@@ -285,7 +297,7 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   if (a) a->kept.assign(static_cast<size_t>(d.kept_sets + d.staging_sets), LlamaInternals{});
   for (int64_t i = 0; i < d.kept_sets; ++i)
     add_internals(p, d, backend, esz, BufferLife::kKept, "kept[" + std::to_string(i) + "].", N,
-                  a ? &a->kept[static_cast<size_t>(i)] : nullptr, d.kept_mlp);
+                  a ? &a->kept[static_cast<size_t>(i)] : nullptr, d.kept_mlp, i < d.full_sets);
   for (int64_t i = 0; i < d.staging_sets; ++i)
     add_internals(p, d, backend, esz, BufferLife::kKept, "host-kept staging[" + std::to_string(i) + "].", N,
                   a ? &a->kept[static_cast<size_t>(d.kept_sets + i)] : nullptr, d.host_kept_mlp);

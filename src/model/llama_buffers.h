@@ -6,8 +6,9 @@
 //               (checkpoints x_l, one layer's internals and gradients, head, RoPE tables, ids,
 //               the loss accumulator, per-bind conversions, generation's KV cache);
 //   kKept       the internals of each kept layer but the last (LlamaModelOptions::keep_layers),
-//               one more allocation, "kept[i].<name>" (all but the two RMSNorm outputs h1 / h2,
-//               which the backward recomputes into the working set's);
+//               one more allocation, "kept[i].<name>" (all but the two RMSNorm outputs h1 / h2
+//               and SwiGLU's m, which the backward recomputes into the working set's; the first
+//               full_sets sets, LlamaModelOptions::full_kept_sets, hold those too);
 //   kWorkspace  the scratch the model reserves in the context's Workspace (dequantized
 //               projections, the fold's widened weights, LoRA and dropout temporaries, one chunk of
 //               LM-head logits): reset and reused per layer;
@@ -92,6 +93,8 @@ struct LlamaBufferDims {
   int64_t kept_sets = 0;             // kept layers but the last
   bool kept_mlp = true;              // device kept sets hold gate / up (false: the backward recomputes them)
   bool host_kept_mlp = true;         // the host tier's sets (staging and host) hold gate / up
+  int64_t full_sets = 0;             // of the kept sets, the first full_sets also hold h1, h2 and m
+                                     // (LlamaModelOptions::full_kept_sets; whole sets, whole MLP only)
   int64_t host_sets = 0;             // host-kept layers (pinned host sets)
   int64_t staging_sets = 0;          // their device staging sets (min(host_sets, 2))
   bool host_checkpoints = false;     // x_l through checkpoint_slots device slots, the rest in pinned memory
@@ -136,23 +139,24 @@ struct LlamaInternals {  // one layer's forward results that its backward reads
   float* rstd2 = nullptr;     // [N] f32
   void* g = nullptr;          // [NM, I] gate_proj(h2)
   void* u = nullptr;          // [NM, I] up_proj(h2)
+  void* m = nullptr;          // [NM, I] silu(g) * u (down_proj input; a kept set: full sets only)
 };
 struct LlamaActivations : LlamaInternals {
   Tensor storage, kept_storage;
   std::vector<LlamaInternals> kept;  // kept_sets sets: layers L-keep .. L-2 (the last: the working set),
                                      // then staging_sets staging sets of the host-kept layers
   LlamaInternals work;               // the working set's pointers (saved while a kept set is in use)
-  // Points the internals at set `s`; a kept set has no h1 / h2 (recomputed in the backward): the
-  // working set's serve.
+  // Points the internals at set `s`; a kept set but a full one has no h1 / h2 / m (recomputed in
+  // the backward): the working set's serve.
   void use(const LlamaInternals& s) {
     static_cast<LlamaInternals&>(*this) = s;
     if (!s.h1) h1 = work.h1;
     if (!s.h2) h2 = work.h2;
+    if (!s.m) m = work.m;
     if (!s.g) g = work.g;  // a kept set without the MLP's gate / up (options.kept_mlp / host_kept_mlp false)
     if (!s.u) u = work.u;
   }
   void* xs = nullptr;        // [L+1, N, C] layer inputs (checkpoints); xs[L] the final hidden state
-  void* m = nullptr;         // [NM, I] silu(g) * u (down_proj input)
   // gradients
   // Gemma's output norms (gemma_norms; the working set only: a kept layer's backward recomputes them)
   void* ao = nullptr;        // [N, C] o_proj's output (post_attention_layernorm's input)
@@ -206,10 +210,13 @@ int64_t llama_checkpoint_buffers(int64_t L, int64_t every);
 // The device slots of the checkpoint ring (host_checkpoints): the dims' slots less the scratch.
 int64_t llama_checkpoint_ring_slots(const LlamaBufferDims& dims);
 
-// One kept set's bytes: a device kept set's, or (host_tier) a staging set's and a host set's. The
-// kept storage holds the kept sets, then the staging sets, each contiguous at its own size.
+// One kept set's bytes: a device kept set's (full: one of the first dims.full_sets, which hold h1,
+// h2 and m too), or (host_tier) a staging set's and a host set's. The kept storage holds the full
+// sets, the other kept sets, then the staging sets, each contiguous at its own size.
 int64_t llama_kept_set_bytes(const LlamaBufferDims& dims, Backend backend, DType activation_dtype,
-                             bool host_tier = false);
+                             bool host_tier = false, bool full = false);
+// The device kept sets' bytes together (full ones and the others): where the staging sets begin.
+int64_t llama_kept_sets_bytes(const LlamaBufferDims& dims, Backend backend, DType activation_dtype);
 
 // After the plan's allocation: the buffers that share another's memory (dh2, da, xf, dxf).
 void llama_buffer_aliases(const LlamaBufferDims& dims, LlamaActivations& a);

@@ -146,15 +146,15 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   device_kept_sets_ = d.kept_sets;
   if (d.host_sets > 0 || d.host_checkpoints) offload_ = std::make_unique<Stream>(stream_names::kActivationOffload);
   if (d.host_sets > 0) {
-    // the kept sets, then the staging sets, each at its own size (LlamaModelOptions::host_kept_mlp)
-    const int64_t kept_bytes = llama_kept_set_bytes(d, ctx_.backend(), act_t);
+    // the kept sets (full ones first), then the staging sets, each at its own size
+    // (LlamaModelOptions::full_kept_sets, host_kept_mlp)
+    const int64_t kept_bytes = llama_kept_sets_bytes(d, ctx_.backend(), act_t);
     const int64_t set_bytes = llama_kept_set_bytes(d, ctx_.backend(), act_t, true);
-    QS_CHECK(a.kept_storage.nbytes() ==
-                 static_cast<size_t>(d.kept_sets * kept_bytes + d.staging_sets * set_bytes),
+    QS_CHECK(a.kept_storage.nbytes() == static_cast<size_t>(kept_bytes + d.staging_sets * set_bytes),
              "kept sets are not contiguous: the kept sets', then the staging sets'");
     kept_ring_ = std::make_unique<OffloadRing>(
         static_cast<int>(d.host_sets), static_cast<int>(d.staging_sets), set_bytes,
-        static_cast<uint8_t*>(a.kept_storage.raw()) + d.kept_sets * kept_bytes, ctx_.compute_device(), *offload_);
+        static_cast<uint8_t*>(a.kept_storage.raw()) + kept_bytes, ctx_.compute_device(), *offload_);
     const int64_t L = c.num_hidden_layers, open = L - 1 - d.kept_sets;
     host_index_.assign(static_cast<size_t>(L), -1);
     for (int64_t h = 0; h < d.host_sets; ++h) host_index_[static_cast<size_t>((h + 1) * open / d.host_sets - 1)] = static_cast<int>(h);
@@ -204,13 +204,14 @@ LlamaStepBytes llama_step_bytes(const LlamaConfig& c, const LlamaModelOptions& o
 }
 
 double llama_kept_layer_bytes(const LlamaConfig& c, const LlamaModelOptions& o, Backend backend, DType act_t,
-                              int64_t r, bool host_tier) {
+                              int64_t r, bool host_tier, bool full) {
   LlamaModelOptions one = o;
   one.keep_layers = 2;  // one kept set
   one.host_keep_layers = 0;
   one.mlp_chunk_rows = 0;
+  if (full) one.kept_mlp = true;
   const LlamaBufferDims d = llama_buffer_dims(c, one, backend, act_t, act_t, r);
-  return d.kept_sets > 0 ? static_cast<double>(llama_kept_set_bytes(d, backend, act_t, host_tier)) : 0.0;
+  return d.kept_sets > 0 ? static_cast<double>(llama_kept_set_bytes(d, backend, act_t, host_tier, full)) : 0.0;
 }
 
 void* LlamaModel::act(void* base, int64_t elems) const {
@@ -784,17 +785,22 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
   if (set < 0) {
     run_layer(x_in, nullptr, B, T);  // activation checkpointing: recompute the internals
   } else if (own) {  // a kept set: what it does not hold, from what it does (the same kernels: the same bits)
+    const LlamaInternals& kept = a.kept[static_cast<size_t>(set)];
     const float eps = static_cast<float>(c.rms_norm_eps);
-    mark(StepPart::kNorm);
-    ops::rmsnorm_fwd(a.h1, a.rstd1, x_in, layer_.input_norm, N, C, eps, ctx_, fold_ld(0));
-    fold_fwd(0, a.h1, N);
-    mark(StepPart::kNorm);
-    ops::rmsnorm_fwd(a.h2, a.rstd2, a.x2, layer_.post_norm, N, C, eps, ctx_, fold_ld(1));
-    fold_fwd(1, a.h2, N);
-    if (a.kept[static_cast<size_t>(set)].g) {  // the set holds gate / up (kept_mlp / host_kept_mlp)
+    if (!kept.h1) {  // a full set (LlamaModelOptions::full_kept_sets) holds h1, h2 and m: nothing to rerun
+      mark(StepPart::kNorm);
+      ops::rmsnorm_fwd(a.h1, a.rstd1, x_in, layer_.input_norm, N, C, eps, ctx_, fold_ld(0));
+      fold_fwd(0, a.h1, N);
+    }
+    if (!kept.h2) {
+      mark(StepPart::kNorm);
+      ops::rmsnorm_fwd(a.h2, a.rstd2, a.x2, layer_.post_norm, N, C, eps, ctx_, fold_ld(1));
+      fold_fwd(1, a.h2, N);
+    }
+    if (!kept.m && kept.g) {  // the set holds gate / up (kept_mlp / host_kept_mlp), not m
       mark(StepPart::kSwiglu);
-      ops::swiglu_fwd(a.m, a.g, a.u, N * I, ctx_, gated_act());  // m is not kept: one elementwise op
-    } else {
+      ops::swiglu_fwd(a.m, a.g, a.u, N * I, ctx_, gated_act());  // one elementwise op
+    } else if (!kept.m) {
       mlp_rows_fwd(0, N, false);  // gate / up not kept either: their GEMMs from h2, then m
     }
     if (c.gemma_norms) {  // o_proj's output and its norm's rstd (the working set's), recomputed

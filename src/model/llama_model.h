@@ -117,6 +117,14 @@ struct LlamaModelOptions {
   // same inputs: the same bits.
   bool kept_mlp = true;
   bool host_kept_mlp = true;
+  // full_kept_sets: this many of the device-kept layers (the earliest of them) also keep their two
+  // RMSNorm outputs h1 / h2 (with the fold's x A^T columns) and SwiGLU's m, which a kept layer's
+  // backward otherwise reruns (two RMSNorms, the fold's two skinny GEMMs and one SwiGLU: memory-bound
+  // kernels, about 3% of a step with every layer kept at 8B) into the working set. About half a
+  // whole kept set's bytes again at the 8B shape: worth it only once every layer is kept
+  // (train/memory_plan.h). Whole sets (kept_mlp) of a whole MLP only; clamped to the kept sets.
+  // Same kernels on the same inputs: the same bits.
+  int64_t full_kept_sets = 0;
   // host_checkpoints: the layer inputs x_0..x_L (activation checkpointing's checkpoints) go
   // through checkpoint_slots device slots (at least kCheckpointSlots) instead of one buffer each:
   // x_0..x_L-slots are copied to pinned host memory as the forward writes them and back ahead of
@@ -172,8 +180,9 @@ LlamaStepBytes llama_step_bytes(const LlamaConfig& config, const LlamaModelOptio
 // One kept layer's internals (LlamaModelOptions::keep_layers: each kept layer but the last costs this,
 // with options.kept_mlp's gate / up or not). host_tier: a host-kept layer's instead (options.host_kept_mlp):
 // this many bytes of pinned host memory each, and two staging sets this much each on the device.
+// full: a full kept set's (options.full_kept_sets: h1, h2 and m too; a whole set's otherwise).
 double llama_kept_layer_bytes(const LlamaConfig& config, const LlamaModelOptions& options, Backend backend,
-                              DType activation_dtype, int64_t lora_r, bool host_tier = false);
+                              DType activation_dtype, int64_t lora_r, bool host_tier = false, bool full = false);
 
 // The GPU's fused attention (cuDNN) takes only a head_dim that is a multiple of 8, and no soft-capped
 // scores (Gemma 2's attn_logit_softcapping): on Backend::kCuda either is an InputError naming

@@ -65,9 +65,12 @@ std::string MemoryPlan::describe() const {
   if (keep_layers <= 1)
     s += fmt::format("every layer but the last recomputed in the backward");
   else
-    s += fmt::format("layers {}-{} of {} keep their activations{} ({} each), the rest recomputed",
+    s += fmt::format("layers {}-{} of {} keep their activations{} ({} each{}), the rest recomputed",
                      layers - keep_layers, layers - 1, layers, kept_mlp ? "" : " but the MLP's gate / up",
-                     human_bytes(per_kept));
+                     human_bytes(per_kept),
+                     full_kept > 0 ? fmt::format("; {} of them their norms' outputs and SwiGLU's too, {} more each",
+                                                 full_kept, human_bytes(per_full))
+                                   : std::string());
   if (checkpoint_every > 1) s += "; every second layer input kept (the others recomputed from the one before)";
   if (host_checkpoints)
     s += fmt::format("; the layer inputs in pinned host memory, {} on the {}{}", checkpoint_slots, mem,
@@ -92,7 +95,9 @@ std::string MemoryPlan::brief() const {
   if (offload_params) s += ", base offloaded";
   if (offload_optimizer) s += ", optimizer on the host";
   if (mlp_chunk_rows > 0) s += fmt::format(", MLP in chunks of {} rows", mlp_chunk_rows);
-  if (keep_layers > 1) s += fmt::format(", {} kept{}", keep_layers, kept_mlp ? "" : " without gate / up");
+  if (keep_layers > 1)
+    s += fmt::format(", {} kept{}{}", keep_layers, kept_mlp ? "" : " without gate / up",
+                     full_kept > 0 ? fmt::format(" ({} full)", full_kept) : std::string());
   if (host_keep_layers > 0)
     s += fmt::format(", {} host-kept{}", host_keep_layers, host_kept_mlp ? "" : " without gate / up");
   if (embedding_on_host) s += ", embedding on the host";
@@ -146,6 +151,11 @@ double attention_mfu(double T) {
 // ran at 13,914 tokens/s, against 14,589 for micro-batch 2 with 22.
 constexpr double kRecomputeShare = 0.29;
 constexpr double kFixedTokens = 350;
+// A full kept set's (LlamaModelOptions::full_kept_sets) share of the full-recompute time it saves:
+// a kept layer's backward otherwise reruns two RMSNorms, the fold's x A^T twice and one SwiGLU, 2.2 GB
+// moved at 8 x 2048 of the 8B shape, about 0.7 ms a layer at an H100's copy rate, against the 1.36 s
+// of N a there (the best step's 998 ms, session 31: N a (1 - 0.29) + 350 a).
+constexpr double kFullShare = 0.016;
 constexpr double kOffloadContention = 0.06;
 constexpr double kHostAdamBytesPerSecond = 10e9;
 constexpr double kDefaultGemmFlops = kPlanDefaultGemmFlops;
@@ -229,6 +239,24 @@ int64_t kept_for_room(double room, double per_kept, int64_t layers) {
   return std::clamp<int64_t>(1 + static_cast<int64_t>(std::min(extra, 1e9)), 0, layers);
 }
 
+// The full sets (memory.full_kept_layers): with auto and a budget, as many as the memory left once
+// the kept layers are placed holds (a whole kept layer saves about ten times the step time per
+// byte: full sets take only the room too small for one more, all of it once every layer is kept);
+// as configured, at most the device-kept sets and (with a budget) what the memory left holds.
+void fill_full_sets(MemoryPlan& p, const MemoryConfig& m) {
+  const int64_t sets = p.mlp_chunk_rows == 0 && p.kept_mlp && p.per_full > 0 ? std::max<int64_t>(p.keep_layers - 1, 0)
+                                                                             : 0;
+  p.full_kept = 0;
+  if (sets == 0 || m.full_kept_layers == 0) return;
+  if (m.full_kept_layers < 0 && p.budget <= 0) return;
+  int64_t n = m.full_kept_layers < 0 ? sets : std::min(m.full_kept_layers, sets);
+  if (p.budget > 0) {
+    const double room = p.budget - p.resident - p.step - p.kept_bytes();
+    n = std::min(n, static_cast<int64_t>(std::floor(std::max(room, 0.0) / p.per_full)));
+  }
+  p.full_kept = n;
+}
+
 double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
   const double R = r.gemm_flops > 0 ? r.gemm_flops : kDefaultGemmFlops;
   const double h2d = r.h2d_bytes_per_second > 0 ? r.h2d_bytes_per_second : kDefaultH2dBytesPerSecond;
@@ -244,7 +272,8 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
                                   host_kept * (p.host_kept_mlp ? 1.0 : 1.0 - in.gate_up_share)) /
                                      (in.L - 1)
                                : 0.0;
-  double micro = N * a * (1 - kRecomputeShare * kept) + kFixedTokens * a;
+  const double full = in.L > 1 ? std::min(static_cast<double>(p.full_kept), device_kept) / (in.L - 1) : 0.0;
+  double micro = N * a * (1 - kRecomputeShare * kept - kFullShare * full) + kFixedTokens * a;
   const double copy = in.layer_bytes / in.world / h2d;
   if (p.offload_params) {
     // Each layer's shard crosses host to device once in the forward and once in the backward,
@@ -367,6 +396,8 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     };
     const double whole_set = per_kept_of(true), lean_set = per_kept_of(false);
     p.per_kept = p.per_host_kept = whole_set;
+    const double full_set = llama_kept_layer_bytes(lc, step_options(config, micro, 0, host_ck, kCheckpointSlots, 1, true),
+                                                   backend, act_t, config.lora.r, false, true);
     p.library = cuda ? library_bytes(micro, static_cast<double>(T), static_cast<double>(lc.hidden_size),
                                      static_cast<double>(lc.num_attention_heads * lc.head_dim), budget > 0)
                      : 0.0;
@@ -377,6 +408,8 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
       if (m.keep_layers < 0 && budget > 0 && whole && every == 1)
         q.keep_layers = kept_for_room(budget - q.resident - q.step - q.staging_bytes(), q.per_kept, q.layers);
       q.host_keep_layers = std::clamp<int64_t>(q.host_keep_layers, 0, whole ? open_layers(q) : 0);
+      q.per_full = whole && q.kept_mlp ? full_set - whole_set : 0.0;
+      fill_full_sets(q, m);
     };
     p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
     p.host_keep_layers = m.host_keep_layers > 0 ? m.host_keep_layers : 0;
@@ -541,6 +574,7 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
   // Stage 1 keeps the configured kept layers (0 without one); stage 2 fills the budget with the
   // memory measured after the build.
   chosen.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
+  fill_full_sets(chosen, m);
   return chosen;
 }
 
@@ -560,9 +594,11 @@ void plan_kept_layers(MemoryPlan& p, const TrainConfig& config, double in_use_by
   if (config.memory.host_keep_layers < 0 && p.budget > 0)
     while (p.host_keep_layers > 0 && p.resident + p.step + p.staging_bytes() > p.budget)
       p.host_keep_layers = p.host_keep_layers > 1 ? 1 : 0;
+  p.full_kept = 0;
   if (config.memory.keep_layers < 0 && p.budget > 0 && p.mlp_chunk_rows == 0 && p.per_kept > 0)
     p.keep_layers = kept_for_room(p.budget - p.resident - p.step - p.staging_bytes(), p.per_kept, p.layers);
   p.host_keep_layers = std::min(p.host_keep_layers, p.mlp_chunk_rows == 0 ? open_layers(p) : int64_t{0});
+  fill_full_sets(p, config.memory);
 }
 
 }  // namespace qshard

@@ -27,11 +27,16 @@
 //     host memory is memory.host_budget_gb, or half of what the host can still take. Chosen only
 //     with the base on the GPU (an offloaded base's copies and the tier's stalled each other);
 //   - whether each tier's kept sets hold the MLP's gate / up (memory.kept_mlp; auto: whole, lean,
-//     or whole on the device beside a lean host tier, each with its own host-kept count).
+//     or whole on the device beside a lean host tier, each with its own host-kept count);
+//   - how many of the whole kept sets are full (memory.full_kept_layers; auto: as many as the memory
+//     left once the kept layers are placed holds, all of them where that is every layer): they keep
+//     h1, h2 and m too, whose recompute (two RMSNorms, the fold's skinny GEMMs and a SwiGLU:
+//     memory-bound) is about 2% of a step with every layer kept.
 // The cost model (GPU): a micro-batch of N tokens takes N a (1 - s k) + N0 a seconds, a = useful
 // FLOPs per token / (0.54 x the measured GEMM rate), N0 = 350 tokens of per-micro-batch fixed work
 // (dequantizing the base, the head, the LoRA's small GEMMs, launches), s = 0.29 the recompute's share,
-// k the kept fraction of the layers (device- or host-kept); an offloaded base adds, per layer, the part
+// k the kept fraction of the layers (device- or host-kept; a full set's share f more: N a (1 - s k -
+// f k_full)); an offloaded base adds, per layer, the part
 // of its host-to-device copy (at the measured bandwidth) longer than that layer's forward (and its
 // backward); a host optimizer adds 32 bytes a LoRA parameter at 10 GB/s. Constants from the H200 runs
 // of docs/PERFORMANCE.md (session 11), N0 and s refitted to session 31's 27 plans tried on an H100
@@ -83,6 +88,8 @@ struct MemoryPlan {
   int64_t host_keep_layers = 0;  // of the layers keep_layers leaves, those kept in pinned host memory
   bool kept_mlp = true;          // device-kept layers hold gate / up (LlamaModelOptions::kept_mlp)
   bool host_kept_mlp = true;     // host-kept layers do (LlamaModelOptions::host_kept_mlp)
+  int64_t full_kept = 0;         // of the device-kept layers but the last, those whose sets are full
+                                 // (h1, h2 and m kept too: LlamaModelOptions::full_kept_sets)
   bool host_checkpoints = false; // the layer inputs in pinned host memory (memory.host_checkpoints;
                                  // step_buffers count it)
   int64_t checkpoint_slots = 3;  // with host_checkpoints: the layer inputs' device slots (three, or more
@@ -101,6 +108,7 @@ struct MemoryPlan {
   double per_kept = 0;       // each device-kept layer but the last
   double per_host_kept = 0;  // each host-kept layer's set: its staging sets on the GPU (at most two),
                              // its host sets in pinned host memory (per_kept unless host_kept_mlp differs)
+  double per_full = 0;       // a full kept set's bytes beyond a whole one (0: no full sets at this shape)
   // The cost model (GPU plans): the estimated seconds of one optimizer step, how many plans were
   // weighed, and the fastest other one that fits.
   double est_step_s = 0;
@@ -110,7 +118,8 @@ struct MemoryPlan {
   int64_t staging_sets() const { return std::min<int64_t>(host_keep_layers, 2); }
   double staging_bytes() const { return per_host_kept * static_cast<double>(staging_sets()); }
   double kept_bytes() const {
-    return per_kept * static_cast<double>(keep_layers > 1 ? keep_layers - 1 : 0) + staging_bytes();
+    return per_kept * static_cast<double>(keep_layers > 1 ? keep_layers - 1 : 0) +
+           per_full * static_cast<double>(full_kept) + staging_bytes();
   }
   double host_bytes() const {
     return per_host_kept * static_cast<double>(std::max<int64_t>(host_keep_layers - 2, 0));

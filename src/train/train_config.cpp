@@ -322,6 +322,10 @@ const std::vector<Field>& fields() {
                "recomputes those two GEMMs, a third of a kept layer's bytes at 8B (false); device: the layers kept on "
                "the GPU keep them, the host-kept ones do not (their copies carry a third of the bytes); auto: the "
                "memory plan's choice of the three by its cost model (true without a budget)"),
+      QS_FIELD("memory.full_kept_layers", memory.full_kept_layers, ">= -1 (-1 = the plan's choice)",
+               "of the layers kept on the GPU, how many also keep their RMSNorm outputs and SwiGLU's output, so that "
+               "their backward reruns nothing (about half a kept layer's bytes again at 8B; -1: as many as the "
+               "budget's room left by the kept layers holds, none without a budget)"),
       QS_FIELD("memory.base", memory.base, "auto, gpu",
                "where the frozen base lives with offload.params off: the GPU (gpu), or the memory plan's choice "
                "(auto: pinned host memory where the budget needs it or that is faster)"),
@@ -741,6 +745,8 @@ void TrainConfig::validate(int world_size) const {
   ck.require(memory.gpu_budget_gb >= 0 && memory.gpu_budget_gb <= 1e6, "memory.gpu_budget_gb", memory.gpu_budget_gb,
              "a number of GB in [0, 1e6] (0 = no plan)");
   ck.require(memory.keep_layers >= -1, "memory.keep_layers", memory.keep_layers, ">= -1 (-1 = the plan's choice)");
+  ck.require(memory.full_kept_layers >= -1, "memory.full_kept_layers", memory.full_kept_layers,
+             ">= -1 (-1 = the plan's choice)");
   ck.require(memory.mlp_chunk_tokens >= -1 && memory.mlp_chunk_tokens <= kMaxMicroTokens, "memory.mlp_chunk_tokens",
              memory.mlp_chunk_tokens, fmt::format("in [-1, {}] (-1 = auto, 0 = never)", kMaxMicroTokens));
   ck.require(memory.host_keep_layers >= -1, "memory.host_keep_layers", memory.host_keep_layers,

@@ -137,6 +137,7 @@ void TrainJob::build_model() {
   mo_.host_keep_layers = plan_.host_keep_layers;
   mo_.kept_mlp = plan_.kept_mlp;
   mo_.host_kept_mlp = plan_.host_kept_mlp;
+  mo_.full_kept_sets = plan_.full_kept;
   mo_.host_checkpoints = plan_.host_checkpoints;
   mo_.checkpoint_slots = plan_.checkpoint_slots;
   mo_.checkpoint_every = plan_.checkpoint_every;
@@ -318,6 +319,7 @@ void TrainJob::open_logger() {
   summary_.perf.host_keep_layers = plan_.host_keep_layers;
   summary_.perf.kept_mlp = plan_.kept_mlp;
   summary_.perf.host_kept_mlp = plan_.host_kept_mlp;
+  summary_.perf.full_kept = plan_.full_kept;
   summary_.perf.micro_batch = plan_.micro_batch;
   summary_.perf.est_step_s = plan_.est_step_s;
   summary_.perf.mlp_chunk_rows = plan_.mlp_chunk_rows;

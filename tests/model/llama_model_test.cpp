@@ -349,7 +349,7 @@ struct StepResult {
 StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dropout, int64_t host = 0,
                     std::vector<int64_t>* host_layers = nullptr, bool host_checkpoints = false,
                     int64_t checkpoint_slots = kCheckpointSlots, int64_t checkpoint_every = 1,
-                    bool kept_mlp = true, std::optional<bool> host_kept_mlp = std::nullopt) {
+                    bool kept_mlp = true, std::optional<bool> host_kept_mlp = std::nullopt, int64_t full = 0) {
   const int64_t B = 2, T = 5;
   auto tree = random_tree(c, 33);
   LlamaModelOptions opt;
@@ -366,6 +366,7 @@ StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dro
   opt.checkpoint_every = checkpoint_every;
   opt.kept_mlp = kept_mlp;
   opt.host_kept_mlp = host_kept_mlp.value_or(kept_mlp);
+  opt.full_kept_sets = full;
   LlamaModel model(c, *tree, ctx(), opt);
   if (host_layers) *host_layers = model.host_kept_layers();
   GradStore gs(*tree);
@@ -491,6 +492,64 @@ TEST(LlamaModel, KeptMlpPerTierGivesTheSameStep) {
   EXPECT_EQ(p.total(BufferLife::kHost), 2 * lean);
   EXPECT_EQ(llama_kept_layer_bytes(c, opt, Backend::kCuda, DType::kBF16, 4), static_cast<double>(whole));
   EXPECT_EQ(llama_kept_layer_bytes(c, opt, Backend::kCuda, DType::kBF16, 4, true), static_cast<double>(lean));
+}
+
+// Full kept sets (options.full_kept_sets): the first kept sets also hold h1, h2 (with the fold's
+// x A^T columns) and m, so their backward reruns nothing; every kept layer, some of them, beside
+// the host tier (the staging sets after the full and the plain kept sets), with dropout, give full
+// recompute's loss and LoRA gradients bit for bit (a backward reading a full set the forward did not
+// write, or the working set's h1 / m of another layer, would not). A full set is a whole one plus
+// exactly h1's, h2's and m's buffers; lean sets (kept_mlp false) and more than the kept sets clamp.
+TEST(LlamaModel, FullKeptSetsGiveTheSameStep) {
+  LlamaConfig c = small_config();
+  c.num_hidden_layers = 6;
+  for (const float dropout : {0.0f, 0.25f}) {
+    const StepResult ref = run_plan(c, 0, 0, dropout);
+    struct Case {
+      int64_t keep, host, full;
+      bool whole;
+    };
+    for (const Case& k : {Case{6, 0, 5, true}, Case{6, 0, 2, true}, Case{4, 0, 9, true}, Case{3, 2, 1, true},
+                          Case{4, 0, 3, false}}) {
+      const StepResult got =
+          run_plan(c, k.keep, 0, dropout, k.host, nullptr, false, kCheckpointSlots, 1, k.whole, std::nullopt, k.full);
+      expect_same_step(got, ref,
+                       "keep " + std::to_string(k.keep) + " host " + std::to_string(k.host) + " full " +
+                           std::to_string(k.full) + " whole " + std::to_string(k.whole) + " dropout " +
+                           std::to_string(dropout));
+    }
+  }
+  LlamaModelOptions opt;
+  opt.max_batch = 2;
+  opt.max_seq = 16;
+  opt.keep_layers = 5;
+  opt.host_keep_layers = 1;
+  opt.full_kept_sets = 3;
+  const int64_t r = 4, N = 32, C = c.hidden_size, I = c.intermediate_size;
+  LlamaBufferDims d = llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, r);
+  ASSERT_EQ(d.kept_sets, 4);
+  EXPECT_EQ(d.full_sets, 3);
+  const int64_t whole = llama_kept_set_bytes(d, Backend::kCuda, DType::kBF16);
+  const int64_t full = llama_kept_set_bytes(d, Backend::kCuda, DType::kBF16, false, true);
+  const double extra = static_cast<double>(N * (C + 3 * r) + N * (C + 2 * r) + N * I) * 2;  // h1, h2, m in bf16
+  EXPECT_NEAR(static_cast<double>(full - whole), extra, 3 * 256.0);
+  EXPECT_EQ(llama_kept_set_bytes(d, Backend::kCuda, DType::kBF16, true, true), whole) << "staging sets are never full";
+  EXPECT_EQ(llama_kept_sets_bytes(d, Backend::kCuda, DType::kBF16), 3 * full + whole);
+  const BufferPlan p = llama_buffer_plan(d, Backend::kCuda, DType::kBF16);
+  EXPECT_EQ(p.total(BufferLife::kKept), 3 * full + whole + whole);  // + one staging set
+  bool m2 = false, m3 = false;
+  for (const BufferEntry& e : p.entries()) {
+    m2 = m2 || e.name == "kept[2].m";
+    m3 = m3 || e.name == "kept[3].m";
+  }
+  EXPECT_TRUE(m2);
+  EXPECT_FALSE(m3);
+  EXPECT_EQ(llama_kept_layer_bytes(c, opt, Backend::kCuda, DType::kBF16, r, false, true), static_cast<double>(full));
+  opt.kept_mlp = false;
+  EXPECT_EQ(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, r).full_sets, 0);
+  opt.kept_mlp = true;
+  opt.mlp_chunk_rows = 8;
+  EXPECT_EQ(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, r).full_sets, 0);
 }
 
 // The host tier (options.host_keep_layers, host_checkpoints): layers whose internals go to (pinned)

@@ -129,6 +129,79 @@ TEST(MemoryPlan, KeptLayersWithoutGateUp) {
   EXPECT_TRUE(plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1).kept_mlp);
 }
 
+// memory.full_kept_layers: a full kept set also holds h1 and h2 (with the fold's columns) and m
+// (8192 rows x (4144 + 4128 + 14336) bf16 = 370 MB more at 8B, 4 x 2048). auto: the room left once
+// the kept layers are placed (a whole kept layer saves far more per byte: full sets only take room
+// too small for one), all of it once every layer is kept, within the budget; none without a
+// budget; a count as configured, at most the kept sets (and with a budget what fits); each one
+// lowers the estimate.
+TEST(MemoryPlan, FullKeptSetsOnceEveryLayerIsKept) {
+  TrainConfig c = job_8b(4, 2048);
+  LlamaModelOptions mo;
+  mo.max_batch = 4;
+  mo.max_seq = 2048;
+  const double whole = llama_kept_layer_bytes(llama(c), mo, Backend::kCuda, DType::kBF16, 16);
+  const double full = llama_kept_layer_bytes(llama(c), mo, Backend::kCuda, DType::kBF16, 16, false, true);
+  EXPECT_NEAR(full - whole, 8192.0 * (4144 + 4128 + 14336) * 2, 3 * 256.0);
+  const double in_use = 8e9;
+  c.memory.gpu_budget_gb = 1000;
+  MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  plan_kept_layers(p, c, in_use, 0);
+  ASSERT_EQ(p.keep_layers, 32);
+  EXPECT_EQ(p.full_kept, 31);
+  EXPECT_NEAR(p.per_full, full - whole, 1.0);
+  EXPECT_NE(p.brief().find("32 kept (31 full)"), std::string::npos) << p.brief();
+  EXPECT_NE(p.describe().find("31 of them their norms' outputs and SwiGLU's too"), std::string::npos) << p.describe();
+  MemoryPlan none = p;
+  none.full_kept = 0;
+  const double t_full = plan_step_estimate(p, c, llama(c), 1), t_none = plan_step_estimate(none, c, llama(c), 1);
+  EXPECT_LT(t_full, t_none * 0.99);
+  EXPECT_GT(t_full, t_none * 0.97);
+  // A budget that keeps every layer with room for five full sets and a half.
+  const double budget = none.total() + 5.5 * p.per_full;
+  c.memory.gpu_budget_gb = budget / 1e9;
+  p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  plan_kept_layers(p, c, in_use, 0);
+  ASSERT_EQ(p.keep_layers, 32) << p.describe();
+  EXPECT_EQ(p.full_kept, 5) << p.describe();
+  EXPECT_LE(p.total(), budget);
+  // Not every layer kept: the kept layers as before, full sets only in the room too small for one more.
+  c.memory.gpu_budget_gb = 30;
+  p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  plan_kept_layers(p, c, in_use, 0);
+  EXPECT_LT(p.keep_layers, 32);
+  MemoryPlan plain = p;
+  plain.full_kept = 0;
+  EXPECT_GT(plain.total() + p.per_kept, 30e9) << "one more whole kept layer would have fit";
+  EXPECT_EQ(p.full_kept, static_cast<int64_t>((30e9 - plain.total()) / p.per_full)) << p.describe();
+  EXPECT_LE(p.total(), 30e9);
+  // As configured: at most the kept sets; with a budget, what fits; none without kept layers.
+  c.memory.gpu_budget_gb = 0;
+  c.memory.keep_layers = 32;
+  c.memory.full_kept_layers = 3;
+  p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  plan_kept_layers(p, c, in_use, 0);
+  EXPECT_EQ(p.full_kept, 3);
+  c.memory.full_kept_layers = 99;
+  plan_kept_layers(p, c, in_use, 0);
+  EXPECT_EQ(p.full_kept, 31);
+  c.memory.gpu_budget_gb = budget / 1e9;
+  p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  plan_kept_layers(p, c, in_use, 0);
+  EXPECT_EQ(p.full_kept, 5);
+  c.memory.gpu_budget_gb = 0;
+  c.memory.keep_layers = 1;
+  p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  plan_kept_layers(p, c, in_use, 0);
+  EXPECT_EQ(p.full_kept, 0);
+  // auto without a budget: none.
+  c.memory.keep_layers = 32;
+  c.memory.full_kept_layers = -1;
+  p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  plan_kept_layers(p, c, in_use, 0);
+  EXPECT_EQ(p.full_kept, 0);
+}
+
 TEST(MemoryPlan, SmallBudgetOffloadsTheBase) {
   TrainConfig c = job_8b(1, 2048);
   c.memory.gpu_budget_gb = 5.5;

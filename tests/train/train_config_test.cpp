@@ -442,6 +442,16 @@ TEST(TrainConfig, KeptMlpIsChecked) {
             std::string::npos);
 }
 
+// memory.full_kept_layers: -1 (the plan's choice) or a count.
+TEST(TrainConfig, FullKeptLayersIsChecked) {
+  for (const char* ok : {"memory.full_kept_layers=-1", "memory.full_kept_layers=0", "memory.full_kept_layers=31"})
+    EXPECT_NO_THROW(parse_train_config(kMinimal, "x.yaml", {ok}).validate(1)) << ok;
+  EXPECT_EQ(parse_train_config(kMinimal, "x.yaml", {}).memory.full_kept_layers, -1);
+  EXPECT_NE(error_of([] { parse_train_config(kMinimal, "x.yaml", {"memory.full_kept_layers=-2"}).validate(1); })
+                .find("memory.full_kept_layers = -2"),
+            std::string::npos);
+}
+
 // memory.checkpoint_every: 0, 1 or 2, and 2 only where every layer is recomputed.
 TEST(TrainConfig, CheckpointEveryIsChecked) {
   for (const char* ok : {"memory.checkpoint_every=0", "memory.checkpoint_every=1", "memory.checkpoint_every=2"})
