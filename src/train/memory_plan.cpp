@@ -151,11 +151,13 @@ double attention_mfu(double T) {
 // ran at 13,914 tokens/s, against 14,589 for micro-batch 2 with 22.
 constexpr double kRecomputeShare = 0.29;
 constexpr double kFixedTokens = 350;
-// A full kept set's (LlamaModelOptions::full_kept_sets) share of the full-recompute time it saves:
-// a kept layer's backward otherwise reruns two RMSNorms, the fold's x A^T twice and one SwiGLU, 2.2 GB
-// moved at 8 x 2048 of the 8B shape, about 0.7 ms a layer at an H100's copy rate, against the 1.36 s
-// of N a there (the best step's 998 ms, session 31: N a (1 - 0.29) + 350 a).
-constexpr double kFullShare = 0.016;
+// Full kept sets (LlamaModelOptions::full_kept_sets), all L - 1 of them, save this share of N a: a kept
+// layer's backward otherwise reruns two RMSNorms, the fold's x A^T twice and one SwiGLU (2.2 GB moved
+// at 8 x 2048 of the 8B shape). Measured on an H100 (session 32, docs/PERFORMANCE.md): 20 full sets
+// took 15.2 ms off the every-layer-kept step at 8 x 2048 (RMSNorm 26.6 -> 22.7 ms, SwiGLU 53.5 ->
+// 44.4, LoRA 91.3 -> 89.1), 0.76 ms a set, against N a = 1.36 s there (the 998 ms step of session 31:
+// N a (1 - 0.29) + 350 a): 31 x 0.76 / 1364.
+constexpr double kFullShare = 0.017;
 constexpr double kOffloadContention = 0.06;
 constexpr double kHostAdamBytesPerSecond = 10e9;
 constexpr double kDefaultGemmFlops = kPlanDefaultGemmFlops;
