@@ -123,10 +123,10 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   // the MLP's GEMMs and SwiGLU anyway; a chunked MLP keeps no layer).
   d.full_sets = o.kept_mlp && d.NM == d.N ? std::clamp<int64_t>(o.full_kept_sets, 0, d.kept_sets) : 0;
   // Host-kept layers: of those left to recompute (all but the kept sets and the last), through
-  // two device staging sets (one when only one layer goes to the host). The whole MLP only.
+  // host_staging_sets device staging sets (two by default; at most one a layer). The whole MLP only.
   const int64_t open = std::max<int64_t>(d.L - 1 - d.kept_sets, 0);
   d.host_sets = d.NM == d.N ? std::clamp<int64_t>(o.host_keep_layers, 0, open) : 0;
-  d.staging_sets = std::min<int64_t>(d.host_sets, 2);
+  d.staging_sets = std::min<int64_t>(d.host_sets, std::max<int64_t>(o.host_staging_sets, 1));
   d.host_checkpoints = o.host_checkpoints;
   d.checkpoint_every = o.checkpoint_every;
   d.checkpoints = llama_checkpoint_count(d.L, o.checkpoint_every);

@@ -96,7 +96,7 @@ struct LlamaBufferDims {
   int64_t full_sets = 0;             // of the kept sets, the first full_sets also hold h1, h2 and m
                                      // (LlamaModelOptions::full_kept_sets; whole sets, whole MLP only)
   int64_t host_sets = 0;             // host-kept layers (pinned host sets)
-  int64_t staging_sets = 0;          // their device staging sets (min(host_sets, 2))
+  int64_t staging_sets = 0;          // their device staging sets (min(host_sets, options.host_staging_sets))
   bool host_checkpoints = false;     // x_l through checkpoint_slots device slots, the rest in pinned memory
   int64_t checkpoint_slots = 0;      // with host_checkpoints: the device slots (the ring's, + the scratch)
   int64_t checkpoint_every = 1;      // options.checkpoint_every (1 or 2)

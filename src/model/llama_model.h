@@ -108,6 +108,11 @@ struct LlamaModelOptions {
   // copy has the compute of the layers between them to hide behind. Same arithmetic: the same bits.
   // REQUIRES the whole MLP (mlp_chunk_rows 0); more than the recomputed layers are clamped.
   int64_t host_keep_layers = 0;
+  // host_staging_sets: the host tier's device staging sets (at least 1; at most host_keep_layers).
+  // More let the copies run further behind the compute (the forward's copies out and the backward's
+  // copies back, each ring value in slot i % sets), and the last that many host-kept layers never
+  // leave the device; each is one more set of the host tier's size on the device.
+  int64_t host_staging_sets = 2;
   // kept_mlp false: the device-kept layers' sets hold no gate / up; a kept layer's backward
   // recomputes those two GEMMs (and SwiGLU) from h2, as it recomputes h1 and h2. About a third of a
   // kept layer's bytes at the 8B shape for half of its forward's FLOPs: at a tight budget three such

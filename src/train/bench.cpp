@@ -156,6 +156,7 @@ nlohmann::json list_memory_plans(const BenchOptions& o, int world, std::string* 
                           {"offload_optimizer", p.offload_optimizer},
                           {"keep_layers", p.keep_layers},
                           {"host_keep_layers", p.host_keep_layers},
+                          {"host_staging_sets", p.staging_sets()},
                           {"kept_mlp", p.kept_mlp},
                           {"host_kept_mlp", p.host_kept_mlp},
                           {"full_kept", p.full_kept},

@@ -116,6 +116,7 @@ std::vector<std::string> MemoryPlan::pins() const {
   v.push_back(fmt::format("memory.checkpoint_every={}", checkpoint_every));
   v.push_back(fmt::format("memory.kept_mlp={}", !kept_mlp ? "false" : host_kept_mlp ? "true" : "device"));
   v.push_back(fmt::format("memory.host_keep_layers={}", host_keep_layers));
+  if (host_staging != 2) v.push_back(fmt::format("memory.host_staging_sets={}", host_staging));
   return v;
 }
 
@@ -292,13 +293,13 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
         llama_checkpoint_buffers(L, p.checkpoint_every) - p.checkpoint_slots, 0));  // values the host holds
     micro += crossing * (std::max(0.0, x - fwd) + kOffloadContention * 2 * x);
   }
-  if (p.host_keep_layers > 2) {
+  if (p.host_keep_layers > p.staging_sets()) {
     // The host tier: each stored set goes out during the forward and comes back during the
     // backward, each direction at the pinned rate, behind the compute of the layers the host-kept
-    // ones are spread over (the recomputed range: two staging sets let the compute run at most two
-    // sets ahead of the copies); what that compute cannot cover is exposed. Fitted to the H200 rows
-    // of docs/PERFORMANCE.md (session 16) within 8%.
-    const double sets = static_cast<double>(p.host_keep_layers - 2) * p.per_host_kept / h2d;
+    // ones are spread over (the recomputed range: the staging sets let the compute run at most that
+    // many sets ahead of the copies); what that compute cannot cover is exposed. Fitted to the H200
+    // rows of docs/PERFORMANCE.md (session 16) within 8%, with two staging sets.
+    const double sets = static_cast<double>(p.host_keep_layers - p.staging_sets()) * p.per_host_kept / h2d;
     const double open = in.L - static_cast<double>(std::max<int64_t>(p.keep_layers, 1));
     const double fwd = N * a * (1 - kRecomputeShare) / 3 * open / in.L;
     const double recomputed = std::max(0.0, open - static_cast<double>(p.host_keep_layers));
@@ -415,6 +416,7 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     };
     p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
     p.host_keep_layers = m.host_keep_layers > 0 ? m.host_keep_layers : 0;
+    p.host_staging = m.host_staging_sets;
     // Kept layers without gate / up (LlamaModelOptions::kept_mlp, host_kept_mlp): as configured, or
     // with auto the fastest of three at the kept layers the budget holds: whole sets; lean ones (a
     // third of the bytes each at 8B: more of them, each recomputing its two GEMMs); whole on the
@@ -592,10 +594,12 @@ void plan_kept_layers(MemoryPlan& p, const TrainConfig& config, double in_use_by
     p.measured = true;
   }
   // The host tier's staging sets were sized against the estimate: with more in use than estimated
-  // they give way (one set, then none) rather than take the plan past its budget.
+  // they give way (down to two, then one set, then none) rather than take the plan past its budget.
   if (config.memory.host_keep_layers < 0 && p.budget > 0)
-    while (p.host_keep_layers > 0 && p.resident + p.step + p.staging_bytes() > p.budget)
-      p.host_keep_layers = p.host_keep_layers > 1 ? 1 : 0;
+    while (p.host_keep_layers > 0 && p.resident + p.step + p.staging_bytes() > p.budget) {
+      if (p.staging_sets() > 2) --p.host_staging;
+      else p.host_keep_layers = p.host_keep_layers > 1 ? 1 : 0;
+    }
   p.full_kept = 0;
   if (config.memory.keep_layers < 0 && p.budget > 0 && p.mlp_chunk_rows == 0 && p.per_kept > 0)
     p.keep_layers = kept_for_room(p.budget - p.resident - p.step - p.staging_bytes(), p.per_kept, p.layers);

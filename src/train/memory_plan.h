@@ -86,6 +86,7 @@ struct MemoryPlan {
   int64_t mlp_chunk_rows = 0;    // 0: the whole micro-batch at once
   int64_t keep_layers = 0;
   int64_t host_keep_layers = 0;  // of the layers keep_layers leaves, those kept in pinned host memory
+  int64_t host_staging = 2;      // their device staging sets at most (memory.host_staging_sets)
   bool kept_mlp = true;          // device-kept layers hold gate / up (LlamaModelOptions::kept_mlp)
   bool host_kept_mlp = true;     // host-kept layers do (LlamaModelOptions::host_kept_mlp)
   int64_t full_kept = 0;         // of the device-kept layers but the last, those whose sets are full
@@ -115,14 +116,14 @@ struct MemoryPlan {
   int candidates = 1;
   std::string runner_up;
   double runner_up_s = 0;
-  int64_t staging_sets() const { return std::min<int64_t>(host_keep_layers, 2); }
+  int64_t staging_sets() const { return std::min<int64_t>(host_keep_layers, host_staging); }
   double staging_bytes() const { return per_host_kept * static_cast<double>(staging_sets()); }
   double kept_bytes() const {
     return per_kept * static_cast<double>(keep_layers > 1 ? keep_layers - 1 : 0) +
            per_full * static_cast<double>(full_kept) + staging_bytes();
   }
   double host_bytes() const {
-    return per_host_kept * static_cast<double>(std::max<int64_t>(host_keep_layers - 2, 0));
+    return per_host_kept * static_cast<double>(std::max<int64_t>(host_keep_layers - staging_sets(), 0));
   }
   double total() const { return resident + step + kept_bytes(); }
   // Within the budget on the GPU (none: always): the base, the step's buffers and the staging sets

@@ -322,6 +322,9 @@ const std::vector<Field>& fields() {
                "recomputes those two GEMMs, a third of a kept layer's bytes at 8B (false); device: the layers kept on "
                "the GPU keep them, the host-kept ones do not (their copies carry a third of the bytes); auto: the "
                "memory plan's choice of the three by its cost model (true without a budget)"),
+      QS_FIELD("memory.host_staging_sets", memory.host_staging_sets, "in [1, 8]",
+               "the device staging sets the host-kept layers go through (2: the default): more let their copies "
+               "run further behind the compute, each one host-kept layer's set of GPU memory"),
       QS_FIELD("memory.full_kept_layers", memory.full_kept_layers, ">= -1 (-1 = the plan's choice)",
                "of the layers kept on the GPU, how many also keep their RMSNorm outputs and SwiGLU's output, so that "
                "their backward reruns nothing (about half a kept layer's bytes again at 8B; -1: as many as the "
@@ -745,6 +748,8 @@ void TrainConfig::validate(int world_size) const {
   ck.require(memory.gpu_budget_gb >= 0 && memory.gpu_budget_gb <= 1e6, "memory.gpu_budget_gb", memory.gpu_budget_gb,
              "a number of GB in [0, 1e6] (0 = no plan)");
   ck.require(memory.keep_layers >= -1, "memory.keep_layers", memory.keep_layers, ">= -1 (-1 = the plan's choice)");
+  ck.require(memory.host_staging_sets >= 1 && memory.host_staging_sets <= 8, "memory.host_staging_sets",
+             memory.host_staging_sets, "in [1, 8]");
   ck.require(memory.full_kept_layers >= -1, "memory.full_kept_layers", memory.full_kept_layers,
              ">= -1 (-1 = the plan's choice)");
   ck.require(memory.mlp_chunk_tokens >= -1 && memory.mlp_chunk_tokens <= kMaxMicroTokens, "memory.mlp_chunk_tokens",

@@ -174,6 +174,9 @@ struct MemoryConfig {
                                   // of the three by its cost model (true without a budget, or where
                                   // the kept layers are set by hand; LlamaModelOptions::kept_mlp,
                                   // host_kept_mlp)
+  int64_t host_staging_sets = 2;  // the host tier's device staging sets (LlamaModelOptions::host_staging_sets):
+                                  // more let its copies run further behind the compute, one host-kept
+                                  // layer's set on the GPU each
   int64_t full_kept_layers = -1;  // of the layers kept on the GPU, how many also keep their norms' outputs
                                   // and SwiGLU's (LlamaModelOptions::full_kept_sets: about half a kept
                                   // layer's bytes again at 8B, for the backward's memory-bound reruns);

@@ -135,6 +135,7 @@ void TrainJob::build_model() {
   if (rt_.ctx.is_cuda()) plan_.est_step_s = plan_step_estimate(plan_, config_, mc, world_, rates_);
   mo_.keep_layers = plan_.keep_layers;
   mo_.host_keep_layers = plan_.host_keep_layers;
+  mo_.host_staging_sets = plan_.host_staging;
   mo_.kept_mlp = plan_.kept_mlp;
   mo_.host_kept_mlp = plan_.host_kept_mlp;
   mo_.full_kept_sets = plan_.full_kept;

@@ -349,7 +349,8 @@ struct StepResult {
 StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dropout, int64_t host = 0,
                     std::vector<int64_t>* host_layers = nullptr, bool host_checkpoints = false,
                     int64_t checkpoint_slots = kCheckpointSlots, int64_t checkpoint_every = 1,
-                    bool kept_mlp = true, std::optional<bool> host_kept_mlp = std::nullopt, int64_t full = 0) {
+                    bool kept_mlp = true, std::optional<bool> host_kept_mlp = std::nullopt, int64_t full = 0,
+                    int64_t staging = 2) {
   const int64_t B = 2, T = 5;
   auto tree = random_tree(c, 33);
   LlamaModelOptions opt;
@@ -367,6 +368,7 @@ StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dro
   opt.kept_mlp = kept_mlp;
   opt.host_kept_mlp = host_kept_mlp.value_or(kept_mlp);
   opt.full_kept_sets = full;
+  opt.host_staging_sets = staging;
   LlamaModel model(c, *tree, ctx(), opt);
   if (host_layers) *host_layers = model.host_kept_layers();
   GradStore gs(*tree);
@@ -550,6 +552,49 @@ TEST(LlamaModel, FullKeptSetsGiveTheSameStep) {
   opt.kept_mlp = true;
   opt.mlp_chunk_rows = 8;
   EXPECT_EQ(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, r).full_sets, 0);
+}
+
+// More staging sets for the host tier (options.host_staging_sets): one, three and five rings of
+// slots over six and three host-kept layers (the last that many stay on the device), beside kept
+// layers, full sets and lean host sets, with dropout, give full recompute's bits (a value read from
+// a slot the ring had given another layer, or a copy back into the wrong slot, would not); the
+// device holds that many staging sets, the host the rest of the host-kept layers.
+TEST(LlamaModel, HostStagingSetsGiveTheSameStep) {
+  LlamaConfig c = small_config();
+  c.num_hidden_layers = 8;
+  for (const float dropout : {0.0f, 0.25f}) {
+    const StepResult ref = run_plan(c, 0, 0, dropout);
+    struct Case {
+      int64_t keep, host, staging, full;
+      bool host_whole;
+    };
+    for (const Case& k : {Case{0, 6, 1, 0, true}, Case{0, 6, 3, 0, true}, Case{2, 5, 3, 1, false},
+                          Case{3, 3, 5, 0, true}, Case{0, 7, 4, 0, false}}) {
+      std::vector<int64_t> layers;
+      const StepResult got = run_plan(c, k.keep, 0, dropout, k.host, &layers, false, kCheckpointSlots, 1, true,
+                                      k.host_whole, k.full, k.staging);
+      const std::string what = "keep " + std::to_string(k.keep) + " host " + std::to_string(k.host) + " staging " +
+                               std::to_string(k.staging) + " dropout " + std::to_string(dropout);
+      EXPECT_EQ(static_cast<int64_t>(layers.size()), k.host) << what;
+      expect_same_step(got, ref, what);
+    }
+  }
+  LlamaModelOptions opt;
+  opt.max_batch = 2;
+  opt.max_seq = 16;
+  opt.keep_layers = 2;
+  opt.host_keep_layers = 6;
+  opt.host_staging_sets = 3;
+  const LlamaBufferDims d = llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4);
+  EXPECT_EQ(d.staging_sets, 3);
+  const int64_t set = llama_kept_set_bytes(d, Backend::kCuda, DType::kBF16, true);
+  const BufferPlan p = llama_buffer_plan(d, Backend::kCuda, DType::kBF16);
+  EXPECT_EQ(p.total(BufferLife::kKept), llama_kept_sets_bytes(d, Backend::kCuda, DType::kBF16) + 3 * set);
+  EXPECT_EQ(p.total(BufferLife::kHost), 3 * set);
+  opt.host_staging_sets = 9;
+  EXPECT_EQ(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4).staging_sets, 6);
+  opt.host_staging_sets = 0;
+  EXPECT_EQ(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4).staging_sets, 1);
 }
 
 // The host tier (options.host_keep_layers, host_checkpoints): layers whose internals go to (pinned)

@@ -507,6 +507,53 @@ TEST(MemoryPlan, HostTierWhereTheGpuIsShort) {
   EXPECT_EQ(plan_memory(c, llama(c), Backend::kCpu, DType::kF32, 1).host_keep_layers, 0);
 }
 
+// memory.host_staging_sets: the host tier through more staging sets, each one host-kept set on the
+// GPU (the budget holds them, fewer kept layers beside), the last that many host-kept layers never
+// copied (fewer host sets, a smaller exposed copy in the estimate); pinned by --try-plans; with
+// more in use than estimated they give way down to two before the tier shrinks.
+TEST(MemoryPlan, HostStagingSets) {
+  PlanRates h200{795e12, 55.3e9};
+  h200.host_available_bytes = 100e9;
+  TrainConfig c = job_8b(2, 2048);
+  c.batch.global_batch_size = 8;
+  c.memory.gpu_budget_gb = 12;
+  c.memory.host_checkpoints = "false";
+  c.memory.host_keep_layers = 12;
+  const MemoryPlan two = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+  c.memory.host_staging_sets = 4;
+  const MemoryPlan four = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+  ASSERT_EQ(two.host_keep_layers, 12) << two.describe();
+  ASSERT_EQ(four.host_keep_layers, 12) << four.describe();
+  EXPECT_EQ(two.staging_sets(), 2);
+  EXPECT_EQ(four.staging_sets(), 4);
+  EXPECT_DOUBLE_EQ(four.staging_bytes(), 4 * four.per_host_kept);
+  EXPECT_DOUBLE_EQ(four.host_bytes(), 8 * four.per_host_kept);
+  EXPECT_DOUBLE_EQ(two.host_bytes(), 10 * two.per_host_kept);
+  EXPECT_NE(four.describe().find("through 4 staging sets"), std::string::npos) << four.describe();
+  const std::vector<std::string> pins = four.pins();
+  EXPECT_NE(std::find(pins.begin(), pins.end(), "memory.host_staging_sets=4"), pins.end());
+  const std::vector<std::string> pins2 = two.pins();
+  EXPECT_EQ(std::find(pins2.begin(), pins2.end(), "memory.host_staging_sets=2"), pins2.end());
+  MemoryPlan k2 = two, k4 = four;
+  plan_kept_layers(k2, c, 6e9, 0);
+  plan_kept_layers(k4, c, 6e9, 0);
+  EXPECT_LE(k4.total(), 12e9) << k4.describe();
+  EXPECT_LE(k4.keep_layers, k2.keep_layers) << "two staging sets more, kept layers fewer or the same";
+  MemoryPlan same = k2;
+  same.host_staging = 4;
+  EXPECT_LT(plan_step_estimate(same, c, llama(c), 1, h200), plan_step_estimate(k2, c, llama(c), 1, h200) * (1 + 1e-12))
+      << "two copies fewer each way";
+  // More in use than estimated, the tier the plan's: the sets give way, two first.
+  c.memory.host_keep_layers = -1;
+  MemoryPlan auto4 = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
+  ASSERT_GT(auto4.host_keep_layers, 4) << auto4.describe();
+  MemoryPlan over = auto4;
+  plan_kept_layers(over, c, 12e9 - over.step - over.library - 2.5 * over.per_host_kept, 0);
+  EXPECT_EQ(over.staging_sets(), 2) << over.describe();
+  EXPECT_GT(over.host_keep_layers, 2) << over.describe();
+  EXPECT_LE(over.resident + over.step + over.staging_bytes(), 12e9);
+}
+
 // The plan offloads by choice only when the host can hold the pinned shards beside the build's
 // copy of the base; when it must (nothing fits otherwise), it does so anyway.
 TEST(MemoryPlan, OffloadsByChoiceOnlyWhenTheHostHasRoom) {

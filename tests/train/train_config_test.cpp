@@ -442,6 +442,18 @@ TEST(TrainConfig, KeptMlpIsChecked) {
             std::string::npos);
 }
 
+// memory.host_staging_sets: 1 to 8.
+TEST(TrainConfig, HostStagingSetsIsChecked) {
+  EXPECT_EQ(parse_train_config(kMinimal, "x.yaml", {}).memory.host_staging_sets, 2);
+  for (const char* ok : {"memory.host_staging_sets=1", "memory.host_staging_sets=8"})
+    EXPECT_NO_THROW(parse_train_config(kMinimal, "x.yaml", {ok}).validate(1)) << ok;
+  for (const char* bad : {"memory.host_staging_sets=0", "memory.host_staging_sets=9"})
+    EXPECT_NE(error_of([&] { parse_train_config(kMinimal, "x.yaml", {bad}).validate(1); })
+                  .find("memory.host_staging_sets = "),
+              std::string::npos)
+        << bad;
+}
+
 // memory.full_kept_layers: -1 (the plan's choice) or a count.
 TEST(TrainConfig, FullKeptLayersIsChecked) {
   for (const char* ok : {"memory.full_kept_layers=-1", "memory.full_kept_layers=0", "memory.full_kept_layers=31"})
