@@ -242,16 +242,17 @@ int64_t kept_for_room(double room, double per_kept, int64_t layers) {
   return std::clamp<int64_t>(1 + static_cast<int64_t>(std::min(extra, 1e9)), 0, layers);
 }
 
-// The full sets (memory.full_kept_layers): with auto and a budget, as many as the memory left once
-// the kept layers are placed holds (a whole kept layer saves about ten times the step time per
-// byte: full sets take only the room too small for one more, all of it once every layer is kept);
-// as configured, at most the device-kept sets and (with a budget) what the memory left holds.
+// The full sets (memory.full_kept_layers): with auto and a budget, once every layer is kept, as
+// many as the memory left holds (a whole kept layer saves about ten times the step time per byte;
+// below that, the room too small for one more kept layer would buy a set or two, 0.08% each, and
+// take the budget's margin: session 32, 10.08 GB); as configured, at most the device-kept sets and
+// (with a budget) what the memory left holds.
 void fill_full_sets(MemoryPlan& p, const MemoryConfig& m) {
   const int64_t sets = p.mlp_chunk_rows == 0 && p.kept_mlp && p.per_full > 0 ? std::max<int64_t>(p.keep_layers - 1, 0)
                                                                              : 0;
   p.full_kept = 0;
   if (sets == 0 || m.full_kept_layers == 0) return;
-  if (m.full_kept_layers < 0 && p.budget <= 0) return;
+  if (m.full_kept_layers < 0 && (p.budget <= 0 || p.keep_layers < p.layers)) return;
   int64_t n = m.full_kept_layers < 0 ? sets : std::min(m.full_kept_layers, sets);
   if (p.budget > 0) {
     const double room = p.budget - p.resident - p.step - p.kept_bytes();

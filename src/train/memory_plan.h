@@ -28,10 +28,9 @@
 //     with the base on the GPU (an offloaded base's copies and the tier's stalled each other);
 //   - whether each tier's kept sets hold the MLP's gate / up (memory.kept_mlp; auto: whole, lean,
 //     or whole on the device beside a lean host tier, each with its own host-kept count);
-//   - how many of the whole kept sets are full (memory.full_kept_layers; auto: as many as the memory
-//     left once the kept layers are placed holds, all of them where that is every layer): they keep
-//     h1, h2 and m too, whose recompute (two RMSNorms, the fold's skinny GEMMs and a SwiGLU:
-//     memory-bound) is about 2% of a step with every layer kept.
+//   - once every layer is kept, how many of the kept sets are full (memory.full_kept_layers; auto:
+//     as many as the memory left holds): they keep h1, h2 and m too, whose recompute (two RMSNorms,
+//     the fold's skinny GEMMs and a SwiGLU: memory-bound) is about 2% of a step with every layer kept.
 // The cost model (GPU): a micro-batch of N tokens takes N a (1 - s k) + N0 a seconds, a = useful
 // FLOPs per token / (0.54 x the measured GEMM rate), N0 = 350 tokens of per-micro-batch fixed work
 // (dequantizing the base, the head, the LoRA's small GEMMs, launches), s = 0.29 the recompute's share,

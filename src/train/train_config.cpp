@@ -327,8 +327,8 @@ const std::vector<Field>& fields() {
                "run further behind the compute, each one host-kept layer's set of GPU memory"),
       QS_FIELD("memory.full_kept_layers", memory.full_kept_layers, ">= -1 (-1 = the plan's choice)",
                "of the layers kept on the GPU, how many also keep their RMSNorm outputs and SwiGLU's output, so that "
-               "their backward reruns nothing (about half a kept layer's bytes again at 8B; -1: as many as the "
-               "budget's room left by the kept layers holds, none without a budget)"),
+               "their backward reruns nothing (about half a kept layer's bytes again at 8B; -1: once every layer is "
+               "kept, as many as the budget's room left holds; none without a budget)"),
       QS_FIELD("memory.base", memory.base, "auto, gpu",
                "where the frozen base lives with offload.params off: the GPU (gpu), or the memory plan's choice "
                "(auto: pinned host memory where the budget needs it or that is faster)"),

@@ -180,8 +180,8 @@ struct MemoryConfig {
   int64_t full_kept_layers = -1;  // of the layers kept on the GPU, how many also keep their norms' outputs
                                   // and SwiGLU's (LlamaModelOptions::full_kept_sets: about half a kept
                                   // layer's bytes again at 8B, for the backward's memory-bound reruns);
-                                  // -1: the memory plan's choice (as many as the budget's room left
-                                  // by the kept layers holds; none without a budget)
+                                  // -1: the memory plan's choice (once every layer is kept, as many
+                                  // as the budget's room left holds; none without a budget)
   std::string base = "auto";      // where the frozen base's shards live with offload.params off: "gpu"
                                   // (never offloaded by the plan), or "auto": the memory plan may move
                                   // them to pinned host memory, to fit the budget or where that is
