@@ -151,7 +151,7 @@ TEST(LedgerCuda, CheckpointPlansKeepTheLosses) {
 // the offload stream beside the base's host-to-device copies: full recompute's losses, bit for bit,
 // and nothing allocated inside the step. Six layers: five host-kept through two staging sets (three
 // copied out and back), seven layer inputs through three slots (four copied); then whole device sets
-// beside lean host ones.
+// beside lean host ones; then a full device set beside a host tier of three staging sets.
 TEST(LedgerCuda, EveryTierAtOnceKeepsTheLosses) {
   World& world = World::get();
   if (world.device() < 0) GTEST_SKIP() << "no GPU";
@@ -186,6 +186,20 @@ TEST(LedgerCuda, EveryTierAtOnceKeepsTheLosses) {
       << mixed.perf.plan;
   EXPECT_EQ(mixed.losses, ref.losses) << mixed.perf.plan;
   EXPECT_EQ(mixed.perf.inside.device_allocs, 0u) << mixed.perf.plan;
+  // A full kept set (memory.full_kept_layers: h1, h2 and m kept, the backward reruns nothing) beside
+  // the host tier through three staging sets (memory.host_staging_sets; four host-kept layers, one
+  // copied out and back), whole on both tiers.
+  c.memory.keep_layers = 2;
+  c.memory.host_keep_layers = 4;
+  c.memory.kept_mlp = "true";
+  c.memory.full_kept_layers = 1;
+  c.memory.host_staging_sets = 3;
+  const TrainSummary full = train(c, jr.get());
+  EXPECT_EQ(full.perf.full_kept, 1) << full.perf.plan;
+  EXPECT_NE(full.perf.plan.find("1 of them their norms' outputs and SwiGLU's too"), std::string::npos) << full.perf.plan;
+  EXPECT_NE(full.perf.plan.find("through 3 staging sets"), std::string::npos) << full.perf.plan;
+  EXPECT_EQ(full.losses, ref.losses) << full.perf.plan;
+  EXPECT_EQ(full.perf.inside.device_allocs, 0u) << full.perf.plan;
 }
 
 }  // namespace
