@@ -125,7 +125,7 @@ struct LlamaModelOptions {
   // full_kept_sets: this many of the device-kept layers (the earliest of them) also keep their two
   // RMSNorm outputs h1 / h2 (with the fold's x A^T columns) and SwiGLU's m, which a kept layer's
   // backward otherwise reruns (two RMSNorms, the fold's two skinny GEMMs and one SwiGLU: memory-bound
-  // kernels, about 3% of a step with every layer kept at 8B) into the working set. About half a
+  // kernels, about 2.4% of a step with every layer kept at 8B, session 32) into the working set. About half a
   // whole kept set's bytes again at the 8B shape: worth it only once every layer is kept
   // (train/memory_plan.h). Whole sets (kept_mlp) of a whole MLP only; clamped to the kept sets.
   // Same kernels on the same inputs: the same bits.

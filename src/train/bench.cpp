@@ -263,7 +263,8 @@ nlohmann::json run_one(const BenchOptions& o, World& world, bool report) {
                {"micro_batch", p.micro_batch},         {"est_step_s", p.est_step_s},
                {"keep_layers", p.keep_layers},         {"host_keep_layers", p.host_keep_layers},
                {"kept_mlp", p.kept_mlp},               {"host_kept_mlp", p.host_kept_mlp},
-               {"full_kept", p.full_kept},             {"mlp_chunk_rows", p.mlp_chunk_rows},   {"embedding_on_host", p.embedding_on_host},
+               {"full_kept", p.full_kept},             {"mlp_chunk_rows", p.mlp_chunk_rows},
+               {"embedding_on_host", p.embedding_on_host},
                {"host_checkpoints", p.host_checkpoints}, {"checkpoint_slots", p.checkpoint_slots},
                {"checkpoint_every", p.checkpoint_every}, {"gpu_budget_gb", o.gpu_budget_gb},
                {"brief", p.plan_brief},                {"text", p.plan}};
