@@ -140,24 +140,60 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   if (d.ragged_ints > 0) ragged_host_.resize(static_cast<size_t>(d.ragged_ints));
   for (int i = 0; i < kStagingSlots; ++i) staging_->done.emplace_back();
 
-  // ---- the host tier (model/offload_ring.h): host-kept layers spread evenly over the recomputed
-  // ones, the last of them at the layer just before the kept sets (its staging set still holds it
-  // when the backward comes); the layer inputs x_0..x_L through checkpoint_slots device slots ----
+  // ---- the host tier (model/offload_ring.h): host-kept layers spread evenly over all the layers
+  // but the last, the last of them at the layer before it (its staging set still holds it when the
+  // backward comes), so that each copy has the compute of the layers between to hide behind, kept
+  // or not; the device-kept layers are the last of the others, the earliest recomputed. The layer
+  // inputs x_0..x_L through checkpoint_slots device slots ----
   device_kept_sets_ = d.kept_sets;
+  {
+    const int64_t L = c.num_hidden_layers;
+    host_index_.assign(static_cast<size_t>(L), -1);
+    kept_index_.assign(static_cast<size_t>(L), -1);
+    const int64_t span = L - 1;
+    for (int64_t h = 0; h < d.host_sets; ++h)
+      host_index_[static_cast<size_t>((h + 1) * span / d.host_sets - 1)] = static_cast<int>(h);
+    int64_t k = d.kept_sets;
+    for (int64_t l = span - 1; l >= 0 && k > 0; --l)
+      if (host_index_[static_cast<size_t>(l)] < 0) kept_index_[static_cast<size_t>(l)] = static_cast<int>(--k);
+  }
   if (d.host_sets > 0 || d.host_checkpoints) offload_ = std::make_unique<Stream>(stream_names::kActivationOffload);
   if (d.host_sets > 0) {
     // the kept sets (full ones first), then the staging sets, each at its own size
-    // (LlamaModelOptions::full_kept_sets, host_kept_mlp)
+    // (LlamaModelOptions::full_kept_sets, host_kept_mlp, host_whole_sets)
     const int64_t kept_bytes = llama_kept_sets_bytes(d, ctx_.backend(), act_t);
     const int64_t set_bytes = llama_kept_set_bytes(d, ctx_.backend(), act_t, true);
     QS_CHECK(a.kept_storage.nbytes() == static_cast<size_t>(kept_bytes + d.staging_sets * set_bytes),
              "kept sets are not contiguous: the kept sets', then the staging sets'");
+    std::vector<int64_t> value_bytes(static_cast<size_t>(d.host_sets));
+    host_whole_.assign(static_cast<size_t>(d.host_sets), 0);
+    for (int64_t h = 0; h < d.host_sets; ++h) {
+      value_bytes[static_cast<size_t>(h)] = llama_host_set_bytes(d, ctx_.backend(), act_t, h);
+      host_whole_[static_cast<size_t>(h)] = llama_host_set_whole(d, h) ? 1 : 0;
+    }
     kept_ring_ = std::make_unique<OffloadRing>(
-        static_cast<int>(d.host_sets), static_cast<int>(d.staging_sets), set_bytes,
+        static_cast<int>(d.host_sets), static_cast<int>(d.staging_sets), set_bytes, std::move(value_bytes),
         static_cast<uint8_t*>(a.kept_storage.raw()) + kept_bytes, ctx_.compute_device(), *offload_);
-    const int64_t L = c.num_hidden_layers, open = L - 1 - d.kept_sets;
-    host_index_.assign(static_cast<size_t>(L), -1);
-    for (int64_t h = 0; h < d.host_sets; ++h) host_index_[static_cast<size_t>((h + 1) * open / d.host_sets - 1)] = static_cast<int>(h);
+    // Whole-sized staging sets with lean values among them (host_whole_sets): a lean value goes
+    // through its slot's lean view (the same buffers, no gate / up: its forward leaves them in the
+    // working set, its backward recomputes them), the set's first bytes (gate / up come last).
+    lean_views_ = 0;
+    if (llama_staging_whole(d) && d.host_whole < d.host_sets) {
+      const int64_t lean_bytes = llama_kept_set_bytes([&] {
+        LlamaBufferDims lean = d;
+        lean.host_kept_mlp = false;
+        lean.host_whole = 0;
+        return lean;
+      }(), ctx_.backend(), act_t, true);
+      for (int64_t s = 0; s < d.staging_sets; ++s) {
+        LlamaInternals v = a.kept[static_cast<size_t>(d.kept_sets + s)];
+        QS_CHECK(static_cast<uint8_t*>(v.g) == static_cast<uint8_t*>(kept_ring_->slot_ptr(static_cast<int>(s))) + lean_bytes,
+                 "a staging set's gate / up do not follow its lean part");
+        v.g = v.u = nullptr;
+        a.kept.push_back(v);
+      }
+      lean_views_ = d.staging_sets;
+    }
   }
   if (d.host_checkpoints)
     ckpt_ring_ = std::make_unique<OffloadRing>(
@@ -173,7 +209,17 @@ std::vector<int64_t> LlamaModel::host_kept_layers() const {
   return v;
 }
 
-int LlamaModel::staging_set(int h) const { return static_cast<int>(device_kept_sets_) + h % kept_ring_->slots(); }
+std::vector<int64_t> LlamaModel::device_kept_layers() const {
+  std::vector<int64_t> v;
+  for (size_t l = 0; l < kept_index_.size(); ++l)
+    if (kept_index_[l] >= 0) v.push_back(static_cast<int64_t>(l));
+  return v;
+}
+
+int LlamaModel::staging_set(int h) const {
+  const bool lean_view = lean_views_ > 0 && !host_whole_[static_cast<size_t>(h)];
+  return static_cast<int>(device_kept_sets_ + (lean_view ? lean_views_ : 0)) + h % kept_ring_->slots();
+}
 
 // A ring's wait on the compute stream, timed as a wait (the step's split).
 void LlamaModel::ring_before(OffloadRing& ring, int i, bool write) {
@@ -746,8 +792,7 @@ int LlamaModel::kept_set(int64_t layer) const {
   const int64_t L = config_.num_hidden_layers;
   if (mlp_rows_ < max_rows_) return -1;  // chunked MLP: every layer recomputes
   if (layer == L - 1) return static_cast<int>(act_->kept.size());  // the working set
-  const int64_t first = L - 1 - device_kept_sets_;
-  return layer >= first ? static_cast<int>(layer - first) : -1;
+  return kept_index_[static_cast<size_t>(layer)];
 }
 
 void LlamaModel::layer_forward(const void* x_in, void* x_out, int64_t B, int64_t T) {

@@ -93,9 +93,10 @@ struct LlamaModelOptions {
   // false: separate LoRA GEMMs per projection (the reference the fold is tested against).
   bool fold_lora = true;
   // Activation memory plan of the training step (forward_backward; train/memory_plan.h chooses):
-  // keep_layers: the last keep_layers decoder layers keep their internals from the forward in
-  // buffers of their own (no recompute in the backward); the last layer never recomputes (its
-  // internals are still in the working set when its backward starts), so 0 and 1 cost the same.
+  // keep_layers: keep_layers decoder layers keep their internals from the forward in buffers of
+  // their own (no recompute in the backward): the last layer (it never recomputes: its internals are
+  // still in the working set when its backward starts, so 0 and 1 cost the same) and the last
+  // keep_layers - 1 of those the host tier leaves (all the last ones without it).
   // The others are recomputed from their checkpoint x_l (activation checkpointing), without
   // down_proj (its output is not needed by the backward). Same arithmetic either way: the same bits.
   int64_t keep_layers = 0;
@@ -104,8 +105,9 @@ struct LlamaModelOptions {
   // internals into one of two device staging sets and copies them out on the model's offload
   // stream; the backward copies them back into a staging set ahead of the layer (the next one's
   // while this one computes). Events order each copy against the compute stream both ways; the
-  // host never waits. The host-kept layers are spread evenly over the recomputed ones, so that a
-  // copy has the compute of the layers between them to hide behind. Same arithmetic: the same bits.
+  // host never waits. The host-kept layers are spread evenly over all the layers but the last (the
+  // last of them at the layer before it), so that a copy has the compute of the layers between them,
+  // kept or recomputed, to hide behind. Same arithmetic: the same bits.
   // REQUIRES the whole MLP (mlp_chunk_rows 0); more than the recomputed layers are clamped.
   int64_t host_keep_layers = 0;
   // host_staging_sets: the host tier's device staging sets (at least 1; at most host_keep_layers).
@@ -122,6 +124,13 @@ struct LlamaModelOptions {
   // same inputs: the same bits.
   bool kept_mlp = true;
   bool host_kept_mlp = true;
+  // host_whole_sets: with host_kept_mlp false, this many of the host-kept layers hold gate / up all
+  // the same (whole), the rest lean. The staging sets are then whole-sized, so the last
+  // host_staging_sets host-kept layers, which never leave the device, are whole first; the others
+  // are spread evenly over the layers copied out. Meant for a host tier whose copies have PCIe time
+  // to spare behind the forward: each whole one saves its backward's gate / up GEMMs for one lean
+  // set's copy more. Same kernels on the same inputs: the same bits. Clamped to host_keep_layers.
+  int64_t host_whole_sets = 0;
   // full_kept_sets: this many of the device-kept layers (the earliest of them) also keep their two
   // RMSNorm outputs h1 / h2 (with the fold's x A^T columns) and SwiGLU's m, which a kept layer's
   // backward otherwise reruns (two RMSNorms, the fold's two skinny GEMMs and one SwiGLU: memory-bound
@@ -285,6 +294,9 @@ class LlamaModel {
   const BufferPlan& buffer_plan() const { return plan_; }
   // The layers whose internals go to pinned host memory in forward_backward (ascending).
   std::vector<int64_t> host_kept_layers() const;
+  // The layers whose internals stay in device kept sets of their own (ascending; the last layer's
+  // working set not among them).
+  std::vector<int64_t> device_kept_layers() const;
 
  private:
 
@@ -377,6 +389,9 @@ class LlamaModel {
   std::unique_ptr<Stream> offload_;
   std::unique_ptr<OffloadRing> kept_ring_, ckpt_ring_;
   std::vector<int> host_index_;  // per layer: its host set, or -1
+  std::vector<int> kept_index_;  // per layer: its device kept set, or -1
+  std::vector<char> host_whole_; // per host set: it holds gate / up (llama_host_set_whole)
+  int64_t lean_views_ = 0;       // act_->kept's lean views of the staging sets (after them), or 0
   int64_t device_kept_sets_ = 0;  // act_->kept's first entries (the staging sets follow)
   uint64_t step_ = 0;
   int64_t row_offset_ = 0;
