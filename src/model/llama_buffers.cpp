@@ -127,9 +127,6 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   const int64_t open = std::max<int64_t>(d.L - 1 - d.kept_sets, 0);
   d.host_sets = d.NM == d.N ? std::clamp<int64_t>(o.host_keep_layers, 0, open) : 0;
   d.staging_sets = std::min<int64_t>(d.host_sets, std::max<int64_t>(o.host_staging_sets, 1));
-  d.host_whole = d.host_kept_mlp || d.host_sets == 0 ? d.host_sets
-                 : o.host_whole_sets > 0 ? std::clamp<int64_t>(o.host_whole_sets, d.staging_sets, d.host_sets)
-                                         : 0;
   d.host_checkpoints = o.host_checkpoints;
   d.checkpoint_every = o.checkpoint_every;
   d.checkpoints = llama_checkpoint_count(d.L, o.checkpoint_every);
@@ -212,27 +209,11 @@ int64_t llama_checkpoint_ring_slots(const LlamaBufferDims& d) {
   return d.checkpoint_slots - (llama_checkpoint_buffers(d.L, d.checkpoint_every) - d.checkpoints);
 }
 
-bool llama_host_set_whole(const LlamaBufferDims& d, int64_t h) {
-  if (h < 0 || h >= d.host_sets || d.host_whole == 0) return false;
-  if (d.host_whole >= d.host_sets) return true;
-  const int64_t stored = d.host_sets - d.staging_sets;
-  if (h >= stored) return true;  // stays in its (whole-sized) staging set
-  const int64_t w = d.host_whole - d.staging_sets;  // spread over the stored values
-  return (h + 1) * w / stored > h * w / stored;
-}
-
 int64_t llama_kept_set_bytes(const LlamaBufferDims& d, Backend backend, DType act_t, bool host_tier, bool full) {
   BufferPlan one;
   add_internals(one, d, backend, static_cast<int64_t>(dtype_size(act_t)), BufferLife::kKept, "", d.N, nullptr,
-                host_tier ? llama_staging_whole(d) : d.kept_mlp, full && !host_tier);
+                host_tier ? d.host_kept_mlp : d.kept_mlp, full && !host_tier);
   return one.total(BufferLife::kKept);
-}
-
-int64_t llama_host_set_bytes(const LlamaBufferDims& d, Backend backend, DType act_t, int64_t h) {
-  BufferPlan one;
-  add_internals(one, d, backend, static_cast<int64_t>(dtype_size(act_t)), BufferLife::kKept, "", d.N, nullptr,
-                llama_host_set_whole(d, h));
-  return one.total();
 }
 
 int64_t llama_kept_sets_bytes(const LlamaBufferDims& d, Backend backend, DType act_t) {
@@ -319,12 +300,14 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
                   a ? &a->kept[static_cast<size_t>(i)] : nullptr, d.kept_mlp, i < d.full_sets);
   for (int64_t i = 0; i < d.staging_sets; ++i)
     add_internals(p, d, backend, esz, BufferLife::kKept, "host-kept staging[" + std::to_string(i) + "].", N,
-                  a ? &a->kept[static_cast<size_t>(d.kept_sets + i)] : nullptr, llama_staging_whole(d));
+                  a ? &a->kept[static_cast<size_t>(d.kept_sets + i)] : nullptr, d.host_kept_mlp);
   // ---- host-kept layers but the last staging_sets (those stay in their staging set from their
-  // forward to their backward): its set's bytes each (whole or lean) in pinned host memory (the
-  // model allocates it) ----
-  for (int64_t i = 0; i < d.host_sets - d.staging_sets; ++i)
-    p.add("host kept[" + std::to_string(i) + "]", llama_host_set_bytes(d, backend, act_t, i), BufferLife::kHost);
+  // forward to their backward): one set's bytes each in pinned host memory (the model allocates it) ----
+  if (d.host_sets > d.staging_sets) {
+    const int64_t set = llama_kept_set_bytes(d, backend, act_t, true);
+    for (int64_t i = 0; i < d.host_sets - d.staging_sets; ++i)
+      p.add("host kept[" + std::to_string(i) + "]", set, BufferLife::kHost);
+  }
   if (d.host_checkpoints && d.checkpoints > llama_checkpoint_ring_slots(d))
     p.add("host checkpoints (layer inputs)", (d.checkpoints - llama_checkpoint_ring_slots(d)) * N * C * esz,
           BufferLife::kHost);

@@ -97,9 +97,6 @@ struct LlamaBufferDims {
                                      // (LlamaModelOptions::full_kept_sets; whole sets, whole MLP only)
   int64_t host_sets = 0;             // host-kept layers (pinned host sets)
   int64_t staging_sets = 0;          // their device staging sets (min(host_sets, options.host_staging_sets))
-  int64_t host_whole = 0;            // of the host-kept layers, those whose sets hold gate / up (all with
-                                     // host_kept_mlp; else options.host_whole_sets, at least the
-                                     // staging sets' when any: llama_host_set_whole)
   bool host_checkpoints = false;     // x_l through checkpoint_slots device slots, the rest in pinned memory
   int64_t checkpoint_slots = 0;      // with host_checkpoints: the device slots (the ring's, + the scratch)
   int64_t checkpoint_every = 1;      // options.checkpoint_every (1 or 2)
@@ -214,23 +211,12 @@ int64_t llama_checkpoint_buffers(int64_t L, int64_t every);
 int64_t llama_checkpoint_ring_slots(const LlamaBufferDims& dims);
 
 // One kept set's bytes: a device kept set's (full: one of the first dims.full_sets, which hold h1,
-// h2 and m too), or (host_tier) a staging set's (and a host set's where all are one size:
-// llama_host_set_bytes). The kept storage holds the full
+// h2 and m too), or (host_tier) a staging set's and a host set's. The kept storage holds the full
 // sets, the other kept sets, then the staging sets, each contiguous at its own size.
 int64_t llama_kept_set_bytes(const LlamaBufferDims& dims, Backend backend, DType activation_dtype,
                              bool host_tier = false, bool full = false);
-// Host-kept value h's bytes (whole or lean: llama_host_set_whole): what its copies move, the first
-// of its staging set (gate / up last in a set).
-int64_t llama_host_set_bytes(const LlamaBufferDims& dims, Backend backend, DType activation_dtype, int64_t h);
 // The device kept sets' bytes together (full ones and the others): where the staging sets begin.
 int64_t llama_kept_sets_bytes(const LlamaBufferDims& dims, Backend backend, DType activation_dtype);
-
-// The host tier's staging sets hold gate / up (whole-sized): host_kept_mlp, or some host sets whole.
-inline bool llama_staging_whole(const LlamaBufferDims& d) { return d.host_kept_mlp || d.host_whole > 0; }
-// Host-kept value h (0..host_sets-1, in the forward's order) holds gate / up: every one with
-// host_kept_mlp; else the last staging_sets (never copied out) once any is whole, the other
-// host_whole - staging_sets spread evenly over the values copied out.
-bool llama_host_set_whole(const LlamaBufferDims& d, int64_t h);
 
 // After the plan's allocation: the buffers that share another's memory (dh2, da, xf, dxf).
 void llama_buffer_aliases(const LlamaBufferDims& dims, LlamaActivations& a);

@@ -160,40 +160,14 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   if (d.host_sets > 0 || d.host_checkpoints) offload_ = std::make_unique<Stream>(stream_names::kActivationOffload);
   if (d.host_sets > 0) {
     // the kept sets (full ones first), then the staging sets, each at its own size
-    // (LlamaModelOptions::full_kept_sets, host_kept_mlp, host_whole_sets)
+    // (LlamaModelOptions::full_kept_sets, host_kept_mlp)
     const int64_t kept_bytes = llama_kept_sets_bytes(d, ctx_.backend(), act_t);
     const int64_t set_bytes = llama_kept_set_bytes(d, ctx_.backend(), act_t, true);
     QS_CHECK(a.kept_storage.nbytes() == static_cast<size_t>(kept_bytes + d.staging_sets * set_bytes),
              "kept sets are not contiguous: the kept sets', then the staging sets'");
-    std::vector<int64_t> value_bytes(static_cast<size_t>(d.host_sets));
-    host_whole_.assign(static_cast<size_t>(d.host_sets), 0);
-    for (int64_t h = 0; h < d.host_sets; ++h) {
-      value_bytes[static_cast<size_t>(h)] = llama_host_set_bytes(d, ctx_.backend(), act_t, h);
-      host_whole_[static_cast<size_t>(h)] = llama_host_set_whole(d, h) ? 1 : 0;
-    }
     kept_ring_ = std::make_unique<OffloadRing>(
-        static_cast<int>(d.host_sets), static_cast<int>(d.staging_sets), set_bytes, std::move(value_bytes),
+        static_cast<int>(d.host_sets), static_cast<int>(d.staging_sets), set_bytes,
         static_cast<uint8_t*>(a.kept_storage.raw()) + kept_bytes, ctx_.compute_device(), *offload_);
-    // Whole-sized staging sets with lean values among them (host_whole_sets): a lean value goes
-    // through its slot's lean view (the same buffers, no gate / up: its forward leaves them in the
-    // working set, its backward recomputes them), the set's first bytes (gate / up come last).
-    lean_views_ = 0;
-    if (llama_staging_whole(d) && d.host_whole < d.host_sets) {
-      const int64_t lean_bytes = llama_kept_set_bytes([&] {
-        LlamaBufferDims lean = d;
-        lean.host_kept_mlp = false;
-        lean.host_whole = 0;
-        return lean;
-      }(), ctx_.backend(), act_t, true);
-      for (int64_t s = 0; s < d.staging_sets; ++s) {
-        LlamaInternals v = a.kept[static_cast<size_t>(d.kept_sets + s)];
-        QS_CHECK(static_cast<uint8_t*>(v.g) == static_cast<uint8_t*>(kept_ring_->slot_ptr(static_cast<int>(s))) + lean_bytes,
-                 "a staging set's gate / up do not follow its lean part");
-        v.g = v.u = nullptr;
-        a.kept.push_back(v);
-      }
-      lean_views_ = d.staging_sets;
-    }
   }
   if (d.host_checkpoints)
     ckpt_ring_ = std::make_unique<OffloadRing>(
@@ -216,10 +190,7 @@ std::vector<int64_t> LlamaModel::device_kept_layers() const {
   return v;
 }
 
-int LlamaModel::staging_set(int h) const {
-  const bool lean_view = lean_views_ > 0 && !host_whole_[static_cast<size_t>(h)];
-  return static_cast<int>(device_kept_sets_ + (lean_view ? lean_views_ : 0)) + h % kept_ring_->slots();
-}
+int LlamaModel::staging_set(int h) const { return static_cast<int>(device_kept_sets_) + h % kept_ring_->slots(); }
 
 // A ring's wait on the compute stream, timed as a wait (the step's split).
 void LlamaModel::ring_before(OffloadRing& ring, int i, bool write) {

@@ -124,13 +124,6 @@ struct LlamaModelOptions {
   // same inputs: the same bits.
   bool kept_mlp = true;
   bool host_kept_mlp = true;
-  // host_whole_sets: with host_kept_mlp false, this many of the host-kept layers hold gate / up all
-  // the same (whole), the rest lean. The staging sets are then whole-sized, so the last
-  // host_staging_sets host-kept layers, which never leave the device, are whole first; the others
-  // are spread evenly over the layers copied out. Meant for a host tier whose copies have PCIe time
-  // to spare behind the forward: each whole one saves its backward's gate / up GEMMs for one lean
-  // set's copy more. Same kernels on the same inputs: the same bits. Clamped to host_keep_layers.
-  int64_t host_whole_sets = 0;
   // full_kept_sets: this many of the device-kept layers (the earliest of them) also keep their two
   // RMSNorm outputs h1 / h2 (with the fold's x A^T columns) and SwiGLU's m, which a kept layer's
   // backward otherwise reruns (two RMSNorms, the fold's two skinny GEMMs and one SwiGLU: memory-bound
@@ -390,8 +383,6 @@ class LlamaModel {
   std::unique_ptr<OffloadRing> kept_ring_, ckpt_ring_;
   std::vector<int> host_index_;  // per layer: its host set, or -1
   std::vector<int> kept_index_;  // per layer: its device kept set, or -1
-  std::vector<char> host_whole_; // per host set: it holds gate / up (llama_host_set_whole)
-  int64_t lean_views_ = 0;       // act_->kept's lean views of the staging sets (after them), or 0
   int64_t device_kept_sets_ = 0;  // act_->kept's first entries (the staging sets follow)
   uint64_t step_ = 0;
   int64_t row_offset_ = 0;

@@ -1,35 +1,14 @@
 #include "model/offload_ring.h"
 
-#include <algorithm>
 #include <string>
-#include <utility>
 
 #include "runtime/error.h"
 
 namespace qshard {
 
 OffloadRing::OffloadRing(int count, int slots, int64_t bytes, uint8_t* device, Device device_kind, Stream& offload)
-    : OffloadRing(count, slots, bytes, std::vector<int64_t>(static_cast<size_t>(std::max(count, 0)), bytes), device,
-                  device_kind, offload) {}
-
-OffloadRing::OffloadRing(int count, int slots, int64_t bytes, std::vector<int64_t> value_bytes, uint8_t* device,
-                         Device device_kind, Stream& offload)
-    : count_(count),
-      slots_(slots),
-      bytes_(bytes),
-      value_bytes_(std::move(value_bytes)),
-      device_(device),
-      device_kind_(device_kind),
-      offload_(offload) {
+    : count_(count), slots_(slots), bytes_(bytes), device_(device), device_kind_(device_kind), offload_(offload) {
   QS_CHECK(count >= 1 && slots >= 1 && bytes > 0 && device != nullptr, "OffloadRing: bad sizes");
-  QS_CHECK(value_bytes_.size() == static_cast<size_t>(count), "OffloadRing: one size a value");
-  host_offset_.assign(1, 0);
-  for (int i = 0; i < count; ++i) {
-    const int64_t b = value_bytes_[static_cast<size_t>(i)];
-    QS_CHECK(b > 0 && b <= bytes, "OffloadRing: value " + std::to_string(i) + " of " + std::to_string(b) +
-                                      " bytes does not fit a slot of " + std::to_string(bytes));
-    if (i < stored()) host_offset_.push_back(host_offset_.back() + b);
-  }
   if (stored() > 0) host_ = static_cast<uint8_t*>(pinned_.allocate(static_cast<size_t>(host_bytes())));
   for (int s = 0; s < slots_; ++s) {
     written_.emplace_back();
@@ -62,8 +41,7 @@ void OffloadRing::after_write(int i, const Stream& compute) {
   if (i >= stored()) return;  // one of the last `slots`: it stays for its backward
   compute.record(written_[s]);
   offload_.wait(written_[s]);
-  copy_bytes_async(host(i), Device::kCpu, slot_ptr(i), device_kind_, static_cast<size_t>(value_bytes(i)),
-                   offload_.handle());
+  copy_bytes_async(host(i), Device::kCpu, slot_ptr(i), device_kind_, static_cast<size_t>(bytes_), offload_.handle());
   offload_.record(stored_[s]);
   storing_[s] = 1;
 }
@@ -85,7 +63,7 @@ void OffloadRing::after_read(int i, const Stream& compute) {
   if (next < 0) return;
   compute.record(released_[s]);
   offload_.wait(released_[s]);
-  copy_bytes_async(slot_ptr(next), device_kind_, host(next), Device::kCpu, static_cast<size_t>(value_bytes(next)),
+  copy_bytes_async(slot_ptr(next), device_kind_, host(next), Device::kCpu, static_cast<size_t>(bytes_),
                    offload_.handle());
   offload_.record(loaded_[s]);
   loading_[s] = 1;

@@ -16,10 +16,7 @@
 // Every cross-stream order is an event; the host never waits. One value's copy has the compute of
 // the values between to hide behind. A value out of order (read when its slot holds another) is a
 // qshard::Error. On the CPU backend the streams are no-ops and the copies plain memmoves.
-// Values of different sizes (value_bytes, each at most the slot's `bytes`): a value's copies move
-// its own bytes, the first of its slot (the host tier's lean sets in whole-sized staging sets).
-// Memory: host_bytes() of pinned host memory (the values but the last `slots`), allocated at
-// construction.
+// Memory: host_bytes() of pinned host memory (count - slots values), allocated at construction.
 // Ownership: borrows the slots and the offload stream (both outlive the ring); owns its pinned
 // memory and events. The destructor waits for the offload stream.
 // Thread safety: none (the model's thread).
@@ -37,9 +34,6 @@ namespace qshard {
 class OffloadRing {
  public:
   OffloadRing(int count, int slots, int64_t bytes, uint8_t* device, Device device_kind, Stream& offload);
-  // value_bytes[i]: value i's bytes (count of them, each in (0, bytes]).
-  OffloadRing(int count, int slots, int64_t bytes, std::vector<int64_t> value_bytes, uint8_t* device,
-              Device device_kind, Stream& offload);
   ~OffloadRing();
   OffloadRing(const OffloadRing&) = delete;
   OffloadRing& operator=(const OffloadRing&) = delete;
@@ -47,8 +41,7 @@ class OffloadRing {
   int count() const { return count_; }
   int slots() const { return slots_; }
   void* slot_ptr(int i) const { return device_ + static_cast<int64_t>(i % slots_) * bytes_; }
-  int64_t host_bytes() const { return host_offset_.back(); }
-  int64_t value_bytes(int i) const { return value_bytes_[static_cast<size_t>(i)]; }
+  int64_t host_bytes() const { return static_cast<int64_t>(stored()) * bytes_; }
 
   void before_write(int i, const Stream& compute);
   void after_write(int i, const Stream& compute);
@@ -57,12 +50,10 @@ class OffloadRing {
 
  private:
   int stored() const { return count_ > slots_ ? count_ - slots_ : 0; }
-  uint8_t* host(int i) const { return host_ + host_offset_[static_cast<size_t>(i)]; }
+  uint8_t* host(int i) const { return host_ + static_cast<int64_t>(i) * bytes_; }
 
   int count_, slots_;
   int64_t bytes_;
-  std::vector<int64_t> value_bytes_;  // per value
-  std::vector<int64_t> host_offset_;  // per stored value, and their total last
   uint8_t* device_;
   Device device_kind_;
   Stream& offload_;

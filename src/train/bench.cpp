@@ -159,7 +159,6 @@ nlohmann::json list_memory_plans(const BenchOptions& o, int world, std::string* 
                           {"host_staging_sets", p.staging_sets()},
                           {"kept_mlp", p.kept_mlp},
                           {"host_kept_mlp", p.host_kept_mlp},
-                          {"host_whole_layers", p.host_whole_sets()},
                           {"full_kept", p.full_kept},
                           {"embedding_on_host", p.embedding_on_host},
                           {"host_checkpoints", p.host_checkpoints},

@@ -78,13 +78,8 @@ std::string MemoryPlan::describe() const {
   if (embedding_on_host) s += cuda ? "; the embedding table in pinned host memory" : "; the embedding table whole on every rank";
   if (host_keep_layers > 0)
     s += fmt::format("; {} more keep theirs in pinned host memory ({}{}, through {} staging set{} of {} on the {})",
-                     host_keep_layers,
-                     host_kept_mlp             ? std::string()
-                     : host_whole_sets() > 0   ? fmt::format("{} of them without gate / up, ",
-                                                             host_keep_layers - host_whole_sets())
-                                               : std::string("without gate / up, "),
-                     human_bytes(host_bytes()), staging_sets(), staging_sets() > 1 ? "s" : "",
-                     human_bytes(per_host_set(host_whole_sets() > 0)), mem);
+                     host_keep_layers, host_kept_mlp ? "" : "without gate / up, ", human_bytes(host_bytes()),
+                     staging_sets(), staging_sets() > 1 ? "s" : "", human_bytes(per_host_kept), mem);
   s += fmt::format("; {}: {} {} + step buffers {} + kept {} = {}", mem, measured ? "in use" : "resident (estimate)",
                    human_bytes(resident), human_bytes(step), human_bytes(kept_bytes()), human_bytes(total()));
   if (est_step_s > 0) {
@@ -104,10 +99,7 @@ std::string MemoryPlan::brief() const {
     s += fmt::format(", {} kept{}{}", keep_layers, kept_mlp ? "" : " without gate / up",
                      full_kept > 0 ? fmt::format(" ({} full)", full_kept) : std::string());
   if (host_keep_layers > 0)
-    s += fmt::format(", {} host-kept{}", host_keep_layers,
-                     host_kept_mlp           ? std::string()
-                     : host_whole_sets() > 0 ? fmt::format(" ({} without gate / up)", host_keep_layers - host_whole_sets())
-                                             : std::string(" without gate / up"));
+    s += fmt::format(", {} host-kept{}", host_keep_layers, host_kept_mlp ? "" : " without gate / up");
   if (embedding_on_host) s += ", embedding on the host";
   if (host_checkpoints) s += ", checkpoints on the host";
   if (checkpoint_every > 1) s += ", every second checkpoint";
@@ -125,7 +117,6 @@ std::vector<std::string> MemoryPlan::pins() const {
   v.push_back(fmt::format("memory.kept_mlp={}", !kept_mlp ? "false" : host_kept_mlp ? "true" : "device"));
   v.push_back(fmt::format("memory.host_keep_layers={}", host_keep_layers));
   if (host_staging != 2) v.push_back(fmt::format("memory.host_staging_sets={}", host_staging));
-  if (!host_kept_mlp && host_whole > 0) v.push_back(fmt::format("memory.host_whole_layers={}", host_whole));
   return v;
 }
 
@@ -281,9 +272,8 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
   // recomputes those two GEMMs.
   const double device_kept = std::min(static_cast<double>(std::max<int64_t>(p.keep_layers, 1) - 1), in.L - 1);
   const double host_kept = std::min(static_cast<double>(p.host_keep_layers), in.L - 1 - device_kept);
-  const double host_whole = std::min(static_cast<double>(p.host_whole_sets()), host_kept);
-  const double kept = in.L > 1 ? (device_kept * (p.kept_mlp ? 1.0 : 1.0 - in.gate_up_share) + host_whole +
-                                  (host_kept - host_whole) * (1.0 - in.gate_up_share)) /
+  const double kept = in.L > 1 ? (device_kept * (p.kept_mlp ? 1.0 : 1.0 - in.gate_up_share) +
+                                  host_kept * (p.host_kept_mlp ? 1.0 : 1.0 - in.gate_up_share)) /
                                      (in.L - 1)
                                : 0.0;
   const double full = in.L > 1 ? std::min(static_cast<double>(p.full_kept), device_kept) / (in.L - 1) : 0.0;
@@ -310,7 +300,7 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
     // ones are spread over (the recomputed range: the staging sets let the compute run at most that
     // many sets ahead of the copies); what that compute cannot cover is exposed. Fitted to the H200
     // rows of docs/PERFORMANCE.md (session 16) within 8%, with two staging sets.
-    const double sets = p.host_bytes() / h2d;
+    const double sets = static_cast<double>(p.host_keep_layers - p.staging_sets()) * p.per_host_kept / h2d;
     const double open = in.L - static_cast<double>(std::max<int64_t>(p.keep_layers, 1));
     const double fwd = N * a * (1 - kRecomputeShare) / 3 * open / in.L;
     const double recomputed = std::max(0.0, open - static_cast<double>(p.host_keep_layers));
@@ -428,7 +418,6 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
     p.host_keep_layers = m.host_keep_layers > 0 ? m.host_keep_layers : 0;
     p.host_staging = m.host_staging_sets;
-    p.host_whole = m.host_whole_layers;
     // Kept layers without gate / up (LlamaModelOptions::kept_mlp, host_kept_mlp): as configured, or
     // with auto the fastest of three at the kept layers the budget holds: whole sets; lean ones (a
     // third of the bytes each at 8B: more of them, each recomputing its two GEMMs); whole on the
@@ -457,7 +446,6 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
       v.host_kept_mlp = shapes[i].second;
       v.per_kept = v.kept_mlp ? whole_set : lean_set;
       v.per_host_kept = v.host_kept_mlp ? whole_set : lean_set;
-      v.per_host_whole = whole_set;
       fill(v);
       if (cuda) v.est_step_s = estimate(v, sizes.cost, rates);
       MemoryPlan best = v;

@@ -88,8 +88,6 @@ struct MemoryPlan {
   int64_t host_staging = 2;      // their device staging sets at most (memory.host_staging_sets)
   bool kept_mlp = true;          // device-kept layers hold gate / up (LlamaModelOptions::kept_mlp)
   bool host_kept_mlp = true;     // host-kept layers do (LlamaModelOptions::host_kept_mlp)
-  int64_t host_whole = 0;        // host_kept_mlp false: host-kept layers whole all the same (memory.host_whole_layers;
-                                 // host_whole_sets() the count in effect)
   int64_t full_kept = 0;         // of the device-kept layers but the last, those whose sets are full
                                  // (h1, h2 and m kept too: LlamaModelOptions::full_kept_sets)
   bool host_checkpoints = false; // the layer inputs in pinned host memory (memory.host_checkpoints;
@@ -111,7 +109,6 @@ struct MemoryPlan {
   double per_host_kept = 0;  // each host-kept layer's set: its staging sets on the GPU (at most two),
                              // its host sets in pinned host memory (per_kept unless host_kept_mlp differs)
   double per_full = 0;       // a full kept set's bytes beyond a whole one (0: no full sets at this shape)
-  double per_host_whole = 0; // a whole host-kept layer's set (host_kept_mlp false, host_whole > 0)
   // The cost model (GPU plans): the estimated seconds of one optimizer step, how many plans were
   // weighed, and the fastest other one that fits.
   double est_step_s = 0;
@@ -119,22 +116,13 @@ struct MemoryPlan {
   std::string runner_up;
   double runner_up_s = 0;
   int64_t staging_sets() const { return std::min<int64_t>(host_keep_layers, host_staging); }
-  // The host-kept layers whose sets hold gate / up: all with host_kept_mlp; else host_whole, at least
-  // the staging sets once any (LlamaBufferDims::host_whole).
-  int64_t host_whole_sets() const {
-    if (host_kept_mlp || host_keep_layers == 0) return host_keep_layers;
-    return host_whole > 0 ? std::clamp<int64_t>(host_whole, staging_sets(), host_keep_layers) : 0;
-  }
-  double per_host_set(bool whole) const { return whole && !host_kept_mlp ? per_host_whole : per_host_kept; }
-  double staging_bytes() const { return per_host_set(host_whole_sets() > 0) * static_cast<double>(staging_sets()); }
+  double staging_bytes() const { return per_host_kept * static_cast<double>(staging_sets()); }
   double kept_bytes() const {
     return per_kept * static_cast<double>(keep_layers > 1 ? keep_layers - 1 : 0) +
            per_full * static_cast<double>(full_kept) + staging_bytes();
   }
   double host_bytes() const {
-    const int64_t stored = std::max<int64_t>(host_keep_layers - staging_sets(), 0);
-    const int64_t whole = std::min<int64_t>(std::max<int64_t>(host_whole_sets() - staging_sets(), 0), stored);
-    return per_host_set(false) * static_cast<double>(stored - whole) + per_host_set(true) * static_cast<double>(whole);
+    return per_host_kept * static_cast<double>(std::max<int64_t>(host_keep_layers - staging_sets(), 0));
   }
   double total() const { return resident + step + kept_bytes(); }
   // Within the budget on the GPU (none: always): the base, the step's buffers and the staging sets

@@ -322,11 +322,6 @@ const std::vector<Field>& fields() {
                "recomputes those two GEMMs, a third of a kept layer's bytes at 8B (false); device: the layers kept on "
                "the GPU keep them, the host-kept ones do not (their copies carry a third of the bytes); auto: the "
                "memory plan's choice of the three by its cost model (true without a budget)"),
-      QS_FIELD("memory.host_whole_layers", memory.host_whole_layers, ">= 0",
-               "with memory.kept_mlp device or false: how many of the host-kept layers keep the MLP's gate / up all "
-               "the same, the rest without (their staging sets then hold them, so at least as many as those; each "
-               "saves its backward's two GEMMs for a third more bytes over PCIe: for a host tier whose copies have "
-               "time to spare)"),
       QS_FIELD("memory.host_staging_sets", memory.host_staging_sets, "in [1, 8]",
                "the device staging sets the host-kept layers go through (2: the default): more let their copies "
                "run further behind the compute, each one host-kept layer's set of GPU memory"),
@@ -753,7 +748,6 @@ void TrainConfig::validate(int world_size) const {
   ck.require(memory.gpu_budget_gb >= 0 && memory.gpu_budget_gb <= 1e6, "memory.gpu_budget_gb", memory.gpu_budget_gb,
              "a number of GB in [0, 1e6] (0 = no plan)");
   ck.require(memory.keep_layers >= -1, "memory.keep_layers", memory.keep_layers, ">= -1 (-1 = the plan's choice)");
-  ck.require(memory.host_whole_layers >= 0, "memory.host_whole_layers", memory.host_whole_layers, ">= 0");
   ck.require(memory.host_staging_sets >= 1 && memory.host_staging_sets <= 8, "memory.host_staging_sets",
              memory.host_staging_sets, "in [1, 8]");
   ck.require(memory.full_kept_layers >= -1, "memory.full_kept_layers", memory.full_kept_layers,

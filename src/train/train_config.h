@@ -174,9 +174,6 @@ struct MemoryConfig {
                                   // of the three by its cost model (true without a budget, or where
                                   // the kept layers are set by hand; LlamaModelOptions::kept_mlp,
                                   // host_kept_mlp)
-  int64_t host_whole_layers = 0;  // with memory.kept_mlp device / false: this many of the host-kept layers hold
-                                  // gate / up all the same (LlamaModelOptions::host_whole_sets; the
-                                  // staging sets whole-sized then, so at least their count)
   int64_t host_staging_sets = 2;  // the host tier's device staging sets (LlamaModelOptions::host_staging_sets):
                                   // more let its copies run further behind the compute, one host-kept
                                   // layer's set on the GPU each

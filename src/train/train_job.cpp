@@ -138,7 +138,6 @@ void TrainJob::build_model() {
   mo_.host_staging_sets = plan_.host_staging;
   mo_.kept_mlp = plan_.kept_mlp;
   mo_.host_kept_mlp = plan_.host_kept_mlp;
-  mo_.host_whole_sets = plan_.host_whole;
   mo_.full_kept_sets = plan_.full_kept;
   mo_.host_checkpoints = plan_.host_checkpoints;
   mo_.checkpoint_slots = plan_.checkpoint_slots;

@@ -350,7 +350,7 @@ StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dro
                     std::vector<int64_t>* host_layers = nullptr, bool host_checkpoints = false,
                     int64_t checkpoint_slots = kCheckpointSlots, int64_t checkpoint_every = 1,
                     bool kept_mlp = true, std::optional<bool> host_kept_mlp = std::nullopt, int64_t full = 0,
-                    int64_t staging = 2, int64_t host_whole = 0, std::vector<int64_t>* kept_layers = nullptr) {
+                    int64_t staging = 2, std::vector<int64_t>* kept_layers = nullptr) {
   const int64_t B = 2, T = 5;
   auto tree = random_tree(c, 33);
   LlamaModelOptions opt;
@@ -369,7 +369,6 @@ StepResult run_plan(const LlamaConfig& c, int64_t keep, int64_t chunk, float dro
   opt.host_kept_mlp = host_kept_mlp.value_or(kept_mlp);
   opt.full_kept_sets = full;
   opt.host_staging_sets = staging;
-  opt.host_whole_sets = host_whole;
   LlamaModel model(c, *tree, ctx(), opt);
   if (host_layers) *host_layers = model.host_kept_layers();
   if (kept_layers) *kept_layers = model.device_kept_layers();
@@ -599,63 +598,6 @@ TEST(LlamaModel, HostStagingSetsGiveTheSameStep) {
   EXPECT_EQ(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4).staging_sets, 1);
 }
 
-// Some host-kept layers whole beside lean ones (options.host_whole_sets, host_kept_mlp false): the
-// staging sets whole-sized, the last staging_sets host-kept layers (never copied out) whole first,
-// the others spread over the copied ones; each value's copies move its own bytes. Over one to three
-// staging sets, beside device-kept layers (whole and lean) and full sets, with dropout, the step is
-// full recompute's bits: a lean value read through its slot's gate / up (another layer's, or none)
-// or a whole value copied without them would change the gradients. The host holds each stored set
-// at its own size.
-TEST(LlamaModel, HostWholeSetsGiveTheSameStep) {
-  LlamaConfig c = small_config();
-  c.num_hidden_layers = 9;
-  for (const float dropout : {0.0f, 0.25f}) {
-    const StepResult ref = run_plan(c, 0, 0, dropout);
-    struct Case {
-      int64_t keep, host, staging, whole, full;
-      bool device_whole;
-    };
-    for (const Case& k : {Case{0, 8, 2, 2, 0, true}, Case{0, 8, 2, 5, 0, true}, Case{2, 6, 1, 3, 1, true},
-                          Case{3, 5, 3, 4, 0, false}, Case{0, 8, 2, 1, 0, true}, Case{1, 7, 2, 6, 0, true}}) {
-      const StepResult got = run_plan(c, k.keep, 0, dropout, k.host, nullptr, true, kCheckpointSlots, 1,
-                                      k.device_whole, false, k.full, k.staging, k.whole);
-      expect_same_step(got, ref,
-                       "keep " + std::to_string(k.keep) + " host " + std::to_string(k.host) + " staging " +
-                           std::to_string(k.staging) + " whole " + std::to_string(k.whole) + " dropout " +
-                           std::to_string(dropout));
-    }
-  }
-  LlamaModelOptions opt;
-  opt.max_batch = 2;
-  opt.max_seq = 16;
-  opt.host_keep_layers = 8;
-  opt.host_kept_mlp = false;
-  opt.host_whole_sets = 4;  // 2 staging (whole, never copied) + 2 of the 6 stored
-  LlamaBufferDims d = llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4);
-  EXPECT_EQ(d.host_whole, 4);
-  std::vector<int64_t> whole;
-  for (int64_t h = 0; h < d.host_sets; ++h)
-    if (llama_host_set_whole(d, h)) whole.push_back(h);
-  EXPECT_EQ(whole, (std::vector<int64_t>{2, 5, 6, 7}));
-  const int64_t set = llama_kept_set_bytes(d, Backend::kCuda, DType::kBF16, true);  // whole-sized staging
-  opt.host_whole_sets = 0;
-  const LlamaBufferDims lean_d = llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4);
-  const int64_t lean = llama_kept_set_bytes(lean_d, Backend::kCuda, DType::kBF16, true);
-  EXPECT_LT(lean, set);
-  EXPECT_EQ(llama_host_set_bytes(d, Backend::kCuda, DType::kBF16, 2), set);
-  EXPECT_EQ(llama_host_set_bytes(d, Backend::kCuda, DType::kBF16, 0), lean);
-  const BufferPlan p = llama_buffer_plan(d, Backend::kCuda, DType::kBF16);
-  EXPECT_EQ(p.total(BufferLife::kKept), 2 * set);
-  EXPECT_EQ(p.total(BufferLife::kHost), 2 * set + 4 * lean);
-  opt.host_whole_sets = 1;  // fewer than the staging sets: they are whole all the same
-  EXPECT_EQ(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4).host_whole, 2);
-  opt.host_whole_sets = 20;
-  EXPECT_EQ(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4).host_whole, 8);
-  opt.host_kept_mlp = true;  // every host set whole already
-  opt.host_whole_sets = 0;
-  EXPECT_EQ(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, 4).host_whole, 8);
-}
-
 // The host tier (options.host_keep_layers, host_checkpoints): layers whose internals go to (pinned)
 // host memory in the forward and come back through one or two staging sets before their backward,
 // and the checkpoints x_l through three slots, give full recompute's loss and LoRA gradients bit
@@ -681,7 +623,7 @@ TEST(LlamaModel, HostKeptLayersGiveTheSameStep) {
     for (const bool ckpt : {false, true}) {  // the checkpoints x_l in host memory too
       std::vector<int64_t> layers, kept;
       const StepResult got = run_plan(c, k.keep, 0, dropout, k.host, &layers, ckpt, kCheckpointSlots, 1, true,
-                                      std::nullopt, 0, 2, 0, &kept);
+                                      std::nullopt, 0, 2, &kept);
       const std::string what = "keep " + std::to_string(k.keep) + " host " + std::to_string(k.host) + " dropout " +
                                std::to_string(dropout) + " host checkpoints " + std::to_string(ckpt);
       EXPECT_EQ(layers, k.layers) << what;

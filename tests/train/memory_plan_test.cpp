@@ -549,57 +549,6 @@ TEST(MemoryPlan, HostStagingSets) {
   EXPECT_LE(over.resident + over.step + over.staging_bytes(), 12e9);
 }
 
-// memory.host_whole_layers: of a lean host tier (memory.kept_mlp device), that many layers whole all
-// the same: the staging sets whole-sized (so at least their count), the stored sets each at its own
-// size on the host, the gate / up they save in the estimate, pinned for --try-plans; with every host
-// set whole already (memory.kept_mlp true) it changes nothing.
-TEST(MemoryPlan, HostWholeLayers) {
-  PlanRates h200{795e12, 55.3e9};
-  h200.host_available_bytes = 100e9;
-  TrainConfig c = job_8b(2, 2048);
-  c.batch.global_batch_size = 8;
-  c.memory.gpu_budget_gb = 12;
-  c.memory.host_checkpoints = "false";
-  c.memory.host_keep_layers = 12;
-  c.memory.kept_mlp = "device";
-  const MemoryPlan lean = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
-  c.memory.host_whole_layers = 5;
-  const MemoryPlan five = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
-  c.memory.host_whole_layers = 1;
-  const MemoryPlan one = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
-  ASSERT_EQ(five.host_keep_layers, 12) << five.describe();
-  ASSERT_FALSE(five.host_kept_mlp);
-  EXPECT_EQ(lean.host_whole_sets(), 0);
-  EXPECT_EQ(five.host_whole_sets(), 5);
-  EXPECT_EQ(one.host_whole_sets(), 2) << "the two staging sets are whole-sized: both whole";
-  ASSERT_GT(five.per_host_whole, five.per_host_kept);
-  EXPECT_DOUBLE_EQ(five.staging_bytes(), 2 * five.per_host_whole);
-  EXPECT_DOUBLE_EQ(lean.staging_bytes(), 2 * lean.per_host_kept);
-  EXPECT_DOUBLE_EQ(five.host_bytes(), 3 * five.per_host_whole + 7 * five.per_host_kept);
-  EXPECT_DOUBLE_EQ(one.host_bytes(), 10 * one.per_host_kept);
-  EXPECT_NE(five.describe().find("7 of them without gate / up"), std::string::npos) << five.describe();
-  EXPECT_NE(five.brief().find("12 host-kept (7 without gate / up)"), std::string::npos) << five.brief();
-  const std::vector<std::string> pins = five.pins();
-  EXPECT_NE(std::find(pins.begin(), pins.end(), "memory.host_whole_layers=5"), pins.end());
-  const std::vector<std::string> lean_pins = lean.pins();
-  EXPECT_EQ(std::find_if(lean_pins.begin(), lean_pins.end(),
-                         [](const std::string& s) { return s.rfind("memory.host_whole_layers", 0) == 0; }),
-            lean_pins.end());
-  // The same kept layers: whole host sets save their gate / up (PCIe with time to spare at 2 x 2048).
-  MemoryPlan same = five;
-  same.keep_layers = lean.keep_layers;
-  EXPECT_LT(plan_step_estimate(same, c, llama(c), 1, h200), plan_step_estimate(lean, c, llama(c), 1, h200));
-  MemoryPlan k_lean = lean, k_five = five;
-  plan_kept_layers(k_lean, c, 6e9, 0);
-  plan_kept_layers(k_five, c, 6e9, 0);
-  EXPECT_LE(k_five.total(), 12e9) << k_five.describe();
-  EXPECT_LE(k_five.keep_layers, k_lean.keep_layers) << "whole-sized staging sets: kept layers fewer or the same";
-  c.memory.kept_mlp = "true";  // every host set whole already
-  const MemoryPlan whole = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1, h200);
-  EXPECT_EQ(whole.host_whole_sets(), whole.host_keep_layers);
-  EXPECT_DOUBLE_EQ(whole.host_bytes(), 10 * whole.per_host_kept);
-}
-
 // The plan offloads by choice only when the host can hold the pinned shards beside the build's
 // copy of the base; when it must (nothing fits otherwise), it does so anyway.
 TEST(MemoryPlan, OffloadsByChoiceOnlyWhenTheHostHasRoom) {

@@ -454,16 +454,6 @@ TEST(TrainConfig, HostStagingSetsIsChecked) {
         << bad;
 }
 
-// memory.host_whole_layers: a count (0: none beyond memory.kept_mlp's).
-TEST(TrainConfig, HostWholeLayersIsChecked) {
-  EXPECT_EQ(parse_train_config(kMinimal, "x.yaml", {}).memory.host_whole_layers, 0);
-  for (const char* ok : {"memory.host_whole_layers=0", "memory.host_whole_layers=40"})
-    EXPECT_NO_THROW(parse_train_config(kMinimal, "x.yaml", {ok}).validate(1)) << ok;
-  EXPECT_NE(error_of([&] { parse_train_config(kMinimal, "x.yaml", {"memory.host_whole_layers=-1"}).validate(1); })
-                .find("memory.host_whole_layers = "),
-            std::string::npos);
-}
-
 // memory.full_kept_layers: -1 (the plan's choice) or a count.
 TEST(TrainConfig, FullKeptLayersIsChecked) {
   for (const char* ok : {"memory.full_kept_layers=-1", "memory.full_kept_layers=0", "memory.full_kept_layers=31"})
