@@ -65,8 +65,12 @@ std::string MemoryPlan::describe() const {
   if (keep_layers <= 1)
     s += fmt::format("every layer but the last recomputed in the backward");
   else
-    s += fmt::format("layers {}-{} of {} keep their activations{} ({} each{}), the rest recomputed",
-                     layers - keep_layers, layers - 1, layers, kept_mlp ? "" : " but the MLP's gate / up",
+    s += fmt::format("{} keep their activations{} ({} each{}), the rest recomputed",
+                     host_keep_layers > 0 && mlp_chunk_rows == 0
+                         ? fmt::format("{} of {} layers (the host-kept ones spread among them)",
+                                       keep_layers, layers)
+                         : fmt::format("layers {}-{} of {}", layers - keep_layers, layers - 1, layers),
+                     kept_mlp ? "" : " but the MLP's gate / up",
                      human_bytes(per_kept),
                      full_kept > 0 ? fmt::format("; {} of them their norms' outputs and SwiGLU's too, {} more each",
                                                  full_kept, human_bytes(per_full))
