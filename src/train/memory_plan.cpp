@@ -66,7 +66,7 @@ std::string MemoryPlan::describe() const {
     s += fmt::format("every layer but the last recomputed in the backward");
   else
     s += fmt::format("{} keep their activations{} ({} each{}), the rest recomputed",
-                     host_keep_layers > 0 && mlp_chunk_rows == 0
+                     host_keep_layers > 0
                          ? fmt::format("{} of {} layers (the host-kept ones spread among them)",
                                        keep_layers, layers)
                          : fmt::format("layers {}-{} of {}", layers - keep_layers, layers - 1, layers),
@@ -303,7 +303,9 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
     // backward, each direction at the pinned rate, behind the compute of the layers the host-kept
     // ones are spread over (the recomputed range: the staging sets let the compute run at most that
     // many sets ahead of the copies); what that compute cannot cover is exposed. Fitted to the H200
-    // rows of docs/PERFORMANCE.md (session 16) within 8%, with two staging sets.
+    // rows of docs/PERFORMANCE.md (session 16) within 8%, with two staging sets. Since session 33 the
+    // model spreads the host-kept layers over every layer (more compute to hide behind than this
+    // range): the term is the old placement's, conservative, until a refit with trials of the new.
     const double sets = static_cast<double>(p.host_keep_layers - p.staging_sets()) * p.per_host_kept / h2d;
     const double open = in.L - static_cast<double>(std::max<int64_t>(p.keep_layers, 1));
     const double fwd = N * a * (1 - kRecomputeShare) / 3 * open / in.L;

@@ -17,7 +17,8 @@
 //   - whether the MLP runs in chunks of rows (long sequences: memory.mlp_chunk_tokens, auto past
 //     kAutoChunkAbove tokens per micro-batch, in chunks of kAutoChunkRows);
 //   - how many decoder layers keep their activations from the forward instead of recomputing them
-//     in the backward (LlamaModelOptions::keep_layers; the last layers first): as many as the budget
+//     in the backward (LlamaModelOptions::keep_layers; the last layers first, beside a host tier the
+//     last of those it leaves): as many as the budget
 //     holds after the base, the LoRA state and the step's buffers. Kept layers are the speed lever:
 //     each saves its layer's recompute (about a third of its forward and backward work);
 //   - how many of the other layers keep theirs in pinned host memory (the host tier,
