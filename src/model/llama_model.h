@@ -63,6 +63,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <source_location>
 #include <span>
 #include <string>
 #include <vector>
@@ -374,7 +375,7 @@ class LlamaModel {
   // dx = [dy | s dt] [W; A] is one GEMM (linear_bwd).
   std::array<bool, 7> row_fold_{};
   StepProfiler profiler_;
-  void mark(StepPart part) { profiler_.mark(part); }
+  void mark(StepPart part, uint32_t line = std::source_location::current().line()) { profiler_.mark(part, line); }
   struct Staging;  // pinned host slots for ids/targets uploads
   std::unique_ptr<Staging> staging_;
   // The host tier (model/offload_ring.h): one offload stream; the host-kept layers' sets and the

@@ -30,9 +30,10 @@ StepProfiler::StepProfiler(Stream& stream, bool enabled, size_t events) : stream
   timing_->events.reserve(events);
   for (size_t i = 0; i < events; ++i) timing_->events.emplace_back(true);
   timing_->part.resize(events);
+  timing_->line.resize(events);
 }
 
-void StepProfiler::record(StepPart part) {
+void StepProfiler::record(StepPart part, uint32_t line) {
   Timing& t = *timing_;
   if (t.used == t.events.size()) {
     stream_.record(t.tail);
@@ -41,6 +42,7 @@ void StepProfiler::record(StepPart part) {
     return;
   }
   stream_.record(t.events[t.used]);
+  t.line[t.used] = line;
   t.part[t.used++] = part;
 }
 
@@ -48,7 +50,9 @@ void StepProfiler::collect() {
   if (!timing_) return;
   Timing& t = *timing_;
   for (size_t i = 1; i < t.used; ++i) {
-    profile_.ms[static_cast<size_t>(t.part[i - 1])] += t.events[i].elapsed_ms_since(t.events[i - 1]);
+    const double ms = t.events[i].elapsed_ms_since(t.events[i - 1]);
+    profile_.ms[static_cast<size_t>(t.part[i - 1])] += ms;
+    profile_.sites[{t.part[i - 1], t.line[i - 1]}] += ms;
     ++profile_.intervals;
   }
   if (t.tail_recorded && t.used > 0)

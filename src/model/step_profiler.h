@@ -18,7 +18,10 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <source_location>
+#include <utility>
 #include <vector>
 
 #include "runtime/stream.h"
@@ -50,6 +53,9 @@ struct StepProfile {
   std::array<double, static_cast<size_t>(StepPart::kCount)> ms{};
   int64_t intervals = 0;
   bool truncated = false;  // more marks than the event pool holds: the later time is kUntimed
+  // The split's split: each part's time by the source line of the mark that opened it ({part, line}
+  // -> ms), so a part marked in many places (kOther, kWait) shows which place its time comes from.
+  std::map<std::pair<StepPart, uint32_t>, double> sites;
 };
 
 class StepProfiler {
@@ -65,9 +71,9 @@ class StepProfiler {
   // enabled: time with events on `stream` (CUDA streams only: callers pass false on the CPU);
   // `events` marks between two collect() calls are split (tests use a small pool).
   StepProfiler(Stream& stream, bool enabled, size_t events = kEvents);
-  // The part that starts now on the stream.
-  void mark(StepPart part) {
-    if (timing_ && active_) record(part);
+  // The part that starts now on the stream; `line` names the place (StepProfile::sites).
+  void mark(StepPart part, uint32_t line = std::source_location::current().line()) {
+    if (timing_ && active_) record(part, line);
   }
   // Paused, mark() records nothing (the events stay made): steps timed on the host without the
   // marks' cost (`qshard bench` times its steps paused, then splits profiled ones). Between steps.
@@ -83,11 +89,12 @@ class StepProfiler {
   struct Timing {
     std::vector<Event> events;
     std::vector<StepPart> part;  // the part the interval after events[i] belongs to
+    std::vector<uint32_t> line;  // the source line of that mark
     size_t used = 0;
     Event tail{true};  // past the pool: the latest mark
     bool tail_recorded = false;
   };
-  void record(StepPart part);
+  void record(StepPart part, uint32_t line);
   Stream& stream_;
   std::unique_ptr<Timing> timing_;
   bool active_ = true;

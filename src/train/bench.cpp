@@ -287,6 +287,17 @@ nlohmann::json run_one(const BenchOptions& o, World& world, bool report) {
   for (size_t i = 0; i < s.profile.ms.size(); ++i)
     if (rt.ctx.is_cuda()) split[step_part_name(static_cast<StepPart>(i))] = s.profile.ms[i] * per;
   j["time_split_ms"] = split;
+  // The split by place (model/llama_model.cpp's mark lines), the largest first: which mark's
+  // interval a part's time comes from.
+  std::vector<std::pair<double, std::pair<StepPart, uint32_t>>> sites;
+  for (const auto& [key, ms] : s.profile.sites) sites.push_back({ms * per, key});
+  std::sort(sites.begin(), sites.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  nlohmann::json by_site = nlohmann::json::array();
+  for (size_t i = 0; i < std::min<size_t>(sites.size(), 40); ++i)
+    by_site.push_back({{"part", step_part_name(sites[i].second.first)},
+                       {"line", sites[i].second.second},
+                       {"ms", sites[i].first}});
+  if (rt.ctx.is_cuda()) j["time_split_sites"] = by_site;
   if (clock_summary.available())
     j["gpu_clock"] = {{"samples", clock_summary.samples},
                       {"sm_mhz_median", clock_summary.sm_mhz_median},

@@ -3,7 +3,9 @@
 // the pool held, and its split covered 214 s of a 403 s step before the tail was kept as kUntimed).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdio>
+#include <set>
 
 #include "model/llama_ops.h"
 #include "model/step_profiler.h"
@@ -40,6 +42,16 @@ TEST(StepProfilerCuda, SplitSumsToTheStreamTimePastThePool) {
     EXPECT_NEAR(sum, whole, 0.02 * whole + 0.05) << "pool " << pool;
     if (pool < 21) EXPECT_GT(prof.profile().ms[static_cast<size_t>(StepPart::kUntimed)], 0.5 * whole);
     else EXPECT_EQ(prof.profile().ms[static_cast<size_t>(StepPart::kUntimed)], 0.0);
+    // By place: the loop's one mark line holds the four parts' time, each part's sites sum to it.
+    std::array<double, static_cast<size_t>(StepPart::kCount)> by_part{};
+    std::set<uint32_t> lines;
+    for (const auto& [key, ms] : prof.profile().sites) {
+      by_part[static_cast<size_t>(key.first)] += ms;
+      lines.insert(key.second);
+    }
+    EXPECT_EQ(lines.size(), 1u);
+    for (size_t i = 0; i < by_part.size(); ++i)
+      if (static_cast<StepPart>(i) != StepPart::kUntimed) EXPECT_NEAR(by_part[i], prof.profile().ms[i], 1e-9);
   }
 }
 
