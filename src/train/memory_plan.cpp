@@ -164,6 +164,8 @@ constexpr double kFixedTokens = 350;
 // N a (1 - 0.29) + 350 a): 31 x 0.76 / 1364.
 constexpr double kFullShare = 0.017;
 constexpr double kOffloadContention = 0.06;
+// The share of whole host-kept sets' gate / up copies exposed beside an offloaded base (estimate()).
+constexpr double kWholeHostExposed = 0.6;
 constexpr double kHostAdamBytesPerSecond = 10e9;
 constexpr double kDefaultGemmFlops = kPlanDefaultGemmFlops;
 constexpr double kDefaultH2dBytesPerSecond = kPlanDefaultH2dBytesPerSecond;
@@ -289,30 +291,37 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
     const double fwd = N * a * (1 - kRecomputeShare) / (3 * in.L);
     micro += in.L * (std::max(0.0, copy - fwd) + std::max(0.0, copy - 3 * fwd) + kOffloadContention * 2 * copy);
   }
-  // memory.host_checkpoints: x_0..x_L-3 cross at the pinned rate, each behind a layer's compute
-  // (67 MB against about 5 ms at 8B, 4 x 2048: hidden); what a layer's forward cannot cover shows.
-  if (p.host_checkpoints) {
-    const double x = N * in.C * 2 / h2d, fwd = N * a * (1 - kRecomputeShare) / (3 * in.L);
-    const int64_t L = static_cast<int64_t>(in.L);
-    const double crossing = static_cast<double>(std::max<int64_t>(
-        llama_checkpoint_buffers(L, p.checkpoint_every) - p.checkpoint_slots, 0));  // values the host holds
-    micro += crossing * (std::max(0.0, x - fwd) + kOffloadContention * 2 * x);
-  }
+  // The offload stream's copies: the host tier's stored sets and the layer inputs held on the host
+  // (memory.host_checkpoints) go out during the forward and come back during the backward, each
+  // direction at the pinned rate, one stream for both. The host-kept layers are spread over every
+  // layer (LlamaModel, session 33), so their copies hide behind the whole forward, and the
+  // backward's (less the offloaded base's own copies); what that compute cannot cover is exposed.
+  // A checkpoint alone hides behind its own layer (67 MB against about 5 ms at 8B, 4 x 2048).
+  const double x = N * in.C * 2 / h2d, layer_fwd = N * a * (1 - kRecomputeShare) / (3 * in.L);
+  const double crossing =
+      p.host_checkpoints ? static_cast<double>(std::max<int64_t>(
+                               llama_checkpoint_buffers(static_cast<int64_t>(in.L), p.checkpoint_every) -
+                                   p.checkpoint_slots,
+                               0))  // values the host holds
+                         : 0.0;
   if (p.host_keep_layers > p.staging_sets()) {
-    // The host tier: each stored set goes out during the forward and comes back during the
-    // backward, each direction at the pinned rate, behind the compute of the layers the host-kept
-    // ones are spread over (the recomputed range: the staging sets let the compute run at most that
-    // many sets ahead of the copies); what that compute cannot cover is exposed. Fitted to the H200
-    // rows of docs/PERFORMANCE.md (session 16) within 8%, with two staging sets. Since session 33 the
-    // model spreads the host-kept layers over every layer (more compute to hide behind than this
-    // range): the term is the old placement's, conservative, until a refit with trials of the new.
-    const double sets = static_cast<double>(p.host_keep_layers - p.staging_sets()) * p.per_host_kept / h2d;
+    const double out = (static_cast<double>(p.host_keep_layers - p.staging_sets()) * p.per_host_kept) / h2d + crossing * x;
+    const double fwd = layer_fwd * (in.L - 1);
     const double open = in.L - static_cast<double>(std::max<int64_t>(p.keep_layers, 1));
-    const double fwd = N * a * (1 - kRecomputeShare) / 3 * open / in.L;
     const double recomputed = std::max(0.0, open - static_cast<double>(p.host_keep_layers));
     const double bwd = 2 * fwd + N * a * kRecomputeShare * recomputed / (in.L - 1) -
-                       (p.offload_params ? open * copy : 0.0);
-    micro += std::max(0.0, sets - fwd) + std::max(0.0, sets - bwd) + kOffloadContention * 2 * sets;
+                       (p.offload_params ? in.L * copy : 0.0);
+    micro += std::max(0.0, out - fwd) + std::max(0.0, out - bwd) + kOffloadContention * 2 * out;
+    // Whole host-kept sets beside an offloaded base: their gate / up (two thirds of a whole set's
+    // bytes at 8B) are copied in the very passes whose base copies fill PCIe, and are exposed at
+    // about kWholeHostExposed of their one-way time (H100: 10 whole sets at 10.08 GB, micro-batch 2,
+    // 12,860 tokens/s against 13,778 estimated; session 33's 5 and 10 whole sets at 12.48 GB, 0.57
+    // and 1.0).
+    if (p.host_kept_mlp && p.offload_params)
+      micro += kWholeHostExposed * (2.0 / 3.0) * static_cast<double>(p.host_keep_layers - p.staging_sets()) *
+               p.per_host_kept / h2d;
+  } else if (crossing > 0) {
+    micro += crossing * (std::max(0.0, x - layer_fwd) + kOffloadContention * 2 * x);
   }
   // Every second checkpoint: the odd layers' forward once more in the backward.
   if (p.checkpoint_every > 1) {
