@@ -178,6 +178,10 @@ void add_internals(BufferPlan& p, const LlamaBufferDims& d, Backend backend, int
   // h2 of the working set: chunk-sized with a chunked MLP (each chunk's norm into it).
   if (!kept) p.add(prefix + "h2", mlp_rows * (C + d.fold_r[1]) * esz, life, t(s ? &s->h2 : nullptr));
   p.add(prefix + "rstd2", N * 4, life, t(s ? &s->rstd2 : nullptr));
+  if (d.max_r > 0) {  // o_proj's / down_proj's x A^T (r columns; a set of every kind: its backward reads them)
+    p.add(prefix + "o_proj x A^T", N * d.max_r * esz, life, t(s ? &s->t_o : nullptr));
+    p.add(prefix + "down_proj x A^T", mlp_rows * d.max_r * esz, life, t(s ? &s->t_dn : nullptr));
+  }
   // Without the MLP (kept_mlp / host_kept_mlp false) a kept set leaves gate / up to the backward (two
   // GEMMs from h2, into the working set's): two thirds of a kept layer's bytes at the 8B shape, half
   // of its forward's FLOPs.

@@ -140,6 +140,10 @@ struct LlamaInternals {  // one layer's forward results that its backward reads
   void* g = nullptr;          // [NM, I] gate_proj(h2)
   void* u = nullptr;          // [NM, I] up_proj(h2)
   void* m = nullptr;          // [NM, I] silu(g) * u (down_proj input; a kept set: full sets only)
+  // o_proj's and down_proj's LoRA x A^T from the forward ([N, r] / [NM, r]; with LoRA only): their
+  // row-folded backward reads it in place of the same GEMM again (LlamaModel::linear_bwd)
+  void* t_o = nullptr;
+  void* t_dn = nullptr;
 };
 struct LlamaActivations : LlamaInternals {
   Tensor storage, kept_storage;

@@ -479,7 +479,13 @@ void LlamaModel::fold_bwd(int g, void* dx, const void* x, int64_t N) {
 // (beta 1): y is written twice and read once, where adding the LoRA term after the base GEMM
 // (y += s t B^T) read and wrote it once more. The residual stream (x2 = x + o_proj(a), out =
 // x2 + down_proj(m)) enters the same way, as the first GEMM's C, in place of a separate add.
-void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t ldx, const void* residual) {
+bool LlamaModel::keeps_t(int idx, const void* buf) const {
+  const ProjectionBinding& p = layer_.proj[static_cast<size_t>(idx)];
+  return buf && p.r > 0 && row_fold_[static_cast<size_t>(idx)] && dropout_key(idx).p == 0.0f;
+}
+
+void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t ldx, const void* residual,
+                            void* t_out) {
   const ProjectionBinding& p = layer_.proj[idx];
   const DType act_t = ctx_.activation_dtype();
   const int g = fold_group(idx);
@@ -498,7 +504,7 @@ void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t 
       ops::dropout_fwd(buf, x, key, N, p.in, ctx_);
       xd = buf;
     }
-    void* t = ws.take(N * p.r * dtype_size(act_t), "LoRA x A^T");
+    void* t = t_out && key.p == 0.0f ? t_out : ws.take(N * p.r * dtype_size(act_t), "LoRA x A^T");
     ops::gemm(t, xd, p.lora_A, typed({N, p.r, p.in, false, true}, act_t, act_t, act_t), ctx_);  // t = xd A^T
     ops::gemm_into(y, t, p.lora_B, residual,
                    typed({N, p.out, p.r, false, true, p.scaling, residual ? 1.0f : 0.0f}, act_t, act_t, act_t),
@@ -543,7 +549,7 @@ const void* LlamaModel::backward_weight(int idx, GemmShape& s, bool row_fold) {
 // itself with K = out + r: no GEMM of K = r over dx (N x in, 14336 wide at 8B) and no second pass
 // of the base GEMM's epilogue over it.
 void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N,
-                            int64_t ldx, void* dy_ext) {
+                            int64_t ldx, void* dy_ext, const void* t_in) {
   const ProjectionBinding& p = layer_.proj[idx];
   const DType act_t = ctx_.activation_dtype();
   const int g = fold_group(idx);
@@ -577,8 +583,13 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
     mark(StepPart::kLora);
     Workspace& ws = ctx_.workspace();
     const size_t ws_mark = ws.used();
-    void* t = ws.take(N * p.r * dtype_size(act_t), "LoRA x A^T");
-    ops::gemm(t, x, p.lora_A, typed({N, p.r, p.in, false, true}, act_t, act_t, act_t), ctx_);  // t = x A^T
+    // t = x A^T: the forward's (the same GEMM: the same bits), else once more
+    const void* t = t_in;
+    if (!t) {
+      void* w = ws.take(N * p.r * dtype_size(act_t), "LoRA x A^T");
+      ops::gemm(w, x, p.lora_A, typed({N, p.r, p.in, false, true}, act_t, act_t, act_t), ctx_);
+      t = w;
+    }
     if (p.grad_B)  // dB += s dy^T t  (f32 gradient)
       ops::gemm(p.grad_B, dy, t, typed({p.out, p.r, N, true, false, p.scaling, 1.0f}, act_t, act_t, DType::kF32),
                 ctx_);
@@ -695,13 +706,14 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
   }
   mark(StepPart::kOther);
   if (c.gemma_norms) {  // Gemma: x2 = x + post_attention_layernorm(o_proj(a))
-    linear_fwd(kO, a.ao, a.a, N);
+    linear_fwd(kO, a.ao, a.a, N, 0, nullptr, keeps_t(kO, a.t_o) ? a.t_o : nullptr);
     mark(StepPart::kNorm);
     ops::rmsnorm_fwd(a.x2, a.rstd_ao, a.ao, layer_.attn_out_norm, N, C, eps, ctx_);
     mark(StepPart::kResidual);
     ops::add(a.x2, x, a.x2, N * C, ctx_);  // residual + attention (HF order)
   } else {
-    linear_fwd(kO, a.x2, a.a, N, 0, x);  // x2 = x + o_proj(a), the residual in the GEMMs' epilogue
+    linear_fwd(kO, a.x2, a.a, N, 0, x,  // x2 = x + o_proj(a), the residual in the GEMMs' epilogue
+               keeps_t(kO, a.t_o) ? a.t_o : nullptr);
   }
   // h2 = norm(x2): whole, or (chunked MLP) per chunk into a chunk-sized h2 (mlp_rows_fwd)
   const bool chunks = chunked(N);
@@ -722,12 +734,13 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
     mlp_rows_fwd(r0, rows, chunks);
     chunk_row_offset_ = r0;
     if (c.gemma_norms) {  // Gemma: post_feedforward_layernorm(down(...)) before the residual add
-      linear_fwd(kDown, a.dn, a.m, rows);
+      linear_fwd(kDown, a.dn, a.m, rows, 0, nullptr, !chunks && keeps_t(kDown, a.t_dn) ? a.t_dn : nullptr);
       mark(StepPart::kNorm);
       ops::rmsnorm_fwd(act(x_out, r0 * C), a.rstd_dn, a.dn, layer_.mlp_out_norm, rows, C, eps, ctx_);
       mark(StepPart::kOther);
     } else {  // out = x2 + down_proj(m), the residual in the GEMMs' epilogue
-      linear_fwd(kDown, act(x_out, r0 * C), a.m, rows, 0, act(a.x2, r0 * C));
+      linear_fwd(kDown, act(x_out, r0 * C), a.m, rows, 0, act(a.x2, r0 * C),
+                 !chunks && keeps_t(kDown, a.t_dn) ? a.t_dn : nullptr);
     }
     chunk_row_offset_ = 0;
   }
@@ -844,7 +857,7 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
     chunk_row_offset_ = r0;
     const void* dmlp = act(dx, r0 * C);  // the gradient at down_proj's output
     if (c.gemma_norms) {  // through post_feedforward_layernorm: down's output and rstd recomputed
-      linear_fwd(kDown, a.dn, a.m, rows);
+      linear_fwd(kDown, a.dn, a.m, rows, 0, nullptr, !chunks && keeps_t(kDown, a.t_dn) ? a.t_dn : nullptr);
       mark(StepPart::kNorm);
       ops::rmsnorm_fwd(a.ddn, a.rstd_dn, a.dn, layer_.mlp_out_norm, rows, C, static_cast<float>(c.rms_norm_eps), ctx_);
       ops::zero(a.ddn, rows * C, ctx_);
@@ -856,7 +869,10 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
     // first writes dm; gate / up's gradients over g / u, which swiglu_bwd reads before it writes.
     // row-folded: [dy | s dt] in this chunk's rows of dh2 (rows C + R_gu >= C + r apart), which
     // gate / up's backward writes only after down_proj's has read them
-    linear_bwd(kDown, a.dm, false, dmlp, a.m, rows, 0, dh2);
+    // down_proj's x A^T as its forward left it: a kept or the working set's (this layer's forward,
+    // or Gemma's just above); a recomputed layer's forward stops before down_proj
+    const bool t_dn = !chunks && (set >= 0 || c.gemma_norms) && keeps_t(kDown, a.t_dn);
+    linear_bwd(kDown, a.dm, false, dmlp, a.m, rows, 0, dh2, t_dn ? a.t_dn : nullptr);
     mark(StepPart::kSwiglu);
     ops::swiglu_bwd(a.g, a.u, a.dm, a.g, a.u, rows * I, ctx_, gated_act());
     linear_bwd(kGate, dh2, false, a.g, h2, rows, ld2);
@@ -876,7 +892,8 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
     dattn = a.dao;
   }
   // row-folded: [dy | s dt] in dq's buffer (rows C + r apart), which attention's backward writes after
-  linear_bwd(kO, a.da, false, dattn, a.a, N, 0, a.dq);
+  // o_proj's x A^T: its forward's (kept), or the recompute's (run_layer above)
+  linear_bwd(kO, a.da, false, dattn, a.a, N, 0, a.dq, keeps_t(kO, a.t_o) ? a.t_o : nullptr);
   mark(StepPart::kAttention);
   ops::attention_bwd(a.dq, a.dk, a.dv, a.da, a.q, a.k, a.v, a.a, a.att_saved, B, T, H, Hkv, D, ctx_,
                      layer_window(c, layer_.layer), pos_ ? &pieces_ : nullptr, attention_scores());

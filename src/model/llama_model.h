@@ -328,11 +328,18 @@ class LlamaModel {
   // x (and dx) rows ldx apart (0 = the projection's input width); a folded projection reads its
   // group's LoRA columns from the same rows. residual: y = x W^T (+ LoRA) + residual ([N, out],
   // may be y), added in the GEMMs' epilogues (no separate pass over y).
-  void linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t ldx = 0, const void* residual = nullptr);
+  // t_out: where an unfolded projection's x A^T goes ([N, r]) for its backward to read (keeps_t),
+  // else the workspace.
+  void linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t ldx = 0, const void* residual = nullptr,
+                  void* t_out = nullptr);
   // dy_ext: room for [N, out + r] in the activation dtype where the projection's backward may run
-  // row-folded (o_proj, down_proj: row_fold_), else null.
+  // row-folded (o_proj, down_proj: row_fold_), else null. t_in: x A^T as this layer's forward left
+  // it (linear_fwd's t_out), else null: recomputed.
   void linear_bwd(int idx, void* dx, bool accumulate_dx, const void* dy, const void* x, int64_t N, int64_t ldx = 0,
-                  void* dy_ext = nullptr);
+                  void* dy_ext = nullptr, const void* t_in = nullptr);
+  // Whether projection idx's forward x A^T is worth keeping in `buf` for its row-folded backward
+  // (LoRA without dropout, a row-folded backward, a set with room for it).
+  bool keeps_t(int idx, const void* buf) const;
   // linear_bwd's B: the backward's rounding rule; row_fold: [W; A] (A's r rows below W)
   const void* backward_weight(int idx, GemmShape& s, bool row_fold = false);
   // The LoRA fold of group g (0: q|k|v on h1, 1: gate|up on h2): X A^T into x's extra columns
