@@ -184,6 +184,7 @@ struct CostInputs {
   double gate_up_share = 0;        // gate / up's share of a layer's forward FLOPs (a kept layer
                                    // without them recomputes that much: LlamaModelOptions::kept_mlp,
                                    // host_kept_mlp)
+  double I = 1;                    // intermediate size (gate / up's row: what a lean set leaves out)
   int world = 1;
   double attention_flops = 0;      // flops_per_token's attention (a token's scores and values, PaLM's count)
 };
@@ -233,6 +234,7 @@ JobSizes job_sizes(const TrainConfig& config, const LlamaConfig& lc, int world) 
   const double kv = static_cast<double>(lc.num_key_value_heads * lc.head_dim);
   const double layer_fwd = 4 * C * q + 4 * C * kv + 6 * C * I + 2 * q * static_cast<double>(T);
   z.cost.gate_up_share = layer_fwd > 0 ? 4 * C * I / layer_fwd : 0.0;
+  z.cost.I = I;
   z.cost.attention_flops =
       z.cost.flops_per_token - useful_flops_per_token(lc, 0, static_cast<uint64_t>(z.lora_params));
   z.cost.world = world;
@@ -312,14 +314,14 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
     const double bwd = 2 * fwd + N * a * kRecomputeShare * recomputed / (in.L - 1) -
                        (p.offload_params ? in.L * copy : 0.0);
     micro += std::max(0.0, out - fwd) + std::max(0.0, out - bwd) + kOffloadContention * 2 * out;
-    // Whole host-kept sets beside an offloaded base: their gate / up (two thirds of a whole set's
-    // bytes at 8B) are copied in the very passes whose base copies fill PCIe, and are exposed at
-    // about kWholeHostExposed of their one-way time (H100: 10 whole sets at 10.08 GB, micro-batch 2,
-    // 12,860 tokens/s against 13,778 estimated; session 33's 5 and 10 whole sets at 12.48 GB, 0.57
-    // and 1.0).
+    // Whole host-kept sets beside an offloaded base: their gate / up ([N, I] each, what a lean set
+    // leaves out; two thirds of a whole set at 8B) are copied in the very passes whose base copies
+    // fill PCIe, and are exposed at about kWholeHostExposed of their one-way time (H100: 10 whole
+    // sets at 10.08 GB, micro-batch 2, 12,860 tokens/s against 13,778 estimated; session 33's 5 and
+    // 10 whole sets at 12.48 GB, 0.57 and 1.0).
     if (p.host_kept_mlp && p.offload_params)
-      micro += kWholeHostExposed * (2.0 / 3.0) * static_cast<double>(p.host_keep_layers - p.staging_sets()) *
-               p.per_host_kept / h2d;
+      micro += kWholeHostExposed * static_cast<double>(p.host_keep_layers - p.staging_sets()) *
+               (2 * N * in.I * 2) / h2d;
   } else if (crossing > 0) {
     micro += crossing * (std::max(0.0, x - layer_fwd) + kOffloadContention * 2 * x);
   }
