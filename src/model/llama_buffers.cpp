@@ -20,13 +20,15 @@ const char* buffer_life_name(BufferLife life) {
     case BufferLife::kWorkspace: return "workspace";
     case BufferLife::kLibrary: return "library workspace (estimate)";
     case BufferLife::kHost: return "pinned host (kept layers)";
+    case BufferLife::kWeights: return "dequantized base layers";
   }
   return "?";
 }
 
 void BufferPlan::add(std::string name, int64_t bytes, BufferLife life, void** target) {
   QS_CHECK(bytes >= 0, "buffer " + name + ": negative size");
-  if (life == BufferLife::kRun || life == BufferLife::kKept || life == BufferLife::kHost) bytes = (bytes + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
+  if (life == BufferLife::kRun || life == BufferLife::kKept || life == BufferLife::kHost || life == BufferLife::kWeights)
+    bytes = (bytes + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
   entries_.push_back({std::move(name), bytes, life, target});
 }
 
@@ -47,7 +49,8 @@ int64_t BufferPlan::total() const {
 std::string BufferPlan::ledger(int top) const {
   std::string s;
   for (BufferLife life :
-       {BufferLife::kRun, BufferLife::kKept, BufferLife::kWorkspace, BufferLife::kLibrary, BufferLife::kHost}) {
+       {BufferLife::kRun, BufferLife::kKept, BufferLife::kWeights, BufferLife::kWorkspace, BufferLife::kLibrary,
+        BufferLife::kHost}) {
     const int64_t t = total(life);
     if (t == 0) continue;
     std::vector<const BufferEntry*> es;
@@ -128,6 +131,7 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   d.host_sets = d.NM == d.N ? std::clamp<int64_t>(o.host_keep_layers, 0, open) : 0;
   d.staging_sets = std::min<int64_t>(d.host_sets, std::max<int64_t>(o.host_staging_sets, 1));
   d.host_checkpoints = o.host_checkpoints;
+  d.dequantized_layers = std::clamp<int64_t>(o.dequantized_layers, 0, d.L);
   d.checkpoint_every = o.checkpoint_every;
   d.checkpoints = llama_checkpoint_count(d.L, o.checkpoint_every);
   const int64_t buffers = llama_checkpoint_buffers(d.L, o.checkpoint_every);
@@ -292,6 +296,10 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   if (d.fold_r[0] + d.fold_r[1] > 0)
     p.add("LoRA A stacked (fold)", (d.fold_r[0] + d.fold_r[1]) * C * esz, run, a ? t(&a->lora_cat) : nullptr);
   if (d.convert_head) p.add("LM head converted", V * C * esz, run, a ? t(&a->head_cvt) : nullptr);
+  if (d.dequantized_layers > 0)
+    p.add(fmt::format("dequantized base layers ({} of {})", d.dequantized_layers, L),
+          d.dequantized_layers * llama_dequantized_layer_bytes(d, act_t), BufferLife::kWeights,
+          a ? t(&a->dequantized) : nullptr);
   if (d.kv_cache_tokens > 0) {
     p.add("KV cache keys", L * d.kv_cache_tokens * kv * esz, run, a ? t(&a->k_cache) : nullptr);
     p.add("KV cache values", L * d.kv_cache_tokens * kv * esz, run, a ? t(&a->v_cache) : nullptr);
@@ -326,8 +334,10 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   const int64_t dropout_ws = d.dropout ? 2 * std::max(N * std::max(C, q), NM * d.max_in) : 0;
   // The layer's projections dequantized (or widened, or converted) and the LoRA intermediates are
   // taken in the activation dtype: bf16 on the GPU holds the layer's weights in half the f32 bytes.
+  // (every layer dequantized in a slot of its own, LlamaModelOptions::dequantized_layers: none of it here)
+  const int64_t weights_ws = d.dequantized_layers >= L ? 0 : d.dequant_elems + d.fold_extra[0] + d.fold_extra[1];
   const int64_t layer_ws =
-      (d.dequant_elems + d.fold_extra[0] + d.fold_extra[1] + d.round_elems + dropout_ws + 2 * N * d.max_r) * esz +
+      (weights_ws + d.round_elems + dropout_ws + 2 * N * d.max_r) * esz +
       (gemm_scratch + std::max(d.fold_r[0], d.fold_r[1]) * C) * 4;  // (+ a fold group's A gradients, f32)
   // f32 logits, and their gradient in the activation dtype when the GEMM does not take f32 with the head
   const int64_t head_ws = (d.head_rows * V * 2 + gemm_scratch) * 4;
@@ -342,6 +352,14 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   else if (backend == Backend::kCuda)
     p.add("attention workspace (cuDNN)", N * q * 4, BufferLife::kLibrary);
   return p;
+}
+
+int64_t llama_dequantized_layer_bytes(const LlamaBufferDims& d, DType act_t) {
+  // a piece per projection at most (LlamaModel::dequantize_layer), each aligned
+  const int64_t pieces = 7;
+  const int64_t bytes = (d.dequant_elems + d.fold_extra[0] + d.fold_extra[1]) * static_cast<int64_t>(dtype_size(act_t)) +
+                        pieces * kBufferAlign;
+  return (bytes + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
 }
 
 void llama_buffer_aliases(const LlamaBufferDims& d, LlamaActivations& a) {

@@ -14,6 +14,9 @@
 //               LM-head logits): reset and reused per layer;
 //   kLibrary    memory a library takes on the model's behalf (cuDNN's attention workspace): an
 //               estimate, not allocated by the model;
+//   kWeights    the dequantized base layers (LlamaModelOptions::dequantized_layers): one slot a
+//               layer of llama_dequantized_layer_bytes, one allocation, filled at the layer's first
+//               use and read from then on (the frozen base's values do not change);
 //   kHost       pinned host memory: one kept set's bytes per host-kept layer but the last two
 //               (LlamaModelOptions::host_keep_layers), "host kept[i]"; their device staging sets are
 //               kKept entries "host-kept staging[i].<name>"; the checkpoints x_0..x_L-3
@@ -47,7 +50,7 @@ namespace qshard {
 
 struct LlamaModelOptions;
 
-enum class BufferLife { kRun, kKept, kWorkspace, kLibrary, kHost };
+enum class BufferLife { kRun, kKept, kWorkspace, kLibrary, kHost, kWeights };
 const char* buffer_life_name(BufferLife life);
 
 struct BufferEntry {
@@ -95,6 +98,8 @@ struct LlamaBufferDims {
   bool host_kept_mlp = true;         // the host tier's sets (staging and host) hold gate / up
   int64_t full_sets = 0;             // of the kept sets, the first full_sets also hold h1, h2 and m
                                      // (LlamaModelOptions::full_kept_sets; whole sets, whole MLP only)
+  int64_t dequantized_layers = 0;    // layers whose projections stay dequantized in a slot of their own
+                                     // (LlamaModelOptions::dequantized_layers; at most L)
   int64_t host_sets = 0;             // host-kept layers (pinned host sets)
   int64_t staging_sets = 0;          // their device staging sets (min(host_sets, options.host_staging_sets))
   bool host_checkpoints = false;     // x_l through checkpoint_slots device slots, the rest in pinned memory
@@ -196,6 +201,8 @@ struct LlamaActivations : LlamaInternals {
                              // norm (the bound layer's q / k norms; its output norms: BindScratch)
   float* biases = nullptr;   // [7, max_out] f32: the bound layer's biases
   void* lora_cat = nullptr;  // the fold: the bound layer's A matrices stacked per group [R_qkv + R_gu, C]
+  void* dequantized = nullptr;  // [dequantized_layers] slots of llama_dequantized_layer_bytes (kWeights)
+  Tensor dequantized_storage;
   void* lora_cvt = nullptr;  // the bound layer's LoRA A/B in the activation dtype (convert_lora)
   void* head_cvt = nullptr;  // [V, C] the LM head in the activation dtype (convert_head)
   bool head_converted = false;  // head_cvt holds the bound root's head
@@ -221,6 +228,11 @@ int64_t llama_kept_set_bytes(const LlamaBufferDims& dims, Backend backend, DType
                              bool host_tier = false, bool full = false);
 // The device kept sets' bytes together (full ones and the others): where the staging sets begin.
 int64_t llama_kept_sets_bytes(const LlamaBufferDims& dims, Backend backend, DType activation_dtype);
+
+// One dequantized layer's slot (LlamaModelOptions::dequantized_layers): what a layer's
+// projections take in the workspace when dequantized (the fold's widened weights, the row-folded
+// ones' A rows), each piece kBufferAlign-aligned.
+int64_t llama_dequantized_layer_bytes(const LlamaBufferDims& dims, DType activation_dtype);
 
 // After the plan's allocation: the buffers that share another's memory (dh2, da, xf, dxf).
 void llama_buffer_aliases(const LlamaBufferDims& dims, LlamaActivations& a);

@@ -90,6 +90,9 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   plan_ = llama_buffer_plan(d, ctx_.backend(), act_t, &a);
   a.storage = plan_.allocate(BufferLife::kRun, ctx_.compute_device(), /*zero=*/true);
   a.kept_storage = plan_.allocate(BufferLife::kKept, ctx_.compute_device(), /*zero=*/false);
+  a.dequantized_storage = plan_.allocate(BufferLife::kWeights, ctx_.compute_device(), /*zero=*/false);
+  dequant_layout_.assign(static_cast<size_t>(d.dequantized_layers), 0u);
+  dequant_slot_bytes_ = llama_dequantized_layer_bytes(d, act_t);
   llama_buffer_aliases(d, a);
   a.work = a;
   RopeParams rp;
@@ -316,7 +319,8 @@ DropoutKey LlamaModel::dropout_key(int idx) const {
                     row_offset_ + chunk_row_offset_};
 }
 
-// The bound layer's projections as GEMM operands: 4-bit ones dequantized into the workspace.
+// The bound layer's projections as GEMM operands: 4-bit ones dequantized into the workspace (or
+// the layer's slot, options.dequantized_layers).
 void LlamaModel::dequantize_layer() {
   mark(StepPart::kDequant);
   Workspace& ws = ctx_.workspace();
@@ -346,6 +350,24 @@ void LlamaModel::dequantize_layer() {
     const ProjectionBinding& p = layer_.proj[static_cast<size_t>(idx)];
     row_fold_[static_cast<size_t>(idx)] = on && p.r > 0 && p.lora_A && (p.quantized || p.weight_dtype == act_t);
   }
+  // Where the weights go: the workspace, or (options.dequantized_layers) the layer's own slot,
+  // whose weights of this layout are there from an earlier bind: then only the LoRA's columns and
+  // rows are packed again.
+  const size_t l = static_cast<size_t>(layer_.layer);
+  uint8_t* slot = l < dequant_layout_.size()
+                      ? static_cast<uint8_t*>(act_->dequantized) + static_cast<int64_t>(l) * dequant_slot_bytes_
+                      : nullptr;
+  const uint32_t layout = dequant_layout();
+  const bool made = slot && dequant_layout_[l] == layout;
+  int64_t slot_used = 0;
+  auto take = [&](int64_t bytes, const char* what) -> void* {
+    if (!slot) return ws.take(static_cast<size_t>(bytes), what);
+    slot_used = (slot_used + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
+    QS_CHECK(slot_used + bytes <= dequant_slot_bytes_, std::string("dequantized layer slot too small for the ") + what);
+    void* p = slot + slot_used;
+    slot_used += bytes;
+    return p;
+  };
   // The 4-bit projections are dequantized by one batched launch after the loop (the LoRA packing
   // writes other columns of the folded buffers, so it may run first).
   std::array<Dequant4bitArgs, kLlamaProjections.size()> batch_args{};
@@ -364,14 +386,14 @@ void LlamaModel::dequantize_layer() {
     if (g >= 0 && fold_[static_cast<size_t>(g)]) {
       // W_ext [out, in + R] = [W | 0 .. s B | .. 0]: this projection's scaled B in its own columns.
       const int64_t R = fold_r_[static_cast<size_t>(g)], ld = p.in + R;
-      void* w = ws.take(static_cast<size_t>(p.out * ld) * esz, "folded projection");
-      if (p.quantized) {
+      void* w = take(p.out * ld * static_cast<int64_t>(esz), "folded projection");
+      if (!made && p.quantized) {
         Dequant4bitArgs q = p.q;
         q.row_len = p.in;
         q.out_ld = ld;
         batch_args[batch] = q;  // the forward's rule (the backward's: backward_weight)
         batch_outs[batch++] = w;
-      } else {
+      } else if (!made) {
         ops::copy_2d(w, ld, p.dense, p.in, p.out, p.in, 1.0f, ctx_);
       }
       const int64_t off = fold_off_[i];
@@ -383,14 +405,16 @@ void LlamaModel::dequantize_layer() {
       weights_[i] = w;
     } else if (p.quantized) {
       const bool rows = row_fold_[i];  // [W; A]: A's r rows below W
-      void* w = ws.take(static_cast<size_t>(p.in * (p.out + (rows ? p.r : 0))) * esz, "dequantized projection");
-      batch_args[batch] = p.q;  // the forward's rule (the backward's: backward_weight)
-      batch_outs[batch++] = w;
+      void* w = take(p.in * (p.out + (rows ? p.r : 0)) * static_cast<int64_t>(esz), "dequantized projection");
+      if (!made) {
+        batch_args[batch] = p.q;  // the forward's rule (the backward's: backward_weight)
+        batch_outs[batch++] = w;
+      }
       if (rows) pack(act(w, p.out * p.in), p.in, p.lora_A, p.in, p.r, p.in, 1.0f);
       weights_[i] = w;
     } else if (p.weight_dtype == act_t && row_fold_[i]) {  // [W; A]: W copied, A's r rows below it
-      void* w = ws.take(static_cast<size_t>(p.in * (p.out + p.r)) * esz, "row-folded projection");
-      pack(w, p.in, p.dense, p.in, p.out, p.in, 1.0f);
+      void* w = take(p.in * (p.out + p.r) * static_cast<int64_t>(esz), "row-folded projection");
+      if (!made) pack(w, p.in, p.dense, p.in, p.out, p.in, 1.0f);
       pack(act(w, p.out * p.in), p.in, p.lora_A, p.in, p.r, p.in, 1.0f);
       weights_[i] = w;
     } else if (p.weight_dtype == act_t) {
@@ -398,17 +422,25 @@ void LlamaModel::dequantize_layer() {
     } else if (ops::gemm_supports(ctx_, act_t, p.weight_dtype)) {
       weights_[i] = nullptr;  // read in its own dtype
     } else {
-      void* w = ws.take(static_cast<size_t>(p.in * p.out) * esz, "converted projection");
-      ops::convert(w, act_t, p.dense, p.weight_dtype, p.in * p.out, ctx_);
+      void* w = take(p.in * p.out * static_cast<int64_t>(esz), "converted projection");
+      if (!made) ops::convert(w, act_t, p.dense, p.weight_dtype, p.in * p.out, ctx_);
       weights_[i] = w;
     }
   }
+  if (slot) dequant_layout_[l] = layout;  // filled in stream order below (the batched dequant)
   if (npacks > 0) {
     mark(StepPart::kLoraPack);
     ops::copy_2d_batch(packs.data(), npacks, ctx_);
   }
   mark(StepPart::kDequant);
   ops::dequantize_4bit_batch(batch_outs.data(), batch_args.data(), batch, ctx_);
+}
+
+uint32_t LlamaModel::dequant_layout() const {
+  uint32_t bits = 1u | (fold_[0] ? 2u : 0u) | (fold_[1] ? 4u : 0u);
+  for (size_t i = 0; i < row_fold_.size(); ++i)
+    if (row_fold_[i]) bits |= 8u << i;
+  return bits;
 }
 
 int64_t LlamaModel::fold_ld(int g) const { return config_.hidden_size + fold_r_[static_cast<size_t>(g)]; }

@@ -58,6 +58,7 @@
 // Thread safety: none. Stream: everything runs on ctx.compute().
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -133,6 +134,15 @@ struct LlamaModelOptions {
   // (train/memory_plan.h). Whole sets (kept_mlp) of a whole MLP only; clamped to the kept sets.
   // Same kernels on the same inputs: the same bits.
   int64_t full_kept_sets = 0;
+  // dequantized_layers: the first this many layers keep their projections dequantized (4-bit ones
+  // in the activation dtype, laid out as the GEMMs read them: the fold's widened weights, the
+  // row-folded backward's [W; A]) in a slot of their own (BufferLife::kWeights) from their first
+  // use on: the frozen base's values never change, so each later bind of the layer (the forward and
+  // the backward of every micro-batch) packs only the LoRA's columns / rows (which do change) and
+  // dequantizes nothing. A layer's slot is remade when its layout changes (the fold is off while
+  // training with LoRA dropout and on in evaluation). About a layer's bf16 weights each (436 MB at
+  // 8B); every layer: the workspace holds none. Same values in the same GEMMs: the same bits.
+  int64_t dequantized_layers = 0;
   // host_checkpoints: the layer inputs x_0..x_L (activation checkpointing's checkpoints) go
   // through checkpoint_slots device slots (at least kCheckpointSlots) instead of one buffer each:
   // x_0..x_L-slots are copied to pinned host memory as the forward writes them and back ahead of
@@ -214,7 +224,14 @@ class LlamaModel {
   std::function<void(Pass pass)> after_root;
   // Where the weights come from: `weights` (borrowed; it outlives the model or is reset first),
   // null: the tree's own (tree_weights()). Its shapes must be the tree's.
-  void set_weights(LlamaWeights* weights) { source_ = weights ? weights : tree_.get(); }
+  // The dequantized layers' slots (options.dequantized_layers) are remade at each one's next use.
+  void set_weights(LlamaWeights* weights) {
+    source_ = weights ? weights : tree_.get();
+    forget_dequantized();
+  }
+  // Empties the dequantized layers' slots (options.dequantized_layers): each is dequantized again
+  // at its next use. For a caller that changed the frozen base's values under the model.
+  void forget_dequantized() { std::fill(dequant_layout_.begin(), dequant_layout_.end(), 0u); }
   LlamaTreeSlots& tree_weights() { return *tree_; }
 
   // Dropout keys of the next calls: the optimizer step, and the global row index of local row 0.
@@ -381,6 +398,11 @@ class LlamaModel {
   // down_proj): its dequantized weight has A's r rows below W ([W; A], [out + r, in]), and
   // dx = [dy | s dt] [W; A] is one GEMM (linear_bwd).
   std::array<bool, 7> row_fold_{};
+  // options.dequantized_layers: per slot the layout its weights were made for (dequant_layout()),
+  // 0 while empty; each slot dequant_slot_bytes_ bytes at act_->dequantized.
+  std::vector<uint32_t> dequant_layout_;
+  int64_t dequant_slot_bytes_ = 0;
+  uint32_t dequant_layout() const;  // the bound layer's: its fold and row folds (never 0)
   StepProfiler profiler_;
   void mark(StepPart part, uint32_t line = std::source_location::current().line()) { profiler_.mark(part, line); }
   struct Staging;  // pinned host slots for ids/targets uploads

@@ -75,6 +75,10 @@ std::string MemoryPlan::describe() const {
                      full_kept > 0 ? fmt::format("; {} of them their norms' outputs and SwiGLU's too, {} more each",
                                                  full_kept, human_bytes(per_full))
                                    : std::string());
+  if (dequantized > 0)
+    s += fmt::format("; {} of {} layers' base dequantized on the {} from its first use on ({} each{})", dequantized,
+                     layers, mem, human_bytes(per_dequantized),
+                     dequantized >= layers && dequantized_ws > 0 ? ", the workspace without weights" : "");
   if (checkpoint_every > 1) s += "; every second layer input kept (the others recomputed from the one before)";
   if (host_checkpoints)
     s += fmt::format("; the layer inputs in pinned host memory, {} on the {}{}", checkpoint_slots, mem,
@@ -84,8 +88,10 @@ std::string MemoryPlan::describe() const {
     s += fmt::format("; {} more keep theirs in pinned host memory ({}{}, through {} staging set{} of {} on the {})",
                      host_keep_layers, host_kept_mlp ? "" : "without gate / up, ", human_bytes(host_bytes()),
                      staging_sets(), staging_sets() > 1 ? "s" : "", human_bytes(per_host_kept), mem);
-  s += fmt::format("; {}: {} {} + step buffers {} + kept {} = {}", mem, measured ? "in use" : "resident (estimate)",
-                   human_bytes(resident), human_bytes(step), human_bytes(kept_bytes()), human_bytes(total()));
+  s += fmt::format("; {}: {} {} + step buffers {} + kept {}{} = {}", mem, measured ? "in use" : "resident (estimate)",
+                   human_bytes(resident), human_bytes(step), human_bytes(kept_bytes()),
+                   dequantized > 0 ? " + dequantized " + human_bytes(dequantized_bytes()) : std::string(),
+                   human_bytes(total()));
   if (est_step_s > 0) {
     s += fmt::format("; micro-batch {}, estimated {:.3f} s a step", micro_batch, est_step_s);
     if (candidates > 1 && runner_up_s > 0)
@@ -104,6 +110,7 @@ std::string MemoryPlan::brief() const {
                      full_kept > 0 ? fmt::format(" ({} full)", full_kept) : std::string());
   if (host_keep_layers > 0)
     s += fmt::format(", {} host-kept{}", host_keep_layers, host_kept_mlp ? "" : " without gate / up");
+  if (dequantized > 0) s += fmt::format(", {} dequantized", dequantized);
   if (embedding_on_host) s += ", embedding on the host";
   if (host_checkpoints) s += ", checkpoints on the host";
   if (checkpoint_every > 1) s += ", every second checkpoint";
@@ -163,6 +170,11 @@ constexpr double kFixedTokens = 350;
 // 44.4, LoRA 91.3 -> 89.1), 0.76 ms a set, against N a = 1.36 s there (the 998 ms step of session 31:
 // N a (1 - 0.29) + 350 a): 31 x 0.76 / 1364.
 constexpr double kFullShare = 0.017;
+// Dequantized layers (LlamaModelOptions::dequantized_layers), every one of them, save this many
+// tokens' worth (N0's units) of each micro-batch's fixed work: a layer's two dequants a micro-batch.
+// Measured on an H100 (session 34, docs/PERFORMANCE.md): dequant 13.0 ms of the every-layer-kept
+// step at 8 x 2048 (16,553 tokens/s), a = 84 us a token there.
+constexpr double kDequantTokens = 155;
 constexpr double kOffloadContention = 0.06;
 // The share of whole host-kept sets' gate / up copies exposed beside an offloaded base (estimate()).
 constexpr double kWholeHostExposed = 0.6;
@@ -269,6 +281,28 @@ void fill_full_sets(MemoryPlan& p, const MemoryConfig& m) {
   p.full_kept = n;
 }
 
+// The dequantized layers (memory.dequantized_layers): with auto, a budget and the GPU, once every
+// layer is kept and every kept set is full (a full set saves a little more a byte), as many as the
+// memory left holds; as configured, at most the layers and (with a budget) what the memory left
+// holds. Every layer dequantized frees the workspace's weights (dequantized_ws).
+void fill_dequantized(MemoryPlan& p, const MemoryConfig& m) {
+  p.dequantized = 0;
+  if (m.dequantized_layers == 0 || p.per_dequantized <= 0 || p.layers <= 0) return;
+  if (m.dequantized_layers < 0) {
+    if (!p.cuda || p.budget <= 0 || p.keep_layers < p.layers) return;
+    const int64_t sets = std::max<int64_t>(p.keep_layers - 1, 0);
+    if (p.per_full > 0 && p.full_kept < sets) return;
+  }
+  int64_t n = m.dequantized_layers < 0 ? p.layers : std::min(m.dequantized_layers, p.layers);
+  if (p.budget > 0) {
+    const double room = std::max(p.budget - p.resident - p.step - p.kept_bytes(), 0.0);
+    const double all = p.per_dequantized * static_cast<double>(p.layers) - p.dequantized_ws;
+    if (n < p.layers || room < all)
+      n = std::min({n, p.layers - 1, static_cast<int64_t>(std::floor(room / p.per_dequantized))});
+  }
+  p.dequantized = std::max<int64_t>(n, 0);
+}
+
 double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
   const double R = r.gemm_flops > 0 ? r.gemm_flops : kDefaultGemmFlops;
   const double h2d = r.h2d_bytes_per_second > 0 ? r.h2d_bytes_per_second : kDefaultH2dBytesPerSecond;
@@ -285,7 +319,8 @@ double estimate(const MemoryPlan& p, const CostInputs& in, const PlanRates& r) {
                                      (in.L - 1)
                                : 0.0;
   const double full = in.L > 1 ? std::min(static_cast<double>(p.full_kept), device_kept) / (in.L - 1) : 0.0;
-  double micro = N * a * (1 - kRecomputeShare * kept - kFullShare * full) + kFixedTokens * a;
+  const double dequantized = in.L > 0 ? std::min(static_cast<double>(p.dequantized), in.L) / in.L : 0.0;
+  double micro = N * a * (1 - kRecomputeShare * kept - kFullShare * full) + (kFixedTokens - kDequantTokens * dequantized) * a;
   const double copy = in.layer_bytes / in.world / h2d;
   if (p.offload_params) {
     // Each layer's shard crosses host to device once in the forward and once in the backward,
@@ -419,6 +454,14 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
     p.per_kept = p.per_host_kept = whole_set;
     const double full_set = llama_kept_layer_bytes(lc, step_options(config, micro, 0, host_ck, kCheckpointSlots, 1, true),
                                                    backend, act_t, config.lora.r, false, true);
+    {  // one layer's dequantized slot; every layer's leaves the workspace's weights out
+      LlamaModelOptions o = step_options(config, micro, p.mlp_chunk_rows, host_ck, p.checkpoint_slots, every);
+      o.dequantized_layers = lc.num_hidden_layers;
+      const LlamaBufferDims dd = llama_buffer_dims(lc, o, backend, act_t, act_t, config.lora.r);
+      p.per_dequantized = static_cast<double>(llama_dequantized_layer_bytes(dd, act_t));
+      p.dequantized_ws = p.step - static_cast<double>(llama_buffer_plan(dd, backend, act_t).total()) +
+                         p.per_dequantized * static_cast<double>(lc.num_hidden_layers);
+    }
     p.library = cuda ? library_bytes(micro, static_cast<double>(T), static_cast<double>(lc.hidden_size),
                                      static_cast<double>(lc.num_attention_heads * lc.head_dim), budget > 0)
                      : 0.0;
@@ -431,6 +474,7 @@ std::vector<MemoryPlan> plan_candidates(const TrainConfig& config, const LlamaCo
       q.host_keep_layers = std::clamp<int64_t>(q.host_keep_layers, 0, whole ? open_layers(q) : 0);
       q.per_full = whole && q.kept_mlp ? full_set - whole_set : 0.0;
       fill_full_sets(q, m);
+      fill_dequantized(q, m);
     };
     p.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
     p.host_keep_layers = m.host_keep_layers > 0 ? m.host_keep_layers : 0;
@@ -597,6 +641,7 @@ MemoryPlan plan_memory(const TrainConfig& config, const LlamaConfig& lc, Backend
   // memory measured after the build.
   chosen.keep_layers = m.keep_layers >= 0 ? std::min<int64_t>(m.keep_layers, lc.num_hidden_layers) : 0;
   fill_full_sets(chosen, m);
+  fill_dequantized(chosen, m);
   return chosen;
 }
 
@@ -623,6 +668,7 @@ void plan_kept_layers(MemoryPlan& p, const TrainConfig& config, double in_use_by
     p.keep_layers = kept_for_room(p.budget - p.resident - p.step - p.staging_bytes(), p.per_kept, p.layers);
   p.host_keep_layers = std::min(p.host_keep_layers, p.mlp_chunk_rows == 0 ? open_layers(p) : int64_t{0});
   fill_full_sets(p, config.memory);
+  fill_dequantized(p, config.memory);
 }
 
 }  // namespace qshard

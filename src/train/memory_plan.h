@@ -31,7 +31,11 @@
 //     or whole on the device beside a lean host tier, each with its own host-kept count);
 //   - once every layer is kept, how many of the kept sets are full (memory.full_kept_layers; auto:
 //     as many as the memory left holds): they keep h1, h2 and m too, whose recompute (two RMSNorms,
-//     the fold's skinny GEMMs and a SwiGLU: memory-bound) is about 2% of a step with every layer kept.
+//     the fold's skinny GEMMs and a SwiGLU: memory-bound) is about 2% of a step with every layer kept;
+//   - then, once every kept set is full too, how many layers keep their base dequantized on the GPU
+//     from their first use on (memory.dequantized_layers; auto: as many as the memory left holds, the
+//     GPU only): each saves its two dequants a micro-batch (about 1.3% of a step at 8B, every layer),
+//     for about its bf16 weights' bytes.
 // The cost model (GPU): a micro-batch of N tokens takes N a (1 - s k) + N0 a seconds, a = useful
 // FLOPs per token / (0.54 x the measured GEMM rate), N0 = 350 tokens of per-micro-batch fixed work
 // (dequantizing the base, the head, the LoRA's small GEMMs, launches), s = 0.29 the recompute's share,
@@ -91,6 +95,7 @@ struct MemoryPlan {
   bool host_kept_mlp = true;     // host-kept layers do (LlamaModelOptions::host_kept_mlp)
   int64_t full_kept = 0;         // of the device-kept layers but the last, those whose sets are full
                                  // (h1, h2 and m kept too: LlamaModelOptions::full_kept_sets)
+  int64_t dequantized = 0;       // layers whose base stays dequantized (LlamaModelOptions::dequantized_layers)
   bool host_checkpoints = false; // the layer inputs in pinned host memory (memory.host_checkpoints;
                                  // step_buffers count it)
   int64_t checkpoint_slots = 3;  // with host_checkpoints: the layer inputs' device slots (three, or more
@@ -110,6 +115,8 @@ struct MemoryPlan {
   double per_host_kept = 0;  // each host-kept layer's set: its staging sets on the GPU (at most two),
                              // its host sets in pinned host memory (per_kept unless host_kept_mlp differs)
   double per_full = 0;       // a full kept set's bytes beyond a whole one (0: no full sets at this shape)
+  double per_dequantized = 0;  // one dequantized layer's slot (llama_dequantized_layer_bytes)
+  double dequantized_ws = 0;   // the workspace's weights, which every layer dequantized leaves out
   // The cost model (GPU plans): the estimated seconds of one optimizer step, how many plans were
   // weighed, and the fastest other one that fits.
   double est_step_s = 0;
@@ -125,7 +132,10 @@ struct MemoryPlan {
   double host_bytes() const {
     return per_host_kept * static_cast<double>(std::max<int64_t>(host_keep_layers - staging_sets(), 0));
   }
-  double total() const { return resident + step + kept_bytes(); }
+  double dequantized_bytes() const {
+    return per_dequantized * static_cast<double>(dequantized) - (dequantized > 0 && dequantized >= layers ? dequantized_ws : 0.0);
+  }
+  double total() const { return resident + step + kept_bytes() + dequantized_bytes(); }
   // Within the budget on the GPU (none: always): the base, the step's buffers and the staging sets
   // (the device-kept layers fill what is left).
   bool fits() const { return budget <= 0 || resident + step + staging_bytes() <= budget; }

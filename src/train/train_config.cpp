@@ -329,6 +329,11 @@ const std::vector<Field>& fields() {
                "of the layers kept on the GPU, how many also keep their RMSNorm outputs and SwiGLU's output, so that "
                "their backward reruns nothing (about half a kept layer's bytes again at 8B; -1: once every layer is "
                "kept, as many as the budget's room left holds; none without a budget)"),
+      QS_FIELD("memory.dequantized_layers", memory.dequantized_layers, ">= -1 (-1 = the plan's choice)",
+               "how many layers keep their base weights dequantized on the GPU from their first use on (4-bit "
+               "projections in bf16, as the GEMMs read them: about a layer's bf16 weights each, 436 MB at 8B), so "
+               "that later binds dequantize nothing; -1: once every layer is kept and every kept set is full, as "
+               "many as the budget's room left holds; none without a budget or on the CPU"),
       QS_FIELD("memory.base", memory.base, "auto, gpu",
                "where the frozen base lives with offload.params off: the GPU (gpu), or the memory plan's choice "
                "(auto: pinned host memory where the budget needs it or that is faster)"),
@@ -751,6 +756,8 @@ void TrainConfig::validate(int world_size) const {
   ck.require(memory.host_staging_sets >= 1 && memory.host_staging_sets <= 8, "memory.host_staging_sets",
              memory.host_staging_sets, "in [1, 8]");
   ck.require(memory.full_kept_layers >= -1, "memory.full_kept_layers", memory.full_kept_layers,
+             ">= -1 (-1 = the plan's choice)");
+  ck.require(memory.dequantized_layers >= -1, "memory.dequantized_layers", memory.dequantized_layers,
              ">= -1 (-1 = the plan's choice)");
   ck.require(memory.mlp_chunk_tokens >= -1 && memory.mlp_chunk_tokens <= kMaxMicroTokens, "memory.mlp_chunk_tokens",
              memory.mlp_chunk_tokens, fmt::format("in [-1, {}] (-1 = auto, 0 = never)", kMaxMicroTokens));

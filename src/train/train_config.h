@@ -182,6 +182,12 @@ struct MemoryConfig {
                                   // layer's bytes again at 8B, for the backward's memory-bound reruns);
                                   // -1: the memory plan's choice (once every layer is kept, as many
                                   // as the budget's room left holds; none without a budget)
+  int64_t dequantized_layers = -1;  // layers whose base weights stay dequantized on the device from their
+                                    // first use on (LlamaModelOptions::dequantized_layers: about a layer's
+                                    // bf16 weights each, for the dequant of every later bind); -1: the
+                                    // memory plan's choice (once every layer is kept and every kept set
+                                    // is full, as many as the budget's room left holds; none without a
+                                    // budget or on the CPU)
   std::string base = "auto";      // where the frozen base's shards live with offload.params off: "gpu"
                                   // (never offloaded by the plan), or "auto": the memory plan may move
                                   // them to pinned host memory, to fit the budget or where that is

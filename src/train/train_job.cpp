@@ -139,6 +139,7 @@ void TrainJob::build_model() {
   mo_.kept_mlp = plan_.kept_mlp;
   mo_.host_kept_mlp = plan_.host_kept_mlp;
   mo_.full_kept_sets = plan_.full_kept;
+  mo_.dequantized_layers = plan_.dequantized;
   mo_.host_checkpoints = plan_.host_checkpoints;
   mo_.checkpoint_slots = plan_.checkpoint_slots;
   mo_.checkpoint_every = plan_.checkpoint_every;
@@ -180,6 +181,7 @@ void TrainJob::account_memory(std::optional<int64_t> runtime_bytes) {
   const BufferPlan& bp = model_->buffer_plan();
   l.add("step activations", static_cast<uint64_t>(bp.total(BufferLife::kRun)), MemoryPlace::kDevice);
   l.add("kept layers' activations", static_cast<uint64_t>(bp.total(BufferLife::kKept)), MemoryPlace::kDevice);
+  l.add("dequantized base layers", static_cast<uint64_t>(bp.total(BufferLife::kWeights)), MemoryPlace::kDevice);
   l.add("host-kept layers' activations and checkpoints", static_cast<uint64_t>(bp.total(BufferLife::kHost)),
         MemoryPlace::kPinnedHost);
   l.add("step workspace", static_cast<uint64_t>(model_->allocated_bytes().workspace), MemoryPlace::kDevice);
@@ -321,6 +323,7 @@ void TrainJob::open_logger() {
   summary_.perf.kept_mlp = plan_.kept_mlp;
   summary_.perf.host_kept_mlp = plan_.host_kept_mlp;
   summary_.perf.full_kept = plan_.full_kept;
+  summary_.perf.dequantized_layers = plan_.dequantized;
   summary_.perf.micro_batch = plan_.micro_batch;
   summary_.perf.est_step_s = plan_.est_step_s;
   summary_.perf.mlp_chunk_rows = plan_.mlp_chunk_rows;

@@ -66,6 +66,31 @@ std::unique_ptr<Module> random_tree(const LlamaConfig& c, uint32_t seed, const L
   return tree;
 }
 
+// A tree of 4-bit NF4 projections (random floats quantized) with f32 LoRA `lora` and random f32
+// norms (near 1) and embeddings.
+std::unique_ptr<Module> random_4bit_tree(const LlamaConfig& c, uint32_t seed, const LoraSpec& lora) {
+  LlamaTreeOptions o;
+  o.dtype = DType::kF32;
+  o.quant = QuantizeOptions{};
+  o.lora = lora;
+  auto tree = build_llama_tree(c, o);
+  for (auto& [name, t] : state_dict(*tree)) {  // random floats (norms near 1); the 4-bit projections below
+    if (t.dtype() != DType::kF32) continue;
+    const bool norm = name.find("norm") != std::string::npos;
+    const std::vector<float> v = random_vec(t.numel(), seed++, norm ? 0.1f : 0.3f);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = v[i] + (norm ? 1.0f : 0.0f);
+  }
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    for (const char* p : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                          "mlp.up_proj", "mlp.down_proj"}) {
+      const std::string w = "model.layers." + std::to_string(l) + "." + p + ".weight";
+      Params4bit& p4 = const_cast<Params4bit&>(*resolve(*tree, w).params4bit);
+      const Shape shape = p4.quant_state.shape;
+      p4 = quantize_4bit(Tensor::from_f32(shape, DType::kF32, random_vec(shape_numel(shape), seed++, 0.3f)));
+    }
+  return tree;
+}
+
 float* param(Module& tree, const std::string& fqn) { return resolve(tree, fqn).tensor.data<float>(); }
 
 // Gradient buffers keyed by fqn, created on first lookup: the tree's weights with LoRA gradient
@@ -301,26 +326,7 @@ TEST(LlamaModel, LoraRankAboveEveryWidthFitsTheWorkspace) {
   for (int64_t i = 0; i < B * T; ++i) ids[i] = (i * 3 + 1) % c.vocab_size, targets[i] = (i * 5 + 4) % c.vocab_size;
   double loss[2];
   for (int k = 0; k < 2; ++k) {
-    LlamaTreeOptions o;
-    o.dtype = DType::kF32;
-    o.quant = QuantizeOptions{};
-    o.lora = LoraSpec{8192, {"q_proj"}};
-    auto tree = build_llama_tree(c, o);
-    uint32_t seed = 41;
-    for (auto& [name, t] : state_dict(*tree)) {  // random floats (norms near 1); the 4-bit projections below
-      if (t.dtype() != DType::kF32) continue;
-      const bool norm = name.find("norm") != std::string::npos;
-      const std::vector<float> v = random_vec(t.numel(), seed++, norm ? 0.1f : 0.3f);
-      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = v[i] + (norm ? 1.0f : 0.0f);
-    }
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-      for (const char* p : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-                            "mlp.up_proj", "mlp.down_proj"}) {
-        const std::string w = "model.layers." + std::to_string(l) + "." + p + ".weight";
-        Params4bit& p4 = const_cast<Params4bit&>(*resolve(*tree, w).params4bit);
-        const Shape shape = p4.quant_state.shape;
-        p4 = quantize_4bit(Tensor::from_f32(shape, DType::kF32, random_vec(shape_numel(shape), seed++, 0.3f)));
-      }
+    auto tree = random_4bit_tree(c, 41, LoraSpec{8192, {"q_proj"}});
     LlamaModelOptions opt;
     opt.lora_alpha = 4.0;
     opt.max_batch = B;
@@ -553,6 +559,100 @@ TEST(LlamaModel, FullKeptSetsGiveTheSameStep) {
   opt.kept_mlp = true;
   opt.mlp_chunk_rows = 8;
   EXPECT_EQ(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, r).full_sets, 0);
+}
+
+// Dequantized layers (options.dequantized_layers): the first layers keep their projections
+// dequantized (4-bit) or widened / copied (the fold's [W | s B], the row-folded [W; A]) in a slot of
+// their own from their first use on, and a later bind packs only the LoRA's columns and rows again.
+// Over training steps whose LoRA weights change between them (an optimizer's update), an eval pass
+// between them (with LoRA dropout the fold is off in training and on in eval: the slot's layout
+// changes both ways) and kept layers, one slot and every layer's give the losses and LoRA gradients
+// of no slots bit for bit, on a 4-bit base and on a dense one (a slot whose LoRA columns were not
+// packed again would keep the first step's B and A: other numbers from the second step on). The
+// slots are one kWeights entry; with every layer in one the workspace holds no weights.
+TEST(LlamaModel, DequantizedLayersGiveTheSameSteps) {
+  LlamaConfig c = small_config();
+  c.num_hidden_layers = 3;
+  const int64_t B = 2, T = 5;
+  auto make_tree = [&](bool quantized) {
+    return quantized ? random_4bit_tree(c, 71, LoraSpec{2}) : random_tree(c, 71);
+  };
+  struct Run {
+    std::vector<double> losses;
+    std::map<std::string, std::vector<float>> grads;
+    int64_t weights_bytes = 0, workspace_bytes = 0;
+  };
+  auto run = [&](bool quantized, float dropout, int64_t keep, int64_t dequantized) {
+    auto tree = make_tree(quantized);
+    LlamaModelOptions opt;
+    opt.lora_alpha = 4.0;
+    opt.max_batch = B;
+    opt.max_seq = T;
+    opt.lora_dropout = dropout;
+    opt.dropout_seed = 5;
+    opt.keep_layers = keep;
+    opt.dequantized_layers = dequantized;
+    LlamaModel model(c, *tree, ctx(), opt);
+    GradStore gs(*tree);
+    gs.attach(model);
+    Run r;
+    r.weights_bytes = model.buffer_plan().total(BufferLife::kWeights);
+    r.workspace_bytes = model.buffer_plan().total(BufferLife::kWorkspace);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<int64_t> ids(B * T), targets(B * T);
+      for (int64_t i = 0; i < B * T; ++i)
+        ids[i] = (i * 5 + 2 + step) % c.vocab_size, targets[i] = (i * 7 + 1 + 3 * step) % c.vocab_size;
+      model.set_dropout_context(static_cast<uint64_t>(step), 0);
+      model.forward_backward(ids, targets, B, T, 20.0);
+      r.losses.push_back(model.take_loss_sum());
+      model.set_training(false);
+      model.forward_loss(ids, targets, B, T);
+      r.losses.push_back(model.take_loss_sum());
+      model.set_training(true);
+      // an optimizer's update: every LoRA A and B moves
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+        for (const char* p : kProjections)
+          for (const char* ab : {".lora_A.weight", ".lora_B.weight"}) {
+            Tensor t = resolve(*tree, "model.layers." + std::to_string(l) + "." + p + ab).tensor;
+            for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] += 0.05f * static_cast<float>((i + l) % 5) - 0.1f;
+          }
+    }
+    r.grads = gs.grads;
+    return r;
+  };
+  for (const bool quantized : {true, false})
+    for (const float dropout : {0.0f, 0.25f})
+      for (const int64_t keep : {int64_t{0}, int64_t{3}}) {
+        const Run ref = run(quantized, dropout, keep, 0);
+        EXPECT_EQ(ref.weights_bytes, 0);
+        for (const int64_t n : {int64_t{1}, int64_t{3}, int64_t{7}}) {
+          const std::string what = fmt::format("4-bit {} dropout {} keep {} dequantized {}", quantized, dropout, keep, n);
+          const Run got = run(quantized, dropout, keep, n);
+          EXPECT_EQ(got.losses, ref.losses) << what;
+          ASSERT_EQ(got.grads.size(), ref.grads.size()) << what;
+          for (const auto& [name, g] : ref.grads)
+            EXPECT_EQ(0, std::memcmp(got.grads.at(name).data(), g.data(), g.size() * sizeof(float))) << name << " " << what;
+          EXPECT_GT(got.weights_bytes, 0) << what;
+          if (n >= 3) EXPECT_LT(got.workspace_bytes, ref.workspace_bytes) << what;
+          else EXPECT_EQ(got.workspace_bytes, ref.workspace_bytes) << what;
+        }
+      }
+  // The slots: the config's estimate (every projection 4-bit, LoRA on all seven, folded) has one
+  // layer's dequantized weights, the fold's widened columns and the row-folded A rows in each.
+  LlamaModelOptions opt;
+  opt.max_batch = 2;
+  opt.max_seq = 16;
+  opt.dequantized_layers = 2;
+  const int64_t r = 4, C = c.hidden_size, I = c.intermediate_size;
+  const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  const LlamaBufferDims d = llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, r);
+  const int64_t weights = (q + 2 * kv) * (C + 3 * r) + (q + r) * C + 2 * I * (C + 2 * r) + (I + r) * C;
+  const int64_t slot = llama_dequantized_layer_bytes(d, DType::kBF16);
+  EXPECT_GE(slot, weights * 2);
+  EXPECT_LE(slot, weights * 2 + 8 * kBufferAlign);
+  EXPECT_EQ(llama_buffer_plan(d, Backend::kCuda, DType::kBF16).total(BufferLife::kWeights), 2 * slot);
+  opt.dequantized_layers = 99;
+  EXPECT_EQ(llama_buffer_dims(c, opt, Backend::kCuda, DType::kBF16, DType::kBF16, r).dequantized_layers, 3);
 }
 
 // More staging sets for the host tier (options.host_staging_sets): one, three and five rings of

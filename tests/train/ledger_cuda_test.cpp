@@ -114,6 +114,40 @@ TEST(LedgerCuda, HostOptimizerKeepsTheLosses) {
   EXPECT_TRUE(staged) << on_host.perf.ledger.describe();
 }
 
+// memory.dequantized_layers on the GPU: every layer's base dequantized once into a slot of its own
+// (bf16, the fold's widened weights and the row-folded A rows), then only the LoRA's columns and
+// rows packed at each bind, over steps whose optimizer moves the LoRA weights: full recompute's
+// every-layer-kept losses bit for bit; then two of four beside an offloaded base. Nothing is
+// allocated inside the step; the slots are the ledger's "dequantized base layers" line.
+TEST(LedgerCuda, DequantizedLayersKeepTheLosses) {
+  World& world = World::get();
+  if (world.device() < 0) GTEST_SKIP() << "no GPU";
+  TrainConfig c = ledger_job(make_token_file("ledger_dequant.tok", 32000, 40000, 0));
+  c.steps = 3;
+  c.memory.keep_layers = 4;
+  c.memory.dequantized_layers = 0;
+  JobRuntime jr(world, DeviceChoice::kCuda, "device");
+  const TrainSummary ref = train(c, jr.get());
+  ASSERT_EQ(ref.losses.size(), 3u);
+  c.memory.dequantized_layers = 4;
+  const TrainSummary all = train(c, jr.get());
+  EXPECT_EQ(all.perf.dequantized_layers, 4) << all.perf.plan;
+  EXPECT_EQ(all.losses, ref.losses) << all.perf.plan;
+  EXPECT_EQ(all.perf.inside.device_allocs, 0u) << all.perf.plan;
+  double slots = 0;
+  for (const LedgerLine& x : all.perf.ledger.lines())
+    if (x.name == "dequantized base layers" && x.place == MemoryPlace::kDevice) slots += static_cast<double>(x.bytes);
+  // four layers of 1024 x (3 x 1024 + 3 x 2816) weights (with r 8 fold columns and A rows), bf16
+  EXPECT_GT(slots, 4 * 2.0 * 1024 * (3 * 1024 + 3 * 2816)) << all.perf.ledger.describe();
+  EXPECT_LT(slots, 4 * 2.0 * 1024 * (3 * 1024 + 3 * 2816) * 1.05) << all.perf.ledger.describe();
+  c.memory.dequantized_layers = 2;
+  c.offload.params = true;
+  const TrainSummary half = train(c, jr.get());
+  EXPECT_EQ(half.perf.dequantized_layers, 2) << half.perf.plan;
+  EXPECT_EQ(half.losses, ref.losses) << half.perf.plan;
+  EXPECT_EQ(half.perf.inside.device_allocs, 0u) << half.perf.plan;
+}
+
 // The checkpoint plans on the GPU: the layer inputs through the ring of device slots to pinned
 // memory (three slots, and five: more on the device where the host holds fewer), and every second
 // layer input with the odd ones rerun in the backward, with the MLP in chunks: full recompute's

@@ -153,7 +153,10 @@ TEST(MemoryPlan, FullKeptSetsOnceEveryLayerIsKept) {
   EXPECT_NE(p.describe().find("31 of them their norms' outputs and SwiGLU's too"), std::string::npos) << p.describe();
   MemoryPlan none = p;
   none.full_kept = 0;
-  const double t_full = plan_step_estimate(p, c, llama(c), 1), t_none = plan_step_estimate(none, c, llama(c), 1);
+  none.dequantized = 0;  // (the room left after the full sets: memory.dequantized_layers)
+  MemoryPlan full_only = p;
+  full_only.dequantized = 0;
+  const double t_full = plan_step_estimate(full_only, c, llama(c), 1), t_none = plan_step_estimate(none, c, llama(c), 1);
   EXPECT_LT(t_full, t_none * 0.99);
   EXPECT_GT(t_full, t_none * 0.97);
   // A budget that keeps every layer with room for five full sets and a half.
@@ -195,6 +198,88 @@ TEST(MemoryPlan, FullKeptSetsOnceEveryLayerIsKept) {
   p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
   plan_kept_layers(p, c, in_use, 0);
   EXPECT_EQ(p.full_kept, 0);
+}
+
+// memory.dequantized_layers: a dequantized layer's slot holds its projections as the GEMMs read
+// them (bf16; the fold's widened q|k|v and gate|up, o_proj's and down_proj's A rows below W: 439 MB
+// at 8B, r 16). auto: none until every layer is kept and every kept set is full, then as many as the
+// room left holds (every layer: the workspace's own copy of a layer's weights is left out, where
+// it is the larger part of the workspace), within
+// the budget; none without a budget or on the CPU; a count as configured, at most the layers (and
+// with a budget what fits); the estimate falls by the dequants' share of a micro-batch's fixed work.
+TEST(MemoryPlan, DequantizedLayersOnceEverySetIsFull) {
+  TrainConfig c = job_8b(4, 2048);
+  const int64_t C = 4096, I = 14336, r = 16;
+  const double elems = static_cast<double>(C * (C + 3 * r) + 2 * 1024 * (C + 3 * r) + (C + r) * C +
+                                           2 * I * (C + 2 * r) + (C + r) * I);
+  const double in_use = 8e9;
+  c.memory.gpu_budget_gb = 1000;
+  MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  plan_kept_layers(p, c, in_use, 0);
+  ASSERT_EQ(p.keep_layers, 32);
+  ASSERT_EQ(p.full_kept, 31);
+  EXPECT_EQ(p.dequantized, 32) << p.describe();
+  EXPECT_NEAR(p.per_dequantized, 2 * elems, 8 * 256.0);
+  // (at 8B the workspace is an LM-head chunk's, 512 x 128,256 f32 logits and their gradient, larger
+  // than a layer's weights: it stays)
+  EXPECT_EQ(p.dequantized_ws, 0.0);
+  EXPECT_EQ(p.dequantized_bytes(), 32 * p.per_dequantized);
+  EXPECT_NE(p.brief().find(", 32 dequantized"), std::string::npos) << p.brief();
+  EXPECT_NE(p.describe().find("32 of 32 layers' base dequantized on the GPU from its first use on"), std::string::npos)
+      << p.describe();
+  MemoryPlan none = p;
+  none.dequantized = 0;
+  const double t_all = plan_step_estimate(p, c, llama(c), 1), t_none = plan_step_estimate(none, c, llama(c), 1);
+  EXPECT_LT(t_all, t_none * 0.995);
+  EXPECT_GT(t_all, t_none * 0.97);
+  EXPECT_NEAR(p.total() - none.total(), p.dequantized_bytes(), 1.0);
+  // A budget with room for ten and a half: ten (the workspace keeps its weights).
+  const double budget = none.total() + 10.5 * p.per_dequantized;
+  c.memory.gpu_budget_gb = budget / 1e9;
+  p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  plan_kept_layers(p, c, in_use, 0);
+  ASSERT_EQ(p.full_kept, 31) << p.describe();
+  EXPECT_EQ(p.dequantized, 10) << p.describe();
+  EXPECT_LE(p.total(), budget);
+  // Room for every layer less the workspace's copy: all of them.
+  c.memory.gpu_budget_gb = (none.total() + 32 * p.per_dequantized - p.dequantized_ws + 1e6) / 1e9;
+  p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  plan_kept_layers(p, c, in_use, 0);
+  EXPECT_EQ(p.dequantized, 32) << p.describe();
+  EXPECT_LE(p.total(), c.memory.gpu_budget_gb * 1e9);
+  // Not every kept set full (room for five): none.
+  c.memory.gpu_budget_gb = (none.total() - 26 * p.per_full) / 1e9;
+  p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  plan_kept_layers(p, c, in_use, 0);
+  EXPECT_LT(p.full_kept, 31) << p.describe();
+  EXPECT_EQ(p.dequantized, 0) << p.describe();
+  // auto: none without a budget, none on the CPU.
+  c.memory.gpu_budget_gb = 0;
+  c.memory.keep_layers = 32;
+  c.memory.full_kept_layers = 31;
+  p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  plan_kept_layers(p, c, in_use, 0);
+  EXPECT_EQ(p.dequantized, 0);
+  c.memory.gpu_budget_gb = 1000;
+  p = plan_memory(c, llama(c), Backend::kCpu, DType::kF32, 1);
+  plan_kept_layers(p, c, 0, 0);
+  EXPECT_EQ(p.dequantized, 0);
+  // As configured: at most the layers; with a budget, what fits.
+  c.memory.gpu_budget_gb = 0;
+  c.memory.dequantized_layers = 5;
+  p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  plan_kept_layers(p, c, in_use, 0);
+  EXPECT_EQ(p.dequantized, 5);
+  c.memory.dequantized_layers = 99;
+  plan_kept_layers(p, c, in_use, 0);
+  EXPECT_EQ(p.dequantized, 32);
+  c.memory.gpu_budget_gb = budget / 1e9;
+  p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
+  plan_kept_layers(p, c, in_use, 0);
+  EXPECT_EQ(p.dequantized, 10) << p.describe();
+  c.memory.dequantized_layers = 0;
+  plan_kept_layers(p, c, in_use, 0);
+  EXPECT_EQ(p.dequantized, 0);
 }
 
 TEST(MemoryPlan, SmallBudgetOffloadsTheBase) {

@@ -464,6 +464,16 @@ TEST(TrainConfig, FullKeptLayersIsChecked) {
             std::string::npos);
 }
 
+// memory.dequantized_layers: -1 (the plan's choice) or a count.
+TEST(TrainConfig, DequantizedLayersIsChecked) {
+  for (const char* ok : {"memory.dequantized_layers=-1", "memory.dequantized_layers=0", "memory.dequantized_layers=80"})
+    EXPECT_NO_THROW(parse_train_config(kMinimal, "x.yaml", {ok}).validate(1)) << ok;
+  EXPECT_EQ(parse_train_config(kMinimal, "x.yaml", {}).memory.dequantized_layers, -1);
+  EXPECT_NE(error_of([] { parse_train_config(kMinimal, "x.yaml", {"memory.dequantized_layers=-3"}).validate(1); })
+                .find("memory.dequantized_layers = -3"),
+            std::string::npos);
+}
+
 // memory.checkpoint_every: 0, 1 or 2, and 2 only where every layer is recomputed.
 TEST(TrainConfig, CheckpointEveryIsChecked) {
   for (const char* ok : {"memory.checkpoint_every=0", "memory.checkpoint_every=1", "memory.checkpoint_every=2"})

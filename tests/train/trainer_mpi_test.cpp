@@ -183,6 +183,14 @@ TEST(Trainer, MemoryPlansKeepTheLossCurve) {
   const TrainSummary embedded = train(emb, all);
   EXPECT_TRUE(embedded.perf.embedding_on_host);
   EXPECT_EQ(embedded.losses, ref.losses) << "the table's place must not change the numbers";
+  TrainConfig deq = cfg;  // every layer's base dequantized once (its shards gathered each bind), kept
+  deq.memory.dequantized_layers = 99;  // layers, the base offloaded
+  deq.memory.keep_layers = 2;
+  deq.offload.params = true;
+  const TrainSummary dequantized = train(deq, all);
+  EXPECT_EQ(dequantized.perf.dequantized_layers, 2);
+  EXPECT_NE(dequantized.perf.plan.find("2 of 2 layers' base dequantized"), std::string::npos) << dequantized.perf.plan;
+  EXPECT_EQ(dequantized.losses, ref.losses) << "dequantized layers must not change the numbers";
   TrainConfig chunk = cfg;
   chunk.memory.mlp_chunk_tokens = 24;  // 64 rows per micro-batch: chunks of 24, 24, 16
   const TrainSummary chunked = train(chunk, all);
@@ -201,7 +209,7 @@ TEST(Trainer, MemoryPlansKeepTheLossCurve) {
   off.offload.params = off.offload.optimizer = true;
   off.lora.dropout = 0.1;
   const TrainSummary offloaded = train(off, all);
-  for (const TrainSummary* s : {&ref, &kept, &planned, &chunked, &offloaded, &embedded, &second}) {
+  for (const TrainSummary* s : {&ref, &kept, &planned, &chunked, &offloaded, &embedded, &second, &dequantized}) {
     EXPECT_EQ(s->perf.inside.name_lookups, 0u) << s->perf.plan;
     EXPECT_EQ(s->perf.inside.device_allocs, 0u) << s->perf.plan;  // the CPU backend counts none
   }
