@@ -340,6 +340,24 @@ __global__ void map2_kernel_v8(bf16* out, const bf16* a, const bf16* b, int64_t 
   }
 }
 
+// The same with the output's rows ld apart: out[r * ld + c] = op(a[i], b[i]), i = r * cols + c.
+template <class Op>
+__global__ void map2_rows_kernel(bf16* out, int64_t ld, const bf16* a, const bf16* b, int64_t cols, int64_t n, Op op) {
+  QS_GRID_STRIDE(i, n) out[(i / cols) * ld + i % cols] = op(a[i], b[i]);
+}
+
+template <class Op>
+__global__ void map2_rows_kernel_v8(bf16* out, int64_t ld8, const bf16* a, const bf16* b, int64_t cols8, int64_t n8,
+                                    Op op) {
+  QS_GRID_STRIDE(i, n8) {
+    const Bf16x8 x = reinterpret_cast<const Bf16x8*>(a)[i], y = reinterpret_cast<const Bf16x8*>(b)[i];
+    Bf16x8 r;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) r.v[k] = op(x.v[k], y.v[k]);
+    reinterpret_cast<Bf16x8*>(out)[(i / cols8) * ld8 + i % cols8] = r;
+  }
+}
+
 struct AddOp {
   __device__ bf16 operator()(bf16 a, bf16 b) const {
     return __float2bfloat16_rn(__bfloat162float(a) + __bfloat162float(b));
@@ -697,7 +715,7 @@ struct LtState {
   void* workspace = nullptr;
   std::mutex mu;
   using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, bool, int64_t, int64_t, int64_t, int64_t,
-                         int64_t, int64_t, int64_t>;
+                         int64_t, int64_t, int64_t, uint64_t>;
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -759,6 +777,17 @@ void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceConte
   gemm_into(C, A, B, C, s, ctx);
 }
 
+// The largest power of two, at most 256, that divides p's address. cuBLASLt's heuristic assumes
+// 256-byte aligned operands unless told otherwise (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES), and
+// may choose an algorithm that needs it; operands that start inside a row (the fold's LoRA columns
+// beside a weight or an activation, at `in` elements) can be less aligned.
+uint32_t pointer_alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
+}
+
 // C and D share one layout (plan->c); cuBLASLt reads C in the epilogue only when beta != 0, so a
 // separate C costs nothing beyond its read.
 void gemm_into(void* D, const void* A, const void* B, const void* C, const GemmShape& s, DeviceContext& ctx) {
@@ -770,9 +799,13 @@ void gemm_into(void* D, const void* A, const void* B, const void* C, const GemmS
   QS_CHECK(lda >= (s.trans_a ? s.M : s.K) && ldb >= (s.trans_b ? s.K : s.N) && ldc >= s.N,
            "gemm: a leading dimension below its row");
   QS_CHECK(s.batch >= 1, "gemm: batch below 1");
+  // cuBLASLt's A is our B, its B our A; C and D as they are (the plan is per alignment too)
+  const uint32_t align[4] = {pointer_alignment(B), pointer_alignment(A), pointer_alignment(C), pointer_alignment(D)};
+  const uint64_t aligns = uint64_t{align[0]} | uint64_t{align[1]} << 9 | uint64_t{align[2]} << 18 |
+                          uint64_t{align[3]} << 27;  // 9 bits each (at most 256)
   const LtState::Key key{s.M,   s.N,   s.K,  s.trans_a, s.trans_b, static_cast<int>(s.a_type), static_cast<int>(s.c_type),
                          s.beta != 0.0f, lda, ldb, ldc, s.batch, s.batch > 1 ? s.stride_a : 0,
-                         s.batch > 1 ? s.stride_b : 0, s.batch > 1 ? s.stride_c : 0};
+                         s.batch > 1 ? s.stride_b : 0, s.batch > 1 ? s.stride_c : 0, aligns};
   LtState::Plan* plan;
   {
     std::lock_guard<std::mutex> lock(L.mu);
@@ -806,6 +839,11 @@ void gemm_into(void* D, const void* A, const void* B, const void* C, const GemmS
       QS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
       QS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                            &kLtWorkspaceBytes, sizeof(kLtWorkspaceBytes)));
+      const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+      for (int i = 0; i < 4; ++i)
+        QS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof(align[i])));
       cublasLtMatmulHeuristicResult_t heur{};
       int found = 0;
       const cublasStatus_t hs =
@@ -904,6 +942,18 @@ void map2(uint16_t* out, const uint16_t* a, const uint16_t* b, int64_t n, Op op,
     map2_kernel_v8<<<grid_for(n / 8), 256, 0, st(ctx)>>>(B16(out), B16(a), B16(b), n / 8, op);
   else
     map2_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(out), B16(a), B16(b), n, op);
+  QS_CUDA_CHECK_LAUNCH();
+}
+
+// n elements as rows of `cols`, the output's rows ld apart (ld > cols)
+template <class Op>
+void map2_rows(uint16_t* out, int64_t ld, const uint16_t* a, const uint16_t* b, int64_t cols, int64_t n, Op op,
+               DeviceContext& ctx) {
+  if (n == 0) return;
+  if (vec8_ok(cols, {out, a, b}) && ld % 8 == 0)
+    map2_rows_kernel_v8<<<grid_for(n / 8), 256, 0, st(ctx)>>>(B16(out), ld / 8, B16(a), B16(b), cols / 8, n / 8, op);
+  else
+    map2_rows_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(out), ld, B16(a), B16(b), cols, n, op);
   QS_CUDA_CHECK_LAUNCH();
 }
 
@@ -1023,7 +1073,14 @@ void attention_cached_fwd(uint16_t* out, const uint16_t* q, const uint16_t* k_ca
   QS_CUDA_CHECK_LAUNCH();
 }
 
-void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx, GatedAct act) {
+void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx, GatedAct act,
+                int64_t cols, int64_t ld_h) {
+  if (cols > 0 && ld_h > cols) {
+    QS_CHECK(n % cols == 0, "swiglu_fwd: n must be whole rows of cols");
+    if (act == GatedAct::kSilu) map2_rows(h, ld_h, gate, up, cols, n, GatedOp<GatedAct::kSilu>{}, ctx);
+    else map2_rows(h, ld_h, gate, up, cols, n, GatedOp<GatedAct::kGeluTanh>{}, ctx);
+    return;
+  }
   if (act == GatedAct::kSilu) map2(h, gate, up, n, GatedOp<GatedAct::kSilu>{}, ctx);
   else map2(h, gate, up, n, GatedOp<GatedAct::kGeluTanh>{}, ctx);
 }
