@@ -342,7 +342,10 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
       (weights_ws + d.round_elems + dropout_ws + 2 * N * d.max_r) * esz +
       (gemm_scratch + std::max(d.fold_r[0], d.fold_r[1]) * C) * 4;  // (+ a fold group's A gradients, f32)
   // f32 logits, and their gradient in the activation dtype when the GEMM does not take f32 with the head
-  const int64_t head_ws = (d.head_rows * V * 2 + gemm_scratch) * 4;
+  // (CUDA: its GEMM takes one dtype for both operands; the CPU's takes f32 with any head, and the
+  // gradient goes over the logits: LlamaModel::head_chunks)
+  const int64_t dlogits_esz = backend == Backend::kCuda ? esz : 0;
+  const int64_t head_ws = d.head_rows * V * (4 + dlogits_esz) + gemm_scratch * 4;
   p.add(layer_ws >= head_ws ? "workspace (a layer's scratch)" : "workspace (an LM-head chunk)",
         std::max(layer_ws, head_ws) + 64 * static_cast<int64_t>(Workspace::kAlign), BufferLife::kWorkspace);
   // ---- cuDNN's attention workspace (prepare_attention): past its limit the non-deterministic
