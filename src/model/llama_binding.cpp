@@ -138,10 +138,7 @@ LlamaTreeSlots::LlamaTreeSlots(const LlamaConfig& c, Module& root, const DeviceC
         return pw.r * pw.in + (in_workspace(*ls.proj[static_cast<size_t>(idx)].weight) ? 0 : pw.out * pw.in);
       };
       if (g == 0 && o.r > 0) extra += rows(o, kO);
-      if (g == 1 && down.r > 0 && down.r <= R) {  // and its s B columns: [out + r, in + r]
-        extra += rows(down, kDown) + (down.out + down.r) * down.r;
-        d.down_fold_r = std::max(d.down_fold_r, down.r);
-      }
+      if (g == 1 && down.r > 0 && down.r <= R) extra += rows(down, kDown);
       d.fold_extra[g] = std::max(d.fold_extra[g], extra);
     }
     ls.input_norm = require_slot(root.find_module(prefix + "input_layernorm"), prefix + "input_layernorm", "weight");
@@ -193,7 +190,6 @@ void LlamaTreeSlots::measure(LlamaBufferDims& d) const {
   d.lora_elems = m.lora_elems;
   d.fold_r = m.fold_r;
   d.fold_extra = m.fold_extra;
-  d.down_fold_r = m.down_fold_r;
   d.convert_head = m.convert_head;
 }
 

@@ -113,11 +113,9 @@ LlamaBufferDims llama_buffer_dims(const LlamaConfig& c, const LlamaModelOptions&
   d.lora_elems = r * (7 * d.C + 2 * q + 2 * kv + 3 * d.I);
   if (r > 0 && o.fold_lora) {
     d.fold_r = {3 * r, 2 * r};
-    // R more columns per output row; gate|up's: and down_proj's A rows below its W and its s B
-    // columns beside (its backward row-folded, its forward folded: [C + r, I + r])
+    // R more columns per output row; gate|up's: and down_proj's A rows (its backward row-folded)
     // (q|k|v's: and o_proj's A rows, its backward row-folded too)
-    d.fold_extra = {(q + 2 * kv) * 3 * r + r * q, 2 * d.I * 2 * r + r * d.I + (d.C + r) * r};
-    d.down_fold_r = r;
+    d.fold_extra = {(q + 2 * kv) * 3 * r + r * q, 2 * d.I * 2 * r + r * d.I};
   }
   d.convert_lora = act_t != DType::kF32;
   d.convert_head = backend == Backend::kCuda && head_t != act_t;
@@ -194,7 +192,7 @@ void add_internals(BufferPlan& p, const LlamaBufferDims& d, Backend backend, int
   if (kept && !mlp) return;
   p.add(prefix + "gate", mlp_rows * d.I * esz, life, t(s ? &s->g : nullptr));
   p.add(prefix + "up", mlp_rows * d.I * esz, life, t(s ? &s->u : nullptr));
-  if (full) p.add(prefix + "m", mlp_rows * (d.I + d.down_fold_r) * esz, life, t(s ? &s->m : nullptr));
+  if (full) p.add(prefix + "m", mlp_rows * d.I * esz, life, t(s ? &s->m : nullptr));
 }
 
 }  // namespace
@@ -246,7 +244,7 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
         (d.host_checkpoints ? d.checkpoint_slots : llama_checkpoint_buffers(L, d.checkpoint_every)) * N * C * esz, run,
         a ? t(&a->xs) : nullptr);
   add_internals(p, d, backend, esz, run, "", NM, a);
-  p.add("m", NM * (I + d.down_fold_r) * esz, run, a ? t(&a->m) : nullptr);
+  p.add("m", NM * I * esz, run, a ? t(&a->m) : nullptr);
   // The residual stream's gradient: one buffer the layers' backward updates in place (dout, then
   // the gradient at x2, then at the layer's input), the head's rmsnorm_bwd its first writer.
   p.add("dx", N * C * esz, run, a ? t(&a->dx) : nullptr);

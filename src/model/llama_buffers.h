@@ -91,8 +91,6 @@ struct LlamaBufferDims {
   int64_t lora_elems = 0;            // per layer: sum of r * (in + out) (the bf16 conversions of LoRA)
   std::array<int64_t, 2> fold_r{};   // per fold group (q|k|v, gate|up): its ranks' sum (0: not folded)
   std::array<int64_t, 2> fold_extra{};  // per fold group: the widened weights' elements beyond dequant_elems
-  int64_t down_fold_r = 0;           // down_proj's rank where its forward folds (gate|up folded: its
-                                     // input m carries x A^T in this many columns beside its I)
   bool convert_lora = false;         // LoRA A/B converted from f32 to the activation dtype at bind
   bool convert_head = false;         // the LM head converted into a buffer of the model's
   int64_t kept_sets = 0;             // kept layers but the last
@@ -146,8 +144,7 @@ struct LlamaInternals {  // one layer's forward results that its backward reads
   float* rstd2 = nullptr;     // [N] f32
   void* g = nullptr;          // [NM, I] gate_proj(h2)
   void* u = nullptr;          // [NM, I] up_proj(h2)
-  void* m = nullptr;          // [NM, I + r_down] silu(g) * u (down_proj input; folded, its x A^T in the
-                              // r_down columns beside: LlamaBufferDims::down_fold_r; a kept set: full sets only)
+  void* m = nullptr;          // [NM, I] silu(g) * u (down_proj input; a kept set: full sets only)
   // o_proj's and down_proj's LoRA x A^T from the forward ([N, r] / [NM, r]; with LoRA only): their
   // row-folded backward reads it in place of the same GEMM again (LlamaModel::linear_bwd)
   void* t_o = nullptr;

@@ -403,27 +403,19 @@ void LlamaModel::dequantize_layer() {
       // A_cat: this projection's A [r, in] at rows off of the group's stack.
       pack(act(lora_cat(g), off * p.in), p.in, p.lora_A, p.in, p.r, p.in, 1.0f);
       weights_[i] = w;
-    } else if (p.quantized || (p.weight_dtype == act_t && row_fold_[i])) {
-      // Row-folded: [W; A], A's r rows below W; down_proj's forward-folded too: [W | s B; A | 0]
-      // ([out + r, in + r]: its s B columns beside W, zeros below them). A dense weight is copied.
-      const bool rows = row_fold_[i];
-      const int64_t ld = row_ld(static_cast<int>(i));
-      void* w = take((p.out + (rows ? p.r : 0)) * ld * static_cast<int64_t>(esz),
-                     p.quantized ? "dequantized projection" : "row-folded projection");
-      if (!made && p.quantized) {
-        Dequant4bitArgs q = p.q;
-        q.row_len = p.in;
-        q.out_ld = ld;
-        batch_args[batch] = q;  // the forward's rule (the backward's: backward_weight)
+    } else if (p.quantized) {
+      const bool rows = row_fold_[i];  // [W; A]: A's r rows below W
+      void* w = take(p.in * (p.out + (rows ? p.r : 0)) * static_cast<int64_t>(esz), "dequantized projection");
+      if (!made) {
+        batch_args[batch] = p.q;  // the forward's rule (the backward's: backward_weight)
         batch_outs[batch++] = w;
-      } else if (!made) {
-        pack(w, ld, p.dense, p.in, p.out, p.in, 1.0f);
       }
-      if (rows) pack(act(w, p.out * ld), ld, p.lora_A, p.in, p.r, p.in, 1.0f);
-      if (ld > p.in) {
-        pack(act(w, p.in), ld, p.lora_B, p.r, p.out, p.r, p.scaling);
-        pack(act(w, p.out * ld + p.in), ld, nullptr, 0, p.r, p.r, 0.0f);
-      }
+      if (rows) pack(act(w, p.out * p.in), p.in, p.lora_A, p.in, p.r, p.in, 1.0f);
+      weights_[i] = w;
+    } else if (p.weight_dtype == act_t && row_fold_[i]) {  // [W; A]: W copied, A's r rows below it
+      void* w = take(p.in * (p.out + p.r) * static_cast<int64_t>(esz), "row-folded projection");
+      if (!made) pack(w, p.in, p.dense, p.in, p.out, p.in, 1.0f);
+      pack(act(w, p.out * p.in), p.in, p.lora_A, p.in, p.r, p.in, 1.0f);
       weights_[i] = w;
     } else if (p.weight_dtype == act_t) {
       weights_[i] = p.dense;
@@ -442,20 +434,6 @@ void LlamaModel::dequantize_layer() {
   }
   mark(StepPart::kDequant);
   ops::dequantize_4bit_batch(batch_outs.data(), batch_args.data(), batch, ctx_);
-}
-
-// down_proj row-folded (gate|up folded) folds its forward too: m carries t = m A^T in r columns
-// beside its I ([NM, I + r]) and y = [m | t] [W | s B]^T is the base GEMM itself (K = I + r): no
-// second GEMM over y for s t B^T. Its weight's rows are in + r wide; every other weight's are in.
-bool LlamaModel::fwd_folded(int idx) const { return idx == kDown && row_fold_[static_cast<size_t>(kDown)]; }
-
-int64_t LlamaModel::row_ld(int idx) const {
-  const ProjectionBinding& p = layer_.proj[static_cast<size_t>(idx)];
-  return fwd_folded(idx) ? p.in + p.r : p.in;
-}
-
-int64_t LlamaModel::mlp_ld() const {
-  return config_.intermediate_size + (fwd_folded(kDown) ? layer_.proj[kDown].r : 0);
 }
 
 uint32_t LlamaModel::dequant_layout() const {
@@ -548,27 +526,6 @@ void LlamaModel::linear_fwd(int idx, void* y, const void* x, int64_t N, int64_t 
   const void* c_in = residual;  // what the base GEMM adds (null: nothing)
   Workspace& ws = ctx_.workspace();
   const size_t ws_mark = ws.used();
-  if (fwd_folded(idx)) {  // t = x A^T into x's r extra columns, then y = [x | t] [W | s B]^T (+ residual)
-    const int64_t ld = p.in + p.r;
-    QS_CHECK(ldx == ld, "linear_fwd: a forward-folded projection's input needs its r columns beside it");
-    QS_CHECK(dropout_key(idx).p == 0.0f, "linear_fwd: a forward-folded projection has no LoRA dropout");
-    mark(StepPart::kLora);
-    GemmShape st = typed({N, p.r, p.in, false, true}, act_t, act_t, act_t);
-    st.lda = ld;
-    st.ldc = ld;
-    void* t = act(const_cast<void*>(x), p.in);
-    ops::gemm(t, x, p.lora_A, st, ctx_);
-    if (t_out) ops::copy_2d(t_out, p.r, t, ld, N, p.r, 1.0f, ctx_);  // kept for the backward
-    GemmShape s{N, p.out, ld, false, true, 1.0f, residual ? 1.0f : 0.0f};
-    s.a_type = s.b_type = s.c_type = act_t;
-    s.lda = ld;
-    s.ldb = ld;
-    mark(StepPart::kGemm);
-    ops::gemm_into(y, x, weights_[idx], residual, s, ctx_);
-    mark(StepPart::kOther);
-    if (p.bias) ops::add_bias(y, p.bias, N, p.out, ctx_);
-    return;
-  }
   if (p.r > 0 && !folded) {
     QS_CHECK(ldx == 0 || ldx == p.in, "linear_fwd: an unfolded LoRA input must be packed");
     mark(StepPart::kLora);
@@ -636,9 +593,8 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
     GemmShape s{N, p.in, row_fold ? p.out + p.r : p.out, false, false, 1.0f, add ? 1.0f : 0.0f};
     s.a_type = s.c_type = act_t;
     s.b_type = weights_[idx] ? act_t : p.weight_dtype;
-    s.ldc = row_fold ? 0 : ldx;  // (row-folded: dx packed; x may carry its forward's t beside it)
+    s.ldc = ldx;
     if (folded) s.ldb = W;  // the first `in` columns of W_ext
-    if (row_fold && fwd_folded(idx)) s.ldb = p.in + p.r;  // the first `in` columns of [W | s B; A | 0]
     mark(StepPart::kGemm);
     Workspace& ws_w = ctx_.workspace();
     const size_t ws_w_mark = ws_w.used();
@@ -653,8 +609,7 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
   if (p.r == 0 || folded || key.p > 0.0f) base(accumulate_dx);
   if (p.r == 0) return;
   if (row_fold) {
-    QS_CHECK(ldx == 0 || ldx == row_ld(idx), "linear_bwd: a row-folded projection's input is packed (its forward "
-                                              "folded: with its r columns beside it)");
+    QS_CHECK(ldx == 0 || ldx == p.in, "linear_bwd: a row-folded projection's input must be packed");
     QS_CHECK(weights_[idx], "linear_bwd: a row-folded projection's weight must be in the workspace");
     const int64_t ld = p.out + p.r;
     mark(StepPart::kLora);
@@ -664,9 +619,7 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
     const void* t = t_in;
     if (!t) {
       void* w = ws.take(N * p.r * dtype_size(act_t), "LoRA x A^T");
-      GemmShape st = typed({N, p.r, p.in, false, true}, act_t, act_t, act_t);
-      st.lda = ldx;
-      ops::gemm(w, x, p.lora_A, st, ctx_);
+      ops::gemm(w, x, p.lora_A, typed({N, p.r, p.in, false, true}, act_t, act_t, act_t), ctx_);
       t = w;
     }
     if (p.grad_B)  // dB += s dy^T t  (f32 gradient)
@@ -680,7 +633,6 @@ void LlamaModel::linear_bwd(int idx, void* dx, bool accumulate_dx, const void* d
     if (p.grad_A) {  // dA += (s dt)^T x
       GemmShape sa = typed({p.r, p.in, N, true, false, 1.0f, 1.0f}, act_t, act_t, DType::kF32);
       sa.lda = ld;
-      sa.ldb = ldx;
       ops::gemm(p.grad_A, act(dy_ext, p.out), x, sa, ctx_);
     }
     mark(StepPart::kOther);
@@ -814,12 +766,12 @@ void LlamaModel::run_layer(const void* x, void* x_out, int64_t B, int64_t T, int
     mlp_rows_fwd(r0, rows, chunks);
     chunk_row_offset_ = r0;
     if (c.gemma_norms) {  // Gemma: post_feedforward_layernorm(down(...)) before the residual add
-      linear_fwd(kDown, a.dn, a.m, rows, mlp_ld(), nullptr, !chunks && keeps_t(kDown, a.t_dn) ? a.t_dn : nullptr);
+      linear_fwd(kDown, a.dn, a.m, rows, 0, nullptr, !chunks && keeps_t(kDown, a.t_dn) ? a.t_dn : nullptr);
       mark(StepPart::kNorm);
       ops::rmsnorm_fwd(act(x_out, r0 * C), a.rstd_dn, a.dn, layer_.mlp_out_norm, rows, C, eps, ctx_);
       mark(StepPart::kOther);
     } else {  // out = x2 + down_proj(m), the residual in the GEMMs' epilogue
-      linear_fwd(kDown, act(x_out, r0 * C), a.m, rows, mlp_ld(), act(a.x2, r0 * C),
+      linear_fwd(kDown, act(x_out, r0 * C), a.m, rows, 0, act(a.x2, r0 * C),
                  !chunks && keeps_t(kDown, a.t_dn) ? a.t_dn : nullptr);
     }
     chunk_row_offset_ = 0;
@@ -845,8 +797,7 @@ void LlamaModel::mlp_rows_fwd(int64_t r0, int64_t rows, bool norm) {
   linear_fwd(kGate, a.g, h2, rows, ld2);
   linear_fwd(kUp, a.u, h2, rows, ld2);
   mark(StepPart::kSwiglu);
-  ops::swiglu_fwd(a.m, a.g, a.u, rows * config_.intermediate_size, ctx_, gated_act(), config_.intermediate_size,
-                  mlp_ld());
+  ops::swiglu_fwd(a.m, a.g, a.u, rows * config_.intermediate_size, ctx_, gated_act());
   mark(StepPart::kOther);
   chunk_row_offset_ = 0;
 }
@@ -909,7 +860,7 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
     }
     if (!kept.m && kept.g) {  // the set holds gate / up (kept_mlp / host_kept_mlp), not m
       mark(StepPart::kSwiglu);
-      ops::swiglu_fwd(a.m, a.g, a.u, N * I, ctx_, gated_act(), I, mlp_ld());  // one elementwise op
+      ops::swiglu_fwd(a.m, a.g, a.u, N * I, ctx_, gated_act());  // one elementwise op
     } else if (!kept.m) {
       mlp_rows_fwd(0, N, false);  // gate / up not kept either: their GEMMs from h2, then m
     }
@@ -938,7 +889,7 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
     chunk_row_offset_ = r0;
     const void* dmlp = act(dx, r0 * C);  // the gradient at down_proj's output
     if (c.gemma_norms) {  // through post_feedforward_layernorm: down's output and rstd recomputed
-      linear_fwd(kDown, a.dn, a.m, rows, mlp_ld(), nullptr, !chunks && keeps_t(kDown, a.t_dn) ? a.t_dn : nullptr);
+      linear_fwd(kDown, a.dn, a.m, rows, 0, nullptr, !chunks && keeps_t(kDown, a.t_dn) ? a.t_dn : nullptr);
       mark(StepPart::kNorm);
       ops::rmsnorm_fwd(a.ddn, a.rstd_dn, a.dn, layer_.mlp_out_norm, rows, C, static_cast<float>(c.rms_norm_eps), ctx_);
       ops::zero(a.ddn, rows * C, ctx_);
@@ -953,7 +904,7 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
     // down_proj's x A^T as its forward left it: a kept or the working set's (this layer's forward,
     // or Gemma's just above); a recomputed layer's forward stops before down_proj
     const bool t_dn = !chunks && (set >= 0 || c.gemma_norms) && keeps_t(kDown, a.t_dn);
-    linear_bwd(kDown, a.dm, false, dmlp, a.m, rows, mlp_ld(), dh2, t_dn ? a.t_dn : nullptr);
+    linear_bwd(kDown, a.dm, false, dmlp, a.m, rows, 0, dh2, t_dn ? a.t_dn : nullptr);
     mark(StepPart::kSwiglu);
     ops::swiglu_bwd(a.g, a.u, a.dm, a.g, a.u, rows * I, ctx_, gated_act());
     linear_bwd(kGate, dh2, false, a.g, h2, rows, ld2);

@@ -403,9 +403,6 @@ class LlamaModel {
   std::vector<uint32_t> dequant_layout_;
   int64_t dequant_slot_bytes_ = 0;
   uint32_t dequant_layout() const;  // the bound layer's: its fold and row folds (never 0)
-  bool fwd_folded(int idx) const;    // down_proj's forward folded (row-folded): linear_fwd
-  int64_t row_ld(int idx) const;     // the bound layer's weight idx's row length in its buffer
-  int64_t mlp_ld() const;            // m's row length: I, or I + r beside a forward-folded down_proj
   StepProfiler profiler_;
   void mark(StepPart part, uint32_t line = std::source_location::current().line()) { profiler_.mark(part, line); }
   struct Staging;  // pinned host slots for ids/targets uploads

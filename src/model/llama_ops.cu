@@ -340,24 +340,6 @@ __global__ void map2_kernel_v8(bf16* out, const bf16* a, const bf16* b, int64_t 
   }
 }
 
-// The same with the output's rows ld apart: out[r * ld + c] = op(a[i], b[i]), i = r * cols + c.
-template <class Op>
-__global__ void map2_rows_kernel(bf16* out, int64_t ld, const bf16* a, const bf16* b, int64_t cols, int64_t n, Op op) {
-  QS_GRID_STRIDE(i, n) out[(i / cols) * ld + i % cols] = op(a[i], b[i]);
-}
-
-template <class Op>
-__global__ void map2_rows_kernel_v8(bf16* out, int64_t ld8, const bf16* a, const bf16* b, int64_t cols8, int64_t n8,
-                                    Op op) {
-  QS_GRID_STRIDE(i, n8) {
-    const Bf16x8 x = reinterpret_cast<const Bf16x8*>(a)[i], y = reinterpret_cast<const Bf16x8*>(b)[i];
-    Bf16x8 r;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) r.v[k] = op(x.v[k], y.v[k]);
-    reinterpret_cast<Bf16x8*>(out)[(i / cols8) * ld8 + i % cols8] = r;
-  }
-}
-
 struct AddOp {
   __device__ bf16 operator()(bf16 a, bf16 b) const {
     return __float2bfloat16_rn(__bfloat162float(a) + __bfloat162float(b));
@@ -780,7 +762,7 @@ void gemm(void* C, const void* A, const void* B, const GemmShape& s, DeviceConte
 // The largest power of two, at most 256, that divides p's address. cuBLASLt's heuristic assumes
 // 256-byte aligned operands unless told otherwise (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES), and
 // may choose an algorithm that needs it; operands that start inside a row (the fold's LoRA columns
-// beside a weight or an activation, at `in` elements) can be less aligned.
+// beside an activation, at `in + offset` elements) can be less aligned.
 uint32_t pointer_alignment(const void* p) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   uint32_t al = 256;
@@ -945,18 +927,6 @@ void map2(uint16_t* out, const uint16_t* a, const uint16_t* b, int64_t n, Op op,
   QS_CUDA_CHECK_LAUNCH();
 }
 
-// n elements as rows of `cols`, the output's rows ld apart (ld > cols)
-template <class Op>
-void map2_rows(uint16_t* out, int64_t ld, const uint16_t* a, const uint16_t* b, int64_t cols, int64_t n, Op op,
-               DeviceContext& ctx) {
-  if (n == 0) return;
-  if (vec8_ok(cols, {out, a, b}) && ld % 8 == 0)
-    map2_rows_kernel_v8<<<grid_for(n / 8), 256, 0, st(ctx)>>>(B16(out), ld / 8, B16(a), B16(b), cols / 8, n / 8, op);
-  else
-    map2_rows_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(B16(out), ld, B16(a), B16(b), cols, n, op);
-  QS_CUDA_CHECK_LAUNCH();
-}
-
 void add(uint16_t* out, const uint16_t* a, const uint16_t* b, int64_t n, DeviceContext& ctx) {
   map2(out, a, b, n, AddOp{}, ctx);
 }
@@ -1073,14 +1043,7 @@ void attention_cached_fwd(uint16_t* out, const uint16_t* q, const uint16_t* k_ca
   QS_CUDA_CHECK_LAUNCH();
 }
 
-void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx, GatedAct act,
-                int64_t cols, int64_t ld_h) {
-  if (cols > 0 && ld_h > cols) {
-    QS_CHECK(n % cols == 0, "swiglu_fwd: n must be whole rows of cols");
-    if (act == GatedAct::kSilu) map2_rows(h, ld_h, gate, up, cols, n, GatedOp<GatedAct::kSilu>{}, ctx);
-    else map2_rows(h, ld_h, gate, up, cols, n, GatedOp<GatedAct::kGeluTanh>{}, ctx);
-    return;
-  }
+void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx, GatedAct act) {
   if (act == GatedAct::kSilu) map2(h, gate, up, n, GatedOp<GatedAct::kSilu>{}, ctx);
   else map2(h, gate, up, n, GatedOp<GatedAct::kGeluTanh>{}, ctx);
 }

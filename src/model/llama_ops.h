@@ -253,11 +253,9 @@ void attention_cached_fwd(float* out /*[T,H,D]*/, const float* q /*[T,H,D]*/, co
                           const float* v_cache /*[P+T,Hkv,D]*/, int64_t T, int64_t P, int64_t H, int64_t Hkv,
                           int64_t D, DeviceContext& ctx, int64_t window = 0, AttentionScores scores = {});
 
-// h = act(gate) * up (GatedAct: silu by default, Llama's SwiGLU). ld_h > cols > 0: the n elements
-// are rows of `cols` and h's rows are ld_h apart (the columns between left as they are; gate and
-// up packed): down_proj's input with its LoRA columns beside it (LlamaModel::linear_fwd).
+// h = act(gate) * up (GatedAct: silu by default, Llama's SwiGLU).
 void swiglu_fwd(float* h /*[n]*/, const float* gate, const float* up, int64_t n, DeviceContext& ctx,
-                GatedAct act = GatedAct::kSilu, int64_t cols = 0, int64_t ld_h = 0);
+                GatedAct act = GatedAct::kSilu);
 // dgate, dup OVERWRITTEN (act(g) recomputed from the saved gate). In place allowed: dgate may be
 // gate and dup up (each element's three inputs are read before its two outputs are written); the
 // model's backward writes the gradients over the gate / up it no longer needs.
@@ -333,7 +331,7 @@ void attention_cached_fwd(uint16_t* out, const uint16_t* q, const uint16_t* k_ca
                           int64_t T, int64_t P, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx,
                           int64_t window = 0, AttentionScores scores = {});
 void swiglu_fwd(uint16_t* h, const uint16_t* gate, const uint16_t* up, int64_t n, DeviceContext& ctx,
-                GatedAct act = GatedAct::kSilu, int64_t cols = 0, int64_t ld_h = 0);
+                GatedAct act = GatedAct::kSilu);
 void swiglu_bwd(uint16_t* dgate, uint16_t* dup, const uint16_t* dh, const uint16_t* gate, const uint16_t* up,
                 int64_t n, DeviceContext& ctx, GatedAct act = GatedAct::kSilu);
 void dropout_fwd(uint16_t* out, const uint16_t* x, const DropoutKey& key, int64_t N, int64_t W, DeviceContext& ctx);
@@ -455,7 +453,7 @@ void attention_cached_fwd(void* out, const void* q, const void* k_cache, const v
                           int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
                           AttentionScores scores = {});
 void swiglu_fwd(void* h, const void* gate, const void* up, int64_t n, DeviceContext& ctx,
-                GatedAct act = GatedAct::kSilu, int64_t cols = 0, int64_t ld_h = 0);
+                GatedAct act = GatedAct::kSilu);
 void swiglu_bwd(void* dgate, void* dup, const void* dh, const void* gate, const void* up, int64_t n,
                 DeviceContext& ctx, GatedAct act = GatedAct::kSilu);
 void dropout_fwd(void* out, const void* x, const DropoutKey& key, int64_t N, int64_t W, DeviceContext& ctx);

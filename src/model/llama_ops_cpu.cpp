@@ -482,22 +482,18 @@ constexpr float kGeluTanhC = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluTanhK = 0.044715f;
 }  // namespace
 
-void swiglu_fwd(float* h, const float* gate, const float* up, int64_t n, DeviceContext& ctx, GatedAct act, int64_t cols,
-                int64_t ld_h) {
+void swiglu_fwd(float* h, const float* gate, const float* up, int64_t n, DeviceContext& ctx, GatedAct act) {
   (void)ctx;
-  const bool rows = cols > 0 && ld_h > cols;
-  QS_CHECK(!rows || n % cols == 0, "swiglu_fwd: n must be whole rows of cols");
-  auto at = [&](int64_t i) -> float& { return rows ? h[(i / cols) * ld_h + i % cols] : h[i]; };
   if (act == GatedAct::kGeluTanh) {
     for (int64_t i = 0; i < n; ++i) {
       const float g = gate[i];
-      at(i) = 0.5f * g * (1.0f + std::tanh(kGeluTanhC * (g + kGeluTanhK * g * g * g))) * up[i];
+      h[i] = 0.5f * g * (1.0f + std::tanh(kGeluTanhC * (g + kGeluTanhK * g * g * g))) * up[i];
     }
     return;
   }
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
-    at(i) = (g / (1.0f + std::exp(-g))) * up[i];
+    h[i] = (g / (1.0f + std::exp(-g))) * up[i];
   }
 }
 

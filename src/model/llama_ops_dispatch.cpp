@@ -161,10 +161,9 @@ void attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q
       cuda::attention_bwd(h(dq), h(dk), h(dv), h(dout), h(q), h(k), h(v), h(out), saved, B, T, H, Hkv, D, ctx,
                           window, pieces, scores));
 }
-void swiglu_fwd(void* hh, const void* gate, const void* up, int64_t n, DeviceContext& ctx, GatedAct act, int64_t cols,
-                int64_t ld_h) {
-  QS_DISPATCH("swiglu_fwd", cpu::swiglu_fwd(f(hh), f(gate), f(up), n, ctx, act, cols, ld_h),
-              cuda::swiglu_fwd(h(hh), h(gate), h(up), n, ctx, act, cols, ld_h));
+void swiglu_fwd(void* hh, const void* gate, const void* up, int64_t n, DeviceContext& ctx, GatedAct act) {
+  QS_DISPATCH("swiglu_fwd", cpu::swiglu_fwd(f(hh), f(gate), f(up), n, ctx, act),
+              cuda::swiglu_fwd(h(hh), h(gate), h(up), n, ctx, act));
 }
 void swiglu_bwd(void* dgate, void* dup, const void* dh, const void* gate, const void* up, int64_t n,
                 DeviceContext& ctx, GatedAct act) {

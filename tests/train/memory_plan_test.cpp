@@ -130,7 +130,7 @@ TEST(MemoryPlan, KeptLayersWithoutGateUp) {
 }
 
 // memory.full_kept_layers: a full kept set also holds h1 and h2 (with the fold's columns) and m
-// (8192 rows x (4144 + 4128 + 14352) bf16 = 371 MB more at 8B, 4 x 2048). auto: none until every
+// (8192 rows x (4144 + 4128 + 14336) bf16 = 370 MB more at 8B, 4 x 2048). auto: none until every
 // layer is kept (a whole kept layer saves far more per byte), then as many as the room left holds,
 // within the budget; none without a budget; a count as configured, at most the kept sets (and with
 // a budget what fits); each one lowers the estimate.
@@ -141,7 +141,7 @@ TEST(MemoryPlan, FullKeptSetsOnceEveryLayerIsKept) {
   mo.max_seq = 2048;
   const double whole = llama_kept_layer_bytes(llama(c), mo, Backend::kCuda, DType::kBF16, 16);
   const double full = llama_kept_layer_bytes(llama(c), mo, Backend::kCuda, DType::kBF16, 16, false, true);
-  EXPECT_NEAR(full - whole, 8192.0 * (4144 + 4128 + 14352) * 2, 3 * 256.0);  // m with down_proj's t beside it
+  EXPECT_NEAR(full - whole, 8192.0 * (4144 + 4128 + 14336) * 2, 3 * 256.0);
   const double in_use = 8e9;
   c.memory.gpu_budget_gb = 1000;
   MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
@@ -201,8 +201,7 @@ TEST(MemoryPlan, FullKeptSetsOnceEveryLayerIsKept) {
 }
 
 // memory.dequantized_layers: a dequantized layer's slot holds its projections as the GEMMs read
-// them (bf16; the fold's widened q|k|v and gate|up, o_proj's A rows below W, down_proj's [W | s B;
-// A | 0]: 439 MB
+// them (bf16; the fold's widened q|k|v and gate|up, o_proj's and down_proj's A rows below W: 439 MB
 // at 8B, r 16). auto: none until every layer is kept and every kept set is full, then as many as the
 // room left holds (every layer: the workspace's own copy of a layer's weights is left out, where
 // it is the larger part of the workspace), within
@@ -212,7 +211,7 @@ TEST(MemoryPlan, DequantizedLayersOnceEverySetIsFull) {
   TrainConfig c = job_8b(4, 2048);
   const int64_t C = 4096, I = 14336, r = 16;
   const double elems = static_cast<double>(C * (C + 3 * r) + 2 * 1024 * (C + 3 * r) + (C + r) * C +
-                                           2 * I * (C + 2 * r) + (C + r) * (I + r));
+                                           2 * I * (C + 2 * r) + (C + r) * I);
   const double in_use = 8e9;
   c.memory.gpu_budget_gb = 1000;
   MemoryPlan p = plan_memory(c, llama(c), Backend::kCuda, DType::kBF16, 1);
