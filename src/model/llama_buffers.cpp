@@ -28,7 +28,7 @@ const char* buffer_life_name(BufferLife life) {
 void BufferPlan::add(std::string name, int64_t bytes, BufferLife life, void** target) {
   QS_CHECK(bytes >= 0, "buffer " + name + ": negative size");
   if (life == BufferLife::kRun || life == BufferLife::kKept || life == BufferLife::kHost || life == BufferLife::kWeights)
-    bytes = (bytes + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
+    bytes = buffer_aligned(bytes);
   entries_.push_back({std::move(name), bytes, life, target});
 }
 
@@ -362,7 +362,7 @@ int64_t llama_dequantized_layer_bytes(const LlamaBufferDims& d, DType act_t) {
   const int64_t pieces = 7;
   const int64_t bytes = (d.dequant_elems + d.fold_extra[0] + d.fold_extra[1]) * static_cast<int64_t>(dtype_size(act_t)) +
                         pieces * kBufferAlign;
-  return (bytes + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
+  return buffer_aligned(bytes);
 }
 
 void llama_buffer_aliases(const LlamaBufferDims& d, LlamaActivations& a) {

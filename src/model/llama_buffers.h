@@ -61,6 +61,8 @@ struct BufferEntry {
 };
 
 inline constexpr int64_t kBufferAlign = 256;
+// bytes rounded up to a whole number of kBufferAlign
+inline constexpr int64_t buffer_aligned(int64_t bytes) { return (bytes + kBufferAlign - 1) / kBufferAlign * kBufferAlign; }
 
 class BufferPlan {
  public:

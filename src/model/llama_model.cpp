@@ -362,7 +362,7 @@ void LlamaModel::dequantize_layer() {
   int64_t slot_used = 0;
   auto take = [&](int64_t bytes, const char* what) -> void* {
     if (!slot) return ws.take(static_cast<size_t>(bytes), what);
-    slot_used = (slot_used + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
+    slot_used = buffer_aligned(slot_used);
     QS_CHECK(slot_used + bytes <= dequant_slot_bytes_, std::string("dequantized layer slot too small for the ") + what);
     void* p = slot + slot_used;
     slot_used += bytes;

@@ -140,8 +140,8 @@ struct LlamaModelOptions {
   // use on: the frozen base's values never change, so each later bind of the layer (the forward and
   // the backward of every micro-batch) packs only the LoRA's columns / rows (which do change) and
   // dequantizes nothing. A layer's slot is remade when its layout changes (the fold is off while
-  // training with LoRA dropout and on in evaluation). About a layer's bf16 weights each (436 MB at
-  // 8B); every layer: the workspace holds none. Same values in the same GEMMs: the same bits.
+  // training with LoRA dropout and on in evaluation). About a layer's bf16 weights each (439 MB at
+  // 8B, r 16); every layer: the workspace holds none. Same values in the same GEMMs: the same bits.
   int64_t dequantized_layers = 0;
   // host_checkpoints: the layer inputs x_0..x_L (activation checkpointing's checkpoints) go
   // through checkpoint_slots device slots (at least kCheckpointSlots) instead of one buffer each:
