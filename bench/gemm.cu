@@ -11,7 +11,11 @@
 // --sustain-algos K: the same for each of the heuristic's first K algorithms in turn, after a
 // warm-up of the first (the card at its capped clock before any is timed) and the first once more
 // at the end (the drift): which algorithm is fastest under the power cap, not in a burst.
-// Usage: bench_gemm [--tokens N] [--iters N] [--sustain SECONDS] [--sustain-algos K] [--json FILE]
+// --sustain-fusion S: the backward's q/k/v input gradient as three GEMMs (q, then k and v adding into
+// dx) against one fused GEMM (K = C + 2 KV), and the forward's three against one, each run back to
+// back for S seconds, alternately twice, after a warm-up: the step's rate under the power cap.
+// Usage: bench_gemm [--tokens N] [--iters N] [--sustain SECONDS] [--sustain-algos K] [--sustain-fusion S]
+//                   [--json FILE]
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -20,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -165,6 +170,7 @@ int main(int argc, char** argv) {
   int iters = 20;
   double sustain_s = 0;
   int sustain_algos = 1;
+  double fusion_s = 0;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) T = std::atoll(argv[++i]);
@@ -172,6 +178,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--sustain") && i + 1 < argc) sustain_s = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--sustain-algos") && i + 1 < argc) sustain_algos = std::clamp(std::atoi(argv[++i]), 1, 16);
+    else if (!std::strcmp(argv[i], "--sustain-fusion") && i + 1 < argc) fusion_s = std::atof(argv[++i]);
   }
   LT_CHECK(cublasLtCreate(&g_lt));
   QS_CUDA_CHECK(cudaMalloc(&g_ws, kWorkspace));
@@ -283,6 +290,56 @@ int main(int argc, char** argv) {
         std::printf("\n");
         json += "]}";
         first_case = false;
+      }
+    }
+    json += "]";
+  }
+  if (fusion_s > 0) {
+    // Separate against fused, each a group of GEMMs launched back to back for fusion_s seconds: ms
+    // a group (median of ~0.5 s windows), alternately twice after a warm-up.
+    struct Group {
+      const char* name;
+      std::vector<const char*> parts;
+    };
+    const std::vector<Group> groups = {
+        {"bwd q/k/v dx: q, k +=, v +=", {"bwd q dx (NN)", "bwd k dx (NN, +=)", "bwd v dx (NN, +=)"}},
+        {"bwd q/k/v dx: fused (K = C + 2 KV)", {"bwd qkv fused dx (NN)"}},
+        {"fwd q/k/v: three GEMMs", {"fwd q (folded)", "fwd k (folded)", "fwd v (folded)"}},
+        {"fwd q/k/v: fused (N = C + 2 KV)", {"fwd qkv fused"}},
+    };
+    auto find = [&](const char* n) -> const Case& {
+      for (const Case& c : cases)
+        if (c.name == n) return c;
+      std::fprintf(stderr, "no case %s\n", n);
+      std::exit(1);
+    };
+    auto group_ms = [&](const Group& g, double seconds) {
+      std::vector<std::unique_ptr<LtCase>> lts;
+      for (const char* n : g.parts) lts.push_back(std::make_unique<LtCase>(find(n), 1));
+      auto launch = [&] {
+        for (size_t k = 0; k < lts.size(); ++k) LT_CHECK(matmul(*lts[k], find(g.parts[k]), lts[k]->heur[0].algo, A, B, Cbuf));
+      };
+      launch();
+      const double first = time_launches(launch, 3) / 3;
+      const int per_window = std::max(1, static_cast<int>(500.0 / std::max(first, 1e-3)));
+      std::vector<double> ms;
+      for (double spent = 0; spent < seconds * 1e3;) {
+        const double w = time_launches(launch, per_window);
+        spent += w;
+        ms.push_back(w / per_window);
+      }
+      std::sort(ms.begin(), ms.end());
+      return ms[ms.size() / 2];
+    };
+    std::printf("\nsustained fusion (%.0f s each, alternately; ms a group, median of ~0.5 s windows)\n", fusion_s);
+    group_ms(groups[0], fusion_s);  // warm-up: the card at its capped clock
+    json += ", \"sustained_fusion\": [";
+    for (int round = 0; round < 2; ++round) {
+      for (size_t gi = 0; gi < groups.size(); ++gi) {
+        const double m = group_ms(groups[gi], fusion_s);
+        std::printf("| round %d | %s | %.4f ms |\n", round + 1, groups[gi].name, m);
+        json += std::string(round == 0 && gi == 0 ? "" : ", ") + "{\"name\": \"" + groups[gi].name +
+                "\", \"round\": " + std::to_string(round + 1) + ", \"ms\": " + std::to_string(m) + "}";
       }
     }
     json += "]";
