@@ -66,10 +66,10 @@ struct Graphs {
 struct CudnnState {
   cudnnHandle_t handle = nullptr;
   std::mutex mu;
-  // (B, T, H, Hkv, D, window, P, deterministic, scale, chunk, lean): P > 0 the packed graphs of up to
-  // P pieces; scale the graphs' attn_scale (scale_for(D)); chunk the backward's forced sequences a
-  // call; lean the bound on its chunks' workspace
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, float, int64_t, bool>,
+  // (B, T, H, Hkv, D, window, P, deterministic, scale, chunk, lean, ld): P > 0 the packed graphs of up
+  // to P pieces; scale the graphs' attn_scale (scale_for(D)); chunk the backward's forced sequences a
+  // call; lean the bound on its chunks' workspace; ld > 0 the backward's dQ / dK / dV rows ld apart
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, float, int64_t, bool, int64_t>,
            Graphs>
       graphs;
   bool deterministic = true;  // the backward's algorithm (set_attention_deterministic)
@@ -143,16 +143,19 @@ TensorPtr index_tensor(fe::graph::Graph& g, const char* name, int64_t uid, int64
 
 // window: a sliding window (0 < window < T); anything else is plain causal attention (one graph).
 // P > 0: packed data's graphs (the rows as up to P ragged pieces). scores: the scale
-// (scale_for(D)); no soft-cap (the eager attention's).
+// (scale_for(D)); no soft-cap (the eager attention's). ld > 0 (unpacked only): the backward writes
+// each token's dQ, dK and dV rows ld elements after the last (q|k|v's gradients side by side).
 Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
-                   int64_t P, AttentionScores scores) {
+                   int64_t P, AttentionScores scores, int64_t ld = 0) {
   CudnnState& s = state(ctx);
   std::lock_guard<std::mutex> lock(s.mu);
   if (window <= 0 || window >= T) window = 0;
   QS_CHECK(window <= std::numeric_limits<int>::max(), "attention: sliding window too large");
   const float scale = scores.scale_for(D);  // HF: head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5
   QS_CHECK(scores.softcap <= 0.0f, "cuDNN attention: soft-capped scores are the eager attention's");
-  const auto key = std::make_tuple(B, T, H, Hkv, D, window, P, s.deterministic, scale, s.chunk, s.lean);
+  QS_CHECK(ld == 0 || (P == 0 && ld >= H * D && ld >= Hkv * D && ld % 8 == 0),
+           "cuDNN attention: gradient rows ld apart need unpacked data and ld >= the heads' width, a multiple of 8");
+  const auto key = std::make_tuple(B, T, H, Hkv, D, window, P, s.deterministic, scale, s.chunk, s.lean, ld);
   auto it = s.graphs.find(key);
   if (it != s.graphs.end()) return it->second;
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
@@ -165,8 +168,9 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
     return t;
   };
   auto output = [&](fe::graph::Graph& g, const TensorPtr& t, const char* name, int64_t uid, int64_t heads,
-                    int64_t off_uid, int64_t Bc) {
-    t->set_output(true).set_uid(uid).set_dim({Bc, heads, T, D}).set_stride({T * heads * D, D, heads * D, 1});
+                    int64_t off_uid, int64_t Bc, int64_t row = 0) {
+    if (row == 0) row = heads * D;  // a token's heads to the next token's
+    t->set_output(true).set_uid(uid).set_dim({Bc, heads, T, D}).set_stride({T * row, D, row, 1});
     if (P > 0) t->set_ragged_offset(index_tensor(g, (std::string(name) + " offsets").c_str(), off_uid, P + 1));
   };
   // The row statistics: [B, H, T] (BHSD), or packed [B*T, H] per row, ragged.
@@ -220,9 +224,9 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
                     .set_deterministic_algorithm(deterministic);
     masks(*g, opts);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, opts);
-    output(*g, dq, "dQ", kDQ, H, kOffDQ, Bc);
-    output(*g, dk, "dK", kDK, Hkv, kOffDK, Bc);
-    output(*g, dv, "dV", kDV, Hkv, kOffDV, Bc);
+    output(*g, dq, "dQ", kDQ, H, kOffDQ, Bc, ld);
+    output(*g, dk, "dK", kDK, Hkv, kOffDK, Bc, ld);
+    output(*g, dv, "dV", kDV, Hkv, kOffDV, Bc, ld);
     finish(*g, s.handle, ws, "backward graph");
     return g;
   };
@@ -337,13 +341,14 @@ void set_attention_deterministic(DeviceContext& ctx, bool deterministic) {
 }
 
 bool prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
-                       int64_t max_pieces, AttentionScores scores) {
+                       int64_t max_pieces, AttentionScores scores, int64_t ld_dqkv) {
   QS_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H must be a multiple of Hkv");
   if (scores.softcap > 0.0f) {  // the eager attention: its workspace, no graphs (its order is fixed)
     eager_workspace(ctx, T, Hkv, D);
     return true;
   }
   bool deterministic = graphs_for(ctx, B, T, H, Hkv, D, window, 0, scores).bwd_deterministic;
+  if (ld_dqkv > 0) deterministic &= graphs_for(ctx, B, T, H, Hkv, D, window, 0, scores, ld_dqkv).bwd_deterministic;
   if (max_pieces > 0) deterministic &= graphs_for(ctx, B, T, H, Hkv, D, window, max_pieces, scores).bwd_deterministic;
   return deterministic;
 }
@@ -369,27 +374,31 @@ void attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t
 void attention_bwd(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
                    const uint16_t* k, const uint16_t* v, const uint16_t* out, const void* saved, int64_t B, int64_t T,
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window,
-                   const AttentionPieces* pieces, AttentionScores scores) {
+                   const AttentionPieces* pieces, AttentionScores scores, int64_t ld_dqkv) {
+  QS_CHECK(ld_dqkv == 0 || (!pieces && scores.softcap <= 0.0f),
+           "attention_bwd: gradient rows ld_dqkv apart are the fused kernels' on unpacked data");
   if (scores.softcap > 0.0f) {
     eager_attention_bwd(dq, dk, dv, dout, q, k, v, out, saved, B, H, ctx, window, pieces ? pieces->pos : nullptr,
                         scores, eager_attention_layout(T, Hkv, D), eager_workspace(ctx, T, Hkv, D));
     return;
   }
-  Graphs& gr = graphs_for(ctx, B, T, H, Hkv, D, window, pieces_of(pieces), scores);
+  Graphs& gr = graphs_for(ctx, B, T, H, Hkv, D, window, pieces_of(pieces), scores, ld_dqkv);
   // In chunks of gr.bwd_batch sequences (the whole batch unless its deterministic workspace was too
-  // large): sequence c's rows start c T heads D elements in, its statistics c H T floats in.
+  // large): sequence c's rows start c T heads D elements in (its gradients' c T ld_dqkv with rows
+  // that far apart), its statistics c H T floats in.
   const int64_t b = pieces ? B : gr.bwd_batch;
   for (int64_t c = 0; c < B; c += b) {
     const int64_t oq = c * T * H * D, okv = c * T * Hkv * D;
+    const int64_t odq = ld_dqkv > 0 ? c * T * ld_dqkv : oq, odkv = ld_dqkv > 0 ? c * T * ld_dqkv : okv;
     std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<uint16_t*>(q + oq)},
                                                {kK, const_cast<uint16_t*>(k + okv)},
                                                {kV, const_cast<uint16_t*>(v + okv)},
                                                {kO, const_cast<uint16_t*>(out + oq)},
                                                {kDO, const_cast<uint16_t*>(dout + oq)},
                                                {kStats, static_cast<float*>(const_cast<void*>(saved)) + c * H * T},
-                                               {kDQ, dq + oq},
-                                               {kDK, dk + okv},
-                                               {kDV, dv + okv}};
+                                               {kDQ, dq + odq},
+                                               {kDK, dk + odkv},
+                                               {kDV, dv + odkv}};
     if (pieces) add_pieces(pack, *pieces);
     run(ctx, *gr.bwd, pack, "backward");
   }

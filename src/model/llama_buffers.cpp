@@ -269,13 +269,15 @@ BufferPlan llama_buffer_plan(const LlamaBufferDims& d, Backend backend, DType ac
   // dropout on down_proj recomputes its masked input after the base GEMM: then dm has its own.
   if (d.dropout) p.add("dm", NM * I * esz, run, a ? t(&a->dm) : nullptr);
   if (d.qk_norm) p.add("da", N * q * esz, run, a ? t(&a->da) : nullptr);
-  // q|k|v folded: o_proj's backward row-folded, [dy | s dt] ([N, C + r]) in dq's buffer before
-  // attention's backward writes dq (LlamaModel::linear_bwd)
-  const int64_t dq_elems = d.fold_r[0] > 0 && d.max_r > 0 ? std::max(N * q, N * (C + d.max_r)) : N * q;
-  p.add(q >= C ? "dq (= dxf)" : "dq", dq_elems * esz, run, a ? t(&a->dq) : nullptr);
+  // Attention's gradients dq, dk, dv in one buffer: side by side, each token's row [q | kv | kv]
+  // (LlamaModel::qkv_fused_ld: q|k|v's backward one GEMM over them), or each packed in its own part
+  // (dk at N q, dv at N (q + kv): llama_buffer_aliases). q|k|v folded: o_proj's backward row-folded,
+  // [dy | s dt] ([N, C + r]) in the same buffer before attention's backward writes it
+  // (LlamaModel::linear_bwd).
+  const int64_t dqkv_elems = d.fold_r[0] > 0 && d.max_r > 0 ? std::max(N * (q + 2 * kv), N * (C + d.max_r))
+                                                            : N * (q + 2 * kv);
+  p.add(q >= C ? "dq | dk | dv (= dxf)" : "dq | dk | dv", dqkv_elems * esz, run, a ? t(&a->dq) : nullptr);
   if (q < C) p.add("dxf", N * C * esz, run, a ? t(&a->dxf) : nullptr);
-  p.add("dk", N * kv * esz, run, a ? t(&a->dk) : nullptr);
-  p.add("dv", N * kv * esz, run, a ? t(&a->dv) : nullptr);
   if (d.qk_norm) p.add("dk before k_norm", N * kv * esz, run, a ? t(&a->dk_raw) : nullptr);
   p.add("rstdf", N * 4, run, a ? t(&a->rstdf) : nullptr);
   p.add("rope cos", T * d.D / 2 * 4, run, a ? t(&a->rope_cos) : nullptr);
@@ -365,7 +367,7 @@ int64_t llama_dequantized_layer_bytes(const LlamaBufferDims& d, DType act_t) {
   return buffer_aligned(bytes);
 }
 
-void llama_buffer_aliases(const LlamaBufferDims& d, LlamaActivations& a) {
+void llama_buffer_aliases(const LlamaBufferDims& d, DType act_t, LlamaActivations& a) {
   // The head runs while no layer's backward does: its final norm's output and gradient use the
   // norms' gradient buffer and dq (the last layer's internals stay live in the working set; these
   // do not). The MLP's norm gradient (dh2) shares dh1's buffer (llama_buffer_plan).
@@ -374,6 +376,10 @@ void llama_buffer_aliases(const LlamaBufferDims& d, LlamaActivations& a) {
   if (!d.qk_norm) a.da = a.dh1;
   a.xf = a.dh1;
   if (d.H * d.D >= d.C) a.dxf = a.dq;
+  // dk and dv packed in dq's buffer (llama_buffer_plan); side by side: LlamaModel's own pointers
+  const size_t esz = dtype_size(act_t);
+  a.dk = static_cast<uint8_t*>(a.dq) + static_cast<size_t>(d.N * d.H * d.D) * esz;
+  a.dv = static_cast<uint8_t*>(a.dk) + static_cast<size_t>(d.N * d.Hkv * d.D) * esz;
 }
 
 }  // namespace qshard

@@ -181,10 +181,10 @@ struct LlamaActivations : LlamaInternals {
                              // gate / up gradients go over g / u (model/llama_model.cpp)
   void* dh2 = nullptr;       // [N, C + R_gu] (dh1's buffer: llama_buffer_aliases)
   void* da = nullptr;        // [N, H*D] (dh1's buffer without q/k norms)
-  void* dq = nullptr;        // [N, H*D]
-  void* dk = nullptr;        // [N, Hkv*D]
+  void* dq = nullptr;        // [N, H*D], or [N, H*D + 2 Hkv*D] rows: dq|dk|dv side by side (qkv_fused_ld)
+  void* dk = nullptr;        // [N, Hkv*D] packed, in dq's buffer after N H*D elements
   void* dk_raw = nullptr;    // [N, Hkv*D] the gradient before k_norm (qk_norm; q's goes through da)
-  void* dv = nullptr;        // [N, Hkv*D]
+  void* dv = nullptr;        // [N, Hkv*D] packed, in dq's buffer after dk
   void* dh1 = nullptr;       // [N, C + R_qkv]
   // head
   void* xf = nullptr;        // [N, C] final norm (dh1's buffer)
@@ -236,8 +236,9 @@ int64_t llama_kept_sets_bytes(const LlamaBufferDims& dims, Backend backend, DTyp
 // ones' A rows), each piece kBufferAlign-aligned.
 int64_t llama_dequantized_layer_bytes(const LlamaBufferDims& dims, DType activation_dtype);
 
-// After the plan's allocation: the buffers that share another's memory (dh2, da, xf, dxf).
-void llama_buffer_aliases(const LlamaBufferDims& dims, LlamaActivations& a);
+// After the plan's allocation: the buffers that share another's memory (dh2, da, xf, dxf; dk and dv
+// packed in dq's buffer).
+void llama_buffer_aliases(const LlamaBufferDims& dims, DType act_t, LlamaActivations& a);
 
 // Every buffer of a model with `dims`. bind: the activations whose pointers the entries target
 // (its `kept` is resized to dims.kept_sets); null: an estimate.

@@ -93,7 +93,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   a.dequantized_storage = plan_.allocate(BufferLife::kWeights, ctx_.compute_device(), /*zero=*/false);
   dequant_layout_.assign(static_cast<size_t>(d.dequantized_layers), 0u);
   dequant_slot_bytes_ = llama_dequantized_layer_bytes(d, act_t);
-  llama_buffer_aliases(d, a);
+  llama_buffer_aliases(d, act_t, a);
   a.work = a;
   RopeParams rp;
   rp.theta = c.rope_theta;
@@ -113,10 +113,14 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
     if (std::find(windows.begin(), windows.end(), layer_window(c, l)) == windows.end())
       windows.push_back(layer_window(c, l));
   ops::set_attention_lean_workspace(ctx_, options.attention_lean_workspace);
+  // the backward's graphs for dq|dk|dv side by side too, where q|k|v's backward may run fused (qkv_fused_ld)
+  const int64_t ld_qkv = options.fuse_qkv_backward && options.fold_lora && !c.qk_norm && attention_scores().softcap <= 0.0f
+                             ? (H + 2 * Hkv) * D
+                             : 0;
   for (int64_t w : windows)
     attention_deterministic_ &= ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D, w,
                                                        ctx_.backend() == Backend::kCuda ? max_pieces_ : 0,
-                                                       attention_scores());
+                                                       attention_scores(), ld_qkv);
   const std::optional<int64_t> after_libraries = ctx_.memory_in_use();
   if (before_libraries && after_libraries) library_bytes_ = std::max<int64_t>(*after_libraries - *before_libraries, 0);
   rp.linear_factor = c.rope_scaling.rope_type == "linear" ? c.rope_scaling.factor : 1.0;
@@ -380,13 +384,25 @@ void LlamaModel::dequantize_layer() {
   auto pack = [&](void* dst, int64_t ld_dst, const void* src, int64_t ld_src, int64_t rows, int64_t cols, float scale) {
     if (rows * cols > 0) packs[static_cast<size_t>(npacks++)] = Copy2dBlock{dst, ld_dst, src, ld_src, rows, cols, scale};
   };
+  // A folded group's weights in one piece, stacked in the group's order ([W_q; W_k; W_v], rows
+  // in + R wide): q|k|v's backward reads them as one operand (qkv_bwd_fused).
+  std::array<uint8_t*, kFoldGroups.size()> group_w{};
+  std::array<int64_t, kFoldGroups.size()> group_rows{};
   for (size_t i = 0; i < layer_.proj.size(); ++i) {
     const ProjectionBinding& p = layer_.proj[i];
     const int g = fold_group(static_cast<int>(i));
     if (g >= 0 && fold_[static_cast<size_t>(g)]) {
       // W_ext [out, in + R] = [W | 0 .. s B | .. 0]: this projection's scaled B in its own columns.
       const int64_t R = fold_r_[static_cast<size_t>(g)], ld = p.in + R;
-      void* w = take(p.out * ld * static_cast<int64_t>(esz), "folded projection");
+      const size_t gi = static_cast<size_t>(g);
+      if (!group_w[gi]) {
+        int64_t rows = 0;
+        for (int idx : kFoldGroups[gi])
+          if (idx >= 0) rows += layer_.proj[static_cast<size_t>(idx)].out;
+        group_w[gi] = static_cast<uint8_t*>(take(rows * ld * static_cast<int64_t>(esz), "folded projections"));
+      }
+      void* w = group_w[gi] + group_rows[gi] * ld * static_cast<int64_t>(esz);
+      group_rows[gi] += p.out;
       if (!made && p.quantized) {
         Dequant4bitArgs q = p.q;
         q.row_len = p.in;
@@ -504,6 +520,55 @@ void LlamaModel::fold_bwd(int g, void* dx, const void* x, int64_t N) {
   s.lda = ld;
   s.ldc = ld;
   ops::gemm(dx, act(dx, C), a_cat, s, ctx_);  // dx += (s dt) A_cat (reads the extra columns, writes the first C)
+  mark(StepPart::kOther);
+}
+
+int64_t LlamaModel::qkv_fused_ld() const {
+  const LlamaConfig& c = config_;
+  if (!options_.fuse_qkv_backward || !fold_[0] || c.qk_norm || pos_ || attention_scores().softcap > 0.0f) return 0;
+  for (int idx : kFoldGroups[0]) {
+    const ProjectionBinding& p = layer_.proj[static_cast<size_t>(idx)];
+    // the backward multiplies with the forward's operand (backward_weight's rule)
+    if (p.quantized && ops::dequant_rules_differ(ctx_, p.weight_dtype)) return 0;
+  }
+  return (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim;
+}
+
+void LlamaModel::qkv_bwd_fused(void* dx, const void* dqkv, int64_t ld, const void* x, int64_t N) {
+  const int64_t C = config_.hidden_size, R = fold_r_[0], W = C + R;
+  const DType act_t = ctx_.activation_dtype();
+  const size_t esz = dtype_size(act_t);
+  // the stacked operand [W_q; W_k; W_v] ([ld, W]): dequantize_layer takes the group in one piece
+  const auto* wq = static_cast<const uint8_t*>(weights_[kQ]);
+  QS_CHECK(wq && static_cast<const uint8_t*>(weights_[kK]) == wq + layer_.proj[kQ].out * W * static_cast<int64_t>(esz) &&
+               static_cast<const uint8_t*>(weights_[kV]) ==
+                   wq + (layer_.proj[kQ].out + layer_.proj[kK].out) * W * static_cast<int64_t>(esz) &&
+               layer_.proj[kQ].out + layer_.proj[kK].out + layer_.proj[kV].out == ld,
+           "qkv_bwd_fused: q|k|v's folded weights are not one stacked operand");
+  GemmShape s = typed({N, C, ld, false, false, 1.0f, 0.0f}, act_t, act_t, act_t);
+  s.lda = ld;
+  s.ldb = W;
+  s.ldc = W;
+  mark(StepPart::kGemm);
+  ops::gemm(dx, dqkv, wq, s, ctx_);  // dx = dq W_q + dk W_k + dv W_v, one K loop
+  // s dt = dqkv [s B_q | s B_k | s B_v] (zeros beside each block): each projection's dt in its columns
+  mark(StepPart::kLora);
+  GemmShape st = typed({N, R, ld, false, false, 1.0f, 0.0f}, act_t, act_t, act_t);
+  st.lda = ld;
+  st.ldb = W;
+  st.ldc = W;
+  ops::gemm(act(dx, C), dqkv, act(wq, C), st, ctx_);
+  int64_t col = 0;
+  for (int idx : kFoldGroups[0]) {
+    const ProjectionBinding& p = layer_.proj[static_cast<size_t>(idx)];
+    if (p.grad_B) {  // dB += s dy^T t
+      GemmShape sb = typed({p.out, p.r, N, true, false, p.scaling, 1.0f}, act_t, act_t, DType::kF32);
+      sb.lda = ld;
+      sb.ldb = W;
+      ops::gemm(p.grad_B, act(dqkv, col), act(x, C + fold_off_[static_cast<size_t>(idx)]), sb, ctx_);
+    }
+    col += p.out;
+  }
   mark(StepPart::kOther);
 }
 
@@ -926,26 +991,37 @@ void LlamaModel::layer_backward_impl(const void* x_in, const void* dout, void* d
   // row-folded: [dy | s dt] in dq's buffer (rows C + r apart), which attention's backward writes after
   // o_proj's x A^T: its forward's (kept), or the recompute's (run_layer above)
   linear_bwd(kO, a.da, false, dattn, a.a, N, 0, a.dq, keeps_t(kO, a.t_o) ? a.t_o : nullptr);
+  // dq|dk|dv side by side in dq's buffer (rows ld_qkv apart: q|k|v's backward fused), or each packed
+  // in its own part of it
+  const int64_t ld_qkv = qkv_fused_ld();
+  qkv_fused_ = ld_qkv > 0;
+  void* dk = ld_qkv > 0 ? act(a.dq, H * D) : a.dk;
+  void* dv = ld_qkv > 0 ? act(a.dq, (H + Hkv) * D) : a.dv;
   mark(StepPart::kAttention);
-  ops::attention_bwd(a.dq, a.dk, a.dv, a.da, a.q, a.k, a.v, a.a, a.att_saved, B, T, H, Hkv, D, ctx_,
-                     layer_window(c, layer_.layer), pos_ ? &pieces_ : nullptr, attention_scores());
+  ops::attention_bwd(a.dq, dk, dv, a.da, a.q, a.k, a.v, a.a, a.att_saved, B, T, H, Hkv, D, ctx_,
+                     layer_window(c, layer_.layer), pos_ ? &pieces_ : nullptr, attention_scores(), ld_qkv);
   mark(StepPart::kRope);
-  ops::rope_bwd(a.dq, rope_table(false), rope_table(true), B, T, H, D, ctx_, pos_);
-  ops::rope_bwd(a.dk, rope_table(false), rope_table(true), B, T, Hkv, D, ctx_, pos_);
-  const void* dq_proj = a.dq;  // the gradient at q_proj's / k_proj's output
-  const void* dk_proj = a.dk;
-  if (c.qk_norm) {  // through q_norm / k_norm: into da (free once attention_bwd read it) and dk_raw
-    mark(StepPart::kNorm);
-    ops::zero(a.da, N * H * D, ctx_);
-    ops::rmsnorm_bwd(a.da, a.dq, a.q_raw, layer_.q_norm, a.rstd_q, N * H, D, ctx_);
-    ops::zero(a.dk_raw, N * Hkv * D, ctx_);
-    ops::rmsnorm_bwd(a.dk_raw, a.dk, a.k_raw, layer_.k_norm, a.rstd_k, N * Hkv, D, ctx_);
-    dq_proj = a.da;
-    dk_proj = a.dk_raw;
+  if (ld_qkv > 0) {  // q's heads and k's side by side in each row: one pass; then one GEMM for dx
+    ops::rope_bwd(a.dq, rope_table(false), rope_table(true), B, T, H + Hkv, D, ctx_, pos_, ld_qkv);
+    qkv_bwd_fused(a.dh1, a.dq, ld_qkv, a.h1, N);
+  } else {
+    ops::rope_bwd(a.dq, rope_table(false), rope_table(true), B, T, H, D, ctx_, pos_);
+    ops::rope_bwd(dk, rope_table(false), rope_table(true), B, T, Hkv, D, ctx_, pos_);
+    const void* dq_proj = a.dq;  // the gradient at q_proj's / k_proj's output
+    const void* dk_proj = dk;
+    if (c.qk_norm) {  // through q_norm / k_norm: into da (free once attention_bwd read it) and dk_raw
+      mark(StepPart::kNorm);
+      ops::zero(a.da, N * H * D, ctx_);
+      ops::rmsnorm_bwd(a.da, a.dq, a.q_raw, layer_.q_norm, a.rstd_q, N * H, D, ctx_);
+      ops::zero(a.dk_raw, N * Hkv * D, ctx_);
+      ops::rmsnorm_bwd(a.dk_raw, dk, a.k_raw, layer_.k_norm, a.rstd_k, N * Hkv, D, ctx_);
+      dq_proj = a.da;
+      dk_proj = a.dk_raw;
+    }
+    linear_bwd(kQ, a.dh1, false, dq_proj, a.h1, N, ld1);
+    linear_bwd(kK, a.dh1, true, dk_proj, a.h1, N, ld1);
+    linear_bwd(kV, a.dh1, true, dv, a.h1, N, ld1);
   }
-  linear_bwd(kQ, a.dh1, false, dq_proj, a.h1, N, ld1);
-  linear_bwd(kK, a.dh1, true, dk_proj, a.h1, N, ld1);
-  linear_bwd(kV, a.dh1, true, a.dv, a.h1, N, ld1);
   fold_bwd(0, a.dh1, a.h1, N);
   mark(StepPart::kNorm);
   ops::rmsnorm_bwd(dx, a.dh1, x_in, layer_.input_norm, a.rstd1, N, C, ctx_, ld1);

@@ -94,6 +94,11 @@ struct LlamaModelOptions {
   // LoRA folded into the base GEMMs of q|k|v and gate|up (see "LoRA fold" in llama_model.cpp);
   // false: separate LoRA GEMMs per projection (the reference the fold is tested against).
   bool fold_lora = true;
+  // With q|k|v folded (and no q/k norms, soft-cap or packed data): attention's backward writes
+  // dq|dk|dv side by side, one row [N, H*D + 2 Hkv*D] per token, and q|k|v's input gradient is ONE
+  // GEMM over it (K = H*D + 2 Hkv*D) against the stacked folded weights, as is the fold's s dt;
+  // false: a GEMM per projection, k's and v's adding into q's (the reference it is tested against).
+  bool fuse_qkv_backward = true;
   // Activation memory plan of the training step (forward_backward; train/memory_plan.h chooses):
   // keep_layers: keep_layers decoder layers keep their internals from the forward in buffers of
   // their own (no recompute in the backward): the last layer (it never recomputes: its internals are
@@ -301,6 +306,8 @@ class LlamaModel {
   // Whether the attention backward is bitwise repeatable at the model's shapes (false where cuDNN's
   // non-deterministic backward runs: ops::prepare_attention).
   bool attention_deterministic() const { return attention_deterministic_; }
+  // Whether the last layer backward ran q|k|v's backward fused (options.fuse_qkv_backward, qkv_fused_ld).
+  bool qkv_backward_fused() const { return qkv_fused_; }
   // Every buffer this model allocated (its tree's plan; the entries' targets are its own).
   const BufferPlan& buffer_plan() const { return plan_; }
   // The layers whose internals go to pinned host memory in forward_backward (ascending).
@@ -364,6 +371,14 @@ class LlamaModel {
   void fold_fwd(int g, void* x, int64_t N);
   void fold_bwd(int g, void* dx, const void* x, int64_t N);
   int64_t fold_ld(int g) const;  // row stride of the group's input / input-gradient buffers
+  // options.fuse_qkv_backward for this layer's backward: the row stride of dq|dk|dv side by side
+  // (H*D + 2 Hkv*D), or 0 where the projections run their own GEMMs (q|k|v not folded, q/k norms,
+  // a soft-cap, packed data, a backward weight other than the forward's).
+  int64_t qkv_fused_ld() const;
+  // q|k|v's backward over their gradients side by side (dqkv [N, ld]): dx = dqkv W_qkv (the
+  // stacked folded weights' first C columns) and s dt = dqkv W_qkv's LoRA columns, one GEMM each,
+  // then each projection's dB; fold_bwd(0) follows.
+  void qkv_bwd_fused(void* dx, const void* dqkv, int64_t ld, const void* x, int64_t N);
   void* lora_cat(int g) const;    // the group's stacked A matrices [R_g, C] in the model's buffer
   DropoutKey dropout_key(int idx) const;
   // The head over rows [0, N) of x: logits chunk by chunk; with grad_scale != 0 also dx;
@@ -420,6 +435,7 @@ class LlamaModel {
   bool training_ = true;
   std::optional<int64_t> library_bytes_;
   bool attention_deterministic_ = true;
+  bool qkv_fused_ = false;
 };
 
 }  // namespace qshard

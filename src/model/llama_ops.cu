@@ -393,12 +393,12 @@ __global__ void to_f32_kernel(float* out, const void* x, int dt, int64_t n, floa
 
 // pos (packed data; null: none): token r = b*T + t is rotated by position pos[r], not t.
 __global__ void rope_kernel(bf16* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-                            float sign, const int64_t* pos) {
+                            float sign, const int64_t* pos, int64_t ld) {
   const int64_t half = D / 2;
   QS_GRID_STRIDE(i, B * T * nh * half) {
     const int64_t k = i % half, row = i / half;  // row = (b*T + t)*nh + h
     const int64_t t = pos ? pos[row / nh] : (row / nh) % T;
-    bf16* v = x + row * D;
+    bf16* v = x + (row / nh) * ld + (row % nh) * D;
     const float c = cos[t * half + k], s = sign * sin[t * half + k];
     const float x1 = __bfloat162float(v[k]), x2 = __bfloat162float(v[k + half]);
     v[k] = __float2bfloat16_rn(x1 * c - x2 * s);
@@ -409,13 +409,14 @@ __global__ void rope_kernel(bf16* x, const float* cos, const float* sin, int64_t
 // The same rotation 8 pairs per thread (half % 8 == 0, x, cos and sin 16-byte aligned): one 16-byte
 // load of each half of the head and two float4 of each table; the same f32 expression per element.
 __global__ void rope_kernel_v8(bf16* x, const float* cos, const float* sin, int64_t T, int64_t nh, int64_t half,
-                               int64_t n8, float sign, const int64_t* pos) {
+                               int64_t n8, float sign, const int64_t* pos, int64_t ld) {
   const int64_t g8 = half / 8;
   QS_GRID_STRIDE(i, n8) {
     const int64_t k = (i % g8) * 8, row = i / g8;  // row = (b*T + t)*nh + h
     const int64_t t = pos ? pos[row / nh] : (row / nh) % T;
-    Bf16x8* p1 = reinterpret_cast<Bf16x8*>(x + row * 2 * half + k);
-    Bf16x8* p2 = reinterpret_cast<Bf16x8*>(x + row * 2 * half + half + k);
+    bf16* head = x + (row / nh) * ld + (row % nh) * 2 * half;
+    Bf16x8* p1 = reinterpret_cast<Bf16x8*>(head + k);
+    Bf16x8* p2 = reinterpret_cast<Bf16x8*>(head + half + k);
     float c[8], s[8];
     load_w8(c, cos + t * half, k / 8);
     load_w8(s, sin + t * half, k / 8);
@@ -1003,29 +1004,30 @@ void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceC
   ctx.compute().synchronize();  // the host vectors go out of scope (a start-up op, not in a step)
 }
 
-// The 8-wide kernel when the head's halves and the tables allow it, else the scalar one.
+// The 8-wide kernel when the head's halves, the rows and the tables allow it, else the scalar one.
 static void rope_launch(bf16* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-                 float sign, const int64_t* pos, DeviceContext& ctx) {
-  const int64_t half = D / 2, n = B * T * nh * half;
-  if (half % 8 == 0 && vec8_ok(8, {x, cos, sin}))
-    rope_kernel_v8<<<grid_for(n / 8), 256, 0, st(ctx)>>>(x, cos, sin, T, nh, half, n / 8, sign, pos);
+                        float sign, const int64_t* pos, int64_t ld, DeviceContext& ctx) {
+  const int64_t half = D / 2, n = B * T * nh * half, row = ld > 0 ? ld : nh * D;
+  QS_CHECK(row >= nh * D, "rope: rows of heads closer than their width");
+  if (half % 8 == 0 && row % 8 == 0 && vec8_ok(8, {x, cos, sin}))
+    rope_kernel_v8<<<grid_for(n / 8), 256, 0, st(ctx)>>>(x, cos, sin, T, nh, half, n / 8, sign, pos, row);
   else
-    rope_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(x, cos, sin, B, T, nh, D, sign, pos);
+    rope_kernel<<<grid_for(n), 256, 0, st(ctx)>>>(x, cos, sin, B, T, nh, D, sign, pos, row);
 }
 
 void rope_fwd(uint16_t* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-              DeviceContext& ctx, const int64_t* pos) {
+              DeviceContext& ctx, const int64_t* pos, int64_t ld) {
   const int64_t n = B * T * nh * (D / 2);
   if (n == 0) return;
-  rope_launch(B16(x), cos, sin, B, T, nh, D, 1.0f, pos, ctx);
+  rope_launch(B16(x), cos, sin, B, T, nh, D, 1.0f, pos, ld, ctx);
   QS_CUDA_CHECK_LAUNCH();
 }
 
 void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-              DeviceContext& ctx, const int64_t* pos) {
+              DeviceContext& ctx, const int64_t* pos, int64_t ld) {
   const int64_t n = B * T * nh * (D / 2);
   if (n == 0) return;
-  rope_launch(B16(dx), cos, sin, B, T, nh, D, -1.0f, pos, ctx);
+  rope_launch(B16(dx), cos, sin, B, T, nh, D, -1.0f, pos, ld, ctx);
   QS_CUDA_CHECK_LAUNCH();
 }
 

@@ -220,10 +220,12 @@ void rope_tables(float* cos /*[T,D/2]*/, float* sin /*[T,D/2]*/, const RopeParam
 // x rotated in place by position t:  y[i] = x[i] cos - x[i+D/2] sin, y[i+D/2] = x[i+D/2] cos + x[i] sin.
 // pos [B,T] (packed data; null: position t is t): row (b, t) is rotated by position pos[b*T + t].
 void rope_fwd(float* x /*[B,T,nh,D]*/, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh,
-              int64_t D, DeviceContext& ctx, const int64_t* pos = nullptr);
+              int64_t D, DeviceContext& ctx, const int64_t* pos = nullptr, int64_t ld = 0);
 // The transpose (rotation by -angle), in place on a gradient.
+// ld (both): elements from one token's row of heads to the next (0: nh * D, packed); a row's nh
+// heads are contiguous (ld > nh * D: the heads of a wider row, as q|k|v's gradients side by side).
 void rope_bwd(float* dx /*[B,T,nh,D]*/, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh,
-              int64_t D, DeviceContext& ctx, const int64_t* pos = nullptr);
+              int64_t D, DeviceContext& ctx, const int64_t* pos = nullptr, int64_t ld = 0);
 
 // Causal grouped-query attention: query head h reads kv head h / (H / Hkv) (HF repeat_kv);
 // s[t, u] = (q_t . k_u) / sqrt(D) for u <= t (scores: another scale, a soft-cap); softmax over u
@@ -239,10 +241,12 @@ void attention_fwd(float* out /*[B,T,H,D]*/, void* saved, const float* q /*[B,T,
                    int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0, const int64_t* pos = nullptr,
                    AttentionScores scores = {});
 // dq, dk, dv OVERWRITTEN from dout, given the forward's inputs, output and saved state.
+// ld_dqkv: elements from one token's row of dq (and of dk, of dv) to the next (0: packed, H * D and
+// Hkv * D): q|k|v's gradients side by side in one [B*T, ld] buffer, dk and dv pointing into it.
 void attention_bwd(float* dq, float* dk, float* dv, const float* dout /*[B,T,H,D]*/, const float* q, const float* k,
                    const float* v, const float* out, const void* saved, int64_t B, int64_t T, int64_t H,
                    int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0, const int64_t* pos = nullptr,
-                   AttentionScores scores = {});
+                   AttentionScores scores = {}, int64_t ld_dqkv = 0);
 
 // Generation's attention: T new queries of one sequence at positions [P, P + T) over a KV cache
 // holding positions [0, P + T) (this call's keys and values already appended): query t reads
@@ -322,9 +326,9 @@ void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx
 void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceContext& ctx);
 // pos: the cpu twins' rule (packed positions; null: none).
 void rope_fwd(uint16_t* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-              DeviceContext& ctx, const int64_t* pos = nullptr);
+              DeviceContext& ctx, const int64_t* pos = nullptr, int64_t ld = 0);
 void rope_bwd(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-              DeviceContext& ctx, const int64_t* pos = nullptr);
+              DeviceContext& ctx, const int64_t* pos = nullptr, int64_t ld = 0);
 // One block per (query, head), one warp per stripe of keys with an online softmax, the warps'
 // partial sums merged in shared memory (f32 throughout). REQUIRES: D <= 256.
 void attention_cached_fwd(uint16_t* out, const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
@@ -352,9 +356,11 @@ void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, 
 // scores: the scale is the graphs' attn_scale. A soft-cap (softcap > 0, Gemma 2) runs the eager
 // attention below instead (cuDNN 9.19 refused its soft-capped backward graph: attention_cudnn.cpp);
 // prepare_attention then allocates its workspace (eager_attention_layout).
+// ld_dqkv > 0: also the backward's graphs that write dq, dk and dv rows ld_dqkv apart (unpacked data).
 // Returns whether every backward prepared here (plain and packed) is deterministic.
 bool prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                       int64_t window = 0, int64_t max_pieces = 0, AttentionScores scores = {});
+                       int64_t window = 0, int64_t max_pieces = 0, AttentionScores scores = {},
+                       int64_t ld_dqkv = 0);
 // The backward's algorithm for graphs built from now on: cuDNN's deterministic one (the default:
 // bitwise repeatable gradients; past 2 GiB of workspace in chunks of whole sequences, and the other
 // where one sequence is past it) or its non-deterministic one (dQ accumulated by atomics in f32).
@@ -381,10 +387,11 @@ AttentionBackwardPlan attention_backward_plan(DeviceContext& ctx, int64_t B, int
 void attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
                    int64_t T, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
                    const AttentionPieces* pieces = nullptr, AttentionScores scores = {});
+// ld_dqkv > 0 (the cpu twin's rule): the fused kernels only, unpacked data (no pieces, no soft-cap).
 void attention_bwd(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
                    const uint16_t* k, const uint16_t* v, const uint16_t* out, const void* saved, int64_t B, int64_t T,
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
-                   const AttentionPieces* pieces = nullptr, AttentionScores scores = {});
+                   const AttentionPieces* pieces = nullptr, AttentionScores scores = {}, int64_t ld_dqkv = 0);
 // The eager attention (attention_eager.cu): the contract of attention_fwd / attention_bwd (the
 // saved row statistics [B,H,T] f32 also with packed positions `pos` [B*T], device memory, or
 // null), cuBLASLt GEMMs and two kernels, bitwise repeatable; `layout`: eager_attention_layout of
@@ -409,9 +416,11 @@ void prepare(DeviceContext& ctx);
 // max_pieces > 0: also packed data's graphs, for passes of up to that many pieces. scores: the
 // layers' (a model whose layers differ prepares each kind). Returns whether the backward at this
 // shape is bitwise repeatable (false where cuDNN's non-deterministic backward runs: one sequence's
-// deterministic workspace past its limit, or packed data past it).
+// deterministic workspace past its limit, or packed data past it). ld_dqkv > 0: the backward's
+// graphs for gradients rows that far apart too (attention_bwd's ld_dqkv).
 bool prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                       int64_t window = 0, int64_t max_pieces = 0, AttentionScores scores = {});
+                       int64_t window = 0, int64_t max_pieces = 0, AttentionScores scores = {},
+                       int64_t ld_dqkv = 0);
 // cuda::set_attention_lean_workspace on the CUDA backend (before prepare_attention); a no-op on
 // the CPU and in a build without cuDNN.
 void set_attention_lean_workspace(DeviceContext& ctx, bool lean);
@@ -435,20 +444,21 @@ void copy_2d_batch(const Copy2dBlock* blocks, int count, DeviceContext& ctx);
 void add_bias(void* y, const float* bias, int64_t N, int64_t W, DeviceContext& ctx);
 void to_f32(float* out, const void* x, DType type, int64_t n, DeviceContext& ctx, float offset = 0.0f);
 void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceContext& ctx);
-// pos (packed positions, the cpu twins' rule): every backend.
+// pos (packed positions) and ld (rows of heads ld apart), the cpu twins' rules: every backend.
 void rope_fwd(void* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-              DeviceContext& ctx, const int64_t* pos = nullptr);
+              DeviceContext& ctx, const int64_t* pos = nullptr, int64_t ld = 0);
 void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-              DeviceContext& ctx, const int64_t* pos = nullptr);
+              DeviceContext& ctx, const int64_t* pos = nullptr, int64_t ld = 0);
 // window > 0: a sliding window (the cpu twins' rule), on every backend. pieces (packed data):
 // attention within each piece, on every backend (the CPU reads pieces->pos, CUDA pieces->ragged).
 void attention_fwd(void* out, void* saved, const void* q, const void* k, const void* v, int64_t B, int64_t T,
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
                    const AttentionPieces* pieces = nullptr, AttentionScores scores = {});
+// ld_dqkv > 0 (the cpu twin's rule): on CUDA unpacked data without a soft-cap only.
 void attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
                    const void* out, const void* saved, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                    DeviceContext& ctx, int64_t window = 0, const AttentionPieces* pieces = nullptr,
-                   AttentionScores scores = {});
+                   AttentionScores scores = {}, int64_t ld_dqkv = 0);
 void attention_cached_fwd(void* out, const void* q, const void* k_cache, const void* v_cache, int64_t T, int64_t P,
                           int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
                           AttentionScores scores = {});

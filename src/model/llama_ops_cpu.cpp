@@ -31,15 +31,16 @@ const float* row_f32(const void* m, DType t, int64_t row, int64_t n, int64_t ld,
 
 // Rotates every head vector of x by +angle (sign = 1) or -angle (sign = -1).
 void rope_rotate(float* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-                 float sign, const int64_t* pos) {
-  const int64_t half = D / 2;
+                 float sign, const int64_t* pos, int64_t ld) {
+  const int64_t half = D / 2, row = ld > 0 ? ld : nh * D;
+  QS_CHECK(row >= nh * D, "rope: rows of heads closer than their width");
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < nh; ++h) {
-        float* v = x + ((b * T + t) * nh + h) * D;
-        const int64_t row = (pos ? pos[b * T + t] : t) * half;
+        float* v = x + (b * T + t) * row + h * D;
+        const int64_t at = (pos ? pos[b * T + t] : t) * half;
         for (int64_t i = 0; i < half; ++i) {
-          const float c = cos[row + i], s = sign * sin[row + i];
+          const float c = cos[at + i], s = sign * sin[at + i];
           const float x1 = v[i], x2 = v[i + half];
           v[i] = x1 * c - x2 * s;
           v[i + half] = x2 * c + x1 * s;
@@ -327,15 +328,15 @@ void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceC
 }
 
 void rope_fwd(float* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-              DeviceContext& ctx, const int64_t* pos) {
+              DeviceContext& ctx, const int64_t* pos, int64_t ld) {
   (void)ctx;
-  rope_rotate(x, cos, sin, B, T, nh, D, 1.0f, pos);
+  rope_rotate(x, cos, sin, B, T, nh, D, 1.0f, pos, ld);
 }
 
 void rope_bwd(float* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-              DeviceContext& ctx, const int64_t* pos) {
+              DeviceContext& ctx, const int64_t* pos, int64_t ld) {
   (void)ctx;
-  rope_rotate(dx, cos, sin, B, T, nh, D, -1.0f, pos);
+  rope_rotate(dx, cos, sin, B, T, nh, D, -1.0f, pos, ld);
 }
 
 // ---- attention --------------------------------------------------------------------------------
@@ -423,14 +424,19 @@ void attention_cached_fwd(float* out, const float* q, const float* k_cache, cons
 void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                    const float* v, const float* out, const void* saved, int64_t B, int64_t T, int64_t H,
                    int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window, const int64_t* pos,
-                   AttentionScores scores) {
+                   AttentionScores scores, int64_t ld_dqkv) {
   (void)out;  // the CPU keeps the probabilities; a fused kernel needs out for its row sums
   const float* att = static_cast<const float*>(saved);
   const int64_t group = H / Hkv;
   const float scale = scores.scale_for(D), cap = scores.softcap;
-  std::fill(dq, dq + B * T * H * D, 0.0f);
-  std::fill(dk, dk + B * T * Hkv * D, 0.0f);
-  std::fill(dv, dv + B * T * Hkv * D, 0.0f);
+  // token row n's gradients: dq at n ldq, dk / dv at n ldkv (ld_dqkv: one stride, side by side)
+  const int64_t ldq = ld_dqkv > 0 ? ld_dqkv : H * D, ldkv = ld_dqkv > 0 ? ld_dqkv : Hkv * D;
+  QS_CHECK(ldq >= H * D && ldkv >= Hkv * D, "attention_bwd: gradient rows closer than their width");
+  for (int64_t n = 0; n < B * T; ++n) {
+    std::fill(dq + n * ldq, dq + n * ldq + H * D, 0.0f);
+    std::fill(dk + n * ldkv, dk + n * ldkv + Hkv * D, 0.0f);
+    std::fill(dv + n * ldkv, dv + n * ldkv + Hkv * D, 0.0f);
+  }
   Workspace& ws = ctx.workspace();
   const size_t mark = ws.used();
   float* dp = ws.take<float>(T, "attention dp");
@@ -450,7 +456,7 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
           for (int64_t d = 0; d < D; ++d) dot += go[d] * vu[d];
           dp[u] = dot;
           sum_adp += a[u] * dot;
-          float* dvu = dv + ((b * T + u) * Hkv + hk) * D;
+          float* dvu = dv + (b * T + u) * ldkv + hk * D;
           for (int64_t d = 0; d < D; ++d) dvu[d] += a[u] * go[d];
         }
         // softmax backward: ds[u] = a[u] * (dp[u] - sum_w a[w] dp[w]), then through the soft-cap
@@ -464,11 +470,11 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
           }
           ds[u] = g * scale;
         }
-        float* dqt = dq + ((b * T + t) * H + h) * D;
+        float* dqt = dq + (b * T + t) * ldq + h * D;
         for (int64_t u = first; u <= t; ++u) {
           const float* ku = k + ((b * T + u) * Hkv + hk) * D;
           for (int64_t d = 0; d < D; ++d) dqt[d] += ds[u] * ku[d];
-          float* dku = dk + ((b * T + u) * Hkv + hk) * D;
+          float* dku = dk + (b * T + u) * ldkv + hk * D;
           for (int64_t d = 0; d < D; ++d) dku[d] += ds[u] * qt[d];
         }
       }

@@ -102,14 +102,14 @@ void rope_tables(float* cos, float* sin, const RopeParams& p, int64_t T, DeviceC
   QS_DISPATCH("rope_tables", cpu::rope_tables(cos, sin, p, T, ctx), cuda::rope_tables(cos, sin, p, T, ctx));
 }
 void rope_fwd(void* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-              DeviceContext& ctx, const int64_t* pos) {
-  QS_DISPATCH("rope_fwd", cpu::rope_fwd(f(x), cos, sin, B, T, nh, D, ctx, pos),
-              cuda::rope_fwd(h(x), cos, sin, B, T, nh, D, ctx, pos));
+              DeviceContext& ctx, const int64_t* pos, int64_t ld) {
+  QS_DISPATCH("rope_fwd", cpu::rope_fwd(f(x), cos, sin, B, T, nh, D, ctx, pos, ld),
+              cuda::rope_fwd(h(x), cos, sin, B, T, nh, D, ctx, pos, ld));
 }
 void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t nh, int64_t D,
-              DeviceContext& ctx, const int64_t* pos) {
-  QS_DISPATCH("rope_bwd", cpu::rope_bwd(f(dx), cos, sin, B, T, nh, D, ctx, pos),
-              cuda::rope_bwd(h(dx), cos, sin, B, T, nh, D, ctx, pos));
+              DeviceContext& ctx, const int64_t* pos, int64_t ld) {
+  QS_DISPATCH("rope_bwd", cpu::rope_bwd(f(dx), cos, sin, B, T, nh, D, ctx, pos, ld),
+              cuda::rope_bwd(h(dx), cos, sin, B, T, nh, D, ctx, pos, ld));
 }
 #if QSHARD_WITH_CUDA && QSHARD_WITH_CUDNN
 #define QS_DISPATCH_ATTENTION QS_DISPATCH
@@ -129,10 +129,11 @@ void set_attention_lean_workspace(DeviceContext& ctx, bool lean) {
 #endif
 }
 bool prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
-                       int64_t max_pieces, AttentionScores scores) {
+                       int64_t max_pieces, AttentionScores scores, int64_t ld_dqkv) {
   bool deterministic = true;  // the CPU's attention is
-  QS_DISPATCH_ATTENTION("prepare_attention", ((void)window, (void)max_pieces, (void)scores),
-                        deterministic = cuda::prepare_attention(ctx, B, T, H, Hkv, D, window, max_pieces, scores));
+  QS_DISPATCH_ATTENTION("prepare_attention", ((void)window, (void)max_pieces, (void)scores, (void)ld_dqkv),
+                        deterministic = cuda::prepare_attention(ctx, B, T, H, Hkv, D, window, max_pieces, scores,
+                                                                ld_dqkv));
   return deterministic;
 }
 void attention_fwd(void* out, void* saved, const void* q, const void* k, const void* v, int64_t B, int64_t T,
@@ -153,13 +154,14 @@ void attention_cached_fwd(void* out, const void* q, const void* k_cache, const v
 }
 void attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
                    const void* out, const void* saved, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                   DeviceContext& ctx, int64_t window, const AttentionPieces* pieces, AttentionScores scores) {
+                   DeviceContext& ctx, int64_t window, const AttentionPieces* pieces, AttentionScores scores,
+                   int64_t ld_dqkv) {
   QS_DISPATCH_ATTENTION(
       "attention_bwd",
       cpu::attention_bwd(f(dq), f(dk), f(dv), f(dout), f(q), f(k), f(v), f(out), saved, B, T, H, Hkv, D, ctx, window,
-                         pieces ? pieces->pos : nullptr, scores),
+                         pieces ? pieces->pos : nullptr, scores, ld_dqkv),
       cuda::attention_bwd(h(dq), h(dk), h(dv), h(dout), h(q), h(k), h(v), h(out), saved, B, T, H, Hkv, D, ctx,
-                          window, pieces, scores));
+                          window, pieces, scores, ld_dqkv));
 }
 void swiglu_fwd(void* hh, const void* gate, const void* up, int64_t n, DeviceContext& ctx, GatedAct act) {
   QS_DISPATCH("swiglu_fwd", cpu::swiglu_fwd(f(hh), f(gate), f(up), n, ctx, act),

@@ -315,6 +315,97 @@ TEST(LlamaModel, FoldedStepEqualsSeparateLoraGemms) {
   }
 }
 
+// q|k|v's backward fused (options.fuse_qkv_backward: dq|dk|dv side by side, one input-gradient GEMM
+// and one s dt GEMM over the stacked folded weights) changes only the order of f32 sums: the same
+// step's loss and LoRA gradients as a GEMM per projection within f32 rounding, on 4-bit and dense
+// bases, over three optimizer-moved steps. Where it cannot run (LoRA dropout turns the fold off,
+// q/k norms, packed data) the projections run their own GEMMs, bit for bit the unfused step's.
+TEST(LlamaModel, FusedQkvBackwardEqualsSeparateGemms) {
+  const int64_t B = 2, T = 5;
+  struct Run {
+    std::vector<double> losses;
+    std::map<std::string, std::vector<float>> grads;
+    bool fused = false;
+  };
+  auto run = [&](const LlamaConfig& c, bool quantized, bool fuse, float dropout, bool packed) {
+    auto tree = quantized ? random_4bit_tree(c, 23, LoraSpec{2}) : random_tree(c, 23);
+    LlamaModelOptions opt;
+    opt.lora_alpha = 4.0;
+    opt.max_batch = B;
+    opt.max_seq = T;
+    opt.lora_dropout = dropout;
+    opt.dropout_seed = 3;
+    opt.fuse_qkv_backward = fuse;
+    opt.packed_positions = packed;
+    LlamaModel model(c, *tree, ctx(), opt);
+    GradStore gs(*tree);
+    gs.attach(model);
+    Run r;
+    for (int step = 0; step < 3; ++step) {
+      std::vector<int64_t> ids(B * T), targets(B * T), pos(B * T);
+      for (int64_t i = 0; i < B * T; ++i) {
+        ids[i] = (i * 5 + 2 + step) % c.vocab_size, targets[i] = (i * 7 + 1 + 2 * step) % c.vocab_size;
+        pos[i] = (i % T) < 3 ? i % T : i % T - 3;  // two pieces a sequence: 3 tokens, then 2
+      }
+      model.set_dropout_context(static_cast<uint64_t>(step), 0);
+      model.forward_backward(ids, targets, B, T, 10.0, packed ? std::span<const int64_t>(pos) : std::span<const int64_t>());
+      r.losses.push_back(model.take_loss_sum());
+      r.fused = model.qkv_backward_fused();
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l)  // an optimizer's update
+        for (const char* p : kProjections)
+          for (const char* ab : {".lora_A.weight", ".lora_B.weight"}) {
+            Tensor t = resolve(*tree, "model.layers." + std::to_string(l) + "." + p + ab).tensor;
+            for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] += 0.04f * static_cast<float>((i + l) % 5) - 0.08f;
+          }
+    }
+    r.grads = gs.grads;
+    return r;
+  };
+  auto close = [](const Run& a, const Run& b, const std::string& what) {
+    ASSERT_EQ(a.losses.size(), b.losses.size());
+    for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * std::fabs(b.losses[i])) << what;
+    ASSERT_EQ(a.grads.size(), 28u) << what;
+    for (const auto& [name, g] : b.grads) {
+      const std::vector<float>& f = a.grads.at(name);
+      float gmax = 0;
+      for (float v : g) gmax = std::max(gmax, std::fabs(v));
+      EXPECT_GT(gmax, 0.0f) << name << " " << what;
+      for (size_t i = 0; i < g.size(); ++i)
+        EXPECT_NEAR(f[i], g[i], 2e-5f * std::max(1.0f, gmax)) << name << "[" << i << "] " << what;
+    }
+  };
+  auto same = [](const Run& a, const Run& b, const std::string& what) {
+    EXPECT_EQ(a.losses, b.losses) << what;
+    for (const auto& [name, g] : b.grads)
+      EXPECT_EQ(0, std::memcmp(a.grads.at(name).data(), g.data(), g.size() * sizeof(float))) << name << " " << what;
+  };
+  const LlamaConfig c = small_config();
+  for (const bool quantized : {true, false}) {
+    const std::string what = quantized ? "4-bit" : "f32";
+    const Run fused = run(c, quantized, true, 0.0f, false), separate = run(c, quantized, false, 0.0f, false);
+    EXPECT_TRUE(fused.fused) << what;
+    EXPECT_FALSE(separate.fused) << what;
+    close(fused, separate, what);
+    // not bit for bit: the fused GEMM sums q's, k's and v's products in one loop
+    bool differs = false;
+    for (const auto& [name, g] : separate.grads)
+      differs = differs || std::memcmp(fused.grads.at(name).data(), g.data(), g.size() * sizeof(float)) != 0;
+    EXPECT_TRUE(differs) << what;
+  }
+  // where it does not run: LoRA dropout (no fold in training), packed data, q/k norms
+  const Run d_on = run(c, true, true, 0.25f, false), d_off = run(c, true, false, 0.25f, false);
+  EXPECT_FALSE(d_on.fused);
+  same(d_on, d_off, "dropout");
+  const Run p_on = run(c, true, true, 0.0f, true), p_off = run(c, true, false, 0.0f, true);
+  EXPECT_FALSE(p_on.fused);
+  same(p_on, p_off, "packed");
+  LlamaConfig qk = c;
+  qk.qk_norm = true;
+  const Run q_on = run(qk, false, true, 0.0f, false), q_off = run(qk, false, false, 0.0f, false);
+  EXPECT_FALSE(q_on.fused);
+  same(q_on, q_off, "q/k norms");
+}
+
 // A LoRA rank far above every width of the model (8192 > hidden 16, intermediate 24, vocab 19) on
 // one 4-bit projection: its GEMMs' rows are as long as the rank, which the workspace did not count
 // (lora.r 65536 on q_proj overflowed it while the dequantized weights were held: an internal

@@ -449,6 +449,33 @@ TEST(OpHarness, Rope) {
     ops::rope_bwd(y.raw(), cs.data<float>(), sn.data<float>(), B, T, nh, D, ctx, pos_dev.data<int64_t>());
     report(ctx, ("rope_bwd(rope_fwd(x)) packed D" + std::to_string(D)).c_str(), in.adversarial, back(ctx, y),
            std::vector<double>(X.begin(), X.end()), tol(ctx, 1e-5, 8e-3));
+    // Rows of heads ld apart (q|k's gradients inside q|k|v's rows): the packed rotation's bits in
+    // each row's first nh D elements, the rest of the row untouched; forward and backward.
+    const int64_t ld = (nh + 1) * D;
+    std::vector<float> wide(static_cast<size_t>(B * T * ld));
+    for (int64_t r = 0; r < B * T; ++r)
+      for (int64_t j = 0; j < ld; ++j)
+        wide[r * ld + j] = j < nh * D ? X[r * nh * D + j] : 7.0f + static_cast<float>(j % 5);
+    Tensor z = to_act(ctx, wide), packed = to_act(ctx, std::vector<float>(X.begin(), X.end()));
+    const std::vector<float> wide_in = back(ctx, z);
+    for (const bool fwd : {true, false}) {
+      if (fwd) {
+        ops::rope_fwd(z.raw(), cs.data<float>(), sn.data<float>(), B, T, nh, D, ctx, nullptr, ld);
+        ops::rope_fwd(packed.raw(), cs.data<float>(), sn.data<float>(), B, T, nh, D, ctx);
+      } else {
+        ops::rope_bwd(z.raw(), cs.data<float>(), sn.data<float>(), B, T, nh, D, ctx, nullptr, ld);
+        ops::rope_bwd(packed.raw(), cs.data<float>(), sn.data<float>(), B, T, nh, D, ctx);
+      }
+      const std::vector<float> got = back(ctx, z), ref = back(ctx, packed);
+      int64_t bad = 0;
+      for (int64_t r = 0; r < B * T; ++r)
+        for (int64_t j = 0; j < ld; ++j) {
+          const float want_v = j < nh * D ? ref[r * nh * D + j] : wide_in[r * ld + j];
+          bad += std::memcmp(&got[r * ld + j], &want_v, sizeof(float)) != 0;
+        }
+      EXPECT_EQ(bad, 0) << (fwd ? "rope_fwd" : "rope_bwd") << " rows " << ld << " apart, D " << D << ", "
+                        << backend_name(ctx.backend());
+    }
   });
 }
 
@@ -602,6 +629,23 @@ TEST(OpHarness, Attention) {
                          sh.scores);
       ops::attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(), saved.raw(),
                          B, T, H, Hkv, D, ctx, sh.window, pc, sh.scores);
+      if (!sh.packed && sh.scores.softcap <= 0.0f) {
+        // dq|dk|dv side by side in rows ld apart (q|k|v's fused backward): the same bits per row
+        const int64_t ld = (H + 2 * Hkv) * D;
+        Tensor dqkv = to_act(ctx, std::vector<float>(static_cast<size_t>(B * T * ld), 9.0f));
+        auto* base = static_cast<uint8_t*>(dqkv.raw());
+        const size_t esz = dtype_size(ctx.activation_dtype());
+        ops::attention_bwd(base, base + H * D * esz, base + (H + Hkv) * D * esz, dout.raw(), q.raw(), k.raw(), v.raw(),
+                           out.raw(), saved.raw(), B, T, H, Hkv, D, ctx, sh.window, nullptr, sh.scores, ld);
+        const std::vector<float> got = back(ctx, dqkv), gq = back(ctx, dq), gk = back(ctx, dk), gv = back(ctx, dv);
+        int64_t bad = 0;
+        for (int64_t n = 0; n < B * T; ++n) {
+          bad += std::memcmp(&got[n * ld], &gq[n * H * D], H * D * sizeof(float)) != 0;
+          bad += std::memcmp(&got[n * ld + H * D], &gk[n * Hkv * D], Hkv * D * sizeof(float)) != 0;
+          bad += std::memcmp(&got[n * ld + (H + Hkv) * D], &gv[n * Hkv * D], Hkv * D * sizeof(float)) != 0;
+        }
+        EXPECT_EQ(bad, 0) << name << ": dq|dk|dv side by side differ from packed (rows of " << ld << ")";
+      }
       const AttentionOracle o = attention_oracle(back(ctx, q), back(ctx, k), back(ctx, v), back(ctx, dout), B, T, H,
                                                  Hkv, D, sh.window, sh.packed ? &pos : nullptr, sh.scores);
       const double cond = o.max_score;
