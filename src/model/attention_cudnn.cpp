@@ -153,8 +153,8 @@ Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t 
   QS_CHECK(window <= std::numeric_limits<int>::max(), "attention: sliding window too large");
   const float scale = scores.scale_for(D);  // HF: head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5
   QS_CHECK(scores.softcap <= 0.0f, "cuDNN attention: soft-capped scores are the eager attention's");
-  QS_CHECK(ld == 0 || (P == 0 && ld >= H * D && ld >= Hkv * D && ld % 8 == 0),
-           "cuDNN attention: gradient rows ld apart need unpacked data and ld >= the heads' width, a multiple of 8");
+  QS_CHECK(ld == 0 || (ld >= H * D && ld >= Hkv * D && ld % 8 == 0),
+           "cuDNN attention: gradient rows ld apart need ld >= the heads' width, a multiple of 8");
   const auto key = std::make_tuple(B, T, H, Hkv, D, window, P, s.deterministic, scale, s.chunk, s.lean, ld);
   auto it = s.graphs.find(key);
   if (it != s.graphs.end()) return it->second;
@@ -296,15 +296,18 @@ void run(DeviceContext& ctx, const fe::graph::Graph& g, std::unordered_map<int64
   check(g.execute(s.handle, pack, s.workspace), what);
 }
 
-// The device pointers of ragged_layout's arrays, by uid: lengths (q and kv), offsets of q/out/dq/dout,
-// of k/v/dk/dv, of the statistics.
-void add_pieces(std::unordered_map<int64_t, void*>& pack, const AttentionPieces& pc) {
+// The device pointers of ragged_layout's arrays, by uid: lengths (q and kv), offsets of q/out/dout
+// (and dq), of k/v (and dk/dv), of the statistics; with gradient rows ld apart, dq's, dk's and
+// dv's from the array made for them (ragged_layout's ld_dqkv).
+void add_pieces(std::unordered_map<int64_t, void*>& pack, const AttentionPieces& pc, bool grads_ld = false) {
   auto* r = const_cast<int32_t*>(pc.ragged);
   const int64_t P = pc.max;
-  int32_t *len = r, *off_q = r + P, *off_kv = off_q + P + 1, *off_stats = off_kv + P + 1;
+  int32_t *len = r, *off_q = r + P, *off_kv = off_q + P + 1, *off_stats = off_kv + P + 1, *off_grad = off_stats + P + 1;
   for (int64_t uid : {kSeqQ, kSeqKv}) pack[uid] = len;
-  for (int64_t uid : {kOffQ, kOffO, kOffDO, kOffDQ}) pack[uid] = off_q;
-  for (int64_t uid : {kOffK, kOffV, kOffDK, kOffDV}) pack[uid] = off_kv;
+  for (int64_t uid : {kOffQ, kOffO, kOffDO}) pack[uid] = off_q;
+  for (int64_t uid : {kOffK, kOffV}) pack[uid] = off_kv;
+  pack[kOffDQ] = grads_ld ? off_grad : off_q;
+  for (int64_t uid : {kOffDK, kOffDV}) pack[uid] = grads_ld ? off_grad : off_kv;
   pack[kOffStats] = off_stats;
 }
 
@@ -350,6 +353,8 @@ bool prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int6
   bool deterministic = graphs_for(ctx, B, T, H, Hkv, D, window, 0, scores).bwd_deterministic;
   if (ld_dqkv > 0) deterministic &= graphs_for(ctx, B, T, H, Hkv, D, window, 0, scores, ld_dqkv).bwd_deterministic;
   if (max_pieces > 0) deterministic &= graphs_for(ctx, B, T, H, Hkv, D, window, max_pieces, scores).bwd_deterministic;
+  if (max_pieces > 0 && ld_dqkv > 0)
+    deterministic &= graphs_for(ctx, B, T, H, Hkv, D, window, max_pieces, scores, ld_dqkv).bwd_deterministic;
   return deterministic;
 }
 
@@ -375,8 +380,7 @@ void attention_bwd(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dou
                    const uint16_t* k, const uint16_t* v, const uint16_t* out, const void* saved, int64_t B, int64_t T,
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window,
                    const AttentionPieces* pieces, AttentionScores scores, int64_t ld_dqkv) {
-  QS_CHECK(ld_dqkv == 0 || (!pieces && scores.softcap <= 0.0f),
-           "attention_bwd: gradient rows ld_dqkv apart are the fused kernels' on unpacked data");
+  QS_CHECK(ld_dqkv == 0 || scores.softcap <= 0.0f, "attention_bwd: gradient rows ld_dqkv apart are the fused kernels'");
   if (scores.softcap > 0.0f) {
     eager_attention_bwd(dq, dk, dv, dout, q, k, v, out, saved, B, H, ctx, window, pieces ? pieces->pos : nullptr,
                         scores, eager_attention_layout(T, Hkv, D), eager_workspace(ctx, T, Hkv, D));
@@ -399,7 +403,7 @@ void attention_bwd(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dou
                                                {kDQ, dq + odq},
                                                {kDK, dk + odkv},
                                                {kDV, dv + odkv}};
-    if (pieces) add_pieces(pack, *pieces);
+    if (pieces) add_pieces(pack, *pieces, ld_dqkv > 0);
     run(ctx, *gr.bwd, pack, "backward");
   }
 }

@@ -114,13 +114,13 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
       windows.push_back(layer_window(c, l));
   ops::set_attention_lean_workspace(ctx_, options.attention_lean_workspace);
   // the backward's graphs for dq|dk|dv side by side too, where q|k|v's backward may run fused (qkv_fused_ld)
-  const int64_t ld_qkv = options.fuse_qkv_backward && options.fold_lora && !c.qk_norm && attention_scores().softcap <= 0.0f
-                             ? (H + 2 * Hkv) * D
-                             : 0;
+  qkv_ld_ = options.fuse_qkv_backward && options.fold_lora && !c.qk_norm && attention_scores().softcap <= 0.0f
+                ? (H + 2 * Hkv) * D
+                : 0;
   for (int64_t w : windows)
     attention_deterministic_ &= ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D, w,
                                                        ctx_.backend() == Backend::kCuda ? max_pieces_ : 0,
-                                                       attention_scores(), ld_qkv);
+                                                       attention_scores(), qkv_ld_);
   const std::optional<int64_t> after_libraries = ctx_.memory_in_use();
   if (before_libraries && after_libraries) library_bytes_ = std::max<int64_t>(*after_libraries - *before_libraries, 0);
   rp.linear_factor = c.rope_scaling.rope_type == "linear" ? c.rope_scaling.factor : 1.0;
@@ -524,14 +524,14 @@ void LlamaModel::fold_bwd(int g, void* dx, const void* x, int64_t N) {
 }
 
 int64_t LlamaModel::qkv_fused_ld() const {
-  const LlamaConfig& c = config_;
-  if (!options_.fuse_qkv_backward || !fold_[0] || c.qk_norm || pos_ || attention_scores().softcap > 0.0f) return 0;
+  if (qkv_ld_ == 0 || !fold_[0]) return 0;  // qkv_ld_: the option, no q/k norms, no soft-cap
+  if (pos_ && pieces_.ragged && ragged_ld_ != qkv_ld_) return 0;  // packed data: the ragged layout must have it
   for (int idx : kFoldGroups[0]) {
     const ProjectionBinding& p = layer_.proj[static_cast<size_t>(idx)];
     // the backward multiplies with the forward's operand (backward_weight's rule)
     if (p.quantized && ops::dequant_rules_differ(ctx_, p.weight_dtype)) return 0;
   }
-  return (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim;
+  return qkv_ld_;
 }
 
 void LlamaModel::qkv_bwd_fused(void* dx, const void* dqkv, int64_t ld, const void* x, int64_t N) {
@@ -1210,8 +1210,10 @@ const void* LlamaModel::forward_layers(std::span<const int64_t> ids, int64_t B, 
     pos_ = act_->positions;
     pieces_ = AttentionPieces{pos_, nullptr, 0};
     if (act_->ragged) {  // CUDA: the same pieces in cuDNN's ragged layout, made here on the host
+      // with the offsets of dq|dk|dv side by side where q|k|v's backward may run fused and they fit int32
+      ragged_ld_ = qkv_ld_ > 0 && B * T * qkv_ld_ <= std::numeric_limits<int32_t>::max() ? qkv_ld_ : 0;
       ragged_layout(ragged_host_.data(), positions.data(), B * T, max_pieces_, config_.num_attention_heads,
-                    config_.num_key_value_heads, config_.head_dim);
+                    config_.num_key_value_heads, config_.head_dim, ragged_ld_);
       upload_bytes(act_->ragged, ragged_host_.data(), ragged_host_.size() * 4);
       pieces_.ragged = act_->ragged;
       pieces_.max = max_pieces_;

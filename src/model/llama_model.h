@@ -94,7 +94,7 @@ struct LlamaModelOptions {
   // LoRA folded into the base GEMMs of q|k|v and gate|up (see "LoRA fold" in llama_model.cpp);
   // false: separate LoRA GEMMs per projection (the reference the fold is tested against).
   bool fold_lora = true;
-  // With q|k|v folded (and no q/k norms, soft-cap or packed data): attention's backward writes
+  // With q|k|v folded (and no q/k norms or soft-cap): attention's backward writes
   // dq|dk|dv side by side, one row [N, H*D + 2 Hkv*D] per token, and q|k|v's input gradient is ONE
   // GEMM over it (K = H*D + 2 Hkv*D) against the stacked folded weights, as is the fold's s dt;
   // false: a GEMM per projection, k's and v's adding into q's (the reference it is tested against).
@@ -373,7 +373,8 @@ class LlamaModel {
   int64_t fold_ld(int g) const;  // row stride of the group's input / input-gradient buffers
   // options.fuse_qkv_backward for this layer's backward: the row stride of dq|dk|dv side by side
   // (H*D + 2 Hkv*D), or 0 where the projections run their own GEMMs (q|k|v not folded, q/k norms,
-  // a soft-cap, packed data, a backward weight other than the forward's).
+  // a soft-cap, a backward weight other than the forward's, packed data whose offsets of rows that
+  // wide pass int32 on CUDA).
   int64_t qkv_fused_ld() const;
   // q|k|v's backward over their gradients side by side (dqkv [N, ld]): dx = dqkv W_qkv (the
   // stacked folded weights' first C columns) and s dt = dqkv W_qkv's LoRA columns, one GEMM each,
@@ -436,6 +437,8 @@ class LlamaModel {
   std::optional<int64_t> library_bytes_;
   bool attention_deterministic_ = true;
   bool qkv_fused_ = false;
+  int64_t qkv_ld_ = 0;     // dq|dk|dv's row where the config lets q|k|v's backward fuse, else 0
+  int64_t ragged_ld_ = 0;  // the ld_dqkv this pass's ragged layout was made with (CUDA, packed data)
 };
 
 }  // namespace qshard

@@ -91,11 +91,13 @@ struct AttentionPieces {
 };
 // cuDNN's ragged layout of the pieces that pos [n] makes (a piece starts where pos is 0; pos[0] is
 // 0) over attention rows [n, heads, D]: out[0, P) each piece's length (0 past the last piece), then
-// three arrays of P + 1 offsets, in elements, of each piece's first row (row n past the last
-// piece): of q and out (x H*D), of k and v (x Hkv*D), of the row statistics (x H). Returns the
-// number of pieces. Throws Error when they are more than P or an offset passes int32.
-int64_t ragged_layout(int32_t* out, const int64_t* pos, int64_t n, int64_t P, int64_t H, int64_t Hkv, int64_t D);
-inline int64_t ragged_layout_ints(int64_t P) { return 4 * P + 3; }
+// four arrays of P + 1 offsets, in elements, of each piece's first row (row n past the last
+// piece): of q and out (x H*D), of k and v (x Hkv*D), of the row statistics (x H), of the
+// gradients dq, dk, dv side by side (x ld_dqkv; zeros when ld_dqkv is 0). Returns the number of
+// pieces. Throws Error when they are more than P or an offset passes int32.
+int64_t ragged_layout(int32_t* out, const int64_t* pos, int64_t n, int64_t P, int64_t H, int64_t Hkv, int64_t D,
+                      int64_t ld_dqkv = 0);
+inline int64_t ragged_layout_ints(int64_t P) { return 5 * P + 4; }
 
 // Deterministic dropout: the keep decision of one element is a pure function of (seed, step,
 // module_id, index), index = the element's position in the GLOBAL batch
@@ -356,7 +358,8 @@ void convert(void* out, DType out_type, const void* x, DType x_type, int64_t n, 
 // scores: the scale is the graphs' attn_scale. A soft-cap (softcap > 0, Gemma 2) runs the eager
 // attention below instead (cuDNN 9.19 refused its soft-capped backward graph: attention_cudnn.cpp);
 // prepare_attention then allocates its workspace (eager_attention_layout).
-// ld_dqkv > 0: also the backward's graphs that write dq, dk and dv rows ld_dqkv apart (unpacked data).
+// ld_dqkv > 0: also the backward's graphs that write dq, dk and dv rows ld_dqkv apart (and, with
+// max_pieces, packed data's).
 // Returns whether every backward prepared here (plain and packed) is deterministic.
 bool prepare_attention(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                        int64_t window = 0, int64_t max_pieces = 0, AttentionScores scores = {},
@@ -387,7 +390,8 @@ AttentionBackwardPlan attention_backward_plan(DeviceContext& ctx, int64_t B, int
 void attention_fwd(uint16_t* out, void* saved, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
                    int64_t T, int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
                    const AttentionPieces* pieces = nullptr, AttentionScores scores = {});
-// ld_dqkv > 0 (the cpu twin's rule): the fused kernels only, unpacked data (no pieces, no soft-cap).
+// ld_dqkv > 0 (the cpu twin's rule): the fused kernels only (no soft-cap); with pieces, their ragged
+// layout made with the same ld_dqkv.
 void attention_bwd(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
                    const uint16_t* k, const uint16_t* v, const uint16_t* out, const void* saved, int64_t B, int64_t T,
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
@@ -454,7 +458,7 @@ void rope_bwd(void* dx, const float* cos, const float* sin, int64_t B, int64_t T
 void attention_fwd(void* out, void* saved, const void* q, const void* k, const void* v, int64_t B, int64_t T,
                    int64_t H, int64_t Hkv, int64_t D, DeviceContext& ctx, int64_t window = 0,
                    const AttentionPieces* pieces = nullptr, AttentionScores scores = {});
-// ld_dqkv > 0 (the cpu twin's rule): on CUDA unpacked data without a soft-cap only.
+// ld_dqkv > 0 (the cpu twin's rule): on CUDA without a soft-cap, pieces->ragged made with it.
 void attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
                    const void* out, const void* saved, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                    DeviceContext& ctx, int64_t window = 0, const AttentionPieces* pieces = nullptr,

@@ -126,15 +126,18 @@ EagerAttentionLayout eager_attention_layout(int64_t T, int64_t Hkv, int64_t D, i
   return l;
 }
 
-int64_t ragged_layout(int32_t* out, const int64_t* pos, int64_t n, int64_t P, int64_t H, int64_t Hkv, int64_t D) {
+int64_t ragged_layout(int32_t* out, const int64_t* pos, int64_t n, int64_t P, int64_t H, int64_t Hkv, int64_t D,
+                      int64_t ld_dqkv) {
   QS_CHECK(n >= 1 && P >= 1 && pos[0] == 0, "ragged_layout: no rows, no pieces, or a first row that starts none");
-  QS_CHECK(n * std::max(H, Hkv) * D <= std::numeric_limits<int32_t>::max(),
-           "ragged_layout: " + std::to_string(n) + " rows of " + std::to_string(std::max(H, Hkv) * D) +
+  const int64_t widest = std::max({H * D, Hkv * D, ld_dqkv});
+  QS_CHECK(n * widest <= std::numeric_limits<int32_t>::max(),
+           "ragged_layout: " + std::to_string(n) + " rows of " + std::to_string(widest) +
                " elements pass cuDNN's int32 offsets");
   int32_t* len = out;
   int32_t* off_q = out + P;
   int32_t* off_kv = off_q + P + 1;
   int32_t* off_stats = off_kv + P + 1;
+  int32_t* off_grad = off_stats + P + 1;
   int64_t pieces = 0;
   for (int64_t r = 0; r < n; ++r) {
     if (pos[r] != 0) continue;
@@ -148,6 +151,7 @@ int64_t ragged_layout(int32_t* out, const int64_t* pos, int64_t n, int64_t P, in
     off_q[j] = static_cast<int32_t>(first * H * D);
     off_kv[j] = static_cast<int32_t>(first * Hkv * D);
     off_stats[j] = static_cast<int32_t>(first * H);
+    off_grad[j] = static_cast<int32_t>(first * ld_dqkv);
   }
   return pieces;
 }

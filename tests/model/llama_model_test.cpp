@@ -318,8 +318,8 @@ TEST(LlamaModel, FoldedStepEqualsSeparateLoraGemms) {
 // q|k|v's backward fused (options.fuse_qkv_backward: dq|dk|dv side by side, one input-gradient GEMM
 // and one s dt GEMM over the stacked folded weights) changes only the order of f32 sums: the same
 // step's loss and LoRA gradients as a GEMM per projection within f32 rounding, on 4-bit and dense
-// bases, over three optimizer-moved steps. Where it cannot run (LoRA dropout turns the fold off,
-// q/k norms, packed data) the projections run their own GEMMs, bit for bit the unfused step's.
+// bases, over three optimizer-moved steps, also with packed data. Where it cannot run (LoRA dropout
+// turns the fold off, q/k norms) the projections run their own GEMMs, bit for bit the unfused step's.
 TEST(LlamaModel, FusedQkvBackwardEqualsSeparateGemms) {
   const int64_t B = 2, T = 5;
   struct Run {
@@ -392,13 +392,13 @@ TEST(LlamaModel, FusedQkvBackwardEqualsSeparateGemms) {
       differs = differs || std::memcmp(fused.grads.at(name).data(), g.data(), g.size() * sizeof(float)) != 0;
     EXPECT_TRUE(differs) << what;
   }
-  // where it does not run: LoRA dropout (no fold in training), packed data, q/k norms
+  const Run p_on = run(c, true, true, 0.0f, true), p_off = run(c, true, false, 0.0f, true);
+  EXPECT_TRUE(p_on.fused);
+  close(p_on, p_off, "packed");
+  // where it does not run: LoRA dropout (no fold in training), q/k norms
   const Run d_on = run(c, true, true, 0.25f, false), d_off = run(c, true, false, 0.25f, false);
   EXPECT_FALSE(d_on.fused);
   same(d_on, d_off, "dropout");
-  const Run p_on = run(c, true, true, 0.0f, true), p_off = run(c, true, false, 0.0f, true);
-  EXPECT_FALSE(p_on.fused);
-  same(p_on, p_off, "packed");
   LlamaConfig qk = c;
   qk.qk_norm = true;
   const Run q_on = run(qk, false, true, 0.0f, false), q_off = run(qk, false, false, 0.0f, false);

@@ -193,20 +193,24 @@ TEST(LlamaOps, GatedActivationBackward) {
   }
 }
 
-// Packed data's pieces in cuDNN's ragged layout: the lengths, then the offsets of q/out, k/v and
-// the statistics rows, in elements; the unused entries length 0 at the end of the rows; more
-// pieces than the graphs hold are refused.
+// Packed data's pieces in cuDNN's ragged layout: the lengths, then the offsets of q/out, k/v, the
+// statistics rows and the gradients side by side (rows ld_dqkv wide), in elements; the unused
+// entries length 0 at the end of the rows; more pieces than the graphs hold, or offsets past
+// int32, are refused.
 TEST(LlamaOps, RaggedLayoutOfPackedPieces) {
   const std::vector<int64_t> pos = {0, 1, 2, 0, 0, 1, 0, 1, 2, 3};  // pieces of 3, 1, 2, 4 rows
   const int64_t H = 4, Hkv = 2, D = 8, P = 6;
   std::vector<int32_t> r(static_cast<size_t>(ragged_layout_ints(P)), -1);
-  EXPECT_EQ(4, ragged_layout(r.data(), pos.data(), 10, P, H, Hkv, D));
+  EXPECT_EQ(4, ragged_layout(r.data(), pos.data(), 10, P, H, Hkv, D, (H + 2 * Hkv) * D));
   const std::vector<int32_t> len(r.begin(), r.begin() + P), q(r.begin() + P, r.begin() + 2 * P + 1),
-      kv(r.begin() + 2 * P + 1, r.begin() + 3 * P + 2), stats(r.begin() + 3 * P + 2, r.end());
+      kv(r.begin() + 2 * P + 1, r.begin() + 3 * P + 2), stats(r.begin() + 3 * P + 2, r.begin() + 4 * P + 3),
+      grads(r.begin() + 4 * P + 3, r.end());
   EXPECT_EQ((std::vector<int32_t>{3, 1, 2, 4, 0, 0}), len);
-  EXPECT_EQ((std::vector<int32_t>{0, 96, 128, 192, 320, 320, 320}), q);  // rows 0 3 4 6 10 x H*D
-  EXPECT_EQ((std::vector<int32_t>{0, 48, 64, 96, 160, 160, 160}), kv);   // x Hkv*D
-  EXPECT_EQ((std::vector<int32_t>{0, 12, 16, 24, 40, 40, 40}), stats);   // x H
+  EXPECT_EQ((std::vector<int32_t>{0, 96, 128, 192, 320, 320, 320}), q);      // rows 0 3 4 6 10 x H*D
+  EXPECT_EQ((std::vector<int32_t>{0, 48, 64, 96, 160, 160, 160}), kv);       // x Hkv*D
+  EXPECT_EQ((std::vector<int32_t>{0, 12, 16, 24, 40, 40, 40}), stats);       // x H
+  EXPECT_EQ((std::vector<int32_t>{0, 192, 256, 384, 640, 640, 640}), grads);  // x (H + 2 Hkv) D
+  EXPECT_THROW(ragged_layout(r.data(), pos.data(), 10, P, H, Hkv, D, int64_t{1} << 29), Error);
   EXPECT_THROW(ragged_layout(r.data(), pos.data(), 10, 3, H, Hkv, D), Error);
   const std::vector<int64_t> bad = {1, 2};
   EXPECT_THROW(ragged_layout(r.data(), bad.data(), 2, P, H, Hkv, D), Error);

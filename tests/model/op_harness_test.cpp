@@ -629,14 +629,21 @@ TEST(OpHarness, Attention) {
                          sh.scores);
       ops::attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(), saved.raw(),
                          B, T, H, Hkv, D, ctx, sh.window, pc, sh.scores);
-      if (!sh.packed && sh.scores.softcap <= 0.0f) {
-        // dq|dk|dv side by side in rows ld apart (q|k|v's fused backward): the same bits per row
+      if (sh.scores.softcap <= 0.0f) {
+        // dq|dk|dv side by side in rows ld apart (q|k|v's fused backward; packed: the ragged layout's
+        // offsets for them): the same bits per row
         const int64_t ld = (H + 2 * Hkv) * D;
         Tensor dqkv = to_act(ctx, std::vector<float>(static_cast<size_t>(B * T * ld), 9.0f));
         auto* base = static_cast<uint8_t*>(dqkv.raw());
         const size_t esz = dtype_size(ctx.activation_dtype());
+        std::vector<int32_t> ragged_ld(ragged.size());
+        ragged_layout(ragged_ld.data(), pos.data(), B * T, P, H, Hkv, D, ld);
+        Tensor ragged_ld_dev =
+            Tensor::from_vector({static_cast<int64_t>(ragged_ld.size())}, DType::kI32, ragged_ld).to(ctx.compute_device());
+        const AttentionPieces pieces_ld{pos_dev.data<int64_t>(), ragged_ld_dev.data<int32_t>(), P};
         ops::attention_bwd(base, base + H * D * esz, base + (H + Hkv) * D * esz, dout.raw(), q.raw(), k.raw(), v.raw(),
-                           out.raw(), saved.raw(), B, T, H, Hkv, D, ctx, sh.window, nullptr, sh.scores, ld);
+                           out.raw(), saved.raw(), B, T, H, Hkv, D, ctx, sh.window, sh.packed ? &pieces_ld : nullptr,
+                           sh.scores, ld);
         const std::vector<float> got = back(ctx, dqkv), gq = back(ctx, dq), gk = back(ctx, dk), gv = back(ctx, dv);
         int64_t bad = 0;
         for (int64_t n = 0; n < B * T; ++n) {
