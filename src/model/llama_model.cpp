@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -117,10 +118,22 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
   qkv_ld_ = options.fuse_qkv_backward && options.fold_lora && !c.qk_norm && attention_scores().softcap <= 0.0f
                 ? (H + 2 * Hkv) * D
                 : 0;
+  const int64_t prepare_pieces = ctx_.backend() == Backend::kCuda ? max_pieces_ : 0;
   for (int64_t w : windows)
-    attention_deterministic_ &= ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D, w,
-                                                       ctx_.backend() == Backend::kCuda ? max_pieces_ : 0,
-                                                       attention_scores(), qkv_ld_);
+    attention_deterministic_ &=
+        ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D, w, prepare_pieces, attention_scores());
+  // A cuDNN that refuses the gradients' strides leaves q|k|v's backward unfused (the plain graphs
+  // are built above), with a note: slower, not wrong.
+  try {
+    for (int64_t w : windows)
+      if (qkv_ld_ > 0)
+        attention_deterministic_ &= ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D, w,
+                                                           prepare_pieces, attention_scores(), qkv_ld_);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "qshard: note: attention's backward with dq|dk|dv side by side was refused (%s); q|k|v's "
+                 "backward runs a GEMM per projection\n", e.what());
+    qkv_ld_ = 0;
+  }
   const std::optional<int64_t> after_libraries = ctx_.memory_in_use();
   if (before_libraries && after_libraries) library_bytes_ = std::max<int64_t>(*after_libraries - *before_libraries, 0);
   rp.linear_factor = c.rope_scaling.rope_type == "linear" ? c.rope_scaling.factor : 1.0;
