@@ -34,16 +34,16 @@ std::string canonical_path(const std::string& p) {
 nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 double number_or_nan(const nlohmann::json& v) { return v.is_number() ? v.get<double>() : NAN; }
 
-// Keys that fix the model, the adapter or the order of the data (lora.fold only chooses how the
-// step computes: it may change).
+// Keys that fix the model, the adapter or the order of the data (lora.fold and
+// lora.fuse_qkv_backward only choose how the step computes: they may change).
 const std::vector<std::string>& must_match_keys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> k;
     for (const auto& key : config_keys())
-      // lora.fold changes how the step computes, model.allow_nonfinite what loading lets through:
-      // neither fixes the model, so both may change on resume.
+      // lora.fold / lora.fuse_qkv_backward change how the step computes, model.allow_nonfinite what
+      // loading lets through: none fixes the model, so each may change on resume.
       if ((key.rfind("model.", 0) == 0 || key.rfind("lora.", 0) == 0) && key != "lora.fold" &&
-          key != "model.allow_nonfinite")
+          key != "lora.fuse_qkv_backward" && key != "model.allow_nonfinite")
         k.push_back(key);
     for (const char* key : {"seed", "data.max_seq_len", "data.seed", "data.eval_fraction", "batch.global_batch_size"})
       k.emplace_back(key);

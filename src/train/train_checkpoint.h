@@ -20,7 +20,7 @@
 // checkpoint under checkpoint.dir, or a fresh start when there is none (logged); anything else a
 // checkpoint folder or a folder of step-N checkpoints (InputError when none is complete).
 // check_resume_config: the keys that define the model, the adapter and the data order must equal
-// the checkpoint's (model.*, lora.* but lora.fold, seed, data.max_seq_len, data.seed, data.eval_fraction,
+// the checkpoint's (model.*, lora.* but lora.fold and lora.fuse_qkv_backward, seed, data.max_seq_len, data.seed, data.eval_fraction,
 // batch.global_batch_size; model.path compared as canonical paths); any other key may change
 // (logging, world size, offload, micro batch). A difference is an InputError naming the key, the
 // checkpoint's value and this job's value.

@@ -266,6 +266,9 @@ const std::vector<Field>& fields() {
                "start from this adapter's LoRA weights instead of PEFT's init"),
       QS_FIELD("lora.fold", lora.fold, "true, false",
                "fold LoRA into the fused q|k|v and gate|up GEMMs (how it computes, not what; a resume may change it)"),
+      QS_FIELD("lora.fuse_qkv_backward", lora.fuse_qkv_backward, "true, false",
+               "with lora.fold: attention's gradients side by side and q|k|v's input gradient one GEMM (how it "
+               "computes, not what; a resume may change it; off until measured on a GPU)"),
       QS_FIELD("optimizer.lr", optimizer.lr, "> 0", "AdamW's peak learning rate (the schedule scales it)"),
       QS_FIELD("optimizer.beta1", optimizer.beta1, "in [0, 1)", "AdamW's first-moment decay"),
       QS_FIELD("optimizer.beta2", optimizer.beta2, "in [0, 1)", "AdamW's second-moment decay"),

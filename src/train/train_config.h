@@ -100,6 +100,9 @@ struct LoraConfig {
   // LoRA GEMMs per projection (the reference the fold is measured against). How the step computes,
   // not what it trains: a resumed run may change it.
   bool fold = true;
+  // With the fold: attention's gradients side by side and q|k|v's backward one GEMM
+  // (LlamaModelOptions::fuse_qkv_backward). How the step computes, not what: a resume may change it.
+  bool fuse_qkv_backward = false;
 };
 
 // torch.optim.AdamW's hyper-parameters (optim/adamw.h) and global-norm clipping.

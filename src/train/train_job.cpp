@@ -125,6 +125,7 @@ void TrainJob::build_model() {
   mo_.max_seq = T_;
   mo_.profile = config_.logging.profile || (callbacks_ && callbacks_->profile);
   mo_.fold_lora = config_.lora.fold;
+  mo_.fuse_qkv_backward = config_.lora.fuse_qkv_backward;
 
   // ---- optimizer state: this rank's shards, where the master shards live ----
   opt_ = make_optimizer_state(*qm_);

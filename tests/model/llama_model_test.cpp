@@ -154,7 +154,8 @@ constexpr double kTol = 2e-3;
 // dx and all 14 LoRA gradients, for B x T = 2 x 4 inputs drawn from `seed`.
 void check_layer_backward(const LlamaModelOptions& opt, int64_t layer, uint32_t tree_seed, uint32_t seed,
                           const std::function<void(LlamaModel&)>& setup = {},
-                          const LlamaConfig& c = small_config()) {
+                          const LlamaConfig& c = small_config(),
+                          const std::function<void(LlamaModel&)>& after = {}) {
   auto tree = random_tree(c, tree_seed);
   LlamaModel model(c, *tree, ctx(), opt);
   if (setup) setup(model);
@@ -180,6 +181,7 @@ void check_layer_backward(const LlamaModelOptions& opt, int64_t layer, uint32_t 
       const std::string fqn = prefix + p + "." + ab + ".weight";
       check_grad(fqn, param(*tree, fqn), gs.grads[fqn].size(), gs.grads[fqn], f, kEps, kTol);
     }
+  if (after) after(model);
 }
 
 LlamaModelOptions layer_test_options() {
@@ -274,6 +276,15 @@ TEST(LlamaModel, FoldedDecoderLayerBackward) {
   const LlamaModelOptions opt = layer_test_options();
   ASSERT_TRUE(opt.fold_lora);
   check_layer_backward(opt, 0, 11, 60);
+}
+
+// q|k|v's backward fused (options.fuse_qkv_backward) against finite differences.
+TEST(LlamaModel, FusedQkvDecoderLayerBackward) {
+  LlamaModelOptions opt = layer_test_options();
+  opt.fuse_qkv_backward = true;
+  bool fused = false;
+  check_layer_backward(opt, 0, 11, 60, {}, small_config(), [&](LlamaModel& m) { fused = m.qkv_backward_fused(); });
+  EXPECT_TRUE(fused);
 }
 
 // The fold changes only the order of f32 sums: a training step, its logits and its LoRA

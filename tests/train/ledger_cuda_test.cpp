@@ -148,6 +148,30 @@ TEST(LedgerCuda, DequantizedLayersKeepTheLosses) {
   EXPECT_EQ(half.perf.inside.device_allocs, 0u) << half.perf.plan;
 }
 
+// q|k|v's backward fused on the GPU (lora.fuse_qkv_backward: cuDNN writes dq|dk|dv side by side,
+// one input-gradient GEMM over them): the first step's loss is the unfused one's bit for bit (the
+// forward is the same), the later ones follow within bf16 rounding of the gradients; the step
+// allocates nothing. (Packed data: PackedCuda.FusedQkvBackwardFollowsTheUnfused.)
+TEST(LedgerCuda, FusedQkvBackwardFollowsTheLosses) {
+  World& world = World::get();
+  if (world.device() < 0) GTEST_SKIP() << "no GPU";
+  TrainConfig c = ledger_job(make_token_file("ledger_fused_qkv.tok", 32000, 40000, 0));
+  c.steps = 4;
+  c.memory.keep_layers = 2;
+  JobRuntime jr(world, DeviceChoice::kCuda, "device");
+  const TrainSummary ref = train(c, jr.get());
+  c.lora.fuse_qkv_backward = true;
+  const TrainSummary fused = train(c, jr.get());
+  ASSERT_EQ(ref.losses.size(), 4u);
+  ASSERT_EQ(fused.losses.size(), 4u);
+  EXPECT_EQ(fused.losses[0], ref.losses[0]);
+  for (size_t i = 1; i < ref.losses.size(); ++i)
+    EXPECT_NEAR(fused.losses[i], ref.losses[i], 2e-3 * std::fabs(ref.losses[i])) << "step " << i + 1;
+  EXPECT_EQ(fused.perf.inside.device_allocs, 0u) << fused.perf.plan;
+  std::printf("fused: losses %.6f %.6f %.6f %.6f, unfused %.6f %.6f %.6f %.6f\n", fused.losses[0], fused.losses[1],
+              fused.losses[2], fused.losses[3], ref.losses[0], ref.losses[1], ref.losses[2], ref.losses[3]);
+}
+
 // The checkpoint plans on the GPU: the layer inputs through the ring of device slots to pinned
 // memory (three slots, and five: more on the device where the host holds fewer), and every second
 // layer input with the odd ones rerun in the backward, with the MLP in chunks: full recompute's

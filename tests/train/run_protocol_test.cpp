@@ -231,6 +231,7 @@ TEST(RunProtocol, ResumeConfigMayChangeTheFoldNotTheAdapter) {
   saved.data.train = "x.tok";
   TrainConfig now = saved;
   now.lora.fold = false;
+  now.lora.fuse_qkv_backward = true;
   now.logging.profile = true;
   now.logging.gemm_tflops = 0;
   now.model.allow_nonfinite = true;  // resuming from a checkpoint holding NaN, on purpose

@@ -227,11 +227,13 @@ TEST(TrainConfig, DefaultsThatKeepTheWork) {
   EXPECT_TRUE(load_train_config(job, {"checkpoint.allow_schedule_change=true"}).checkpoint.allow_schedule_change);
 }
 
-// The measurement knobs (once environment variables): logging.profile, lora.fold, logging.gemm_tflops.
+// The measurement knobs (once environment variables): logging.profile, lora.fold, logging.gemm_tflops,
+// lora.fuse_qkv_backward.
 TEST(TrainConfig, MeasurementKnobs) {
   const TrainConfig d = parse_train_config(kMinimal, "x.yaml");
   EXPECT_FALSE(d.logging.profile);
   EXPECT_TRUE(d.lora.fold);
+  EXPECT_FALSE(d.lora.fuse_qkv_backward);
   EXPECT_EQ(d.logging.gemm_tflops, -1.0);  // measure at start
   EXPECT_NO_THROW(d.validate(1));
   // In the file and as overrides, typed like every key.
@@ -241,9 +243,11 @@ TEST(TrainConfig, MeasurementKnobs) {
   EXPECT_FALSE(f.lora.fold);
   EXPECT_DOUBLE_EQ(f.logging.gemm_tflops, 989.5);
   const TrainConfig o = parse_train_config(kMinimal, "x.yaml",
-                                           {"logging.profile=true", "lora.fold=false", "logging.gemm_tflops=0"});
+                                           {"logging.profile=true", "lora.fold=false", "logging.gemm_tflops=0",
+                                            "lora.fuse_qkv_backward=true"});
   EXPECT_TRUE(o.logging.profile);
   EXPECT_FALSE(o.lora.fold);
+  EXPECT_TRUE(o.lora.fuse_qkv_backward);
   EXPECT_EQ(o.logging.gemm_tflops, 0.0);  // no MFU
   EXPECT_NO_THROW(o.validate(1));
   EXPECT_NO_THROW(parse_train_config(kMinimal, "x.yaml", {"logging.gemm_tflops=1e-3"}).validate(1));
@@ -251,6 +255,7 @@ TEST(TrainConfig, MeasurementKnobs) {
   const std::string y = o.to_yaml();
   EXPECT_NE(y.find("profile: true"), std::string::npos) << y;
   EXPECT_NE(y.find("fold: false"), std::string::npos) << y;
+  EXPECT_NE(y.find("fuse_qkv_backward: true"), std::string::npos) << y;
   EXPECT_NE(y.find("gemm_tflops: 0"), std::string::npos) << y;
   EXPECT_NE(d.to_yaml().find("gemm_tflops: -1"), std::string::npos);
   EXPECT_EQ(config_value(d, "logging.gemm_tflops"), "-1");
