@@ -143,8 +143,9 @@ TensorPtr index_tensor(fe::graph::Graph& g, const char* name, int64_t uid, int64
 
 // window: a sliding window (0 < window < T); anything else is plain causal attention (one graph).
 // P > 0: packed data's graphs (the rows as up to P ragged pieces). scores: the scale
-// (scale_for(D)); no soft-cap (the eager attention's). ld > 0 (unpacked only): the backward writes
-// each token's dQ, dK and dV rows ld elements after the last (q|k|v's gradients side by side).
+// (scale_for(D)); no soft-cap (the eager attention's). ld > 0: the backward writes each token's dQ,
+// dK and dV rows ld elements after the last (q|k|v's gradients side by side; packed, at the ragged
+// layout's offsets made for those rows).
 Graphs& graphs_for(DeviceContext& ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window,
                    int64_t P, AttentionScores scores, int64_t ld = 0) {
   CudnnState& s = state(ctx);
