@@ -271,6 +271,7 @@ nlohmann::json run_one(const BenchOptions& o, World& world, bool report) {
                {"checkpoint_every", p.checkpoint_every}, {"gpu_budget_gb", o.gpu_budget_gb},
                {"brief", p.plan_brief},                {"text", p.plan}};
   j["attention_deterministic"] = p.attention_deterministic;
+  j["qkv_backward_fused"] = p.qkv_backward_fused;
   j["tokens_per_s"] = tps;
   j["step_s"] = o.steps > 0 ? secs / static_cast<double>(o.steps) : 0;
   j["mfu"] = mfu;

@@ -461,6 +461,7 @@ void TrainJob::save(int64_t done) {
 
 TrainSummary TrainJob::finish() {
   summary_.profile = model_->profile();
+  summary_.perf.qkv_backward_fused = model_->qkv_backward_fused();
   if (config_.logging.profile && !callbacks_ && rank_ == 0) print_profile();
   if (summary_.steps < max_steps_) {
     if (rank_ == 0)

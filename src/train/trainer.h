@@ -70,6 +70,7 @@ struct TrainPerf {
   bool host_kept_mlp = true;          // host-kept layers do
   int64_t full_kept = 0;              // device-kept layers whose sets are full (memory.full_kept_layers)
   int64_t dequantized_layers = 0;     // layers whose base stays dequantized (memory.dequantized_layers)
+  bool qkv_backward_fused = false;    // the last step's q|k|v backward ran fused (lora.fuse_qkv_backward)
   int64_t micro_batch = 0;            // sequences per micro-batch (the plan's choice with batch.micro_batch_size 0)
   double est_step_s = 0;              // the memory plan's cost model (GPU)
   double first_step_done_s = 0;       // seconds from the launch to the end of the first step run here

@@ -168,6 +168,8 @@ TEST(LedgerCuda, FusedQkvBackwardFollowsTheLosses) {
   for (size_t i = 1; i < ref.losses.size(); ++i)
     EXPECT_NEAR(fused.losses[i], ref.losses[i], 2e-3 * std::fabs(ref.losses[i])) << "step " << i + 1;
   EXPECT_EQ(fused.perf.inside.device_allocs, 0u) << fused.perf.plan;
+  EXPECT_TRUE(fused.perf.qkv_backward_fused);
+  EXPECT_FALSE(ref.perf.qkv_backward_fused);
   std::printf("fused: losses %.6f %.6f %.6f %.6f, unfused %.6f %.6f %.6f %.6f\n", fused.losses[0], fused.losses[1],
               fused.losses[2], fused.losses[3], ref.losses[0], ref.losses[1], ref.losses[2], ref.losses[3]);
 }

@@ -72,6 +72,7 @@ TEST(PackedCuda, FusedQkvBackwardFollowsTheUnfused) {
   const TrainSummary fused = train_on(DeviceChoice::kCuda, cfg);
   ASSERT_EQ(ref.losses.size(), 6u);
   ASSERT_EQ(fused.losses.size(), 6u);
+  EXPECT_TRUE(fused.perf.qkv_backward_fused);
   EXPECT_EQ(fused.losses[0], ref.losses[0]);
   for (size_t i = 1; i < ref.losses.size(); ++i)
     EXPECT_NEAR(fused.losses[i], ref.losses[i], 2e-3 * std::fabs(ref.losses[i])) << "step " << i + 1;

@@ -198,6 +198,14 @@ TEST(Trainer, MemoryPlansKeepTheLossCurve) {
   ASSERT_EQ(chunked.losses.size(), ref.losses.size());
   for (size_t i = 0; i < ref.losses.size(); ++i)
     EXPECT_NEAR(chunked.losses[i], ref.losses[i], kLossRelTol * ref.losses[i]) << "step " << i + 1;
+  TrainConfig fuse = cfg;  // q|k|v's backward one GEMM over dq|dk|dv side by side: f32 sums in
+  fuse.lora.fuse_qkv_backward = true;  // another order, the same curve within rounding
+  const TrainSummary fused = train(fuse, all);
+  EXPECT_TRUE(fused.perf.qkv_backward_fused);
+  EXPECT_FALSE(ref.perf.qkv_backward_fused);
+  ASSERT_EQ(fused.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    EXPECT_NEAR(fused.losses[i], ref.losses[i], kLossRelTol * ref.losses[i]) << "step " << i + 1;
   TrainConfig bad = cfg;
   bad.memory.keep_layers = 1;
   bad.memory.mlp_chunk_tokens = 24;
@@ -209,7 +217,7 @@ TEST(Trainer, MemoryPlansKeepTheLossCurve) {
   off.offload.params = off.offload.optimizer = true;
   off.lora.dropout = 0.1;
   const TrainSummary offloaded = train(off, all);
-  for (const TrainSummary* s : {&ref, &kept, &planned, &chunked, &offloaded, &embedded, &second, &dequantized}) {
+  for (const TrainSummary* s : {&ref, &kept, &planned, &chunked, &offloaded, &embedded, &second, &dequantized, &fused}) {
     EXPECT_EQ(s->perf.inside.name_lookups, 0u) << s->perf.plan;
     EXPECT_EQ(s->perf.inside.device_allocs, 0u) << s->perf.plan;  // the CPU backend counts none
   }
