@@ -124,15 +124,16 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Module& root, DeviceContext& c
         ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D, w, prepare_pieces, attention_scores());
   // A cuDNN that refuses the gradients' strides leaves q|k|v's backward unfused (the plain graphs
   // are built above), with a note: slower, not wrong.
-  try {
-    for (int64_t w : windows)
-      if (qkv_ld_ > 0)
+  if (qkv_ld_ > 0) {
+    try {
+      for (int64_t w : windows)
         attention_deterministic_ &= ops::prepare_attention(ctx_, options.max_batch, max_seq_, H, Hkv, D, w,
                                                            prepare_pieces, attention_scores(), qkv_ld_);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "qshard: note: attention's backward with dq|dk|dv side by side was refused (%s); q|k|v's "
-                 "backward runs a GEMM per projection\n", e.what());
-    qkv_ld_ = 0;
+    } catch (const Error& e) {
+      std::fprintf(stderr, "qshard: note: attention's backward with dq|dk|dv side by side was refused (%s); q|k|v's "
+                   "backward runs a GEMM per projection\n", e.what());
+      qkv_ld_ = 0;
+    }
   }
   const std::optional<int64_t> after_libraries = ctx_.memory_in_use();
   if (before_libraries && after_libraries) library_bytes_ = std::max<int64_t>(*after_libraries - *before_libraries, 0);

@@ -142,6 +142,32 @@ double ce_loss(std::vector<float> logits, const std::vector<int64_t>& targets, i
 const char* kProjections[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                               "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
 
+// An optimizer's update between steps: every LoRA A and B of the tree moves by
+// scale * ((i + layer) % 5) - shift, element i.
+void move_lora(Module& tree, const LlamaConfig& c, float scale, float shift) {
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    for (const char* p : kProjections)
+      for (const char* ab : {".lora_A.weight", ".lora_B.weight"}) {
+        Tensor t = resolve(tree, "model.layers." + std::to_string(l) + "." + p + ab).tensor;
+        for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] += scale * static_cast<float>((i + l) % 5) - shift;
+      }
+}
+
+// Every LoRA gradient of `got` within rel * max(1, max|want|) of `want`'s (28: two layers, seven
+// projections, A and B), none of `want`'s all zero.
+void expect_grads_close(const std::map<std::string, std::vector<float>>& got,
+                        const std::map<std::string, std::vector<float>>& want, float rel, const std::string& what) {
+  ASSERT_EQ(got.size(), 28u) << what;
+  for (const auto& [name, g] : want) {
+    const std::vector<float>& f = got.at(name);
+    ASSERT_EQ(f.size(), g.size()) << name << " " << what;
+    float gmax = 0;
+    for (float v : g) gmax = std::max(gmax, std::fabs(v));
+    EXPECT_GT(gmax, 0.0f) << name << " " << what;
+    for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(f[i], g[i], rel * std::max(1.0f, gmax)) << name << "[" << i << "] " << what;
+  }
+}
+
 // Same tolerance and reason as llama_layers_test.cpp (fp32 forward, central differences), but a
 // smaller step: a whole layer / network has larger third derivatives, and with step 1e-2 the
 // truncation error of central differences reached ~2% of the gradient (measured: the error fell
@@ -315,15 +341,7 @@ TEST(LlamaModel, FoldedStepEqualsSeparateLoraGemms) {
   EXPECT_NEAR(loss[0], loss[1], 1e-5 * std::fabs(loss[1]));
   ASSERT_EQ(logits[0].size(), logits[1].size());
   for (size_t i = 0; i < logits[0].size(); ++i) EXPECT_NEAR(logits[0][i], logits[1][i], 2e-5f) << i;
-  ASSERT_EQ(grads[0].size(), 28u);
-  for (auto& [name, g] : grads[1]) {
-    const std::vector<float>& f = grads[0][name];
-    ASSERT_EQ(f.size(), g.size()) << name;
-    float gmax = 0;
-    for (float v : g) gmax = std::max(gmax, std::fabs(v));
-    EXPECT_GT(gmax, 0.0f) << name;
-    for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(f[i], g[i], 1e-5f * std::max(1.0f, gmax)) << name << "[" << i << "]";
-  }
+  expect_grads_close(grads[0], grads[1], 1e-5f, "folded");
 }
 
 // q|k|v's backward fused (options.fuse_qkv_backward: dq|dk|dv side by side, one input-gradient GEMM
@@ -362,12 +380,7 @@ TEST(LlamaModel, FusedQkvBackwardEqualsSeparateGemms) {
       model.forward_backward(ids, targets, B, T, 10.0, packed ? std::span<const int64_t>(pos) : std::span<const int64_t>());
       r.losses.push_back(model.take_loss_sum());
       r.fused = model.qkv_backward_fused();
-      for (int64_t l = 0; l < c.num_hidden_layers; ++l)  // an optimizer's update
-        for (const char* p : kProjections)
-          for (const char* ab : {".lora_A.weight", ".lora_B.weight"}) {
-            Tensor t = resolve(*tree, "model.layers." + std::to_string(l) + "." + p + ab).tensor;
-            for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] += 0.04f * static_cast<float>((i + l) % 5) - 0.08f;
-          }
+      move_lora(*tree, c, 0.04f, 0.08f);
     }
     r.grads = gs.grads;
     return r;
@@ -375,15 +388,7 @@ TEST(LlamaModel, FusedQkvBackwardEqualsSeparateGemms) {
   auto close = [](const Run& a, const Run& b, const std::string& what) {
     ASSERT_EQ(a.losses.size(), b.losses.size());
     for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * std::fabs(b.losses[i])) << what;
-    ASSERT_EQ(a.grads.size(), 28u) << what;
-    for (const auto& [name, g] : b.grads) {
-      const std::vector<float>& f = a.grads.at(name);
-      float gmax = 0;
-      for (float v : g) gmax = std::max(gmax, std::fabs(v));
-      EXPECT_GT(gmax, 0.0f) << name << " " << what;
-      for (size_t i = 0; i < g.size(); ++i)
-        EXPECT_NEAR(f[i], g[i], 2e-5f * std::max(1.0f, gmax)) << name << "[" << i << "] " << what;
-    }
+    expect_grads_close(a.grads, b.grads, 2e-5f, what);
   };
   auto same = [](const Run& a, const Run& b, const std::string& what) {
     EXPECT_EQ(a.losses, b.losses) << what;
@@ -711,13 +716,7 @@ TEST(LlamaModel, DequantizedLayersGiveTheSameSteps) {
       model.forward_loss(ids, targets, B, T);
       r.losses.push_back(model.take_loss_sum());
       model.set_training(true);
-      // an optimizer's update: every LoRA A and B moves
-      for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-        for (const char* p : kProjections)
-          for (const char* ab : {".lora_A.weight", ".lora_B.weight"}) {
-            Tensor t = resolve(*tree, "model.layers." + std::to_string(l) + "." + p + ab).tensor;
-            for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] += 0.05f * static_cast<float>((i + l) % 5) - 0.1f;
-          }
+      move_lora(*tree, c, 0.05f, 0.1f);  // an optimizer's update: every LoRA A and B moves
     }
     r.grads = gs.grads;
     return r;
